@@ -1,0 +1,221 @@
+//! The configuration file exactly as written: serde structs with `deny_unknown_fields`, so a
+//! misspelt key is an error naming the allowed ones. Nothing here is checked beyond its YAML
+//! shape; `validate` turns these into runtime types.
+
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub listen: RawListen,
+    pub admin: Option<String>,
+    pub upstream: RawUpstream,
+    pub max_request_body: Option<RawSize>,
+    pub header_read_timeout: Option<String>,
+    pub shutdown_timeout: Option<String>,
+    pub max_connections: Option<u64>,
+    pub http2_max_concurrent_streams: Option<u32>,
+    pub store: Option<RawStore>,
+    pub client_ip: Option<RawClientIp>,
+    #[serde(default)]
+    pub identities: indexmap_free::OrderedMap<Vec<RawSource>>,
+    #[serde(default)]
+    pub routes: Vec<RawRoute>,
+    pub response: Option<RawResponse>,
+}
+
+/// `listen: "addr"`, `listen: ["addr", ...]` or a list of `{address, tls}`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawListen {
+    One(String),
+    Many(Vec<RawListener>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawListener {
+    Address(String),
+    Full(RawListenerFull),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawListenerFull {
+    pub address: String,
+    pub tls: Option<RawTls>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    pub cert: String,
+    pub key: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    pub url: String,
+    pub connect_timeout: Option<String>,
+    pub timeout: Option<String>,
+    pub host: Option<String>,
+    pub http2: Option<bool>,
+    pub pool_idle_timeout: Option<String>,
+}
+
+/// A size: `10MiB`, `512KB`, or a plain number of bytes.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawSize {
+    Bytes(u64),
+    Text(String),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStore {
+    pub redis: Option<RawRedis>,
+    pub on_error: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRedis {
+    pub url: String,
+    pub key_prefix: Option<String>,
+    pub timeout: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawClientIp {
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
+}
+
+/// One way of telling who is calling. Written as `- header: X-User-Id`, `- client_ip`, ...
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum RawSource {
+    Header(String),
+    Query(String),
+    Cookie(String),
+    Bearer(#[allow(dead_code)] Option<Empty>),
+    Jwt(RawJwt),
+    PathSegment(usize),
+    ClientIp,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Empty {}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawJwt {
+    pub claim: Option<String>,
+    pub algorithm: Option<String>,
+    pub secret_env: Option<String>,
+    pub public_key_file: Option<String>,
+    pub issuer: Option<String>,
+    pub audience: Option<String>,
+    pub leeway: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    pub name: String,
+    #[serde(rename = "match", default)]
+    pub matcher: RawMatch,
+    pub key: Option<RawKey>,
+    #[serde(default)]
+    pub limits: Vec<RawLimit>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMatch {
+    pub path_prefix: Option<String>,
+    pub methods: Option<Vec<String>>,
+    pub host: Option<String>,
+}
+
+/// An identity name, or a list of names for a compound key.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RawKey {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl RawKey {
+    pub fn names(&self) -> Vec<String> {
+        match self {
+            RawKey::One(name) => vec![name.clone()],
+            RawKey::Many(names) => names.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimit {
+    pub algorithm: String,
+    pub limit: u64,
+    pub period: Option<String>,
+    pub burst: Option<u64>,
+    pub cost: Option<u64>,
+    pub key: Option<RawKey>,
+    pub name: Option<String>,
+    pub scope: Option<String>,
+    pub on_limit: Option<String>,
+    pub max_delay: Option<String>,
+    pub shadow: Option<bool>,
+    pub lease_ttl: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawResponse {
+    pub status: Option<u16>,
+    pub headers: Option<Vec<String>>,
+}
+
+/// A mapping that keeps the file's order (identity sources are listed by name, and errors and
+/// summaries read better in file order) without pulling in another map crate.
+pub mod indexmap_free {
+    use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+    use std::fmt;
+    use std::marker::PhantomData;
+
+    #[derive(Debug)]
+    pub struct OrderedMap<V>(pub Vec<(String, V)>);
+
+    impl<V> Default for OrderedMap<V> {
+        fn default() -> Self {
+            OrderedMap(Vec::new())
+        }
+    }
+
+    impl<'de, V: Deserialize<'de>> Deserialize<'de> for OrderedMap<V> {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            struct OrderedVisitor<V>(PhantomData<V>);
+            impl<'de, V: Deserialize<'de>> Visitor<'de> for OrderedVisitor<V> {
+                type Value = OrderedMap<V>;
+                fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                    f.write_str("a mapping of names")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                    let mut entries = Vec::new();
+                    while let Some((key, value)) = map.next_entry::<String, V>()? {
+                        entries.push((key, value));
+                    }
+                    Ok(OrderedMap(entries))
+                }
+            }
+            deserializer.deserialize_map(OrderedVisitor(PhantomData))
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! tollgate: an HTTP reverse proxy with built-in, Redis-backed throttling.
+//!
+//! The request path, in order: [`server`] accepts → [`proxy`] routes, identifies, limits and
+//! forwards → the response streams back. [`config`] turns the YAML file into the runtime
+//! configuration everything else reads.
+
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod proxy;
+pub mod server;
+pub mod tls;

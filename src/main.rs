@@ -1,0 +1,87 @@
+//! The `tollgate` binary: parses the command line, sets up logging, loads the configuration
+//! and runs the server until SIGTERM or SIGINT.
+//!
+//! Exit codes: 0 normal, 2 invalid configuration, 1 any other failure.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use tollgate::cli::{Cli, Command, LogFormat, RunArgs};
+use tollgate::config;
+use tollgate::server::Server;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Check(args)) => check(&args.config),
+        Some(Command::Run(args)) => run(args),
+        None => run(cli.run),
+    }
+}
+
+fn check(path: &std::path::Path) -> ExitCode {
+    match config::load(path) {
+        Ok(config) => {
+            print!("{}", config.summary());
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            eprintln!("{errors}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(args: RunArgs) -> ExitCode {
+    init_logging(args.log_format);
+    let Some(path) = args.config else {
+        eprintln!("tollgate: no configuration: pass --config FILE or set TOLLGATE_CONFIG");
+        return ExitCode::from(2);
+    };
+    let config = match config::load(&path) {
+        Ok(config) => Arc::new(config),
+        Err(errors) => {
+            eprintln!("{errors}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tollgate: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    runtime.block_on(async move {
+        let server = match Server::bind(config).await {
+            Ok(server) => server,
+            Err(e) => {
+                eprintln!("tollgate: {e}");
+                return ExitCode::from(1);
+            }
+        };
+        server.run(shutdown_signal()).await;
+        ExitCode::SUCCESS
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TOLLGATE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}

@@ -1,0 +1,209 @@
+//! Header rewriting between client and upstream: what a proxy must remove (hop-by-hop headers,
+//! RFC 9110 §7.6.1) and what it adds (X-Forwarded-For/-Proto/-Host).
+//!
+//! Hop-by-hop headers describe one connection, not the message; forwarding them confuses the
+//! next hop and the h2 crate refuses to send them at all, so they go in both directions. An
+//! upgrade (WebSocket) is the one case that keeps `Connection: upgrade` and `Upgrade`.
+
+use std::net::IpAddr;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+/// Headers that are hop-by-hop whatever `Connection` says.
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+];
+
+pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// True when `headers` ask to switch protocols (an HTTP/1.1 `Connection: upgrade` with an
+/// `Upgrade` header).
+pub fn is_upgrade_request(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE) && connection_has_token(headers, "upgrade")
+}
+
+fn connection_has_token(headers: &HeaderMap, token: &str) -> bool {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
+}
+
+/// Removes hop-by-hop headers. With `keep_upgrade`, `Connection: upgrade` and `Upgrade` stay so
+/// the next hop can switch protocols too. `TE: trailers` is kept on requests (gRPC needs it);
+/// every other TE value is hop-by-hop.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    // Headers named in Connection are hop-by-hop for this message only.
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        if keep_upgrade && name == header::UPGRADE {
+            continue;
+        }
+        headers.remove(&name);
+    }
+    let upgrade = keep_upgrade.then(|| headers.get(header::UPGRADE).cloned()).flatten();
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+    let te_trailers = headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
+    headers.remove(header::TE);
+    if te_trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+    if let Some(upgrade) = upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, upgrade);
+    }
+}
+
+/// Appends `peer` to X-Forwarded-For (folding any earlier lines into one, in order) and sets
+/// X-Forwarded-Proto and X-Forwarded-Host. When the peer is a trusted proxy its own
+/// X-Forwarded-Proto/-Host are kept: it saw the client, we did not.
+pub fn add_forwarded(
+    headers: &mut HeaderMap,
+    peer: IpAddr,
+    proto: &'static str,
+    host: Option<&HeaderValue>,
+    peer_is_trusted: bool,
+) {
+    let peer = peer.to_canonical().to_string();
+    let mut chain = String::new();
+    for value in headers.get_all(&X_FORWARDED_FOR) {
+        let Ok(value) = value.to_str() else { continue };
+        let value = value.trim();
+        if value.is_empty() {
+            continue;
+        }
+        chain.push_str(value);
+        chain.push_str(", ");
+    }
+    chain.push_str(&peer);
+    if let Ok(value) = HeaderValue::from_str(&chain) {
+        headers.insert(&X_FORWARDED_FOR, value);
+    }
+    if !(peer_is_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
+        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+    }
+    if !(peer_is_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
+        match host {
+            Some(host) => {
+                headers.insert(&X_FORWARDED_HOST, host.clone());
+            }
+            None => {
+                headers.remove(&X_FORWARDED_HOST);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    fn names(h: &HeaderMap) -> Vec<String> {
+        let mut n: Vec<String> = h.keys().map(|k| k.to_string()).collect();
+        n.sort();
+        n
+    }
+
+    #[test]
+    fn removes_standard_and_connection_named_headers() {
+        let mut h = map(&[
+            ("connection", "close, X-Secret"),
+            ("x-secret", "1"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "keep-alive"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("proxy-authorization", "Basic x"),
+            ("proxy-authenticate", "Basic"),
+            ("te", "gzip"),
+            ("set-cookie", "a=1"),
+            ("set-cookie", "b=2"),
+            ("x-kept", "yes"),
+        ]);
+        remove_hop_by_hop(&mut h, false);
+        assert_eq!(names(&h), ["set-cookie", "x-kept"]);
+        let cookies: Vec<_> = h.get_all("set-cookie").iter().collect();
+        assert_eq!(cookies, ["a=1", "b=2"]);
+    }
+
+    #[test]
+    fn te_trailers_survives_for_grpc() {
+        let mut h = map(&[("te", "trailers, deflate")]);
+        remove_hop_by_hop(&mut h, false);
+        assert_eq!(h.get("te").unwrap(), "trailers");
+    }
+
+    #[test]
+    fn upgrade_requests_keep_connection_upgrade() {
+        let mut h = map(&[
+            ("connection", "keep-alive, Upgrade"),
+            ("upgrade", "websocket"),
+            ("sec-websocket-key", "abc"),
+        ]);
+        assert!(is_upgrade_request(&h));
+        remove_hop_by_hop(&mut h, true);
+        assert_eq!(h.get("connection").unwrap(), "upgrade");
+        assert_eq!(h.get("upgrade").unwrap(), "websocket");
+        assert_eq!(h.get("sec-websocket-key").unwrap(), "abc");
+        assert!(!is_upgrade_request(&map(&[("upgrade", "websocket")])));
+    }
+
+    #[test]
+    fn forwarded_for_is_appended_in_order() {
+        let mut h = map(&[
+            ("x-forwarded-for", "1.1.1.1"),
+            ("x-forwarded-for", "2.2.2.2, 3.3.3.3"),
+            ("x-forwarded-proto", "https"),
+        ]);
+        let host = HeaderValue::from_static("example.com");
+        add_forwarded(&mut h, "10.0.0.9".parse().unwrap(), "http", Some(&host), false);
+        assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+        assert_eq!(h.get("x-forwarded-for").unwrap(), "1.1.1.1, 2.2.2.2, 3.3.3.3, 10.0.0.9");
+        assert_eq!(h.get("x-forwarded-proto").unwrap(), "http");
+        assert_eq!(h.get("x-forwarded-host").unwrap(), "example.com");
+    }
+
+    #[test]
+    fn trusted_peers_keep_their_proto_and_host_and_mapped_ipv4_is_plain() {
+        let mut h = map(&[("x-forwarded-proto", "https"), ("x-forwarded-host", "public.example")]);
+        let host = HeaderValue::from_static("internal");
+        add_forwarded(&mut h, "::ffff:10.0.0.1".parse().unwrap(), "http", Some(&host), true);
+        assert_eq!(h.get("x-forwarded-for").unwrap(), "10.0.0.1");
+        assert_eq!(h.get("x-forwarded-proto").unwrap(), "https");
+        assert_eq!(h.get("x-forwarded-host").unwrap(), "public.example");
+    }
+}

@@ -1,0 +1,298 @@
+//! Accepting connections: binds the listeners (plain or TLS), serves HTTP/1.1 and HTTP/2 on each
+//! connection through the proxy, runs the admin endpoints, and shuts down gracefully: stop
+//! accepting at once, report not-ready, let in-flight requests and tunnels finish for up to
+//! `shutdown_timeout`, then return.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
+
+use crate::config::Config;
+use crate::proxy::body::{full, ProxyBody};
+use crate::proxy::{ConnInfo, Proxy};
+use crate::tls;
+
+/// hyper answers 431 when the request head does not fit this buffer.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+/// Why the server could not start (exit code 1).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        address: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("TLS for {address}: {message}")]
+    Tls { address: SocketAddr, message: String },
+}
+
+/// What readiness depends on.
+#[derive(Debug, Default)]
+pub struct Health {
+    draining: AtomicBool,
+}
+
+impl Health {
+    pub fn is_ready(&self) -> bool {
+        !self.draining.load(Ordering::Acquire)
+    }
+}
+
+struct BoundListener {
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+}
+
+/// A server whose sockets are bound: addresses are known (port 0 resolved) before it runs.
+pub struct Server {
+    config: Arc<Config>,
+    proxy: Proxy,
+    listeners: Vec<BoundListener>,
+    admin: Option<TcpListener>,
+    health: Arc<Health>,
+}
+
+impl Server {
+    pub async fn bind(config: Arc<Config>) -> Result<Server, StartError> {
+        tls::install_crypto_provider();
+        let mut listeners = Vec::new();
+        for spec in &config.listeners {
+            let tls = match &spec.tls {
+                Some(files) => Some(tls::acceptor(files).map_err(|message| StartError::Tls {
+                    address: spec.address,
+                    message,
+                })?),
+                None => None,
+            };
+            let listener = TcpListener::bind(spec.address)
+                .await
+                .map_err(|source| StartError::Bind {
+                    address: spec.address,
+                    source,
+                })?;
+            listeners.push(BoundListener { listener, tls });
+        }
+        let admin = match config.admin {
+            Some(address) => Some(
+                TcpListener::bind(address)
+                    .await
+                    .map_err(|source| StartError::Bind { address, source })?,
+            ),
+            None => None,
+        };
+        Ok(Server {
+            proxy: Proxy::new(config.clone()),
+            config,
+            listeners,
+            admin,
+            health: Arc::new(Health::default()),
+        })
+    }
+
+    /// The proxy listeners' addresses, in config order.
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners
+            .iter()
+            .filter_map(|l| l.listener.local_addr().ok())
+            .collect()
+    }
+
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// Serves until `shutdown` resolves, then drains and returns.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let Server {
+            config,
+            proxy,
+            listeners,
+            admin,
+            health,
+        } = self;
+        for l in &listeners {
+            if let Ok(addr) = l.listener.local_addr() {
+                let scheme = if l.tls.is_some() { "https" } else { "http" };
+                tracing::info!(address = %addr, scheme, "listening");
+            }
+        }
+        let admin_stop = tokio_util::sync::CancellationToken::new();
+        let admin_task = admin.map(|listener| {
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!(address = %addr, "admin listening");
+            }
+            tokio::spawn(serve_admin(listener, health.clone(), admin_stop.clone()))
+        });
+
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(config.header_read_timeout)
+            .max_buf_size(MAX_HEAD_BYTES);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(config.http2_max_concurrent_streams)
+            .max_header_list_size(MAX_HEAD_BYTES as u32);
+        let graceful = GracefulShutdown::new();
+        let permits = Arc::new(Semaphore::new(config.max_connections));
+        let accepting = futures_util::future::join_all(listeners.into_iter().map(|l| {
+            accept_loop(l, &builder, &graceful, &proxy, &permits, &config)
+        }));
+        tokio::select! {
+            _ = accepting => {}
+            _ = shutdown => {}
+        }
+        // The listeners were owned by the accept loops, dropped above: no new connections.
+        health.draining.store(true, Ordering::Release);
+        tracing::info!(timeout = ?config.shutdown_timeout, "shutting down: draining in-flight requests");
+        let tunnels = proxy.tunnels().clone();
+        tunnels.close();
+        let drained = tokio::time::timeout(config.shutdown_timeout, async {
+            graceful.shutdown().await;
+            tunnels.wait().await;
+        })
+        .await;
+        match drained {
+            Ok(()) => tracing::info!("drained; exiting"),
+            Err(_) => tracing::warn!("shutdown timeout passed with requests still in flight; exiting"),
+        }
+        admin_stop.cancel();
+        if let Some(task) = admin_task {
+            let _ = task.await;
+        }
+    }
+}
+
+async fn accept_loop(
+    bound: BoundListener,
+    builder: &auto::Builder<TokioExecutor>,
+    graceful: &GracefulShutdown,
+    proxy: &Proxy,
+    permits: &Arc<Semaphore>,
+    config: &Config,
+) {
+    loop {
+        // Past max_connections, new connections wait in the kernel's backlog.
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        let (stream, peer) = match bound.listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(cause = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let info = ConnInfo {
+            peer,
+            tls: bound.tls.is_some(),
+        };
+        let proxy = proxy.clone();
+        let service = service_fn(move |request: Request<Incoming>| {
+            let proxy = proxy.clone();
+            async move { Ok::<_, Infallible>(proxy.handle(request, info).await) }
+        });
+        match &bound.tls {
+            None => {
+                let conn = builder
+                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                    .into_owned();
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(%peer, cause = %e, "connection ended with an error");
+                    }
+                    drop(permit);
+                });
+            }
+            Some(acceptor) => {
+                // The handshake runs in the connection's task so a slow client cannot hold up
+                // accepting; it is bounded like a request head.
+                let acceptor = acceptor.clone();
+                let builder = builder.clone();
+                let handshake_timeout = config.header_read_timeout;
+                let watcher = graceful.watcher();
+                tokio::spawn(async move {
+                    let tls_stream = match tokio::time::timeout(
+                        handshake_timeout,
+                        acceptor.accept(stream),
+                    )
+                    .await
+                    {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, cause = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
+                    };
+                    let conn = builder
+                        .serve_connection_with_upgrades(TokioIo::new(tls_stream), service)
+                        .into_owned();
+                    if let Err(e) = watcher.watch(conn).await {
+                        tracing::debug!(%peer, cause = %e, "connection ended with an error");
+                    }
+                    drop(permit);
+                });
+            }
+        }
+    }
+}
+
+/// `/healthz`: the process is alive. `/readyz`: it should receive traffic (not draining).
+async fn serve_admin(
+    listener: TcpListener,
+    health: Arc<Health>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        let accepted: std::io::Result<(TcpStream, SocketAddr)> = tokio::select! {
+            r = listener.accept() => r,
+            _ = stop.cancelled() => return,
+        };
+        let Ok((stream, _)) = accepted else { continue };
+        let health = health.clone();
+        let service = service_fn(move |request: Request<Incoming>| {
+            let health = health.clone();
+            async move { Ok::<_, Infallible>(admin_response(&request, &health)) }
+        });
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+fn admin_response(request: &Request<Incoming>, health: &Health) -> Response<ProxyBody> {
+    let (status, text) = match request.uri().path() {
+        "/healthz" => (StatusCode::OK, "ok\n"),
+        "/readyz" if health.is_ready() => (StatusCode::OK, "ready\n"),
+        "/readyz" => (StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
+        _ => (StatusCode::NOT_FOUND, "not found: try /healthz or /readyz\n"),
+    };
+    let mut response = Response::new(full(text));
+    *response.status_mut() = status;
+    response
+}

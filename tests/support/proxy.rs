@@ -1,0 +1,94 @@
+//! Starts tollgate in-process on 127.0.0.1:0 from YAML text, and clients to talk to it.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use tollgate::server::Server;
+
+pub type ClientBody = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+pub fn proxy(yaml: impl Into<String>) -> ProxyBuilder {
+    ProxyBuilder { yaml: yaml.into() }
+}
+
+pub struct ProxyBuilder {
+    yaml: String,
+}
+
+pub struct ProxyHandle {
+    pub addr: SocketAddr,
+    pub addrs: Vec<SocketAddr>,
+    pub admin: Option<SocketAddr>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    pub task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl ProxyBuilder {
+    pub async fn start(self) -> ProxyHandle {
+        let config = tollgate::config::parse(Path::new("test.yaml"), &self.yaml, |name| {
+            std::env::var(name).ok()
+        })
+        .unwrap_or_else(|e| panic!("test config invalid:\n{e}\n---\n{}", self.yaml));
+        let server = Server::bind(Arc::new(config)).await.expect("bind");
+        let addrs = server.local_addrs();
+        let admin = server.admin_addr();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(server.run(async move {
+            let _ = rx.await;
+        }));
+        ProxyHandle {
+            addr: addrs[0],
+            addrs,
+            admin,
+            shutdown: Some(tx),
+            task: Some(task),
+        }
+    }
+}
+
+impl ProxyHandle {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Starts a graceful shutdown; await `task` to see it finish.
+    pub fn shutdown(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Minimal config in front of `upstream_url`, with `extra` YAML appended.
+pub fn config_for(upstream_url: &str, extra: &str) -> String {
+    format!("listen: 127.0.0.1:0\nupstream:\n  url: {upstream_url}\n{extra}")
+}
+
+pub fn http1_client() -> Client<HttpConnector, ClientBody> {
+    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+}
+
+pub fn h2c_client() -> Client<HttpConnector, ClientBody> {
+    Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build(HttpConnector::new())
+}
+
+pub fn body(bytes: impl Into<Bytes>) -> ClientBody {
+    Full::new(bytes.into()).map_err(|e| match e {}).boxed()
+}
+
+pub fn get(url: &str) -> Request<ClientBody> {
+    Request::get(url).body(body(Bytes::new())).unwrap()
+}
+
+pub async fn text(response: Response<hyper::body::Incoming>) -> String {
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
