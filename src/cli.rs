@@ -5,7 +5,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
-#[command(name = "tollgate", version, about = "An HTTP reverse proxy with built-in, Redis-backed throttling")]
+#[command(
+    name = "tollgate",
+    version,
+    about = "An HTTP reverse proxy with built-in, Redis-backed throttling"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,

@@ -61,7 +61,9 @@ impl ProxyError {
             ProxyError::BodyTooLarge { limit } => {
                 format!("413 Payload Too Large: the request body is limited to {limit} bytes\n")
             }
-            ProxyError::UpstreamConnect(_) => "502 Bad Gateway: the upstream is unreachable\n".into(),
+            ProxyError::UpstreamConnect(_) => {
+                "502 Bad Gateway: the upstream is unreachable\n".into()
+            }
             ProxyError::Upstream(_) => "502 Bad Gateway: the upstream failed\n".into(),
             ProxyError::UpstreamTimeout(_) => {
                 "504 Gateway Timeout: the upstream did not answer in time\n".into()
@@ -97,16 +99,27 @@ mod tests {
         let cases: Vec<(ProxyError, u16, &str)> = vec![
             (ProxyError::BadRequest("x"), 400, "client"),
             (ProxyError::BodyTooLarge { limit: 1 }, 413, "client"),
-            (ProxyError::UpstreamConnect("refused".into()), 502, "upstream"),
+            (
+                ProxyError::UpstreamConnect("refused".into()),
+                502,
+                "upstream",
+            ),
             (ProxyError::Upstream("reset".into()), 502, "upstream"),
-            (ProxyError::UpstreamTimeout(Duration::from_secs(1)), 504, "upstream"),
+            (
+                ProxyError::UpstreamTimeout(Duration::from_secs(1)),
+                504,
+                "upstream",
+            ),
             (ProxyError::StoreUnavailable, 503, "store"),
         ];
         for (error, status, side) in cases {
             assert_eq!(error.source_side(), side);
             let response = error.into_response();
             assert_eq!(response.status().as_u16(), status);
-            assert_eq!(response.headers()["content-type"], "text/plain; charset=utf-8");
+            assert_eq!(
+                response.headers()["content-type"],
+                "text/plain; charset=utf-8"
+            );
         }
     }
 }

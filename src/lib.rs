@@ -7,6 +7,10 @@
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod identity;
+pub mod limit;
 pub mod proxy;
+pub mod routing;
 pub mod server;
+pub mod throttle;
 pub mod tls;

@@ -36,18 +36,28 @@ pub enum StartError {
         source: std::io::Error,
     },
     #[error("TLS for {address}: {message}")]
-    Tls { address: SocketAddr, message: String },
+    Tls {
+        address: SocketAddr,
+        message: String,
+    },
 }
 
-/// What readiness depends on.
-#[derive(Debug, Default)]
+/// What readiness depends on: not draining, and a store that answers unless `on_error`
+/// makes its absence harmless.
 pub struct Health {
     draining: AtomicBool,
+    proxy: Proxy,
 }
 
 impl Health {
-    pub fn is_ready(&self) -> bool {
-        !self.draining.load(Ordering::Acquire)
+    pub fn readiness(&self) -> Result<(), &'static str> {
+        if self.draining.load(Ordering::Acquire) {
+            Err("draining\n")
+        } else if !self.proxy.store_ready() {
+            Err("rate limit store unreachable (on_error: deny)\n")
+        } else {
+            Ok(())
+        }
     }
 }
 
@@ -77,12 +87,13 @@ impl Server {
                 })?),
                 None => None,
             };
-            let listener = TcpListener::bind(spec.address)
-                .await
-                .map_err(|source| StartError::Bind {
-                    address: spec.address,
-                    source,
-                })?;
+            let listener =
+                TcpListener::bind(spec.address)
+                    .await
+                    .map_err(|source| StartError::Bind {
+                        address: spec.address,
+                        source,
+                    })?;
             listeners.push(BoundListener { listener, tls });
         }
         let admin = match config.admin {
@@ -93,12 +104,16 @@ impl Server {
             ),
             None => None,
         };
+        let proxy = Proxy::new(config.clone());
         Ok(Server {
-            proxy: Proxy::new(config.clone()),
+            health: Arc::new(Health {
+                draining: AtomicBool::new(false),
+                proxy: proxy.clone(),
+            }),
+            proxy,
             config,
             listeners,
             admin,
-            health: Arc::new(Health::default()),
         })
     }
 
@@ -150,9 +165,11 @@ impl Server {
             .max_header_list_size(MAX_HEAD_BYTES as u32);
         let graceful = GracefulShutdown::new();
         let permits = Arc::new(Semaphore::new(config.max_connections));
-        let accepting = futures_util::future::join_all(listeners.into_iter().map(|l| {
-            accept_loop(l, &builder, &graceful, &proxy, &permits, &config)
-        }));
+        let accepting = futures_util::future::join_all(
+            listeners
+                .into_iter()
+                .map(|l| accept_loop(l, &builder, &graceful, &proxy, &permits, &config)),
+        );
         tokio::select! {
             _ = accepting => {}
             _ = shutdown => {}
@@ -169,7 +186,9 @@ impl Server {
         .await;
         match drained {
             Ok(()) => tracing::info!("drained; exiting"),
-            Err(_) => tracing::warn!("shutdown timeout passed with requests still in flight; exiting"),
+            Err(_) => {
+                tracing::warn!("shutdown timeout passed with requests still in flight; exiting")
+            }
         }
         admin_stop.cancel();
         if let Some(task) = admin_task {
@@ -288,9 +307,14 @@ async fn serve_admin(
 fn admin_response(request: &Request<Incoming>, health: &Health) -> Response<ProxyBody> {
     let (status, text) = match request.uri().path() {
         "/healthz" => (StatusCode::OK, "ok\n"),
-        "/readyz" if health.is_ready() => (StatusCode::OK, "ready\n"),
-        "/readyz" => (StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
-        _ => (StatusCode::NOT_FOUND, "not found: try /healthz or /readyz\n"),
+        "/readyz" => match health.readiness() {
+            Ok(()) => (StatusCode::OK, "ready\n"),
+            Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+        },
+        _ => (
+            StatusCode::NOT_FOUND,
+            "not found: try /healthz or /readyz\n",
+        ),
     };
     let mut response = Response::new(full(text));
     *response.status_mut() = status;

@@ -27,19 +27,21 @@ pub fn acceptor(files: &TlsFiles) -> Result<TlsAcceptor, String> {
             files.cert.display()
         ));
     }
-    let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|e| describe(&files.key, "private key", e))?;
-    let mut config = ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| {
-            format!(
-                "{} / {}: the certificate and key do not form a usable pair: {e}",
-                files.cert.display(),
-                files.key.display()
-            )
-        })?;
+    let key = PrivateKeyDer::from_pem_file(&files.key)
+        .map_err(|e| describe(&files.key, "private key", e))?;
+    let mut config =
+        ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .map_err(|e| {
+                format!(
+                    "{} / {}: the certificate and key do not form a usable pair: {e}",
+                    files.cert.display(),
+                    files.key.display()
+                )
+            })?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }

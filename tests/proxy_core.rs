@@ -45,10 +45,16 @@ async fn multi_megabyte_upload_and_download_arrive_byte_for_byte() {
 async fn chunked_upload_is_forwarded_intact() {
     let up = upstream().start().await;
     let proxy = proxy(config_for(&up.url(), "")).start().await;
-    let chunks: Vec<Result<hyper::body::Frame<bytes::Bytes>, Box<dyn std::error::Error + Send + Sync>>> =
-        (0..64)
-            .map(|i| Ok(hyper::body::Frame::data(bytes::Bytes::from(vec![i as u8; 10_000]))))
-            .collect();
+    let chunks: Vec<
+        Result<hyper::body::Frame<bytes::Bytes>, Box<dyn std::error::Error + Send + Sync>>,
+    > = (0..64)
+        .map(|i| {
+            Ok(hyper::body::Frame::data(bytes::Bytes::from(vec![
+                i as u8;
+                10_000
+            ])))
+        })
+        .collect();
     let streamed = http_body_util::StreamBody::new(futures_util::stream::iter(chunks));
     let request = Request::post(proxy.url("/upload"))
         .body(BodyExt::boxed(streamed))
@@ -86,14 +92,19 @@ async fn request_headers_are_rewritten_and_hop_by_hop_removed() {
     assert_eq!(headers["x-forwarded-host"][0], "public.example");
     assert_eq!(headers["x-keep"], serde_json::json!(["a", "b"]));
     for gone in ["x-drop-me", "keep-alive", "proxy-authorization", "te"] {
-        assert!(headers.get(gone).is_none(), "{gone} reached the upstream: {headers}");
+        assert!(
+            headers.get(gone).is_none(),
+            "{gone} reached the upstream: {headers}"
+        );
     }
 }
 
 #[tokio::test]
 async fn host_upstream_mode_sends_the_upstream_authority() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "  host: upstream\n")).start().await;
+    let proxy = proxy(config_for(&up.url(), "  host: upstream\n"))
+        .start()
+        .await;
     let request = Request::get(proxy.url("/echo"))
         .header("host", "public.example")
         .body(body(""))
@@ -107,9 +118,16 @@ async fn host_upstream_mode_sends_the_upstream_authority() {
 async fn response_hop_by_hop_removed_and_set_cookie_kept() {
     let up = upstream().start().await;
     let proxy = proxy(config_for(&up.url(), "")).start().await;
-    let response = http1_client().request(get(&proxy.url("/hop"))).await.unwrap();
+    let response = http1_client()
+        .request(get(&proxy.url("/hop")))
+        .await
+        .unwrap();
     let h = response.headers();
-    let cookies: Vec<_> = h.get_all("set-cookie").iter().map(|v| v.to_str().unwrap()).collect();
+    let cookies: Vec<_> = h
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
     assert_eq!(cookies, ["a=1; Path=/", "b=2; Path=/"]);
     assert_eq!(h["x-app"], "yes");
     assert!(h.get("x-internal").is_none());
@@ -122,7 +140,10 @@ async fn response_hop_by_hop_removed_and_set_cookie_kept() {
 async fn streamed_response_first_chunk_arrives_before_last_is_produced() {
     let up = upstream().start().await;
     let proxy = proxy(config_for(&up.url(), "")).start().await;
-    let response = http1_client().request(get(&proxy.url("/hold"))).await.unwrap();
+    let response = http1_client()
+        .request(get(&proxy.url("/hold")))
+        .await
+        .unwrap();
     let mut body = response.into_body();
     let first = tokio::time::timeout(Duration::from_secs(5), body.frame())
         .await
@@ -171,7 +192,9 @@ async fn h2c_client_is_served_and_forwarded_as_http11() {
 #[tokio::test]
 async fn http2_upstream_carries_trailers_end_to_end() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "  http2: true\n")).start().await;
+    let proxy = proxy(config_for(&up.url(), "  http2: true\n"))
+        .start()
+        .await;
     let request = Request::post(proxy.url("/trailers"))
         .version(http::Version::HTTP_2)
         .header("te", "trailers")
@@ -202,53 +225,102 @@ async fn http2_upstream_carries_trailers_end_to_end() {
 #[tokio::test]
 async fn unreachable_upstream_is_502_with_a_short_body() {
     // A port that was free a moment ago: nothing listens there.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let proxy = proxy(config_for(&format!("http://127.0.0.1:{port}"), "")).start().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let proxy = proxy(config_for(&format!("http://127.0.0.1:{port}"), ""))
+        .start()
+        .await;
     let response = http1_client().request(get(&proxy.url("/"))).await.unwrap();
     assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
-    assert_eq!(text(response).await, "502 Bad Gateway: the upstream is unreachable\n");
+    assert_eq!(
+        text(response).await,
+        "502 Bad Gateway: the upstream is unreachable\n"
+    );
 }
 
 #[tokio::test]
 async fn slow_upstream_is_504_after_the_timeout() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "  timeout: 300ms\n")).start().await;
+    let proxy = proxy(config_for(&up.url(), "  timeout: 300ms\n"))
+        .start()
+        .await;
     let started = Instant::now();
-    let response = http1_client().request(get(&proxy.url("/sleep?ms=5000"))).await.unwrap();
+    let response = http1_client()
+        .request(get(&proxy.url("/sleep?ms=5000")))
+        .await
+        .unwrap();
     assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
-    assert!(started.elapsed() < Duration::from_secs(4), "took {:?}", started.elapsed());
-    assert_eq!(text(response).await, "504 Gateway Timeout: the upstream did not answer in time\n");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        text(response).await,
+        "504 Gateway Timeout: the upstream did not answer in time\n"
+    );
     // The proxy serves on.
-    let response = http1_client().request(get(&proxy.url("/echo"))).await.unwrap();
+    let response = http1_client()
+        .request(get(&proxy.url("/echo")))
+        .await
+        .unwrap();
     assert_eq!(response.status(), 200);
 }
 
 #[tokio::test]
 async fn oversized_bodies_get_413_declared_or_chunked() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "max_request_body: 1KiB\n")).start().await;
+    let proxy = proxy(config_for(&up.url(), "max_request_body: 1KiB\n"))
+        .start()
+        .await;
     let client = http1_client();
     let response = client
-        .request(Request::post(proxy.url("/upload")).body(body(vec![0u8; 2048])).unwrap())
+        .request(
+            Request::post(proxy.url("/upload"))
+                .body(body(vec![0u8; 2048]))
+                .unwrap(),
+        )
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
-    assert_eq!(up.request_count(), 0, "a declared oversized body never reaches the upstream");
+    assert_eq!(
+        up.request_count(),
+        0,
+        "a declared oversized body never reaches the upstream"
+    );
 
-    let chunks: Vec<Result<hyper::body::Frame<bytes::Bytes>, Box<dyn std::error::Error + Send + Sync>>> =
-        (0..8).map(|_| Ok(hyper::body::Frame::data(bytes::Bytes::from(vec![1u8; 512])))).collect();
+    let chunks: Vec<
+        Result<hyper::body::Frame<bytes::Bytes>, Box<dyn std::error::Error + Send + Sync>>,
+    > = (0..8)
+        .map(|_| Ok(hyper::body::Frame::data(bytes::Bytes::from(vec![1u8; 512]))))
+        .collect();
     let streamed = http_body_util::StreamBody::new(futures_util::stream::iter(chunks));
     let response = client
-        .request(Request::post(proxy.url("/upload")).body(BodyExt::boxed(streamed)).unwrap())
+        .request(
+            Request::post(proxy.url("/upload"))
+                .body(BodyExt::boxed(streamed))
+                .unwrap(),
+        )
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
 
     let response = client
-        .request(Request::post(proxy.url("/upload")).body(body(vec![0u8; 1024])).unwrap())
+        .request(
+            Request::post(proxy.url("/upload"))
+                .body(body(vec![0u8; 1024]))
+                .unwrap(),
+        )
         .await
         .unwrap();
-    assert_eq!(response.status(), StatusCode::OK, "exactly the limit passes");
+    assert_eq!(
+        response.status(),
+        StatusCode::OK,
+        "exactly the limit passes"
+    );
 }
 
 #[tokio::test]
@@ -266,23 +338,35 @@ async fn oversized_request_head_is_431_and_the_proxy_serves_on() {
     assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
 
     let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    stream.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nbroken header\r\n\r\n").await.unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nhost: x\r\nbroken header\r\n\r\n")
+        .await
+        .unwrap();
     let mut answer = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
     assert!(String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 400"));
 
-    let response = http1_client().request(get(&proxy.url("/echo"))).await.unwrap();
+    let response = http1_client()
+        .request(get(&proxy.url("/echo")))
+        .await
+        .unwrap();
     assert_eq!(response.status(), 200);
 }
 
 #[tokio::test]
 async fn graceful_shutdown_lets_the_in_flight_request_finish() {
     let up = upstream().start().await;
-    let mut proxy = proxy(config_for(&up.url(), "admin: 127.0.0.1:0\nshutdown_timeout: 10s\n"))
-        .start()
-        .await;
+    let mut proxy = proxy(config_for(
+        &up.url(),
+        "admin: 127.0.0.1:0\nshutdown_timeout: 10s\n",
+    ))
+    .start()
+    .await;
     let admin = proxy.admin.unwrap();
-    let ready = http1_client().request(get(&format!("http://{admin}/readyz"))).await.unwrap();
+    let ready = http1_client()
+        .request(get(&format!("http://{admin}/readyz")))
+        .await
+        .unwrap();
     assert_eq!(ready.status(), 200);
 
     let url = proxy.url("/sleep?ms=700");
@@ -291,13 +375,19 @@ async fn graceful_shutdown_lets_the_in_flight_request_finish() {
     proxy.shutdown();
     tokio::time::sleep(Duration::from_millis(100)).await;
 
-    let ready = http1_client().request(get(&format!("http://{admin}/readyz"))).await.unwrap();
+    let ready = http1_client()
+        .request(get(&format!("http://{admin}/readyz")))
+        .await
+        .unwrap();
     assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(
         tokio::net::TcpStream::connect(proxy.addr).await.is_err(),
         "the listener must be closed at once"
     );
-    let response = in_flight.await.unwrap().expect("in-flight request completes");
+    let response = in_flight
+        .await
+        .unwrap()
+        .expect("in-flight request completes");
     assert_eq!(response.status(), 200);
     assert_eq!(text(response).await, "slept");
     tokio::time::timeout(Duration::from_secs(5), proxy.task.take().unwrap())

@@ -48,11 +48,7 @@ pub fn substitute(
             Some((name, default)) => (name, Some(default)),
             None => (body, None),
         };
-        if name.is_empty()
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_')
-        {
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
             return Err(SubstitutionError {
                 line,
                 col,
@@ -116,7 +112,10 @@ mod tests {
     #[test]
     fn dollar_dollar_is_a_literal_dollar_and_lone_dollars_stay() {
         assert_eq!(substitute("a: $${HOST} $5", env).unwrap(), "a: ${HOST} $5");
-        assert_eq!(substitute("a: $$${HOST}", env).unwrap(), "a: $redis.internal");
+        assert_eq!(
+            substitute("a: $$${HOST}", env).unwrap(),
+            "a: $redis.internal"
+        );
     }
 
     #[test]
@@ -128,7 +127,13 @@ mod tests {
 
     #[test]
     fn unclosed_and_malformed_references_are_errors() {
-        assert!(substitute("a: ${HOST", env).unwrap_err().message.contains("never closed"));
-        assert!(substitute("a: ${A B}", env).unwrap_err().message.contains("not a variable"));
+        assert!(substitute("a: ${HOST", env)
+            .unwrap_err()
+            .message
+            .contains("never closed"));
+        assert!(substitute("a: ${A B}", env)
+            .unwrap_err()
+            .message
+            .contains("not a variable"));
     }
 }

@@ -8,6 +8,7 @@
 mod env;
 mod raw;
 mod spans;
+mod throttle;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -19,6 +20,10 @@ use http::uri::{Authority, Scheme};
 pub use env::substitute;
 use raw::{RawConfig, RawListen, RawListener, RawSize};
 use spans::SpanIndex;
+pub use throttle::{
+    Limit, OnError, OnLimit, ResponseConfig, Route, Scope, StoreConfig, Throttle,
+    DEFAULT_KEY_PREFIX,
+};
 
 /// The validated configuration the proxy runs with.
 #[derive(Debug, Clone)]
@@ -33,6 +38,7 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     pub max_connections: usize,
     pub http2_max_concurrent_streams: u32,
+    pub throttle: Throttle,
 }
 
 #[derive(Debug, Clone)]
@@ -167,7 +173,8 @@ pub fn parse(
         col,
         message,
     };
-    let text = substitute(text, env).map_err(|e| ConfigErrors(vec![at(e.line, e.col, e.message)]))?;
+    let text =
+        substitute(text, env).map_err(|e| ConfigErrors(vec![at(e.line, e.col, e.message)]))?;
     let raw: RawConfig = serde_yaml::from_str(&text).map_err(|e| {
         let (line, col) = e
             .location()
@@ -279,7 +286,10 @@ impl Validator {
             RawSize::Text(text) => match text.trim().parse::<bytesize::ByteSize>() {
                 Ok(size) if size.as_u64() > 0 => Some(size.as_u64()),
                 Ok(_) => {
-                    self.error(path, "must be greater than zero (leave it out for no limit)");
+                    self.error(
+                        path,
+                        "must be greater than zero (leave it out for no limit)",
+                    );
                     None
                 }
                 Err(e) => {
@@ -296,14 +306,17 @@ impl Validator {
             Err(_) => {
                 self.error(
                     path,
-                    format!("`{text}` is not an address: write IP:PORT, like 0.0.0.0:8080 or [::]:8080"),
+                    format!(
+                        "`{text}` is not an address: write IP:PORT, like 0.0.0.0:8080 or [::]:8080"
+                    ),
                 );
                 None
             }
         }
     }
 
-    fn config(&mut self, raw: RawConfig) -> Option<Config> {
+    fn config(&mut self, mut raw: RawConfig) -> Option<Config> {
+        let throttle = self.throttle(&mut raw);
         let listeners = self.listeners(&raw.listen);
         let admin = raw
             .admin
@@ -342,7 +355,10 @@ impl Validator {
         };
         if let (Some(admin), Some(listeners)) = (admin, listeners.as_ref()) {
             if admin.port() != 0 && listeners.iter().any(|l| l.address == admin) {
-                self.error("admin", "the admin listener cannot share an address with `listen`");
+                self.error(
+                    "admin",
+                    "the admin listener cannot share an address with `listen`",
+                );
             }
         }
         Some(Config {
@@ -355,6 +371,7 @@ impl Validator {
             shutdown_timeout,
             max_connections,
             http2_max_concurrent_streams,
+            throttle,
         })
     }
 
@@ -366,9 +383,11 @@ impl Validator {
                 .enumerate()
                 .map(|(i, l)| match l {
                     RawListener::Address(a) => (format!("listen[{i}]"), a.as_str(), None),
-                    RawListener::Full(f) => {
-                        (format!("listen[{i}].address"), f.address.as_str(), f.tls.as_ref())
-                    }
+                    RawListener::Full(f) => (
+                        format!("listen[{i}].address"),
+                        f.address.as_str(),
+                        f.tls.as_ref(),
+                    ),
                 })
                 .collect(),
         };
@@ -435,7 +454,10 @@ impl Validator {
             Err(e) => {
                 self.error(
                     "upstream.url",
-                    format!("`{}` is not a URL ({e}): write http://HOST:PORT or https://HOST:PORT", raw.url),
+                    format!(
+                        "`{}` is not a URL ({e}): write http://HOST:PORT or https://HOST:PORT",
+                        raw.url
+                    ),
                 );
                 return None;
             }
@@ -455,7 +477,10 @@ impl Validator {
             return None;
         };
         if authority.as_str().contains('@') {
-            self.error("upstream.url", "user information in the upstream URL is not supported");
+            self.error(
+                "upstream.url",
+                "user information in the upstream URL is not supported",
+            );
         }
         if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
             self.error(
@@ -525,10 +550,15 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_refused_with_position_and_allowed_keys() {
-        let errors = parse_err("listen: 127.0.0.1:8080\nupstream:\n  url: http://a:1\n  timout: 3s\n");
+        let errors =
+            parse_err("listen: 127.0.0.1:8080\nupstream:\n  url: http://a:1\n  timout: 3s\n");
         assert_eq!(errors.len(), 1);
         assert!(errors[0].starts_with("t.yaml:4:3: "), "{}", errors[0]);
-        assert!(errors[0].contains("unknown field `timout`"), "{}", errors[0]);
+        assert!(
+            errors[0].contains("unknown field `timout`"),
+            "{}",
+            errors[0]
+        );
         assert!(errors[0].contains("`timeout`"), "{}", errors[0]);
     }
 
@@ -538,10 +568,22 @@ mod tests {
             "listen: 127.0.0.1:8080\nupstream:\n  url: ftp://a:1\n  timeout: soon\nmax_request_body: lots\n",
         );
         assert_eq!(errors.len(), 3, "{errors:?}");
-        assert!(errors[0].starts_with("t.yaml:3:8: upstream.url:"), "{}", errors[0]);
-        assert!(errors[1].starts_with("t.yaml:4:12: upstream.timeout:"), "{}", errors[1]);
+        assert!(
+            errors[0].starts_with("t.yaml:3:8: upstream.url:"),
+            "{}",
+            errors[0]
+        );
+        assert!(
+            errors[1].starts_with("t.yaml:4:12: upstream.timeout:"),
+            "{}",
+            errors[1]
+        );
         assert!(errors[1].contains("like 50ms"), "{}", errors[1]);
-        assert!(errors[2].starts_with("t.yaml:5:19: max_request_body:"), "{}", errors[2]);
+        assert!(
+            errors[2].starts_with("t.yaml:5:19: max_request_body:"),
+            "{}",
+            errors[2]
+        );
     }
 
     #[test]
@@ -550,7 +592,10 @@ mod tests {
             "listen: localhost\nupstream: { url: \"http://a:1/base\", host: client }\nadmin: nope\n",
         );
         let all = errors.join("\n");
-        assert!(all.contains("t.yaml:1:9: listen: `localhost` is not an address"), "{all}");
+        assert!(
+            all.contains("t.yaml:1:9: listen: `localhost` is not an address"),
+            "{all}"
+        );
         assert!(all.contains("must not have a path"), "{all}");
         assert!(all.contains("use `preserve`"), "{all}");
         assert!(all.contains("t.yaml:3:8: admin:"), "{all}");
@@ -566,8 +611,12 @@ mod tests {
         .unwrap();
         assert_eq!(c.listeners[0].address.to_string(), "127.0.0.1:8081");
         assert_eq!(c.upstream.authority.as_str(), "10.1.2.3:3000");
-        let err = parse(Path::new("t.yaml"), "listen: a\nupstream: { url: \"${APP}\" }\n", |_| None)
-            .unwrap_err();
+        let err = parse(
+            Path::new("t.yaml"),
+            "listen: a\nupstream: { url: \"${APP}\" }\n",
+            |_| None,
+        )
+        .unwrap_err();
         assert_eq!(err.to_string(), "t.yaml:2:19: environment variable `APP` is not set: set it, or give a default with `${APP:-value}`");
     }
 

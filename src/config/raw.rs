@@ -95,16 +95,76 @@ pub struct RawClientIp {
 }
 
 /// One way of telling who is calling. Written as `- header: X-User-Id`, `- client_ip`, ...
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
+/// (a one-key mapping or a bare name; serde_yaml's own enum form would need YAML tags).
+#[derive(Debug)]
 pub enum RawSource {
     Header(String),
     Query(String),
     Cookie(String),
-    Bearer(#[allow(dead_code)] Option<Empty>),
+    Bearer,
     Jwt(RawJwt),
     PathSegment(usize),
     ClientIp,
+}
+
+const SOURCE_KINDS: &[&str] = &[
+    "header",
+    "query",
+    "cookie",
+    "bearer",
+    "jwt",
+    "path_segment",
+    "client_ip",
+];
+
+impl<'de> Deserialize<'de> for RawSource {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::{Error, MapAccess, Visitor};
+        struct SourceVisitor;
+        impl<'de> Visitor<'de> for SourceVisitor {
+            type Value = RawSource;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an identity source: `header: NAME`, `query: NAME`, `cookie: NAME`, `bearer: {}`, `jwt: {...}`, `path_segment: N` or `client_ip`")
+            }
+            fn visit_str<E: Error>(self, v: &str) -> Result<RawSource, E> {
+                match v {
+                    "client_ip" => Ok(RawSource::ClientIp),
+                    "bearer" => Ok(RawSource::Bearer),
+                    other => Err(E::unknown_variant(other, SOURCE_KINDS)),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawSource, A::Error> {
+                let Some(kind) = map.next_key::<String>()? else {
+                    return Err(A::Error::custom(
+                        "an identity source needs a kind, e.g. `header: X-User-Id`",
+                    ));
+                };
+                let source = match kind.as_str() {
+                    "header" => RawSource::Header(map.next_value()?),
+                    "query" => RawSource::Query(map.next_value()?),
+                    "cookie" => RawSource::Cookie(map.next_value()?),
+                    "bearer" => {
+                        map.next_value::<Option<Empty>>()?;
+                        RawSource::Bearer
+                    }
+                    "jwt" => RawSource::Jwt(map.next_value()?),
+                    "path_segment" => RawSource::PathSegment(map.next_value()?),
+                    "client_ip" => {
+                        map.next_value::<Option<Empty>>()?;
+                        RawSource::ClientIp
+                    }
+                    other => return Err(A::Error::unknown_variant(other, SOURCE_KINDS)),
+                };
+                if map.next_key::<String>()?.is_some() {
+                    return Err(A::Error::custom(
+                        "one source per list item: start each with `- `",
+                    ));
+                }
+                Ok(source)
+            }
+        }
+        deserializer.deserialize_any(SourceVisitor)
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -40,7 +40,10 @@ impl SpanIndex {
             };
             match event {
                 Event::Scalar(value, ..) => {
-                    if let Some(Frame::Map { key: key @ None, .. }) = stack.last_mut() {
+                    if let Some(Frame::Map {
+                        key: key @ None, ..
+                    }) = stack.last_mut()
+                    {
                         *key = Some(value.into_owned());
                     } else if let Some(path) = next_value_path(&mut stack) {
                         index.positions.entry(path).or_insert(at);
@@ -77,7 +80,13 @@ impl SpanIndex {
             }
             match path.rfind(['.', '[']) {
                 Some(cut) => path = &path[..cut],
-                None => return self.positions.get("").copied().unwrap_or(Position { line: 1, col: 1 }),
+                None => {
+                    return self
+                        .positions
+                        .get("")
+                        .copied()
+                        .unwrap_or(Position { line: 1, col: 1 })
+                }
             }
         }
     }
@@ -89,7 +98,11 @@ fn next_value_path(stack: &mut [Frame]) -> Option<String> {
         None => Some(String::new()),
         Some(Frame::Map { path, key }) => {
             let key = key.take()?;
-            Some(if path.is_empty() { key } else { format!("{path}.{key}") })
+            Some(if path.is_empty() {
+                key
+            } else {
+                format!("{path}.{key}")
+            })
         }
         Some(Frame::Seq { path, next }) => {
             let here = format!("{path}[{next}]");

@@ -18,7 +18,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
 pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
-    Full::new(bytes.into()).map_err(|never| match never {}).boxed_unsync()
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }
 
 pub fn empty() -> ProxyBody {
@@ -31,6 +33,49 @@ where
     B::Error: Into<BoxError>,
 {
     body.map_err(Into::into).boxed_unsync()
+}
+
+pin_project_lite::pin_project! {
+    /// A body that keeps `guard` alive until the body ends or is dropped (the client went
+    /// away): how concurrency slots stay taken for exactly the life of a response.
+    pub struct Guarded<B, G> {
+        #[pin]
+        inner: B,
+        guard: Option<G>,
+    }
+}
+
+pub fn with_guard<G: Send + 'static>(body: ProxyBody, guard: G) -> ProxyBody {
+    Guarded {
+        inner: body,
+        guard: Some(guard),
+    }
+    .boxed_unsync()
+}
+
+impl<B: Body, G> Body for Guarded<B, G> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let this = self.project();
+        let polled = this.inner.poll_frame(cx);
+        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+            this.guard.take();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// The request body was larger than allowed.

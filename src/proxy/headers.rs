@@ -57,7 +57,9 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         }
         headers.remove(&name);
     }
-    let upgrade = keep_upgrade.then(|| headers.get(header::UPGRADE).cloned()).flatten();
+    let upgrade = keep_upgrade
+        .then(|| headers.get(header::UPGRADE).cloned())
+        .flatten();
     for name in &HOP_BY_HOP {
         headers.remove(name);
     }
@@ -190,18 +192,36 @@ mod tests {
             ("x-forwarded-proto", "https"),
         ]);
         let host = HeaderValue::from_static("example.com");
-        add_forwarded(&mut h, "10.0.0.9".parse().unwrap(), "http", Some(&host), false);
+        add_forwarded(
+            &mut h,
+            "10.0.0.9".parse().unwrap(),
+            "http",
+            Some(&host),
+            false,
+        );
         assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
-        assert_eq!(h.get("x-forwarded-for").unwrap(), "1.1.1.1, 2.2.2.2, 3.3.3.3, 10.0.0.9");
+        assert_eq!(
+            h.get("x-forwarded-for").unwrap(),
+            "1.1.1.1, 2.2.2.2, 3.3.3.3, 10.0.0.9"
+        );
         assert_eq!(h.get("x-forwarded-proto").unwrap(), "http");
         assert_eq!(h.get("x-forwarded-host").unwrap(), "example.com");
     }
 
     #[test]
     fn trusted_peers_keep_their_proto_and_host_and_mapped_ipv4_is_plain() {
-        let mut h = map(&[("x-forwarded-proto", "https"), ("x-forwarded-host", "public.example")]);
+        let mut h = map(&[
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "public.example"),
+        ]);
         let host = HeaderValue::from_static("internal");
-        add_forwarded(&mut h, "::ffff:10.0.0.1".parse().unwrap(), "http", Some(&host), true);
+        add_forwarded(
+            &mut h,
+            "::ffff:10.0.0.1".parse().unwrap(),
+            "http",
+            Some(&host),
+            true,
+        );
         assert_eq!(h.get("x-forwarded-for").unwrap(), "10.0.0.1");
         assert_eq!(h.get("x-forwarded-proto").unwrap(), "https");
         assert_eq!(h.get("x-forwarded-host").unwrap(), "public.example");

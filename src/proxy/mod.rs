@@ -19,6 +19,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, HostMode};
 use crate::error::ProxyError;
+use crate::identity;
+use crate::routing;
+use crate::throttle::{self, Checked, Throttler};
 use body::{LimitedBody, ProxyBody};
 use upstream::UpstreamClient;
 
@@ -38,6 +41,7 @@ pub struct Proxy {
 struct Inner {
     config: Arc<Config>,
     upstream: UpstreamClient,
+    throttler: Throttler,
     /// Upgraded (WebSocket) connections: hyper's graceful shutdown no longer sees them, so
     /// shutdown waits on this instead.
     tunnels: TaskTracker,
@@ -46,10 +50,12 @@ struct Inner {
 impl Proxy {
     pub fn new(config: Arc<Config>) -> Self {
         let upstream = UpstreamClient::new(&config.upstream);
+        let throttler = Throttler::new(config.throttle.clone());
         Proxy {
             inner: Arc::new(Inner {
                 config,
                 upstream,
+                throttler,
                 tunnels: TaskTracker::new(),
             }),
         }
@@ -59,11 +65,42 @@ impl Proxy {
         &self.inner.tunnels
     }
 
-    /// Handles one request. Never fails: every error becomes a response.
+    /// Whether this instance should receive traffic as far as the store is concerned: a store
+    /// that cannot be reached matters only when `on_error: deny` would refuse everything.
+    pub fn store_ready(&self) -> bool {
+        let throttler = &self.inner.throttler;
+        throttler.store_ready() || throttler.on_error() != crate::config::OnError::Deny
+    }
+
+    /// Handles one request, in order: route → identify → limit → forward → respond. Never
+    /// fails: every error becomes a response.
     pub async fn handle(&self, request: Request<Incoming>, conn: ConnInfo) -> Response<ProxyBody> {
+        let config = &self.inner.config;
+        let (parts, body) = request.into_parts();
+        let peer_is_trusted = config.throttle.trusted_proxies.contains(conn.peer.ip());
+
+        let admission = match routing::find(&config.throttle.routes, &parts) {
+            None => None,
+            Some(route) => {
+                let client_ip = identity::client_ip(
+                    conn.peer.ip(),
+                    &parts.headers,
+                    &config.throttle.trusted_proxies,
+                );
+                match self.inner.throttler.check(route, &parts, client_ip).await {
+                    Checked::Admit(admission) => Some(admission),
+                    Checked::Reject(response) => {
+                        tracing::debug!(route = %route.name, status = response.status().as_u16(), "request limited");
+                        return response;
+                    }
+                }
+            }
+        };
+
+        let request = Request::from_parts(parts, body);
         let method = request.method().clone();
         let path = request.uri().path().to_owned();
-        match self.forward(request, conn).await {
+        let mut response = match self.forward(request, conn, peer_is_trusted).await {
             Ok(response) => response,
             Err(error) => {
                 let status = error.status().as_u16();
@@ -71,11 +108,30 @@ impl Proxy {
                     ProxyError::BadRequest(_) | ProxyError::BodyTooLarge { .. } => {
                         tracing::info!(%method, %path, peer = %conn.peer, status, side = error.source_side(), cause = %error, "request refused")
                     }
-                    _ => tracing::warn!(%method, %path, peer = %conn.peer, status, side = error.source_side(), cause = %error, source = ?std::error::Error::source(&error), "request failed"),
+                    _ => {
+                        tracing::warn!(%method, %path, peer = %conn.peer, status, side = error.source_side(), cause = %error, source = ?std::error::Error::source(&error), "request failed")
+                    }
                 }
                 error.into_response()
             }
+        };
+        if let Some(admission) = admission {
+            if !admission.verdicts.is_empty() {
+                throttle::headers::add_fields(
+                    response.headers_mut(),
+                    &config.throttle.response,
+                    &admission.route.limits,
+                    &admission.verdicts,
+                    false,
+                );
+            }
+            if let Some(leases) = admission.leases {
+                // The slots are held until the response body is done (or the client leaves).
+                let (parts, body) = response.into_parts();
+                response = Response::from_parts(parts, body::with_guard(body, leases));
+            }
         }
+        response
     }
 
     /// Forwards the request to the upstream and streams the answer back.
@@ -83,6 +139,7 @@ impl Proxy {
         &self,
         mut request: Request<Incoming>,
         conn: ConnInfo,
+        peer_is_trusted: bool,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let config = &self.inner.config;
         let upstream = &config.upstream;
@@ -95,8 +152,8 @@ impl Proxy {
             }
         }
 
-        let upgrade = request.version() == Version::HTTP_11
-            && headers::is_upgrade_request(request.headers());
+        let upgrade =
+            request.version() == Version::HTTP_11 && headers::is_upgrade_request(request.headers());
         if upgrade && upstream.http2 {
             return Err(ProxyError::BadRequest(
                 "protocol upgrades need an HTTP/1.1 upstream",
@@ -105,16 +162,12 @@ impl Proxy {
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
 
         let (mut parts, incoming) = request.into_parts();
-        let client_host = parts
-            .headers
-            .get(header::HOST)
-            .cloned()
-            .or_else(|| {
-                parts
-                    .uri
-                    .authority()
-                    .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-            });
+        let client_host = parts.headers.get(header::HOST).cloned().or_else(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
 
         parts.uri = upstream_uri(&parts.uri, upstream)?;
         parts.version = if upstream.http2 {
@@ -128,7 +181,7 @@ impl Proxy {
             conn.peer.ip(),
             if conn.tls { "https" } else { "http" },
             client_host.as_ref(),
-            false,
+            peer_is_trusted,
         );
         match (upstream.host, &client_host) {
             (HostMode::Preserve, Some(host)) if !upstream.http2 => {

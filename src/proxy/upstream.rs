@@ -51,7 +51,10 @@ impl UpstreamClient {
     }
 
     /// Sends `request` and waits for the response head, at most the configured timeout.
-    pub async fn send(&self, request: Request<ProxyBody>) -> Result<Response<Incoming>, ProxyError> {
+    pub async fn send(
+        &self,
+        request: Request<ProxyBody>,
+    ) -> Result<Response<Incoming>, ProxyError> {
         match tokio::time::timeout(self.timeout, self.client.request(request)).await {
             Err(_) => Err(ProxyError::UpstreamTimeout(self.timeout)),
             Ok(Ok(response)) => Ok(response),

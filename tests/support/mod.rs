@@ -1,8 +1,10 @@
 //! Test support: real processes and servers, started by the tests themselves.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 pub mod proxy;
+pub mod redis;
 pub mod upstream;
 
 pub use proxy::*;
+pub use redis::*;
 pub use upstream::*;

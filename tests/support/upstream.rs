@@ -61,7 +61,9 @@ impl UpstreamBuilder {
         let state = upstream.clone();
         tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { return };
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
                 let state = state.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |req| {
@@ -135,7 +137,9 @@ async fn handle(mut req: Request<Incoming>, state: Upstream) -> Response<Body> {
             let release = state.release.clone();
             let first = state.first_chunk_sent.clone();
             tokio::spawn(async move {
-                let _ = tx.send(Ok(Frame::data(Bytes::from_static(b"first,")))).await;
+                let _ = tx
+                    .send(Ok(Frame::data(Bytes::from_static(b"first,"))))
+                    .await;
                 first.notify_one();
                 release.notified().await;
                 let _ = tx.send(Ok(Frame::data(Bytes::from_static(b"last")))).await;
@@ -165,7 +169,9 @@ async fn handle(mut req: Request<Incoming>, state: Upstream) -> Response<Body> {
                 Ok(Frame::data(Bytes::from_static(b"payload"))),
                 Ok(Frame::trailers(trailers)),
             ];
-            Response::new(BodyExt::boxed(StreamBody::new(futures_util::stream::iter(frames))))
+            Response::new(BodyExt::boxed(StreamBody::new(futures_util::stream::iter(
+                frames,
+            ))))
         }
         "/ws" => {
             let key = req
@@ -173,7 +179,8 @@ async fn handle(mut req: Request<Incoming>, state: Upstream) -> Response<Body> {
                 .get("sec-websocket-key")
                 .cloned()
                 .expect("websocket key");
-            let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+            let accept =
+                tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
             let on_upgrade = hyper::upgrade::on(&mut req);
             tokio::spawn(async move {
                 let upgraded = on_upgrade.await.expect("upgrade");

@@ -1,0 +1,707 @@
+//! Validation of the throttling half of the file: store, client IP trust, identities, routes,
+//! limits and the shape of limited responses. Everything that cannot work is refused here, with
+//! the position of the offending value, so the request path never meets a surprise.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+
+use super::raw::{self, RawKey, RawLimit, RawRoute, RawSource};
+use super::Validator;
+use crate::identity::{self, Identity, JwtVerifier, Source, TrustedProxies};
+use crate::limit::algorithm::{self, Algorithm, Params};
+
+pub const DEFAULT_KEY_PREFIX: &str = "tollgate:";
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(60);
+
+/// Everything the limiter needs, validated.
+#[derive(Debug, Clone)]
+pub struct Throttle {
+    pub store: StoreConfig,
+    pub key_prefix: String,
+    pub on_error: OnError,
+    pub trusted_proxies: TrustedProxies,
+    pub routes: Vec<Arc<Route>>,
+    pub response: ResponseConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreConfig {
+    /// Limits live in this process only.
+    Memory,
+    Redis {
+        url: String,
+        timeout: Duration,
+    },
+}
+
+/// What a store error (timeout, connection loss) means for the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnError {
+    /// Forward the request (fail open) and count the error.
+    Allow,
+    /// Refuse with 503 and Retry-After (fail closed).
+    Deny,
+    /// Decide with the in-memory limiter and the same limits (per-instance until Redis is back).
+    Local,
+}
+
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub name: String,
+    pub path_prefix: Option<String>,
+    pub methods: Option<Vec<Method>>,
+    /// Lower-case host without port; `*.example.com` matches subdomains.
+    pub host: Option<String>,
+    pub limits: Vec<Limit>,
+    /// True when every limit uses the same key, so the store key's hash tag can include the
+    /// identity (spreading a route over a cluster) instead of the route name alone.
+    pub shared_key: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Limit {
+    /// Policy name in headers, logs and metrics.
+    pub name: String,
+    pub params: Params,
+    pub key: Vec<Arc<Identity>>,
+    pub scope: Scope,
+    pub on_limit: OnLimit,
+    pub shadow: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Shared by every tollgate instance through the store.
+    Global,
+    /// This instance only (in memory).
+    Local,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnLimit {
+    Reject,
+    /// Wait up to `max_delay` for the request to fit, then forward it.
+    Delay {
+        max_delay: Duration,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct ResponseConfig {
+    pub status: StatusCode,
+    /// IETF RateLimit / RateLimit-Policy on allowed responses (always on limited ones).
+    pub ietf: bool,
+    /// X-RateLimit-Limit / -Remaining / -Reset.
+    pub legacy: bool,
+}
+
+const ALGORITHMS: &str =
+    "fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency";
+
+fn parse_algorithm(name: &str) -> Option<Algorithm> {
+    Some(match name {
+        "fixed_window" => Algorithm::FixedWindow,
+        "sliding_log" => Algorithm::SlidingLog,
+        "sliding_window" => Algorithm::SlidingWindow,
+        "token_bucket" => Algorithm::TokenBucket,
+        "gcra" => Algorithm::Gcra,
+        "concurrency" => Algorithm::Concurrency,
+        _ => return None,
+    })
+}
+
+/// Names that end up in store keys and headers: kept to characters that need no escaping.
+fn is_plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
+impl Validator {
+    pub(crate) fn throttle(&mut self, raw: &mut raw::RawConfig) -> Throttle {
+        let (store, key_prefix, on_error) = self.store(raw.store.as_ref());
+        let trusted_proxies = self.trusted_proxies(raw.client_ip.as_ref());
+        let identities = self.identities(std::mem::take(&mut raw.identities));
+        let default_scope = match store {
+            StoreConfig::Memory => Scope::Local,
+            StoreConfig::Redis { .. } => Scope::Global,
+        };
+        let mut names = HashSet::new();
+        let mut routes = Vec::new();
+        for (i, route) in raw.routes.iter().enumerate() {
+            let path = format!("routes[{i}]");
+            if !names.insert(route.name.clone()) {
+                self.error(&format!("{path}.name"), format!("route name `{}` is used twice: names must be unique (they are the action in store keys)", route.name));
+            }
+            if let Some(route) = self.route(&path, route, &identities, default_scope) {
+                routes.push(Arc::new(route));
+            }
+        }
+        Throttle {
+            store,
+            key_prefix,
+            on_error,
+            trusted_proxies,
+            routes,
+            response: self.response(raw.response.as_ref()),
+        }
+    }
+
+    fn store(&mut self, raw: Option<&raw::RawStore>) -> (StoreConfig, String, OnError) {
+        let Some(raw) = raw else {
+            return (
+                StoreConfig::Memory,
+                DEFAULT_KEY_PREFIX.into(),
+                OnError::Allow,
+            );
+        };
+        let on_error = match raw.on_error.as_deref() {
+            None | Some("allow") => OnError::Allow,
+            Some("deny") => OnError::Deny,
+            Some("local") => OnError::Local,
+            Some(other) => {
+                self.error("store.on_error", format!("`{other}` is not allowed: use allow (forward), deny (503) or local (decide in memory)"));
+                OnError::Allow
+            }
+        };
+        let Some(redis) = &raw.redis else {
+            return (StoreConfig::Memory, DEFAULT_KEY_PREFIX.into(), on_error);
+        };
+        let url = redis.url.trim().to_string();
+        if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+            self.error(
+                "store.redis.url",
+                format!("`{url}` must start with redis:// or rediss:// (TLS)"),
+            );
+        } else if let Err(e) = redis::Client::open(url.as_str()) {
+            self.error("store.redis.url", format!("not a usable Redis URL: {e}"));
+        }
+        let key_prefix = redis
+            .key_prefix
+            .clone()
+            .unwrap_or_else(|| DEFAULT_KEY_PREFIX.into());
+        if key_prefix.contains(['{', '}']) || key_prefix.chars().any(char::is_whitespace) {
+            self.error("store.redis.key_prefix", "must not contain `{`, `}` or whitespace (they would change Redis Cluster hash slots)");
+        }
+        let timeout = self.duration(
+            "store.redis.timeout",
+            redis.timeout.as_deref(),
+            DEFAULT_STORE_TIMEOUT,
+        );
+        (StoreConfig::Redis { url, timeout }, key_prefix, on_error)
+    }
+
+    fn trusted_proxies(&mut self, raw: Option<&raw::RawClientIp>) -> TrustedProxies {
+        let Some(raw) = raw else {
+            return TrustedProxies::none();
+        };
+        let mut nets = Vec::new();
+        for (i, text) in raw.trusted_proxies.iter().enumerate() {
+            let text = text.trim();
+            match text.parse::<ipnet::IpNet>() {
+                Ok(net) => nets.push(net),
+                Err(_) => match text.parse::<std::net::IpAddr>() {
+                    Ok(ip) => nets.push(ipnet::IpNet::from(ip)),
+                    Err(_) => self.error(
+                        &format!("client_ip.trusted_proxies[{i}]"),
+                        format!("`{text}` is not a CIDR or IP address: write e.g. 10.0.0.0/8, 192.168.1.10 or fd00::/8"),
+                    ),
+                },
+            }
+        }
+        TrustedProxies::new(nets)
+    }
+
+    fn identities(
+        &mut self,
+        raw: raw::indexmap_free::OrderedMap<Vec<RawSource>>,
+    ) -> Vec<Arc<Identity>> {
+        let mut out: Vec<Arc<Identity>> = ["client_ip", "global"]
+            .iter()
+            .filter_map(|n| identity::builtin(n).map(Arc::new))
+            .collect();
+        for (name, sources) in raw.0 {
+            let path = format!("identities.{name}");
+            if !is_plain_name(&name) {
+                self.error(
+                    &path,
+                    format!(
+                        "identity name `{name}` may use only letters, digits, `_`, `-` and `.`"
+                    ),
+                );
+            }
+            if identity::builtin(&name).is_some() {
+                self.error(
+                    &path,
+                    format!("`{name}` is built in and cannot be redefined; pick another name"),
+                );
+                continue;
+            }
+            if sources.is_empty() {
+                self.error(&path, "needs at least one source (header, query, cookie, bearer, jwt, path_segment, client_ip)");
+            }
+            let sources = sources
+                .into_iter()
+                .enumerate()
+                .filter_map(|(i, s)| self.source(&format!("{path}[{i}]"), s))
+                .collect();
+            out.push(Arc::new(Identity { name, sources }));
+        }
+        out
+    }
+
+    fn source(&mut self, path: &str, raw: RawSource) -> Option<Source> {
+        Some(match raw {
+            RawSource::Header(name) => match http::HeaderName::from_bytes(name.trim().as_bytes()) {
+                Ok(name) => Source::Header(name),
+                Err(_) => {
+                    self.error(
+                        &format!("{path}.header"),
+                        format!("`{name}` is not a valid header name"),
+                    );
+                    return None;
+                }
+            },
+            RawSource::Query(name) if !name.is_empty() => Source::Query(name),
+            RawSource::Cookie(name) if !name.is_empty() => Source::Cookie(name),
+            RawSource::Query(_) | RawSource::Cookie(_) => {
+                self.error(path, "needs a parameter or cookie name");
+                return None;
+            }
+            RawSource::Bearer => Source::Bearer,
+            RawSource::PathSegment(0) => {
+                self.error(
+                    &format!("{path}.path_segment"),
+                    "segments count from 1: for /t/<id>/..., <id> is 2",
+                );
+                return None;
+            }
+            RawSource::PathSegment(n) => Source::PathSegment(n),
+            RawSource::ClientIp => Source::ClientIp,
+            RawSource::Jwt(jwt) => return self.jwt(&format!("{path}.jwt"), jwt).map(Source::Jwt),
+        })
+    }
+
+    fn jwt(&mut self, path: &str, raw: raw::RawJwt) -> Option<JwtVerifier> {
+        let claim = raw.claim.unwrap_or_else(|| "sub".into());
+        let leeway = self.duration(
+            &format!("{path}.leeway"),
+            raw.leeway.as_deref(),
+            Duration::ZERO,
+        );
+        let verifier = match (&raw.secret_env, &raw.public_key_file) {
+            (Some(var), None) => {
+                let algorithm =
+                    self.jwt_algorithm(path, raw.algorithm.as_deref(), "HS256", true)?;
+                let Ok(secret) = std::env::var(var) else {
+                    self.error(
+                        &format!("{path}.secret_env"),
+                        format!("environment variable `{var}` (the HMAC secret) is not set"),
+                    );
+                    return None;
+                };
+                JwtVerifier::hmac(secret.as_bytes(), algorithm, &claim)
+            }
+            (None, Some(file)) => {
+                let algorithm =
+                    self.jwt_algorithm(path, raw.algorithm.as_deref(), "RS256", false)?;
+                let file = self.relative(file);
+                let pem = match std::fs::read(&file) {
+                    Ok(pem) => pem,
+                    Err(e) => {
+                        self.error(
+                            &format!("{path}.public_key_file"),
+                            format!("cannot read {}: {e}", file.display()),
+                        );
+                        return None;
+                    }
+                };
+                JwtVerifier::public_key_pem(&pem, algorithm, &claim)
+            }
+            _ => {
+                self.error(path, "give exactly one of `secret_env` (HS256/384/512: the env var holding the secret) or `public_key_file` (RS*/PS*/ES*/EdDSA: a PEM public key)");
+                return None;
+            }
+        };
+        match verifier {
+            Ok(v) => Some(
+                v.with_issuer(raw.issuer)
+                    .with_audience(raw.audience)
+                    .with_leeway(leeway.as_secs()),
+            ),
+            Err(e) => {
+                self.error(path, e.to_string());
+                None
+            }
+        }
+    }
+
+    fn jwt_algorithm(
+        &mut self,
+        path: &str,
+        name: Option<&str>,
+        default: &str,
+        hmac: bool,
+    ) -> Option<jsonwebtoken::Algorithm> {
+        let name = name.unwrap_or(default);
+        let allowed: &[&str] = if hmac {
+            &["HS256", "HS384", "HS512"]
+        } else {
+            &[
+                "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA",
+            ]
+        };
+        if !allowed.contains(&name) {
+            self.error(
+                &format!("{path}.algorithm"),
+                format!(
+                    "`{name}` is not allowed with {}: use one of {}",
+                    if hmac {
+                        "secret_env"
+                    } else {
+                        "public_key_file"
+                    },
+                    allowed.join(", ")
+                ),
+            );
+            return None;
+        }
+        name.parse().ok()
+    }
+
+    fn key(
+        &mut self,
+        path: &str,
+        raw: &RawKey,
+        identities: &[Arc<Identity>],
+    ) -> Option<Vec<Arc<Identity>>> {
+        let names = raw.names();
+        if names.is_empty() {
+            self.error(path, "needs at least one identity name");
+            return None;
+        }
+        let mut out = Vec::new();
+        for name in names {
+            match identities.iter().find(|i| i.name == name) {
+                Some(identity) => out.push(identity.clone()),
+                None => {
+                    let known: Vec<&str> = identities.iter().map(|i| i.name.as_str()).collect();
+                    self.error(
+                        path,
+                        format!(
+                            "unknown identity `{name}`: defined are {}",
+                            known.join(", ")
+                        ),
+                    );
+                    return None;
+                }
+            }
+        }
+        Some(out)
+    }
+
+    fn route(
+        &mut self,
+        path: &str,
+        raw: &RawRoute,
+        identities: &[Arc<Identity>],
+        default_scope: Scope,
+    ) -> Option<Route> {
+        if !is_plain_name(&raw.name) {
+            self.error(
+                &format!("{path}.name"),
+                format!(
+                    "`{}` may use only letters, digits, `_`, `-` and `.` (at most 64)",
+                    raw.name
+                ),
+            );
+        }
+        let m = &raw.matcher;
+        if let Some(prefix) = &m.path_prefix {
+            if !prefix.starts_with('/') {
+                self.error(
+                    &format!("{path}.match.path_prefix"),
+                    format!("`{prefix}` must start with `/`"),
+                );
+            }
+        }
+        let methods = m.methods.as_ref().map(|list| {
+            list.iter()
+                .enumerate()
+                .filter_map(|(i, name)| {
+                    match Method::from_bytes(name.trim().to_ascii_uppercase().as_bytes()) {
+                        Ok(method) => Some(method),
+                        Err(_) => {
+                            self.error(
+                                &format!("{path}.match.methods[{i}]"),
+                                format!("`{name}` is not an HTTP method"),
+                            );
+                            None
+                        }
+                    }
+                })
+                .collect::<Vec<_>>()
+        });
+        let host = m.host.as_ref().map(|h| h.trim().to_ascii_lowercase());
+        let route_key = match &raw.key {
+            Some(key) => self.key(&format!("{path}.key"), key, identities)?,
+            None => vec![identities.iter().find(|i| i.name == "client_ip").cloned()?],
+        };
+        if raw.limits.is_empty() {
+            self.error(&format!("{path}.limits"), "a route needs at least one limit (routes with no limits are simply not listed: unmatched requests are forwarded unlimited)");
+        }
+        let mut limits = Vec::new();
+        let mut policy_names = HashSet::new();
+        for (i, limit) in raw.limits.iter().enumerate() {
+            let limit_path = format!("{path}.limits[{i}]");
+            let Some(limit) = self.limit(
+                &limit_path,
+                limit,
+                raw,
+                i,
+                &route_key,
+                identities,
+                default_scope,
+            ) else {
+                continue;
+            };
+            if !policy_names.insert(limit.name.clone()) {
+                self.error(&format!("{limit_path}.name"), format!("policy name `{}` is used twice in this route: give each limit its own `name`", limit.name));
+            }
+            limits.push(limit);
+        }
+        let shared_key = limits.iter().all(|l| same_key(&l.key, &route_key));
+        Some(Route {
+            name: raw.name.clone(),
+            path_prefix: m.path_prefix.clone(),
+            methods,
+            host,
+            limits,
+            shared_key,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn limit(
+        &mut self,
+        path: &str,
+        raw: &RawLimit,
+        route: &RawRoute,
+        index: usize,
+        route_key: &[Arc<Identity>],
+        identities: &[Arc<Identity>],
+        default_scope: Scope,
+    ) -> Option<Limit> {
+        let Some(algorithm) = parse_algorithm(raw.algorithm.trim()) else {
+            self.error(
+                &format!("{path}.algorithm"),
+                format!(
+                    "`{}` is not an algorithm: use one of {ALGORITHMS}",
+                    raw.algorithm
+                ),
+            );
+            return None;
+        };
+        if raw.limit == 0 {
+            self.error(
+                &format!("{path}.limit"),
+                "must be at least 1 (to block a route entirely, use your app or a firewall)",
+            );
+        }
+        let period = if algorithm == Algorithm::Concurrency {
+            if raw.period.is_some() {
+                self.error(&format!("{path}.period"), "concurrency limits have no period: they count requests in flight (use `lease_ttl` for how long a crashed proxy's slots stay taken)");
+            }
+            self.duration(
+                &format!("{path}.lease_ttl"),
+                raw.lease_ttl.as_deref(),
+                DEFAULT_LEASE_TTL,
+            )
+        } else {
+            if raw.lease_ttl.is_some() {
+                self.error(
+                    &format!("{path}.lease_ttl"),
+                    "only concurrency limits have a lease_ttl",
+                );
+            }
+            match raw.period.as_deref() {
+                Some(p) => {
+                    self.duration(&format!("{path}.period"), Some(p), Duration::from_secs(1))
+                }
+                None => {
+                    self.error(
+                        path,
+                        "missing `period` (the window or refill period, e.g. 1s, 60s, 1h)",
+                    );
+                    Duration::from_secs(1)
+                }
+            }
+        };
+        let period_us = i64::try_from(period.as_micros()).unwrap_or(i64::MAX);
+        if period_us < 1_000 && algorithm != Algorithm::Concurrency {
+            self.error(&format!("{path}.period"), "must be at least 1ms");
+        }
+        let bursty = matches!(algorithm, Algorithm::TokenBucket | Algorithm::Gcra);
+        if raw.burst.is_some() && !bursty {
+            self.error(
+                &format!("{path}.burst"),
+                format!(
+                    "`burst` applies to token_bucket and gcra only, not {}",
+                    raw.algorithm
+                ),
+            );
+        }
+        let burst = if bursty {
+            raw.burst.unwrap_or(raw.limit)
+        } else {
+            raw.limit
+        };
+        let cost = raw.cost.unwrap_or(1);
+        if cost == 0 {
+            self.error(&format!("{path}.cost"), "must be at least 1");
+        } else if cost > burst {
+            let what = if bursty { "burst" } else { "limit" };
+            self.error(
+                &format!("{path}.cost"),
+                format!("cost {cost} is above the {what} {burst}: no request could ever pass"),
+            );
+        }
+        if bursty && burst == 0 {
+            self.error(&format!("{path}.burst"), "must be at least 1");
+        }
+        let params = Params {
+            algorithm,
+            limit: raw.limit,
+            period_us,
+            burst,
+            cost,
+        };
+        if raw.limit > 0 && !algorithm::params_fit(&params) {
+            self.error(path, "limit × period is too large to count exactly (keep limit × period in microseconds below 2^53: shorten the period or lower the limit)");
+        }
+        if algorithm == Algorithm::Gcra && raw.limit > 0 && period_us / raw.limit as i64 == 0 {
+            self.error(&format!("{path}.limit"), "more than one request per microsecond cannot be metered: lower the limit or lengthen the period");
+        }
+        let key = match &raw.key {
+            Some(key) => self.key(&format!("{path}.key"), key, identities)?,
+            None => route_key.to_vec(),
+        };
+        let name = match &raw.name {
+            Some(name) => {
+                if !is_plain_name(name) {
+                    self.error(
+                        &format!("{path}.name"),
+                        format!(
+                            "`{name}` may use only letters, digits, `_`, `-` and `.` (at most 64)"
+                        ),
+                    );
+                }
+                name.clone()
+            }
+            None if route.limits.len() == 1 => route.name.clone(),
+            None => {
+                let same_algorithm = route
+                    .limits
+                    .iter()
+                    .filter(|l| l.algorithm.trim() == raw.algorithm.trim())
+                    .count();
+                if same_algorithm > 1 {
+                    format!("{}-{}-{}", route.name, raw.algorithm.trim(), index + 1)
+                } else {
+                    format!("{}-{}", route.name, raw.algorithm.trim())
+                }
+            }
+        };
+        let scope = match raw.scope.as_deref() {
+            None => default_scope,
+            Some("global") => {
+                if default_scope == Scope::Local {
+                    self.error(&format!("{path}.scope"), "`global` needs a `store.redis` section: without one, limits live in this process only");
+                }
+                Scope::Global
+            }
+            Some("local") => Scope::Local,
+            Some(other) => {
+                self.error(&format!("{path}.scope"), format!("`{other}` is not allowed: use global (shared through Redis) or local (this instance)"));
+                default_scope
+            }
+        };
+        let on_limit = match raw.on_limit.as_deref() {
+            None | Some("reject") => {
+                if raw.max_delay.is_some() {
+                    self.error(
+                        &format!("{path}.max_delay"),
+                        "only used with `on_limit: delay`",
+                    );
+                }
+                OnLimit::Reject
+            }
+            Some("delay") => {
+                if algorithm == Algorithm::Concurrency {
+                    self.error(&format!("{path}.on_limit"), "concurrency limits cannot delay (when a slot frees up is unknown): use reject");
+                }
+                match raw.max_delay.as_deref() {
+                    Some(d) => OnLimit::Delay {
+                        max_delay: self.duration(
+                            &format!("{path}.max_delay"),
+                            Some(d),
+                            Duration::from_secs(1),
+                        ),
+                    },
+                    None => {
+                        self.error(path, "`on_limit: delay` needs `max_delay` (the longest a request may wait, e.g. 500ms)");
+                        OnLimit::Reject
+                    }
+                }
+            }
+            Some(other) => {
+                self.error(&format!("{path}.on_limit"), format!("`{other}` is not allowed: use reject (429) or delay (wait up to max_delay)"));
+                OnLimit::Reject
+            }
+        };
+        Some(Limit {
+            name,
+            params,
+            key,
+            scope,
+            on_limit,
+            shadow: raw.shadow.unwrap_or(false),
+        })
+    }
+
+    fn response(&mut self, raw: Option<&raw::RawResponse>) -> ResponseConfig {
+        let mut config = ResponseConfig {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            ietf: true,
+            legacy: false,
+        };
+        let Some(raw) = raw else { return config };
+        if let Some(status) = raw.status {
+            match StatusCode::from_u16(status) {
+                Ok(s) if s.is_client_error() || s.is_server_error() => config.status = s,
+                _ => self.error("response.status", format!("{status} is not an error status: use a 4xx or 5xx code (429 is the standard one)")),
+            }
+        }
+        if let Some(headers) = &raw.headers {
+            config.ietf = false;
+            for (i, h) in headers.iter().enumerate() {
+                match h.as_str() {
+                    "ietf" => config.ietf = true,
+                    "legacy" => config.legacy = true,
+                    other => self.error(&format!("response.headers[{i}]"), format!("`{other}` is not allowed: use ietf (RateLimit, RateLimit-Policy) and/or legacy (X-RateLimit-*)")),
+                }
+            }
+        }
+        config
+    }
+}
+
+fn same_key(a: &[Arc<Identity>], b: &[Arc<Identity>]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, y))
+}

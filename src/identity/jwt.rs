@@ -1,0 +1,492 @@
+//! Verified JWT claims as a caller identity.
+//!
+//! A claim is only worth keying on if the token is genuine, otherwise anyone could mint a
+//! token naming someone else and spend (or dodge) that user's budget. So the signature is
+//! checked with one pinned algorithm (the header's `alg` must equal it, which refuses
+//! `alg: none` and the HS256-with-the-RSA-public-key "algorithm confusion" trick), `exp` is
+//! required, `nbf` is honoured, and issuer/audience are checked when configured. Anything that
+//! fails is treated as "no identity here" so the next source is tried instead.
+//!
+//! Leeway defaults to 0 seconds: the proxy and the issuer are expected to keep NTP time, and a
+//! token that is a few seconds stale only moves the caller to the next identity source rather
+//! than failing the request. Raise it with [`JwtVerifier::with_leeway`] if clocks drift.
+
+use std::fmt;
+
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde_json::{Map, Value};
+
+/// Tokens longer than this are refused before any parsing, so a hostile header cannot make us
+/// base64-decode and JSON-parse megabytes per request.
+pub const MAX_TOKEN_LEN: usize = 8 * 1024;
+
+/// Why a verifier could not be built from configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum JwtConfigError {
+    /// The algorithm cannot be used with this kind of key (e.g. RS256 with a shared secret).
+    #[error("algorithm {algorithm:?} cannot be used with {key_kind}")]
+    UnsupportedAlgorithm {
+        algorithm: Algorithm,
+        key_kind: &'static str,
+    },
+    /// An empty HMAC secret would let anyone sign tokens.
+    #[error("the HMAC secret is empty")]
+    EmptySecret,
+    /// The PEM could not be read as a public key of the algorithm's family.
+    #[error("invalid {family} public key PEM: {source}")]
+    InvalidKey {
+        family: &'static str,
+        #[source]
+        source: jsonwebtoken::errors::Error,
+    },
+    /// The claim name is empty.
+    #[error("the JWT claim name is empty")]
+    EmptyClaim,
+}
+
+/// Verifies tokens with one pinned algorithm and key and extracts one claim.
+#[derive(Clone)]
+pub struct JwtVerifier {
+    claim: String,
+    algorithm: Algorithm,
+    // Boxed: key and validation are a few hundred bytes, and `Source::Jwt` holds a verifier
+    // inline, so this keeps every `Source` small.
+    checks: Box<Checks>,
+}
+
+#[derive(Clone)]
+struct Checks {
+    key: DecodingKey,
+    validation: Validation,
+    issuer: Option<String>,
+    audience: Option<String>,
+    leeway: u64,
+}
+
+// By hand, so key material never ends up in logs or panic messages.
+impl fmt::Debug for JwtVerifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JwtVerifier")
+            .field("claim", &self.claim)
+            .field("algorithm", &self.algorithm)
+            .field("issuer", &self.checks.issuer)
+            .field("audience", &self.checks.audience)
+            .field("leeway", &self.checks.leeway)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JwtVerifier {
+    /// HMAC (HS256 default, HS384, HS512) with a shared secret.
+    pub fn hmac(secret: &[u8], algorithm: Algorithm, claim: &str) -> Result<Self, JwtConfigError> {
+        if !matches!(
+            algorithm,
+            Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512
+        ) {
+            return Err(JwtConfigError::UnsupportedAlgorithm {
+                algorithm,
+                key_kind: "an HMAC secret",
+            });
+        }
+        if secret.is_empty() {
+            return Err(JwtConfigError::EmptySecret);
+        }
+        Self::build(DecodingKey::from_secret(secret), algorithm, claim)
+    }
+
+    /// RS256/RS384/RS512/PS256/PS384/PS512/ES256/ES384/EdDSA with a PEM public key.
+    pub fn public_key_pem(
+        pem: &[u8],
+        algorithm: Algorithm,
+        claim: &str,
+    ) -> Result<Self, JwtConfigError> {
+        use Algorithm::*;
+        let (family, key) = match algorithm {
+            RS256 | RS384 | RS512 | PS256 | PS384 | PS512 => {
+                ("RSA", DecodingKey::from_rsa_pem(pem))
+            }
+            ES256 | ES384 => ("EC", DecodingKey::from_ec_pem(pem)),
+            EdDSA => ("Ed25519", DecodingKey::from_ed_pem(pem)),
+            HS256 | HS384 | HS512 => {
+                return Err(JwtConfigError::UnsupportedAlgorithm {
+                    algorithm,
+                    key_kind: "a public key",
+                })
+            }
+        };
+        let key = key.map_err(|source| JwtConfigError::InvalidKey { family, source })?;
+        Self::build(key, algorithm, claim)
+    }
+
+    fn build(key: DecodingKey, algorithm: Algorithm, claim: &str) -> Result<Self, JwtConfigError> {
+        if claim.is_empty() {
+            return Err(JwtConfigError::EmptyClaim);
+        }
+        let mut verifier = Self {
+            claim: claim.to_owned(),
+            algorithm,
+            checks: Box::new(Checks {
+                key,
+                validation: Validation::new(algorithm),
+                issuer: None,
+                audience: None,
+                leeway: 0,
+            }),
+        };
+        verifier.rebuild_validation();
+        Ok(verifier)
+    }
+
+    /// Require this `iss` (the claim must then be present). `None` = not checked.
+    pub fn with_issuer(mut self, iss: Option<String>) -> Self {
+        self.checks.issuer = iss;
+        self.rebuild_validation();
+        self
+    }
+
+    /// Require this `aud` (the claim must then be present and contain it). `None` = `aud` is
+    /// not checked at all: a rate limiter only needs to know who the caller is, not whether the
+    /// token was minted for us.
+    pub fn with_audience(mut self, aud: Option<String>) -> Self {
+        self.checks.audience = aud;
+        self.rebuild_validation();
+        self
+    }
+
+    /// Clock-skew allowance for `exp` and `nbf`, in seconds (default 0).
+    pub fn with_leeway(mut self, secs: u64) -> Self {
+        self.checks.leeway = secs;
+        self.rebuild_validation();
+        self
+    }
+
+    /// The pinned algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// The claim whose value is the identity.
+    pub fn claim(&self) -> &str {
+        &self.claim
+    }
+
+    fn rebuild_validation(&mut self) {
+        // One algorithm only: jsonwebtoken refuses any token whose header names another.
+        let mut v = Validation::new(self.algorithm);
+        v.leeway = self.checks.leeway;
+        v.validate_exp = true;
+        v.validate_nbf = true;
+        let mut required = vec!["exp"];
+        // jsonwebtoken only compares iss/aud when the token carries them, so a configured
+        // check must also make the claim mandatory or omitting it would bypass the check.
+        if let Some(iss) = &self.checks.issuer {
+            v.set_issuer(&[iss]);
+            required.push("iss");
+        }
+        match &self.checks.audience {
+            Some(aud) => {
+                v.set_audience(&[aud]);
+                required.push("aud");
+            }
+            None => v.validate_aud = false,
+        }
+        v.set_required_spec_claims(&required);
+        self.checks.validation = v;
+    }
+
+    /// The claim's value as a string (string claims as is, numbers in their JSON text), or None
+    /// when the token is absent, malformed, has a bad signature, wrong/`none` algorithm,
+    /// is expired (`exp` required) or not yet valid (`nbf` checked when present), or lacks the claim.
+    /// Empty strings and other JSON types (bool, null, array, object) also count as absent.
+    pub fn verify(&self, token: &str) -> Option<String> {
+        if token.is_empty() || token.len() > MAX_TOKEN_LEN {
+            return None;
+        }
+        let data = match jsonwebtoken::decode::<Map<String, Value>>(
+            token,
+            &self.checks.key,
+            &self.checks.validation,
+        ) {
+            Ok(data) => data,
+            Err(err) => {
+                tracing::debug!(error = %err, claim = %self.claim, "JWT refused");
+                return None;
+            }
+        };
+        match data.claims.get(&self.claim)? {
+            Value::String(s) if !s.is_empty() => Some(s.clone()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine as _;
+    use jsonwebtoken::{encode, EncodingKey, Header};
+    use serde_json::json;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    const RSA_PRIVATE: &[u8] = include_bytes!("../../tests/fixtures/identity/rsa_private.pem");
+    const RSA_PUBLIC: &[u8] = include_bytes!("../../tests/fixtures/identity/rsa_public.pem");
+    const SECRET: &[u8] = b"test-secret-of-reasonable-length";
+
+    fn now() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    }
+
+    fn hs256(claims: &Value) -> String {
+        encode(
+            &Header::new(Algorithm::HS256),
+            claims,
+            &EncodingKey::from_secret(SECRET),
+        )
+        .unwrap()
+    }
+
+    fn hmac_verifier() -> JwtVerifier {
+        JwtVerifier::hmac(SECRET, Algorithm::HS256, "sub").unwrap()
+    }
+
+    fn b64(v: &Value) -> String {
+        URL_SAFE_NO_PAD.encode(serde_json::to_vec(v).unwrap())
+    }
+
+    #[test]
+    fn valid_hs256_gives_the_claim() {
+        let v = hmac_verifier();
+        let t = hs256(&json!({"sub": "alice", "exp": now() + 300}));
+        assert_eq!(v.verify(&t).as_deref(), Some("alice"));
+        assert_eq!(v.algorithm(), Algorithm::HS256);
+        assert_eq!(v.claim(), "sub");
+    }
+
+    #[test]
+    fn other_hmac_sizes_work_and_are_pinned() {
+        let v = JwtVerifier::hmac(SECRET, Algorithm::HS512, "sub").unwrap();
+        let claims = json!({"sub": "alice", "exp": now() + 300});
+        let t512 = encode(
+            &Header::new(Algorithm::HS512),
+            &claims,
+            &EncodingKey::from_secret(SECRET),
+        )
+        .unwrap();
+        assert_eq!(v.verify(&t512).as_deref(), Some("alice"));
+        // Same secret, other HMAC size: refused because the algorithm is pinned.
+        assert_eq!(v.verify(&hs256(&claims)), None);
+    }
+
+    #[test]
+    fn valid_rs256_gives_the_claim() {
+        let v = JwtVerifier::public_key_pem(RSA_PUBLIC, Algorithm::RS256, "sub").unwrap();
+        let t = encode(
+            &Header::new(Algorithm::RS256),
+            &json!({"sub": "bob", "exp": now() + 300}),
+            &EncodingKey::from_rsa_pem(RSA_PRIVATE).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(v.verify(&t).as_deref(), Some("bob"));
+    }
+
+    #[test]
+    fn valid_es256_gives_the_claim() {
+        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let v =
+            JwtVerifier::public_key_pem(kp.public_key_pem().as_bytes(), Algorithm::ES256, "sub")
+                .unwrap();
+        let enc = EncodingKey::from_ec_pem(kp.serialize_pem().as_bytes()).unwrap();
+        let t = encode(
+            &Header::new(Algorithm::ES256),
+            &json!({"sub": "carol", "exp": now() + 300}),
+            &enc,
+        )
+        .unwrap();
+        assert_eq!(v.verify(&t).as_deref(), Some("carol"));
+        // A different P-256 key's token is refused.
+        let other = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let forged = encode(
+            &Header::new(Algorithm::ES256),
+            &json!({"sub": "carol", "exp": now() + 300}),
+            &EncodingKey::from_ec_pem(other.serialize_pem().as_bytes()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(v.verify(&forged), None);
+    }
+
+    #[test]
+    fn forged_signature_is_refused() {
+        let v = hmac_verifier();
+        let forged = encode(
+            &Header::new(Algorithm::HS256),
+            &json!({"sub": "alice", "exp": now() + 300}),
+            &EncodingKey::from_secret(b"some-other-secret"),
+        )
+        .unwrap();
+        assert_eq!(v.verify(&forged), None);
+        // Payload swapped under a genuine signature.
+        let good = hs256(&json!({"sub": "alice", "exp": now() + 300}));
+        let parts: Vec<&str> = good.split('.').collect();
+        let evil = b64(&json!({"sub": "mallory", "exp": now() + 300}));
+        let swapped = format!("{}.{}.{}", parts[0], evil, parts[2]);
+        assert_eq!(v.verify(&swapped), None);
+    }
+
+    #[test]
+    fn expired_missing_exp_and_future_nbf_are_refused() {
+        let v = hmac_verifier();
+        assert_eq!(
+            v.verify(&hs256(&json!({"sub": "a", "exp": now() - 10}))),
+            None
+        );
+        assert_eq!(v.verify(&hs256(&json!({"sub": "a"}))), None);
+        let early = hs256(&json!({"sub": "a", "exp": now() + 300, "nbf": now() + 100}));
+        assert_eq!(v.verify(&early), None);
+        let ok = hs256(&json!({"sub": "a", "exp": now() + 300, "nbf": now() - 100}));
+        assert_eq!(v.verify(&ok).as_deref(), Some("a"));
+        // Leeway lets a just-expired token through.
+        let lenient = hmac_verifier().with_leeway(60);
+        assert_eq!(
+            lenient
+                .verify(&hs256(&json!({"sub": "a", "exp": now() - 10})))
+                .as_deref(),
+            Some("a")
+        );
+    }
+
+    #[test]
+    fn alg_none_is_refused() {
+        let v = hmac_verifier();
+        let payload = b64(&json!({"sub": "alice", "exp": now() + 300}));
+        for header in [
+            json!({"alg": "none", "typ": "JWT"}),
+            json!({"alg": "None"}),
+            json!({"alg": "NONE"}),
+        ] {
+            let h = b64(&header);
+            assert_eq!(v.verify(&format!("{h}.{payload}.")), None);
+            assert_eq!(v.verify(&format!("{h}.{payload}")), None);
+        }
+    }
+
+    #[test]
+    fn algorithm_confusion_is_refused() {
+        // The attacker knows the RSA public key and uses its PEM as an HMAC secret.
+        let v = JwtVerifier::public_key_pem(RSA_PUBLIC, Algorithm::RS256, "sub").unwrap();
+        let t = encode(
+            &Header::new(Algorithm::HS256),
+            &json!({"sub": "admin", "exp": now() + 300}),
+            &EncodingKey::from_secret(RSA_PUBLIC),
+        )
+        .unwrap();
+        assert_eq!(v.verify(&t), None);
+    }
+
+    #[test]
+    fn malformed_tokens_are_refused() {
+        let v = hmac_verifier();
+        let good = hs256(&json!({"sub": "alice", "exp": now() + 300}));
+        let parts: Vec<&str> = good.split('.').collect();
+        for bad in [
+            "".to_owned(),
+            "not-a-jwt".to_owned(),
+            "a.b.c".to_owned(),
+            format!("{}.!!!not base64!!!.{}", parts[0], parts[2]),
+            format!("{}.{}.{}", "%%%", parts[1], parts[2]),
+            format!("{}.{}.{}", parts[0], parts[1], "***"),
+            format!("{}.{}", parts[0], parts[1]),
+            format!("{good}.extra"),
+        ] {
+            assert_eq!(v.verify(&bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn oversized_token_is_refused_unparsed() {
+        let v = hmac_verifier();
+        let pad = "x".repeat(MAX_TOKEN_LEN);
+        let big = hs256(&json!({"sub": "alice", "exp": now() + 300, "pad": pad}));
+        assert!(big.len() > MAX_TOKEN_LEN);
+        assert_eq!(v.verify(&big), None);
+    }
+
+    #[test]
+    fn issuer_and_audience_when_configured() {
+        let v = hmac_verifier()
+            .with_issuer(Some("https://idp.example".into()))
+            .with_audience(Some("tollgate".into()));
+        let exp = now() + 300;
+        let good = json!({"sub": "a", "exp": exp, "iss": "https://idp.example", "aud": "tollgate"});
+        assert_eq!(v.verify(&hs256(&good)).as_deref(), Some("a"));
+        let list_aud =
+            json!({"sub": "a", "exp": exp, "iss": "https://idp.example", "aud": ["x", "tollgate"]});
+        assert_eq!(v.verify(&hs256(&list_aud)).as_deref(), Some("a"));
+        for bad in [
+            json!({"sub": "a", "exp": exp, "iss": "https://evil.example", "aud": "tollgate"}),
+            json!({"sub": "a", "exp": exp, "iss": "https://idp.example", "aud": "other"}),
+            json!({"sub": "a", "exp": exp, "aud": "tollgate"}),
+            json!({"sub": "a", "exp": exp, "iss": "https://idp.example"}),
+        ] {
+            assert_eq!(v.verify(&hs256(&bad)), None, "{bad}");
+        }
+        // Unconfigured: neither is checked.
+        let plain = hmac_verifier();
+        let any = json!({"sub": "a", "exp": exp, "iss": "whoever", "aud": "someone-else"});
+        assert_eq!(plain.verify(&hs256(&any)).as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn numeric_missing_and_odd_claims() {
+        let v = JwtVerifier::hmac(SECRET, Algorithm::HS256, "uid").unwrap();
+        let exp = now() + 300;
+        assert_eq!(
+            v.verify(&hs256(&json!({"uid": 42, "exp": exp}))).as_deref(),
+            Some("42")
+        );
+        assert_eq!(
+            v.verify(&hs256(&json!({"uid": 1.5, "exp": exp})))
+                .as_deref(),
+            Some("1.5")
+        );
+        assert_eq!(v.verify(&hs256(&json!({"sub": "a", "exp": exp}))), None);
+        assert_eq!(v.verify(&hs256(&json!({"uid": "", "exp": exp}))), None);
+        assert_eq!(v.verify(&hs256(&json!({"uid": true, "exp": exp}))), None);
+        assert_eq!(v.verify(&hs256(&json!({"uid": null, "exp": exp}))), None);
+    }
+
+    #[test]
+    fn config_errors() {
+        assert!(matches!(
+            JwtVerifier::hmac(SECRET, Algorithm::RS256, "sub"),
+            Err(JwtConfigError::UnsupportedAlgorithm { .. })
+        ));
+        assert!(matches!(
+            JwtVerifier::hmac(b"", Algorithm::HS256, "sub"),
+            Err(JwtConfigError::EmptySecret)
+        ));
+        assert!(matches!(
+            JwtVerifier::hmac(SECRET, Algorithm::HS256, ""),
+            Err(JwtConfigError::EmptyClaim)
+        ));
+        assert!(matches!(
+            JwtVerifier::public_key_pem(RSA_PUBLIC, Algorithm::HS256, "sub"),
+            Err(JwtConfigError::UnsupportedAlgorithm { .. })
+        ));
+        assert!(matches!(
+            JwtVerifier::public_key_pem(b"not a pem", Algorithm::RS256, "sub"),
+            Err(JwtConfigError::InvalidKey { .. })
+        ));
+        // An RSA key offered for an EC algorithm.
+        assert!(matches!(
+            JwtVerifier::public_key_pem(RSA_PUBLIC, Algorithm::ES256, "sub"),
+            Err(JwtConfigError::InvalidKey { .. })
+        ));
+        let shown = format!("{:?}", hmac_verifier());
+        assert!(!shown.contains("test-secret"), "{shown}");
+    }
+}

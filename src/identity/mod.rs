@@ -1,0 +1,569 @@
+//! Who is calling: turns a request into the identity a throttling rule is keyed on.
+//!
+//! An identity is an ordered list of sources (a header, a query parameter, a cookie, a bearer
+//! token, a verified JWT claim, a path segment, the client IP). The first source that is
+//! present wins, and if none is, the request falls back to its client IP so every request
+//! always lands in some bucket. Every value is passed through [`key::key_part`] before it
+//! reaches a store key, because all of these values except the client IP are written by the
+//! client. The key fragment also names the kind of source that answered, so a client cannot
+//! put a victim's IP address into, say, an API-key header and drain that victim's bucket.
+
+pub mod client_ip;
+pub mod jwt;
+pub mod key;
+
+use std::net::IpAddr;
+
+use http::header::{AUTHORIZATION, COOKIE};
+use http::HeaderName;
+
+pub use client_ip::{client_ip, TrustedProxies};
+pub use jwt::{JwtConfigError, JwtVerifier};
+
+/// One place an identity value can come from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// First value of that header, if present and non-empty.
+    Header(HeaderName),
+    /// First `name=value` in the query string, percent-decoded (form rules); empty = absent.
+    Query(String),
+    /// Cookie of that name from any Cookie header line; empty = absent.
+    Cookie(String),
+    /// The token of `Authorization: Bearer <token>` (scheme case-insensitive); its value is
+    /// always hashed into the key, never stored raw.
+    Bearer,
+    /// A verified claim of the bearer token; an unverifiable token counts as absent.
+    Jwt(JwtVerifier),
+    /// 1-based path segment: for `/t/abc/x`, 1 = "t", 2 = "abc"; missing/empty = absent.
+    /// The segment is percent-decoded so `/t/%61bc` cannot dodge the bucket of `/t/abc`.
+    PathSegment(usize),
+    /// The client address; always present.
+    ClientIp,
+    /// One bucket for everyone (key part `*`); always present. Used by the built-in "global".
+    Global,
+}
+
+impl Source {
+    /// Short machine name of the source kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Source::Header(_) => "header",
+            Source::Query(_) => "query",
+            Source::Cookie(_) => "cookie",
+            Source::Bearer => "bearer",
+            Source::Jwt(_) => "jwt",
+            Source::PathSegment(_) => "path_segment",
+            Source::ClientIp => "client_ip",
+            Source::Global => "global",
+        }
+    }
+
+    /// Human description for logs and `explain` output, e.g. "header x-user-id".
+    pub fn describe(&self) -> String {
+        match self {
+            Source::Header(name) => format!("header {name}"),
+            Source::Query(name) => format!("query {name}"),
+            Source::Cookie(name) => format!("cookie {name}"),
+            Source::Bearer => "bearer token".to_owned(),
+            Source::Jwt(v) => format!("jwt claim {}", v.claim()),
+            Source::PathSegment(n) => format!("path segment {n}"),
+            Source::ClientIp => "client ip".to_owned(),
+            Source::Global => "global".to_owned(),
+        }
+    }
+
+    /// This source's answer for the request, or None when it is absent.
+    fn extract(&self, req: &http::request::Parts, client_ip: IpAddr) -> Option<Identified> {
+        let kind = self.kind();
+        match self {
+            Source::Header(name) => {
+                let value = req.headers.get(name)?.as_bytes();
+                non_empty(value).map(|v| Identified::readable(kind, v))
+            }
+            Source::Query(name) => {
+                let value = query_param(req.uri.query()?, name)?;
+                non_empty(&value).map(|v| Identified::readable(kind, v))
+            }
+            Source::Cookie(name) => {
+                cookie(&req.headers, name.as_bytes()).map(|v| Identified::readable(kind, v))
+            }
+            Source::Bearer => bearer(&req.headers).map(|token| Identified {
+                source: 0,
+                source_kind: kind,
+                key_part: format!("{kind}{}", key::hashed_part(token)),
+                display: key::display_hash(token),
+            }),
+            Source::Jwt(verifier) => {
+                // A token that is not valid UTF-8 cannot be a JWT.
+                let token = std::str::from_utf8(bearer(&req.headers)?).ok()?;
+                let claim = verifier.verify(token)?;
+                Some(Identified::readable(kind, claim.as_bytes()))
+            }
+            Source::PathSegment(n) => {
+                let segment = path_segment(req.uri.path(), *n)?;
+                let decoded = percent_decode(segment.as_bytes(), false);
+                non_empty(&decoded).map(|v| Identified::readable(kind, v))
+            }
+            Source::ClientIp => Some(Identified::ip(client_ip)),
+            Source::Global => Some(Identified::global()),
+        }
+    }
+}
+
+/// A named, ordered list of sources.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub name: String,
+    pub sources: Vec<Source>,
+}
+
+/// The result: which source answered and the value, already made safe for a store key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identified {
+    /// Index into `sources`, or `usize::MAX` for the client-IP fallback.
+    pub source: usize,
+    /// [`Source::kind`] of the answering source ("client_ip" for the fallback).
+    pub source_kind: &'static str,
+    /// `<source_kind><key::key_part(value)>`, e.g. `header=alice`, `client_ip=10.1.2.3`,
+    /// `bearer#<digest>`; `*` for the global identity. Contains no `{`, `}`, `:`, `|` or
+    /// whitespace, and is at most 77 bytes.
+    pub key_part: String,
+    /// For logs/explain: raw value if it is short and safe, else `sha256:<first 12 hex>`;
+    /// bearer tokens always hashed; client IPs always shown.
+    pub display: String,
+}
+
+impl Identified {
+    fn readable(kind: &'static str, value: &[u8]) -> Self {
+        Identified {
+            source: 0,
+            source_kind: kind,
+            key_part: format!("{kind}{}", key::key_part(value)),
+            display: key::display_value(value),
+        }
+    }
+
+    fn ip(ip: IpAddr) -> Self {
+        let text = ip.to_canonical().to_string();
+        Identified {
+            source: 0,
+            source_kind: "client_ip",
+            // IPv6 text contains `:`, so it is hashed like any other unsafe value.
+            key_part: format!("client_ip{}", key::key_part(text.as_bytes())),
+            // Our own formatting of a parsed address: always safe to log as is.
+            display: text,
+        }
+    }
+
+    fn global() -> Self {
+        Identified {
+            source: 0,
+            source_kind: "global",
+            key_part: "*".to_owned(),
+            display: "*".to_owned(),
+        }
+    }
+}
+
+impl Identity {
+    /// Tries the sources in order; the first present wins. If none is present the request is
+    /// keyed by the client IP (source_kind "client_ip", fallback).
+    pub fn identify(&self, req: &http::request::Parts, client_ip: IpAddr) -> Identified {
+        for (index, source) in self.sources.iter().enumerate() {
+            if let Some(mut found) = source.extract(req, client_ip) {
+                found.source = index;
+                return found;
+            }
+        }
+        let mut fallback = Identified::ip(client_ip);
+        fallback.source = usize::MAX;
+        fallback
+    }
+}
+
+/// Built-in identities, always defined: "client_ip" ([ClientIp]) and "global" (one bucket for
+/// everyone: key_part "*", source_kind "global").
+pub fn builtin(name: &str) -> Option<Identity> {
+    let source = match name {
+        "client_ip" => Source::ClientIp,
+        "global" => Source::Global,
+        _ => return None,
+    };
+    Some(Identity {
+        name: name.to_owned(),
+        sources: vec![source],
+    })
+}
+
+fn non_empty(value: &[u8]) -> Option<&[u8]> {
+    (!value.is_empty()).then_some(value)
+}
+
+/// The decoded value of the first `name=...` pair (form rules: `+` is a space, `%XX` a byte).
+/// Decoding is to bytes, not lossy UTF-8, so distinct raw values stay distinct keys.
+fn query_param(query: &str, name: &str) -> Option<Vec<u8>> {
+    query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .find_map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (percent_decode(k.as_bytes(), true) == name.as_bytes())
+                .then(|| percent_decode(v.as_bytes(), true))
+        })
+}
+
+/// `%XX` becomes the byte; with `plus_is_space`, `+` becomes a space (form rules). Broken
+/// escapes are kept literally, as browsers and `form_urlencoded` do.
+fn percent_decode(input: &[u8], plus_is_space: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(input.len());
+    let mut i = 0;
+    while i < input.len() {
+        let b = input[i];
+        if b == b'%' {
+            if let (Some(hi), Some(lo)) = (
+                input.get(i + 1).and_then(|&c| hex_value(c)),
+                input.get(i + 2).and_then(|&c| hex_value(c)),
+            ) {
+                out.push(hi << 4 | lo);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(if plus_is_space && b == b'+' { b' ' } else { b });
+        i += 1;
+    }
+    out
+}
+
+fn hex_value(c: u8) -> Option<u8> {
+    (c as char).to_digit(16).map(|d| d as u8)
+}
+
+/// The value of cookie `name` from any `Cookie` line (`a=1; b=2`), first match wins; a value
+/// wrapped in double quotes is unwrapped (RFC 6265 allows both forms). Empty = absent.
+fn cookie<'a>(headers: &'a http::HeaderMap, name: &[u8]) -> Option<&'a [u8]> {
+    for line in headers.get_all(COOKIE) {
+        for pair in line.as_bytes().split(|&b| b == b';') {
+            let pair = trim(pair);
+            let Some(eq) = pair.iter().position(|&b| b == b'=') else {
+                continue;
+            };
+            if trim(&pair[..eq]) != name {
+                continue;
+            }
+            let mut value = trim(&pair[eq + 1..]);
+            if let [b'"', inner @ .., b'"'] = value {
+                value = inner;
+            }
+            return non_empty(value);
+        }
+    }
+    None
+}
+
+/// The token of the first `Authorization: Bearer <token>` header (scheme case-insensitive).
+fn bearer(headers: &http::HeaderMap) -> Option<&[u8]> {
+    let value = trim(headers.get(AUTHORIZATION)?.as_bytes());
+    let (scheme, rest) = value.split_at_checked(6)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer") || !matches!(rest.first(), Some(b' ' | b'\t')) {
+        return None;
+    }
+    non_empty(trim(rest))
+}
+
+/// 1-based path segment; `/t//x` has an empty segment 2.
+fn path_segment(path: &str, n: usize) -> Option<&str> {
+    let index = n.checked_sub(1)?;
+    let path = path.strip_prefix('/').unwrap_or(path);
+    path.split('/').nth(index).filter(|s| !s.is_empty())
+}
+
+fn trim(mut s: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = s {
+        s = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = s {
+        s = rest;
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+
+    const PEER: &str = "203.0.113.7";
+
+    fn peer() -> IpAddr {
+        PEER.parse().unwrap()
+    }
+
+    fn parts(uri: &str, headers: &[(&str, &[u8])]) -> http::request::Parts {
+        let mut b = http::Request::builder().uri(uri);
+        for (name, value) in headers {
+            b = b.header(*name, http::HeaderValue::from_bytes(value).unwrap());
+        }
+        b.body(()).unwrap().into_parts().0
+    }
+
+    fn one(source: Source) -> Identity {
+        Identity {
+            name: "test".into(),
+            sources: vec![source],
+        }
+    }
+
+    fn is_fallback(id: &Identified) -> bool {
+        id.source == usize::MAX && id.source_kind == "client_ip" && id.display == PEER
+    }
+
+    #[test]
+    fn header_present_absent_empty() {
+        let ident = one(Source::Header(HeaderName::from_static("x-user-id")));
+        let id = ident.identify(&parts("/", &[("x-user-id", b"alice")]), peer());
+        assert_eq!(id.source, 0);
+        assert_eq!(id.source_kind, "header");
+        assert_eq!(id.key_part, "header=alice");
+        assert_eq!(id.display, "alice");
+        // First value wins.
+        let two = parts("/", &[("x-user-id", b"first"), ("x-user-id", b"second")]);
+        assert_eq!(ident.identify(&two, peer()).display, "first");
+        assert!(is_fallback(&ident.identify(&parts("/", &[]), peer())));
+        assert!(is_fallback(
+            &ident.identify(&parts("/", &[("x-user-id", b"")]), peer())
+        ));
+        // Unsafe values are hashed in both key and display.
+        let id = ident.identify(&parts("/", &[("x-user-id", b"a:b{c}")]), peer());
+        assert!(id.key_part.starts_with("header#"));
+        assert!(id.display.starts_with("sha256:"));
+        let id = ident.identify(&parts("/", &[("x-user-id", b"caf\xc3\xa9")]), peer());
+        assert!(id.key_part.starts_with("header#"));
+    }
+
+    #[test]
+    fn query_present_absent_empty_and_decoding() {
+        let ident = one(Source::Query("user".into()));
+        let q = |uri: &str| ident.identify(&parts(uri, &[]), peer());
+        assert_eq!(q("/x?a=1&user=bob&user=eve").display, "bob");
+        assert_eq!(q("/x?user=bob").key_part, "query=bob");
+        assert!(is_fallback(&q("/x")));
+        assert!(is_fallback(&q("/x?other=1")));
+        assert!(is_fallback(&q("/x?user=")));
+        assert!(is_fallback(&q("/x?user")));
+        assert!(is_fallback(&q("/x?username=bob")));
+        // Form decoding: %XX and + are decoded, in names too; broken escapes stay literal.
+        assert_eq!(q("/x?user=b%6Fb").display, "bob");
+        assert_eq!(q("/x?us%65r=bob").display, "bob");
+        assert_eq!(q("/x?user=a%40b.c").display, "a@b.c");
+        assert_eq!(
+            q("/x?user=a+b").key_part,
+            format!("query{}", key::key_part(b"a b"))
+        );
+        assert_eq!(
+            q("/x?user=a%2").key_part,
+            format!("query{}", key::key_part(b"a%2"))
+        );
+        // Invalid UTF-8 stays bytes, so two different values never share a key.
+        assert_ne!(q("/x?user=%FF").key_part, q("/x?user=%FE").key_part);
+    }
+
+    #[test]
+    fn percent_decoding_helper() {
+        assert_eq!(percent_decode(b"a%20b+c", true), b"a b c");
+        assert_eq!(percent_decode(b"a%20b+c", false), b"a b+c");
+        assert_eq!(percent_decode(b"%", true), b"%");
+        assert_eq!(percent_decode(b"%4", true), b"%4");
+        assert_eq!(percent_decode(b"%zz%41", true), b"%zzA");
+        assert_eq!(percent_decode(b"%ff", true), b"\xff");
+    }
+
+    #[test]
+    fn cookie_present_absent_empty_multi_line() {
+        let ident = one(Source::Cookie("sid".into()));
+        let c = |lines: &[&[u8]]| {
+            let hs: Vec<(&str, &[u8])> = lines.iter().map(|l| ("cookie", *l)).collect();
+            ident.identify(&parts("/", &hs), peer())
+        };
+        assert_eq!(c(&[b"sid=abc"]).key_part, "cookie=abc");
+        assert_eq!(c(&[b"a=1; sid=abc; b=2"]).display, "abc");
+        assert_eq!(c(&[b"a=1", b"b=2; sid=xyz"]).display, "xyz");
+        assert_eq!(c(&[b"sid=\"quoted\""]).display, "quoted");
+        assert_eq!(c(&[b"sid=first", b"sid=second"]).display, "first");
+        assert!(is_fallback(&c(&[])));
+        assert!(is_fallback(&c(&[b"a=1; sidx=2; xsid=3"])));
+        assert!(is_fallback(&c(&[b"sid="])));
+        assert!(is_fallback(&c(&[b"sid=\"\""])));
+        assert!(is_fallback(&c(&[b"sid"])));
+    }
+
+    #[test]
+    fn bearer_is_always_hashed() {
+        let ident = one(Source::Bearer);
+        let b = |v: &[u8]| ident.identify(&parts("/", &[("authorization", v)]), peer());
+        let id = b(b"Bearer abc");
+        assert_eq!(id.source_kind, "bearer");
+        // Even a short, safe token is never stored or shown raw.
+        assert_eq!(id.key_part, format!("bearer{}", key::hashed_part(b"abc")));
+        assert_eq!(id.display, key::display_hash(b"abc"));
+        assert!(!id.key_part.contains("abc") && !id.display.contains("abc"));
+        assert_eq!(b(b"bearer abc").key_part, id.key_part);
+        assert_eq!(b(b"BEARER   abc").key_part, id.key_part);
+        assert!(is_fallback(&b(b"Basic YWxhZGRpbjpvcGVuc2VzYW1l")));
+        assert!(is_fallback(&b(b"Bearer")));
+        assert!(is_fallback(&b(b"Bearer ")));
+        assert!(is_fallback(&b(b"Bearerabc")));
+        assert!(is_fallback(&ident.identify(&parts("/", &[]), peer())));
+    }
+
+    #[test]
+    fn jwt_source() {
+        let secret = b"mod-test-secret";
+        let verifier = JwtVerifier::hmac(secret, Algorithm::HS256, "sub").unwrap();
+        let ident = one(Source::Jwt(verifier));
+        let exp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + 300;
+        let token = |key: &[u8]| {
+            encode(
+                &Header::new(Algorithm::HS256),
+                &serde_json::json!({"sub": "user-7", "exp": exp}),
+                &EncodingKey::from_secret(key),
+            )
+            .unwrap()
+        };
+        let auth = format!("Bearer {}", token(secret));
+        let id = ident.identify(&parts("/", &[("authorization", auth.as_bytes())]), peer());
+        assert_eq!(id.source_kind, "jwt");
+        assert_eq!(id.key_part, "jwt=user-7");
+        assert_eq!(id.display, "user-7");
+        let forged = format!("Bearer {}", token(b"wrong"));
+        let id = ident.identify(&parts("/", &[("authorization", forged.as_bytes())]), peer());
+        assert!(is_fallback(&id));
+        assert!(is_fallback(&ident.identify(&parts("/", &[]), peer())));
+        let junk = parts("/", &[("authorization", b"Bearer \xff\xfe")]);
+        assert!(is_fallback(&ident.identify(&junk, peer())));
+    }
+
+    #[test]
+    fn path_segment_indexing() {
+        let seg =
+            |n: usize, uri: &str| one(Source::PathSegment(n)).identify(&parts(uri, &[]), peer());
+        assert_eq!(seg(1, "/t/abc/x").display, "t");
+        assert_eq!(seg(2, "/t/abc/x").display, "abc");
+        assert_eq!(seg(3, "/t/abc/x?q=1").display, "x");
+        assert_eq!(seg(2, "/t/abc/x").key_part, "path_segment=abc");
+        assert!(is_fallback(&seg(4, "/t/abc/x")));
+        assert!(is_fallback(&seg(0, "/t/abc/x")));
+        assert!(is_fallback(&seg(2, "/t//x")));
+        assert_eq!(seg(3, "/t//x").display, "x");
+        assert!(is_fallback(&seg(2, "/t/")));
+        assert!(is_fallback(&seg(1, "/")));
+        // Encoded spellings of the same segment share a bucket.
+        assert_eq!(seg(2, "/t/%61bc").key_part, seg(2, "/t/abc").key_part);
+        assert!(seg(2, "/t/a%2Fb").key_part.starts_with("path_segment#"));
+    }
+
+    #[test]
+    fn client_ip_source_and_fallback() {
+        let ident = one(Source::ClientIp);
+        let id = ident.identify(&parts("/", &[]), peer());
+        assert_eq!((id.source, id.source_kind), (0, "client_ip"));
+        assert_eq!(id.key_part, format!("client_ip={PEER}"));
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        let id = ident.identify(&parts("/", &[]), v6);
+        assert!(id.key_part.starts_with("client_ip#"));
+        assert_eq!(id.display, "2001:db8::1");
+        // Mapped IPv4 keys like plain IPv4.
+        let mapped: IpAddr = "::ffff:203.0.113.7".parse().unwrap();
+        assert_eq!(
+            ident.identify(&parts("/", &[]), mapped).key_part,
+            format!("client_ip={PEER}")
+        );
+    }
+
+    #[test]
+    fn order_and_fallback() {
+        let ident = Identity {
+            name: "user".into(),
+            sources: vec![
+                Source::Header(HeaderName::from_static("x-api-key")),
+                Source::Cookie("sid".into()),
+                Source::Query("user".into()),
+            ],
+        };
+        let all = parts("/?user=q", &[("x-api-key", b"k"), ("cookie", b"sid=c")]);
+        let id = ident.identify(&all, peer());
+        assert_eq!(
+            (id.source, id.source_kind, id.display.as_str()),
+            (0, "header", "k")
+        );
+        let two = parts("/?user=q", &[("cookie", b"sid=c")]);
+        let id = ident.identify(&two, peer());
+        assert_eq!(
+            (id.source, id.source_kind, id.display.as_str()),
+            (1, "cookie", "c")
+        );
+        let id = ident.identify(&parts("/?user=q", &[("x-api-key", b"")]), peer());
+        assert_eq!(
+            (id.source, id.source_kind, id.display.as_str()),
+            (2, "query", "q")
+        );
+        let id = ident.identify(&parts("/", &[]), peer());
+        assert!(is_fallback(&id));
+        assert_eq!(id.key_part, format!("client_ip={PEER}"));
+        // No sources at all also falls back.
+        let empty = Identity {
+            name: "empty".into(),
+            sources: vec![],
+        };
+        assert!(is_fallback(&empty.identify(&parts("/", &[]), peer())));
+    }
+
+    #[test]
+    fn a_header_cannot_impersonate_an_ip() {
+        let ident = one(Source::Header(HeaderName::from_static("x-api-key")));
+        let spoof = ident.identify(&parts("/", &[("x-api-key", PEER.as_bytes())]), peer());
+        let real = ident.identify(&parts("/", &[]), peer());
+        assert_ne!(spoof.key_part, real.key_part);
+    }
+
+    #[test]
+    fn builtins() {
+        let ip = builtin("client_ip").unwrap();
+        assert_eq!(ip.name, "client_ip");
+        let id = ip.identify(&parts("/", &[("x-user-id", b"a")]), peer());
+        assert_eq!((id.source, id.source_kind), (0, "client_ip"));
+        let global = builtin("global").unwrap();
+        let id = global.identify(&parts("/", &[]), peer());
+        assert_eq!((id.source_kind, id.key_part.as_str()), ("global", "*"));
+        let other: IpAddr = "198.51.100.1".parse().unwrap();
+        assert_eq!(global.identify(&parts("/x", &[]), other).key_part, "*");
+        assert!(builtin("user").is_none());
+    }
+
+    #[test]
+    fn kinds_and_descriptions() {
+        let v = JwtVerifier::hmac(b"s", Algorithm::HS256, "sub").unwrap();
+        let cases = [
+            (
+                Source::Header(HeaderName::from_static("x-user-id")),
+                "header",
+                "header x-user-id",
+            ),
+            (Source::Query("u".into()), "query", "query u"),
+            (Source::Cookie("sid".into()), "cookie", "cookie sid"),
+            (Source::Bearer, "bearer", "bearer token"),
+            (Source::Jwt(v), "jwt", "jwt claim sub"),
+            (Source::PathSegment(2), "path_segment", "path segment 2"),
+            (Source::ClientIp, "client_ip", "client ip"),
+            (Source::Global, "global", "global"),
+        ];
+        for (source, kind, description) in cases {
+            assert_eq!(source.kind(), kind);
+            assert_eq!(source.describe(), description);
+        }
+    }
+}

@@ -1,0 +1,1081 @@
+//! The pure arithmetic of the six rate-limit algorithms: no I/O, no clock.
+//!
+//! Both stores run exactly this arithmetic: the memory store calls it directly and
+//! `decide.lua` mirrors it line by line, so a route limited through Redis behaves exactly
+//! like one limited in memory (the equivalence tests hold them equal step by step).
+//! Everything is an integer number of microseconds or units, and every operation is chosen so
+//! that Lua, which computes in doubles, gets bit-identical results: all intermediates stay
+//! integers below [`MAX_SAFE`] (see [`params_fit`]), and every division is a floor division
+//! of non-negative values.
+//!
+//! A state that is past its TTL (or missing) always behaves exactly like an idle key with a
+//! full quota, so a store may keep a stale state a little longer (Redis rounds TTLs up to
+//! milliseconds) or drop it early without any observable difference.
+
+use std::collections::VecDeque;
+
+/// Microseconds, on the store's clock (absolute times) or as a duration.
+pub type Micros = i64;
+
+/// Lua numbers are doubles: integers are exact only below 2^53.
+pub const MAX_SAFE: i64 = 1 << 53;
+
+/// Bound on `max(limit, burst, cost) * period_us`.
+///
+/// The largest intermediate of any algorithm is a sum of two such products (the sliding-window
+/// test `previous * (period - elapsed) + (current + cost) * period`), and absolute timestamps
+/// (about 2^51 µs today) get at most two periods added, so 2^49 keeps everything below
+/// [`MAX_SAFE`] with room to spare until roughly the year 2200.
+pub const MAX_PRODUCT: i64 = 1 << 49;
+
+/// The rate-limit algorithms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    FixedWindow,
+    SlidingLog,
+    SlidingWindow,
+    TokenBucket,
+    Gcra,
+    Concurrency,
+}
+
+impl Algorithm {
+    /// Every algorithm, in code order.
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::Concurrency,
+    ];
+
+    /// The name used in configuration and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Gcra => "gcra",
+            Algorithm::Concurrency => "concurrency",
+        }
+    }
+
+    /// The number `decide.lua` expects in its ARGV (keep in sync with the script's `ALGO_*`).
+    pub fn code(self) -> u8 {
+        match self {
+            Algorithm::FixedWindow => 1,
+            Algorithm::SlidingLog => 2,
+            Algorithm::SlidingWindow => 3,
+            Algorithm::TokenBucket => 4,
+            Algorithm::Gcra => 5,
+            Algorithm::Concurrency => 6,
+        }
+    }
+
+    /// Inverse of [`Algorithm::name`].
+    pub fn from_name(name: &str) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// Inverse of [`Algorithm::code`].
+    pub fn from_code(code: u8) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|a| a.code() == code)
+    }
+}
+
+/// One limit's parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Params {
+    pub algorithm: Algorithm,
+    /// Units per period (concurrency: max units in flight).
+    pub limit: u64,
+    /// Window / refill period (concurrency: lease TTL).
+    pub period_us: Micros,
+    /// token_bucket capacity / gcra burst; equals `limit` for the others (and is ignored there).
+    pub burst: u64,
+    /// Units one request takes.
+    pub cost: u64,
+}
+
+/// What one limit says about one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub allowed: bool,
+    /// Quota to report (burst for token_bucket/gcra, limit otherwise).
+    pub limit: u64,
+    /// Units left after this request (if allowed) / now (if denied).
+    pub remaining: u64,
+    /// Until the state is back to a full quota (0 when already full).
+    pub reset_after_us: Micros,
+    /// Denied: until a lone retry of the same cost is admitted; -1 if it never can
+    /// (cost > capacity). Allowed: 0.
+    pub retry_after_us: Micros,
+}
+
+/// One concurrency lease held in a [`State::Concurrency`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseSlot {
+    pub id: u64,
+    pub units: u64,
+    pub expires_at: Micros,
+}
+
+/// The stored state of one key; the variant is the algorithm that wrote it.
+///
+/// A state of another algorithm than the one checking (a reconfigured route) counts as idle.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum State {
+    /// `window = now / period`; `count` units taken in it.
+    FixedWindow { window: i64, count: u64 },
+    /// One entry per admitted unit (its admission time), oldest first.
+    SlidingLog { entries: VecDeque<Micros> },
+    /// Units taken in window `window` (`current`) and in the one before (`previous`).
+    SlidingWindow {
+        window: i64,
+        current: u64,
+        previous: u64,
+    },
+    /// Tokens scaled by `period_us`, as of `updated_at`.
+    TokenBucket { scaled: i64, updated_at: Micros },
+    /// Theoretical arrival time.
+    Gcra { tat: Micros },
+    /// Leases in flight (expired ones are dropped on every check).
+    Concurrency { leases: Vec<LeaseSlot> },
+}
+
+/// The outcome of one check: what to report, and what to store (for how long) if committed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    pub verdict: Verdict,
+    /// The state to store if the decision commits. Meaningless when denied (not stored).
+    pub state: State,
+    /// How long the store must keep `state`; `<= 0` means the state is idle and may be deleted.
+    pub ttl: Micros,
+}
+
+/// True when `params` are usable: positive limit, burst and period, a gcra emission interval of
+/// at least 1 µs, and every product an algorithm forms at most `MAX_PRODUCT`, so that the Lua
+/// mirror stays exact (Lua numbers are doubles, exact below [`MAX_SAFE`]). Only token_bucket
+/// and sliding_window multiply units by the period; a daily fixed_window of millions is fine.
+pub fn params_fit(p: &Params) -> bool {
+    let units = p.limit.max(p.burst).max(p.cost) as i128;
+    let period = p.period_us as i128;
+    let bounded = match p.algorithm {
+        // These scale units by the period (tokens in period-units; the weighted previous window).
+        Algorithm::TokenBucket | Algorithm::SlidingWindow => units * period <= MAX_PRODUCT as i128,
+        // DVT = T * burst and increment = T * cost, with T = period / limit.
+        Algorithm::Gcra => {
+            p.period_us as u64 >= p.limit
+                && (period / p.limit.max(1) as i128) * units <= MAX_PRODUCT as i128
+        }
+        // Counts and timestamps only.
+        Algorithm::FixedWindow | Algorithm::SlidingLog | Algorithm::Concurrency => {
+            units <= MAX_PRODUCT as i128 && period <= MAX_PRODUCT as i128
+        }
+    };
+    p.limit >= 1 && p.burst >= 1 && p.period_us >= 1 && bounded
+}
+
+/// Checks one request against one limit. `lease` is the unique lease id the request gets if a
+/// concurrency limit admits it (ignored by the other algorithms).
+pub fn check(params: &Params, state: Option<&State>, now: Micros, lease: u64) -> Step {
+    debug_assert!(params_fit(params), "params out of range: {params:?}");
+    let (verdict, state, ttl) = match params.algorithm {
+        Algorithm::FixedWindow => fixed_window(params, state, now),
+        Algorithm::SlidingLog => sliding_log(params, state, now),
+        Algorithm::SlidingWindow => sliding_window(params, state, now),
+        Algorithm::TokenBucket => token_bucket(params, state, now),
+        Algorithm::Gcra => gcra(params, state, now),
+        Algorithm::Concurrency => concurrency(params, state, now, lease),
+    };
+    Step {
+        verdict,
+        state,
+        ttl,
+    }
+}
+
+/// Removes a concurrency lease (a no-op for other states or unknown ids).
+pub fn release(state: &mut State, lease: u64) {
+    if let State::Concurrency { leases } = state {
+        leases.retain(|l| l.id != lease);
+    }
+}
+
+/// Extends a live concurrency lease to `now + params.period_us` (for long requests).
+///
+/// Returns the state's new TTL, or `None` when the lease is unknown or already expired
+/// (it cannot be revived: its slot may have been given away).
+pub fn refresh(state: &mut State, lease: u64, params: &Params, now: Micros) -> Option<Micros> {
+    let State::Concurrency { leases } = state else {
+        return None;
+    };
+    let slot = leases
+        .iter_mut()
+        .find(|l| l.id == lease && l.expires_at > now)?;
+    slot.expires_at = now + params.period_us;
+    leases.iter().map(|l| l.expires_at - now).max()
+}
+
+/// Ceiling division for `a >= 0`, `b > 0` (same expression in Lua).
+fn ceil_div(a: i64, b: i64) -> i64 {
+    (a + b - 1) / b
+}
+
+fn verdict(
+    allowed: bool,
+    limit: u64,
+    remaining: i64,
+    reset_after_us: Micros,
+    retry_after_us: Micros,
+) -> Verdict {
+    Verdict {
+        allowed,
+        limit,
+        remaining: remaining.max(0) as u64,
+        reset_after_us,
+        retry_after_us: if allowed { 0 } else { retry_after_us },
+    }
+}
+
+/// At most `limit` units per window; windows aligned to multiples of the period.
+pub fn fixed_window(p: &Params, state: Option<&State>, now: Micros) -> (Verdict, State, Micros) {
+    let (limit, period, cost) = (p.limit as i64, p.period_us, p.cost as i64);
+    let window = now / period;
+    let end = (window + 1) * period;
+    let count = match state {
+        Some(State::FixedWindow { window: w, count }) if *w == window => *count as i64,
+        _ => 0,
+    };
+    let allowed = count + cost <= limit;
+    let after = if allowed { count + cost } else { count };
+    let reset = if after > 0 { end - now } else { 0 };
+    let retry = if cost > limit { -1 } else { end - now };
+    (
+        verdict(allowed, p.limit, limit - after, reset, retry),
+        State::FixedWindow {
+            window,
+            count: after as u64,
+        },
+        end - now,
+    )
+}
+
+/// At most `limit` units in any trailing period, exactly; one log entry per unit.
+pub fn sliding_log(p: &Params, state: Option<&State>, now: Micros) -> (Verdict, State, Micros) {
+    let (limit, period, cost) = (p.limit as i64, p.period_us, p.cost as i64);
+    let mut entries = match state {
+        Some(State::SlidingLog { entries }) => entries.clone(),
+        _ => VecDeque::new(),
+    };
+    // An entry at t counts while now < t + period.
+    while entries.front().is_some_and(|&t| t <= now - period) {
+        entries.pop_front();
+    }
+    let count = entries.len() as i64;
+    let allowed = count + cost <= limit;
+    let mut retry = -1;
+    if allowed {
+        // Keep the log sorted even if the clock stepped back.
+        let at = entries.partition_point(|&t| t <= now);
+        for _ in 0..cost {
+            entries.insert(at, now);
+        }
+    } else if cost <= limit {
+        // The oldest `count + cost - limit` entries must leave first.
+        let j = (count + cost - limit) as usize;
+        retry = entries[j - 1] + period - now;
+    }
+    let after = entries.len() as i64;
+    let reset = match entries.back() {
+        Some(&newest) if after > 0 => newest + period - now,
+        _ => 0,
+    };
+    (
+        verdict(allowed, p.limit, limit - after, reset, retry),
+        State::SlidingLog { entries },
+        reset,
+    )
+}
+
+/// Cloudflare's estimate `previous * (period - elapsed) / period + current`, decided exactly in
+/// integers by multiplying through by the period.
+pub fn sliding_window(p: &Params, state: Option<&State>, now: Micros) -> (Verdict, State, Micros) {
+    let (limit, period, cost) = (p.limit as i64, p.period_us, p.cost as i64);
+    let window = now / period;
+    let elapsed = now - window * period;
+    let (previous, current) = match state {
+        Some(State::SlidingWindow {
+            window: w,
+            current,
+            previous,
+        }) => {
+            if *w == window {
+                (*previous as i64, *current as i64)
+            } else if *w == window - 1 {
+                (*current as i64, 0)
+            } else {
+                (0, 0)
+            }
+        }
+        _ => (0, 0),
+    };
+    // The first test keeps the products bounded (and alone decides most denials).
+    let allowed = current + cost <= limit
+        && previous * (period - elapsed) + (current + cost) * period <= limit * period;
+    let after = if allowed { current + cost } else { current };
+    let left = limit * period - previous * (period - elapsed) - after * period;
+    let remaining = if left > 0 { left / period } else { 0 };
+    let reset = if after > 0 {
+        2 * period - elapsed
+    } else if previous > 0 {
+        period - elapsed
+    } else {
+        0
+    };
+    let mut retry = -1;
+    if !allowed && cost <= limit {
+        // Still in this window, once previous' weight has shrunk enough:
+        // previous * (period - e) <= (limit - current - cost) * period.
+        if current + cost <= limit && previous > 0 {
+            let allowance = (limit - current - cost) * period / previous;
+            let e = (period - allowance).max(elapsed);
+            if e < period {
+                retry = e - elapsed;
+            }
+        }
+        // Otherwise in the next window, where current becomes previous:
+        // current * (period - e) <= (limit - cost) * period (e == period: the window after).
+        if retry < 0 {
+            let e = if current > 0 {
+                (period - (limit - cost) * period / current).max(0)
+            } else {
+                0
+            };
+            retry = period - elapsed + e;
+        }
+    }
+    (
+        verdict(allowed, p.limit, remaining, reset, retry),
+        State::SlidingWindow {
+            window,
+            current: after as u64,
+            previous: previous as u64,
+        },
+        2 * period - elapsed,
+    )
+}
+
+/// `burst` tokens refilled continuously at `limit` per period; tokens are kept scaled by the
+/// period so the refill is exact in integers.
+pub fn token_bucket(p: &Params, state: Option<&State>, now: Micros) -> (Verdict, State, Micros) {
+    let (limit, period, cost, burst) = (p.limit as i64, p.period_us, p.cost as i64, p.burst as i64);
+    let cap = burst * period;
+    let (mut scaled, mut updated_at) = (cap, now);
+    if let Some(State::TokenBucket {
+        scaled: s,
+        updated_at: u,
+    }) = state
+    {
+        // A clock that stepped back refills nothing (and must not refill twice later).
+        let elapsed = (now - *u).max(0);
+        updated_at = now.max(*u);
+        let missing = cap - *s;
+        // Comparing against the time to full first keeps `elapsed * limit` bounded.
+        if missing <= 0 || elapsed >= ceil_div(missing, limit) {
+            scaled = cap;
+        } else {
+            scaled = *s + elapsed * limit;
+        }
+    }
+    let mut retry = -1;
+    let allowed = cost <= burst && scaled >= cost * period;
+    if allowed {
+        scaled -= cost * period;
+    } else if cost <= burst {
+        retry = ceil_div(cost * period - scaled, limit);
+    }
+    let reset = ceil_div(cap - scaled, limit);
+    (
+        verdict(allowed, p.burst, scaled / period, reset, retry),
+        State::TokenBucket { scaled, updated_at },
+        reset,
+    )
+}
+
+/// redis-cell's CL.THROTTLE arithmetic (max_burst = burst - 1).
+pub fn gcra(p: &Params, state: Option<&State>, now: Micros) -> (Verdict, State, Micros) {
+    let (limit, period, cost, burst) = (p.limit as i64, p.period_us, p.cost as i64, p.burst as i64);
+    let interval = period / limit;
+    let dvt = interval * burst;
+    let increment = interval * cost;
+    // A stale tat (before now) is an idle key.
+    let tat = match state {
+        Some(State::Gcra { tat }) => (*tat).max(now),
+        _ => now,
+    };
+    let new_tat = tat + increment;
+    let allow_at = new_tat - dvt;
+    let diff = now - allow_at;
+    let (allowed, ttl, retry, stored) = if diff < 0 {
+        let retry = if increment <= dvt { -diff } else { -1 };
+        (false, tat - now, retry, tat)
+    } else {
+        (true, new_tat - now, 0, new_tat)
+    };
+    let next = dvt - ttl;
+    let remaining = if next > 0 { next / interval } else { 0 };
+    (
+        verdict(allowed, p.burst, remaining, ttl, retry),
+        State::Gcra { tat: stored },
+        ttl,
+    )
+}
+
+/// At most `limit` units in flight, each request holding a lease that expires after the period
+/// unless released (or refreshed) first.
+pub fn concurrency(
+    p: &Params,
+    state: Option<&State>,
+    now: Micros,
+    lease: u64,
+) -> (Verdict, State, Micros) {
+    let (limit, period, cost) = (p.limit as i64, p.period_us, p.cost as i64);
+    let mut leases: Vec<LeaseSlot> = match state {
+        Some(State::Concurrency { leases }) => leases
+            .iter()
+            .filter(|l| l.expires_at > now)
+            .cloned()
+            .collect(),
+        _ => Vec::new(),
+    };
+    let count: i64 = leases.iter().map(|l| l.units as i64).sum();
+    let allowed = count + cost <= limit;
+    let mut retry = -1;
+    if allowed {
+        leases.push(LeaseSlot {
+            id: lease,
+            units: p.cost,
+            expires_at: now + period,
+        });
+    } else if cost <= limit {
+        // A lower bound when several leases must go, an upper one if a release comes first.
+        retry = leases.iter().map(|l| l.expires_at).min().unwrap_or(now) - now;
+    }
+    let after = if allowed { count + cost } else { count };
+    let ttl = leases.iter().map(|l| l.expires_at).max().unwrap_or(now) - now;
+    (
+        verdict(allowed, p.limit, limit - after, 0, retry),
+        State::Concurrency { leases },
+        ttl,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const SEC: Micros = 1_000_000;
+    /// Far from 0 so window alignment is exercised on realistic clock values.
+    const T0: Micros = 1_700_000_000 * SEC;
+
+    fn params(
+        algorithm: Algorithm,
+        limit: u64,
+        period_us: Micros,
+        burst: u64,
+        cost: u64,
+    ) -> Params {
+        Params {
+            algorithm,
+            limit,
+            period_us,
+            burst,
+            cost,
+        }
+    }
+
+    /// A one-key store: commits allowed steps, forgets states past their TTL.
+    struct Key {
+        p: Params,
+        state: Option<(State, Micros)>,
+        lease: u64,
+    }
+
+    impl Key {
+        fn new(p: Params) -> Key {
+            Key {
+                p,
+                state: None,
+                lease: 0,
+            }
+        }
+
+        fn live(&self, now: Micros) -> Option<&State> {
+            match &self.state {
+                Some((s, exp)) if *exp > now => Some(s),
+                _ => None,
+            }
+        }
+
+        fn peek(&self, cost: u64, now: Micros) -> Step {
+            let p = Params { cost, ..self.p };
+            check(&p, self.live(now), now, self.lease + 1)
+        }
+
+        fn hit(&mut self, cost: u64, now: Micros) -> Verdict {
+            let step = self.peek(cost, now);
+            // Whatever the store evicts must be indistinguishable from what it keeps.
+            if let Some((stale, _)) = &self.state {
+                if self.live(now).is_none() {
+                    let p = Params { cost, ..self.p };
+                    assert_eq!(check(&p, Some(stale), now, self.lease + 1), step);
+                }
+            }
+            if step.verdict.allowed {
+                self.lease += 1;
+                self.state = (step.ttl > 0).then(|| (step.state.clone(), now + step.ttl));
+                if step.ttl <= 0 {
+                    let p = Params { cost, ..self.p };
+                    let idle = check(&p, None, now, 7);
+                    let kept = check(&p, Some(&step.state), now, 7);
+                    assert_eq!(idle, kept, "a state with ttl <= 0 must be idle");
+                }
+            }
+            step.verdict
+        }
+
+        /// The retry-after contract: a lone retry passes exactly then, not a microsecond sooner.
+        fn assert_retry_exact(&self, cost: u64, now: Micros) {
+            let v = self.peek(cost, now).verdict;
+            assert!(!v.allowed);
+            if v.retry_after_us < 0 {
+                assert!(
+                    !self
+                        .peek(cost, now + 1000 * self.p.period_us)
+                        .verdict
+                        .allowed
+                );
+                return;
+            }
+            assert!(v.retry_after_us > 0);
+            assert!(
+                self.peek(cost, now + v.retry_after_us).verdict.allowed,
+                "not admitted after retry_after {v:?}"
+            );
+            assert!(!self.peek(cost, now + v.retry_after_us - 1).verdict.allowed);
+        }
+    }
+
+    // ---- algorithm names and codes ----
+
+    #[test]
+    fn names_and_codes_round_trip() {
+        for a in Algorithm::ALL {
+            assert_eq!(Algorithm::from_name(a.name()), Some(a));
+            assert_eq!(Algorithm::from_code(a.code()), Some(a));
+        }
+        assert_eq!(Algorithm::FixedWindow.name(), "fixed_window");
+        assert_eq!(Algorithm::from_name("nope"), None);
+    }
+
+    #[test]
+    fn params_fit_bounds() {
+        let ok = params(Algorithm::TokenBucket, 100, 60 * SEC, 200, 1);
+        assert!(params_fit(&ok));
+        assert!(!params_fit(&Params { limit: 0, ..ok }));
+        assert!(!params_fit(&Params { burst: 0, ..ok }));
+        assert!(!params_fit(&Params { period_us: 0, ..ok }));
+        assert!(!params_fit(&Params {
+            burst: 1 << 40,
+            ..ok
+        }));
+        assert!(!params_fit(&Params {
+            cost: 1 << 40,
+            ..ok
+        }));
+        assert!(params_fit(&Params {
+            period_us: 1,
+            limit: 1,
+            burst: MAX_PRODUCT as u64,
+            cost: 1,
+            ..ok
+        }));
+        // Counting algorithms never multiply by the period: a large daily quota fits.
+        let daily = params(
+            Algorithm::FixedWindow,
+            10_000_000,
+            86_400 * SEC,
+            10_000_000,
+            1,
+        );
+        assert!(params_fit(&daily));
+        assert!(params_fit(&Params {
+            algorithm: Algorithm::SlidingLog,
+            ..daily
+        }));
+        assert!(!params_fit(&Params {
+            algorithm: Algorithm::SlidingWindow,
+            ..daily
+        }));
+        // gcra needs an emission interval of at least 1 µs.
+        let g = params(Algorithm::Gcra, 10, 9, 1, 1);
+        assert!(!params_fit(&g));
+        assert!(params_fit(&Params { period_us: 10, ..g }));
+    }
+
+    // ---- fixed_window ----
+
+    #[test]
+    fn fixed_window_counts_per_aligned_window() {
+        let mut k = Key::new(params(Algorithm::FixedWindow, 3, 10 * SEC, 3, 1));
+        let start = T0 + 4 * SEC; // T0 is aligned: window ends at T0 + 10 s
+        for i in 0..3 {
+            let v = k.hit(1, start + i);
+            assert!(v.allowed);
+            assert_eq!(v.remaining, 2 - i as u64);
+            assert_eq!(v.reset_after_us, 6 * SEC - i);
+            assert_eq!(v.limit, 3);
+        }
+        let v = k.hit(1, start + 5);
+        assert!(!v.allowed);
+        assert_eq!(v.remaining, 0);
+        assert_eq!(v.retry_after_us, 6 * SEC - 5);
+        assert_eq!(v.reset_after_us, 6 * SEC - 5);
+        k.assert_retry_exact(1, start + 5);
+        // Window edge: the last microsecond of the window is still full, the next one is new.
+        assert!(!k.hit(1, T0 + 10 * SEC - 1).allowed);
+        assert!(k.hit(1, T0 + 10 * SEC).allowed);
+    }
+
+    #[test]
+    fn fixed_window_ttl_and_cost() {
+        let p = params(Algorithm::FixedWindow, 5, 10 * SEC, 5, 2);
+        let step = check(&p, None, T0 + 3 * SEC, 0);
+        assert_eq!(step.ttl, 7 * SEC);
+        assert_eq!(
+            step.state,
+            State::FixedWindow {
+                window: (T0 + 3 * SEC) / (10 * SEC),
+                count: 2
+            }
+        );
+        let mut k = Key::new(p);
+        assert!(k.hit(2, T0).allowed);
+        assert!(k.hit(2, T0).allowed);
+        let v = k.hit(2, T0);
+        assert!(!v.allowed);
+        assert_eq!(v.remaining, 1);
+        assert!(k.hit(1, T0).allowed);
+    }
+
+    #[test]
+    fn fixed_window_cost_above_limit_never_passes() {
+        let k = Key::new(params(Algorithm::FixedWindow, 3, SEC, 3, 4));
+        let v = k.peek(4, T0);
+        assert!(!v.verdict.allowed);
+        assert_eq!(v.verdict.retry_after_us, -1);
+        assert_eq!(v.verdict.remaining, 3);
+        assert_eq!(v.verdict.reset_after_us, 0);
+        k.assert_retry_exact(4, T0);
+    }
+
+    // ---- sliding_log ----
+
+    #[test]
+    fn sliding_log_is_exact_over_trailing_period() {
+        let mut k = Key::new(params(Algorithm::SlidingLog, 3, 10 * SEC, 3, 1));
+        assert!(k.hit(1, T0).allowed);
+        assert!(k.hit(1, T0 + 2 * SEC).allowed);
+        let v = k.hit(1, T0 + 4 * SEC);
+        assert!(v.allowed);
+        assert_eq!(v.remaining, 0);
+        assert_eq!(v.reset_after_us, 10 * SEC); // newest + period - now
+        let v = k.hit(1, T0 + 5 * SEC);
+        assert!(!v.allowed);
+        assert_eq!(v.retry_after_us, 5 * SEC); // the entry at T0 leaves at T0 + 10 s
+        k.assert_retry_exact(1, T0 + 5 * SEC);
+        // An entry at t counts while now < t + period.
+        assert!(!k.hit(1, T0 + 10 * SEC - 1).allowed);
+        assert!(k.hit(1, T0 + 10 * SEC).allowed);
+        assert!(!k.hit(1, T0 + 10 * SEC).allowed);
+    }
+
+    #[test]
+    fn sliding_log_same_microsecond_counts_twice() {
+        let mut k = Key::new(params(Algorithm::SlidingLog, 2, SEC, 2, 1));
+        assert!(k.hit(1, T0).allowed);
+        assert!(k.hit(1, T0).allowed);
+        assert!(!k.hit(1, T0).allowed);
+        match &k.state {
+            Some((State::SlidingLog { entries }, _)) => assert_eq!(entries.len(), 2),
+            other => panic!("unexpected state {other:?}"),
+        }
+    }
+
+    #[test]
+    fn sliding_log_retry_waits_for_enough_entries() {
+        let mut k = Key::new(params(Algorithm::SlidingLog, 4, 10 * SEC, 4, 1));
+        assert!(k.hit(1, T0).allowed);
+        assert!(k.hit(1, T0 + SEC).allowed);
+        assert!(k.hit(2, T0 + 2 * SEC).allowed);
+        // cost 3 needs 3 entries gone: the third oldest is at T0 + 2 s.
+        let v = k.hit(3, T0 + 3 * SEC);
+        assert!(!v.allowed);
+        assert_eq!(v.retry_after_us, 9 * SEC);
+        assert_eq!(v.reset_after_us, 9 * SEC);
+        k.assert_retry_exact(3, T0 + 3 * SEC);
+        k.assert_retry_exact(1, T0 + 3 * SEC);
+        let v = k.peek(5, T0 + 3 * SEC).verdict;
+        assert_eq!(v.retry_after_us, -1);
+        let step = k.peek(1, T0 + 20 * SEC);
+        assert_eq!(step.ttl, 10 * SEC);
+    }
+
+    // ---- sliding_window ----
+
+    #[test]
+    fn sliding_window_weighs_previous_window() {
+        let p = params(Algorithm::SlidingWindow, 10, 10 * SEC, 10, 1);
+        let mut k = Key::new(p);
+        for _ in 0..10 {
+            assert!(k.hit(1, T0 + SEC).allowed);
+        }
+        assert!(!k.hit(1, T0 + 2 * SEC).allowed);
+        // Half-way through the next window, previous weighs 5: 5 more pass.
+        let mid = T0 + 15 * SEC;
+        for i in 0..5 {
+            let v = k.hit(1, mid);
+            assert!(v.allowed, "request {i}");
+            assert_eq!(v.remaining, 4 - i);
+        }
+        let v = k.hit(1, mid);
+        assert!(!v.allowed);
+        assert_eq!(v.remaining, 0);
+        // 10 * (10 - e) <= (10 - 5 - 1) * 10  <=>  e >= 6 s into the window.
+        assert_eq!(v.retry_after_us, SEC);
+        k.assert_retry_exact(1, mid);
+        // Current window holds 5: needed as "previous" until the end of the next window.
+        let step = k.peek(1, mid);
+        assert_eq!(step.ttl, 15 * SEC);
+        assert_eq!(v.reset_after_us, 15 * SEC);
+    }
+
+    #[test]
+    fn sliding_window_remaining_is_floored() {
+        let p = params(Algorithm::SlidingWindow, 10, 10 * SEC, 10, 1);
+        let mut k = Key::new(p);
+        for _ in 0..3 {
+            assert!(k.hit(1, T0).allowed);
+        }
+        // At 2.5 s into the next window: estimate 3 * 0.75 + 1 = 3.25 → 6.75 left → 6.
+        let v = k.hit(1, T0 + 12_500_000);
+        assert!(v.allowed);
+        assert_eq!(v.remaining, 6);
+        // reset: only "previous" left, gone at the window end.
+        let mut k = Key::new(p);
+        assert!(k.hit(1, T0).allowed);
+        let v = k.peek(0, T0 + 12 * SEC).verdict;
+        assert_eq!(v.reset_after_us, 8 * SEC);
+        assert_eq!(k.peek(0, T0 + 20 * SEC).verdict.reset_after_us, 0);
+    }
+
+    #[test]
+    fn sliding_window_retry_in_next_window() {
+        let p = params(Algorithm::SlidingWindow, 10, 10 * SEC, 10, 4);
+        let mut k = Key::new(p);
+        assert!(k.hit(8, T0 + 9 * SEC).allowed);
+        // Next window: 8 * (10 - e) <= (10 - 4) * 10  <=>  e >= 2.5 s.
+        let v = k.hit(4, T0 + 9 * SEC);
+        assert!(!v.allowed);
+        assert_eq!(v.retry_after_us, SEC + 2_500_000);
+        k.assert_retry_exact(4, T0 + 9 * SEC);
+        // cost == limit with anything in the current window: only the window after next.
+        let v = k.peek(10, T0 + 9 * SEC).verdict;
+        assert_eq!(v.retry_after_us, 11 * SEC);
+        k.assert_retry_exact(10, T0 + 9 * SEC);
+        assert_eq!(k.peek(11, T0 + 9 * SEC).verdict.retry_after_us, -1);
+        k.assert_retry_exact(11, T0 + 9 * SEC);
+    }
+
+    // ---- token_bucket ----
+
+    #[test]
+    fn token_bucket_bursts_then_refills() {
+        // 1 token per second, capacity 5.
+        let p = params(Algorithm::TokenBucket, 1, SEC, 5, 1);
+        let mut k = Key::new(p);
+        for i in 0..5 {
+            let v = k.hit(1, T0);
+            assert!(v.allowed);
+            assert_eq!(v.limit, 5);
+            assert_eq!(v.remaining, 4 - i);
+            assert_eq!(v.reset_after_us, (i as i64 + 1) * SEC);
+        }
+        let v = k.hit(1, T0);
+        assert!(!v.allowed);
+        assert_eq!(v.retry_after_us, SEC);
+        k.assert_retry_exact(1, T0);
+        k.assert_retry_exact(3, T0);
+        assert!(!k.hit(1, T0 + SEC - 1).allowed);
+        assert!(k.hit(1, T0 + SEC).allowed);
+        // Refill is continuous: half a second buys half a token.
+        let v = k.hit(1, T0 + SEC + 500_000);
+        assert!(!v.allowed);
+        assert_eq!(v.retry_after_us, 500_000);
+        // Refill is capped at the burst.
+        let v = k.hit(1, T0 + 1000 * SEC);
+        assert!(v.allowed);
+        assert_eq!(v.remaining, 4);
+    }
+
+    #[test]
+    fn token_bucket_exact_fractional_rate() {
+        // 3 tokens per 10 s: 1 token every 3.333.. s, kept exact by scaling.
+        let p = params(Algorithm::TokenBucket, 3, 10 * SEC, 1, 1);
+        let mut k = Key::new(p);
+        assert!(k.hit(1, T0).allowed);
+        let v = k.hit(1, T0);
+        assert_eq!(v.retry_after_us, 3_333_334); // ceil(10e6 / 3)
+        k.assert_retry_exact(1, T0);
+        let step = k.peek(1, T0);
+        assert_eq!(step.ttl, 3_333_334);
+    }
+
+    #[test]
+    fn token_bucket_cost_above_burst_never_passes() {
+        let k = Key::new(params(Algorithm::TokenBucket, 10, SEC, 5, 6));
+        let v = k.peek(6, T0).verdict;
+        assert!(!v.allowed);
+        assert_eq!(v.retry_after_us, -1);
+        assert_eq!(v.remaining, 5);
+        assert_eq!(v.reset_after_us, 0);
+        k.assert_retry_exact(6, T0);
+    }
+
+    // ---- gcra ----
+
+    #[test]
+    fn gcra_matches_redis_cell_example() {
+        // CL.THROTTLE user123 15 30 60 → 0, 16, 15, -1, 2
+        let p = params(Algorithm::Gcra, 30, 60 * SEC, 16, 1);
+        let step = check(&p, None, T0, 0);
+        assert_eq!(
+            step.verdict,
+            Verdict {
+                allowed: true,
+                limit: 16,
+                remaining: 15,
+                reset_after_us: 2 * SEC,
+                retry_after_us: 0,
+            }
+        );
+        assert_eq!(step.ttl, 2 * SEC);
+        assert_eq!(step.state, State::Gcra { tat: T0 + 2 * SEC });
+    }
+
+    #[test]
+    fn gcra_burst_then_rate() {
+        let p = params(Algorithm::Gcra, 30, 60 * SEC, 16, 1);
+        let mut k = Key::new(p);
+        for i in 0..16 {
+            let v = k.hit(1, T0);
+            assert!(v.allowed, "request {i}");
+            assert_eq!(v.remaining, 15 - i);
+        }
+        let v = k.hit(1, T0);
+        assert!(!v.allowed);
+        assert_eq!(v.remaining, 0);
+        assert_eq!(v.retry_after_us, 2 * SEC);
+        assert_eq!(v.reset_after_us, 32 * SEC);
+        k.assert_retry_exact(1, T0);
+        k.assert_retry_exact(4, T0);
+        assert!(k.hit(1, T0 + 2 * SEC).allowed);
+        assert!(!k.hit(1, T0 + 2 * SEC).allowed);
+        // After the whole tolerance has passed, the full burst is back.
+        assert_eq!(k.peek(1, T0 + 100 * SEC).verdict.remaining, 15);
+    }
+
+    #[test]
+    fn gcra_cost_above_burst_never_passes() {
+        let k = Key::new(params(Algorithm::Gcra, 10, SEC, 5, 6));
+        let v = k.peek(6, T0).verdict;
+        assert!(!v.allowed);
+        assert_eq!(v.retry_after_us, -1);
+        assert_eq!(v.reset_after_us, 0);
+        assert_eq!(v.remaining, 5);
+        k.assert_retry_exact(6, T0);
+    }
+
+    // ---- concurrency ----
+
+    #[test]
+    fn concurrency_leases_release_and_expire() {
+        let p = params(Algorithm::Concurrency, 2, 30 * SEC, 2, 1);
+        let mut k = Key::new(p);
+        let v = k.hit(1, T0);
+        assert!(v.allowed);
+        assert_eq!((v.remaining, v.reset_after_us), (1, 0));
+        assert!(k.hit(1, T0 + SEC).allowed);
+        let v = k.hit(1, T0 + 2 * SEC);
+        assert!(!v.allowed);
+        assert_eq!(v.retry_after_us, 28 * SEC); // the first lease expires at T0 + 30 s
+        k.assert_retry_exact(1, T0 + 2 * SEC);
+        assert_eq!(k.peek(1, T0 + 2 * SEC).ttl, 29 * SEC);
+        // Releasing lease 1 frees its slot at once.
+        let (state, _) = k.state.as_mut().unwrap();
+        release(state, 1);
+        assert!(k.hit(1, T0 + 3 * SEC).allowed);
+        assert!(!k.hit(1, T0 + 3 * SEC).allowed);
+        // Unreleased leases expire after the lease TTL.
+        assert!(!k.hit(1, T0 + 31 * SEC - 1).allowed);
+        assert!(k.hit(1, T0 + 31 * SEC).allowed);
+    }
+
+    #[test]
+    fn concurrency_refresh_extends_live_leases_only() {
+        let p = params(Algorithm::Concurrency, 1, 10 * SEC, 1, 1);
+        let step = check(&p, None, T0, 42);
+        let mut state = step.state;
+        assert_eq!(refresh(&mut state, 42, &p, T0 + 5 * SEC), Some(10 * SEC));
+        assert!(!check(&p, Some(&state), T0 + 12 * SEC, 43).verdict.allowed);
+        assert!(check(&p, Some(&state), T0 + 15 * SEC, 43).verdict.allowed);
+        assert_eq!(refresh(&mut state, 7, &p, T0 + 6 * SEC), None);
+        assert_eq!(refresh(&mut state, 42, &p, T0 + 15 * SEC), None);
+    }
+
+    #[test]
+    fn concurrency_cost_units() {
+        let p = params(Algorithm::Concurrency, 5, 10 * SEC, 5, 3);
+        let mut k = Key::new(p);
+        assert!(k.hit(3, T0).allowed);
+        let v = k.hit(3, T0);
+        assert!(!v.allowed);
+        assert_eq!(v.remaining, 2);
+        assert!(k.hit(2, T0).allowed);
+        assert_eq!(k.peek(6, T0).verdict.retry_after_us, -1);
+    }
+
+    // ---- properties ----
+
+    fn algo_params() -> impl Strategy<Value = Params> {
+        (0usize..6, 1u64..8, 1i64..2000, 1u64..8).prop_map(|(a, limit, period, burst)| {
+            let algorithm = Algorithm::ALL[a];
+            let burst = match algorithm {
+                Algorithm::TokenBucket | Algorithm::Gcra => burst,
+                _ => limit,
+            };
+            let period_us = if algorithm == Algorithm::Gcra {
+                period.max(limit as i64)
+            } else {
+                period
+            };
+            params(algorithm, limit, period_us, burst, 1)
+        })
+    }
+
+    /// (time increment, cost, release the oldest lease first)
+    fn traffic() -> impl Strategy<Value = Vec<(i64, u64, bool)>> {
+        prop::collection::vec((0i64..400, 0u64..5, any::<bool>()), 1..120)
+    }
+
+    fn assert_promise(p: &Params, admitted: &[(Micros, u64)]) {
+        let (limit, period, burst) = (p.limit as i64, p.period_us, p.burst as i64);
+        let units =
+            |i: usize, j: usize| -> i64 { admitted[i..=j].iter().map(|a| a.1 as i64).sum() };
+        match p.algorithm {
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+                let mut per_window = std::collections::HashMap::new();
+                for &(t, c) in admitted {
+                    *per_window.entry(t / period).or_insert(0i64) += c as i64;
+                }
+                assert!(per_window.values().all(|&n| n <= limit), "{per_window:?}");
+            }
+            Algorithm::SlidingLog => {
+                for &(t, _) in admitted {
+                    let n: i64 = admitted
+                        .iter()
+                        .filter(|a| a.0 <= t && a.0 > t - period)
+                        .map(|a| a.1 as i64)
+                        .sum();
+                    assert!(n <= limit, "{n} units in the period ending at {t}");
+                }
+            }
+            Algorithm::TokenBucket => {
+                for i in 0..admitted.len() {
+                    for j in i..admitted.len() {
+                        let dt = admitted[j].0 - admitted[i].0;
+                        assert!(units(i, j) * period <= burst * period + limit * dt);
+                    }
+                }
+            }
+            Algorithm::Gcra => {
+                let interval = period / limit;
+                for i in 0..admitted.len() {
+                    for j in i..admitted.len() {
+                        let dt = admitted[j].0 - admitted[i].0;
+                        assert!(units(i, j) * interval <= burst * interval + dt);
+                    }
+                }
+            }
+            Algorithm::Concurrency => {} // checked live, with releases
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn admitted_units_never_exceed_the_promise(p in algo_params(), steps in traffic()) {
+            let mut k = Key::new(p);
+            let mut now = T0 + 123;
+            let mut admitted = Vec::new();
+            // (id, units, expires_at) of leases not released yet
+            let mut held: Vec<(u64, u64, Micros)> = Vec::new();
+            for (dt, cost, rel) in steps {
+                now += dt;
+                if rel && p.algorithm == Algorithm::Concurrency && !held.is_empty() {
+                    let (id, _, _) = held.remove(0);
+                    if let Some((s, _)) = k.state.as_mut() {
+                        release(s, id);
+                    }
+                }
+                let v = k.hit(cost, now);
+                if v.allowed {
+                    admitted.push((now, cost));
+                    held.push((k.lease, cost, now + p.period_us));
+                    let in_flight: u64 = held.iter().filter(|h| h.2 > now).map(|h| h.1).sum();
+                    if p.algorithm == Algorithm::Concurrency {
+                        prop_assert!(in_flight <= p.limit);
+                    }
+                } else {
+                    prop_assert!(v.retry_after_us == -1 || v.retry_after_us > 0);
+                }
+            }
+            assert_promise(&p, &admitted);
+        }
+
+        #[test]
+        fn retry_after_is_truthful(p in algo_params(), steps in traffic()) {
+            let mut k = Key::new(p);
+            let mut now = T0 + 7;
+            for (dt, cost, _) in steps {
+                now += dt;
+                if k.peek(cost, now).verdict.allowed {
+                    k.hit(cost, now);
+                } else if p.algorithm == Algorithm::Concurrency {
+                    // A bound only: nothing expires before it.
+                    let v = k.peek(cost, now).verdict;
+                    if v.retry_after_us > 0 {
+                        prop_assert!(!k.peek(cost, now + v.retry_after_us - 1).verdict.allowed);
+                    } else {
+                        prop_assert_eq!(v.retry_after_us, -1);
+                    }
+                } else {
+                    k.assert_retry_exact(cost, now);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! What a client is told about its limits: the IETF RateLimit fields
+//! (draft-ietf-httpapi-ratelimit-headers, structured-field syntax), the legacy X-RateLimit-*
+//! trio, `Retry-After`, and the RFC 9457 problem body of a limited response.
+//!
+//! Seconds are whole and rounded *up*, so a client that waits `Retry-After` seconds is never
+//! early; `Retry-After` is never 0 (that invites an immediate retry).
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Response, StatusCode};
+
+use crate::config::{Limit, ResponseConfig};
+use crate::limit::algorithm::{Algorithm, Verdict};
+use crate::proxy::body::{full, ProxyBody};
+
+pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// Whole seconds, rounded up.
+pub fn ceil_secs(micros: i64) -> u64 {
+    if micros <= 0 {
+        0
+    } else {
+        (micros as u64).div_ceil(1_000_000)
+    }
+}
+
+/// `Retry-After` seconds: rounded up and at least 1.
+pub fn retry_after_secs(micros: i64) -> u64 {
+    ceil_secs(micros).max(1)
+}
+
+/// `RateLimit-Policy` for all the route's limits, e.g. `"login";q=5;w=60`.
+pub fn policy_value(limits: &[Limit]) -> HeaderValue {
+    let items: Vec<String> = limits
+        .iter()
+        .map(|l| match l.params.algorithm {
+            Algorithm::Concurrency => {
+                format!(
+                    "\"{}\";q={};qu=\"concurrent-requests\"",
+                    l.name, l.params.limit
+                )
+            }
+            _ => format!(
+                "\"{}\";q={};w={}",
+                l.name,
+                l.params.limit,
+                ceil_secs(l.params.period_us)
+            ),
+        })
+        .collect();
+    HeaderValue::from_str(&items.join(", ")).expect("policy names are plain ASCII")
+}
+
+/// Which limit the `RateLimit` field reports: on a denial the enforcing limit the client must
+/// wait longest for (so `t` and `Retry-After` agree); otherwise the one closest to exhaustion
+/// (lowest remaining share of its quota).
+pub fn reported(limits: &[Limit], verdicts: &[Verdict]) -> Option<usize> {
+    let denied = limits
+        .iter()
+        .zip(verdicts)
+        .enumerate()
+        .filter(|(_, (l, v))| !v.allowed && !l.shadow)
+        .max_by_key(|(_, (_, v))| v.retry_after_us)
+        .map(|(i, _)| i);
+    denied.or_else(|| {
+        (0..verdicts.len()).min_by(|&a, &b| {
+            let (va, vb) = (&verdicts[a], &verdicts[b]);
+            // remaining_a / limit_a < remaining_b / limit_b, without division.
+            (u128::from(va.remaining) * u128::from(vb.limit.max(1)))
+                .cmp(&(u128::from(vb.remaining) * u128::from(va.limit.max(1))))
+        })
+    })
+}
+
+fn seconds_until_more(verdict: &Verdict) -> i64 {
+    if verdict.allowed {
+        verdict.reset_after_us
+    } else {
+        verdict.retry_after_us.max(verdict.reset_after_us.min(0))
+    }
+}
+
+/// Adds the configured rate-limit fields to `headers` (`force_ietf` on limited responses).
+pub fn add_fields(
+    headers: &mut HeaderMap,
+    config: &ResponseConfig,
+    limits: &[Limit],
+    verdicts: &[Verdict],
+    force_ietf: bool,
+) {
+    let Some(i) = reported(limits, verdicts) else {
+        return;
+    };
+    let (limit, verdict) = (&limits[i], &verdicts[i]);
+    let t = if verdict.allowed {
+        ceil_secs(seconds_until_more(verdict))
+    } else if verdict.retry_after_us < 0 {
+        0
+    } else {
+        retry_after_secs(verdict.retry_after_us)
+    };
+    if config.ietf || force_ietf {
+        headers.insert(&RATELIMIT_POLICY, policy_value(limits));
+        let value = format!("\"{}\";r={};t={}", limit.name, verdict.remaining, t);
+        headers.insert(
+            &RATELIMIT,
+            HeaderValue::from_str(&value).expect("plain ASCII"),
+        );
+    }
+    if config.legacy {
+        headers.insert(&X_RATELIMIT_LIMIT, HeaderValue::from(verdict.limit));
+        headers.insert(&X_RATELIMIT_REMAINING, HeaderValue::from(verdict.remaining));
+        headers.insert(&X_RATELIMIT_RESET, HeaderValue::from(t));
+    }
+}
+
+/// The answer to a limited request: the configured status, `Retry-After`, the rate-limit
+/// fields and an `application/problem+json` body naming the violated policies.
+pub fn limited_response(
+    config: &ResponseConfig,
+    route: &str,
+    limits: &[Limit],
+    verdicts: &[Verdict],
+) -> Response<ProxyBody> {
+    let violated: Vec<&str> = limits
+        .iter()
+        .zip(verdicts)
+        .filter(|(l, v)| !v.allowed && !l.shadow)
+        .map(|(l, _)| l.name.as_str())
+        .collect();
+    // The client must wait for every violated limit; after the longest wait all of them
+    // admit it (limits only recover with time, and a denied request consumed nothing).
+    let wait = limits
+        .iter()
+        .zip(verdicts)
+        .filter(|(l, v)| !v.allowed && !l.shadow)
+        .map(|(_, v)| v.retry_after_us)
+        .max()
+        .unwrap_or(0);
+    let never = limits
+        .iter()
+        .zip(verdicts)
+        .any(|(l, v)| !v.allowed && !l.shadow && v.retry_after_us < 0);
+    let detail = if never {
+        format!("The request exceeds what route `{route}` can ever admit at once.")
+    } else {
+        format!(
+            "Too many requests for route `{route}`; retry after {} second(s).",
+            retry_after_secs(wait)
+        )
+    };
+    let problem = serde_json::json!({
+        "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
+        "title": "Too Many Requests",
+        "status": config.status.as_u16(),
+        "detail": detail,
+        "violated-policies": violated,
+    });
+    let mut response = Response::new(full(problem.to_string()));
+    *response.status_mut() = config.status;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if !never {
+        headers.insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(retry_after_secs(wait)),
+        );
+    }
+    add_fields(headers, config, limits, verdicts, true);
+    response
+}
+
+/// Status 429 as configured; used by tests and the docs.
+pub const DEFAULT_STATUS: StatusCode = StatusCode::TOO_MANY_REQUESTS;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{OnLimit, Scope};
+    use crate::limit::algorithm::Params;
+
+    fn limit(name: &str, algorithm: Algorithm, limit: u64, period_s: i64) -> Limit {
+        Limit {
+            name: name.into(),
+            params: Params {
+                algorithm,
+                limit,
+                period_us: period_s * 1_000_000,
+                burst: limit,
+                cost: 1,
+            },
+            key: vec![],
+            scope: Scope::Local,
+            on_limit: OnLimit::Reject,
+            shadow: false,
+        }
+    }
+
+    fn verdict(allowed: bool, limit: u64, remaining: u64, reset: i64, retry: i64) -> Verdict {
+        Verdict {
+            allowed,
+            limit,
+            remaining,
+            reset_after_us: reset,
+            retry_after_us: retry,
+        }
+    }
+
+    fn config(ietf: bool, legacy: bool) -> ResponseConfig {
+        ResponseConfig {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            ietf,
+            legacy,
+        }
+    }
+
+    #[test]
+    fn seconds_round_up_and_retry_after_is_never_zero() {
+        assert_eq!(ceil_secs(0), 0);
+        assert_eq!(ceil_secs(1), 1);
+        assert_eq!(ceil_secs(1_000_000), 1);
+        assert_eq!(ceil_secs(1_000_001), 2);
+        assert_eq!(retry_after_secs(0), 1);
+        assert_eq!(retry_after_secs(2_500_000), 3);
+    }
+
+    #[test]
+    fn policy_lists_every_limit_in_structured_field_syntax() {
+        let limits = [
+            limit("burst", Algorithm::Gcra, 100, 60),
+            limit("daily", Algorithm::FixedWindow, 1000, 86_400),
+            limit("uploads", Algorithm::Concurrency, 2, 60),
+        ];
+        assert_eq!(
+            policy_value(&limits),
+            "\"burst\";q=100;w=60, \"daily\";q=1000;w=86400, \"uploads\";q=2;qu=\"concurrent-requests\""
+        );
+    }
+
+    #[test]
+    fn allowed_reports_the_limit_nearest_exhaustion() {
+        let limits = [
+            limit("a", Algorithm::FixedWindow, 100, 60),
+            limit("b", Algorithm::FixedWindow, 10, 60),
+        ];
+        let verdicts = [
+            verdict(true, 100, 50, 30_000_000, 0),
+            verdict(true, 10, 2, 4_200_000, 0),
+        ];
+        let mut h = HeaderMap::new();
+        add_fields(&mut h, &config(true, true), &limits, &verdicts, false);
+        assert_eq!(h["ratelimit"], "\"b\";r=2;t=5");
+        assert_eq!(h["x-ratelimit-limit"], "10");
+        assert_eq!(h["x-ratelimit-remaining"], "2");
+        assert_eq!(h["x-ratelimit-reset"], "5");
+        let mut h = HeaderMap::new();
+        add_fields(&mut h, &config(false, false), &limits, &verdicts, false);
+        assert!(
+            h.is_empty(),
+            "headers: [] sends nothing on allowed responses"
+        );
+    }
+
+    #[test]
+    fn limited_response_is_a_problem_with_truthful_retry_after() {
+        let limits = [
+            limit("short", Algorithm::SlidingLog, 5, 60),
+            limit("long", Algorithm::FixedWindow, 100, 3600),
+        ];
+        let verdicts = [
+            verdict(false, 5, 0, 59_000_000, 2_100_000),
+            verdict(false, 100, 0, 3_000_000_000, 9_000_000),
+        ];
+        let response = limited_response(&config(false, false), "reply", &limits, &verdicts);
+        assert_eq!(response.status(), 429);
+        let h = response.headers();
+        assert_eq!(h["retry-after"], "9");
+        assert_eq!(h["ratelimit"], "\"long\";r=0;t=9");
+        assert_eq!(h["content-type"], "application/problem+json");
+        assert_eq!(h["cache-control"], "no-store");
+        assert!(h.get("x-ratelimit-limit").is_none());
+    }
+
+    #[test]
+    fn shadow_limits_are_not_violations() {
+        let mut shadow = limit("shadow", Algorithm::FixedWindow, 1, 60);
+        shadow.shadow = true;
+        let limits = [shadow, limit("real", Algorithm::FixedWindow, 5, 60)];
+        let verdicts = [
+            verdict(false, 1, 0, 1, 60_000_000),
+            verdict(false, 5, 0, 1, 1_000_000),
+        ];
+        assert_eq!(reported(&limits, &verdicts), Some(1));
+        let response = limited_response(&config(true, false), "r", &limits, &verdicts);
+        assert_eq!(response.headers()["retry-after"], "1");
+    }
+}

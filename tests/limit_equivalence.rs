@@ -1,0 +1,219 @@
+//! The Lua script and the memory store must agree exactly: same traffic, same decisions.
+//!
+//! Both stores are driven on one fake clock (ManualClock for memory, ScriptClock::Argv for
+//! Redis) with the same seeded pseudo-random sequence of times, costs, releases and refreshes,
+//! and every Decision is compared step by step. Lease ids are random per store, so leases are
+//! compared by key and params and mapped index by index.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::RedisServer;
+use tollgate::limit::memory::{ManualClock, MemoryStore};
+use tollgate::limit::redis_store::{RedisStore, ScriptClock};
+use tollgate::limit::{Algorithm, Check, Decision, Lease, Micros, Params};
+
+/// A realistic clock magnitude, so double precision in Lua is exercised.
+const T0: Micros = 1_763_000_000_123_457;
+
+/// splitmix64: deterministic and dependency-free.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+struct Limit {
+    key: String,
+    params: Params,
+    shadow: bool,
+}
+
+fn params(algorithm: Algorithm, limit: u64, period_us: Micros, burst: u64) -> Params {
+    Params {
+        algorithm,
+        limit,
+        period_us,
+        burst,
+        cost: 1,
+    }
+}
+
+fn strip(d: &Decision) -> (bool, Vec<tollgate::limit::Verdict>, Vec<(String, Params)>) {
+    (
+        d.allowed,
+        d.verdicts.clone(),
+        d.leases.iter().map(|l| (l.key.clone(), l.params)).collect(),
+    )
+}
+
+async fn drive(redis: &RedisStore, name: &str, limits: &[Limit], seed: u64, steps: usize) {
+    let clock = Arc::new(ManualClock::new(T0));
+    let memory = MemoryStore::with_clock(clock.clone());
+    let mut rng = Rng(seed);
+    let mut now = T0;
+    let period = limits.iter().map(|l| l.params.period_us).max().unwrap();
+    let max_cap = limits
+        .iter()
+        .map(|l| l.params.limit.max(l.params.burst))
+        .max()
+        .unwrap();
+    // (memory lease, redis lease) pairs still held
+    let mut held: Vec<(Lease, Lease)> = Vec::new();
+    let mut admitted = 0;
+    for step in 0..steps {
+        now += match rng.below(10) {
+            0..=3 => 0,
+            4..=7 => rng.below(period as u64 / 8) as i64,
+            8 => rng.below(period as u64) as i64,
+            _ => rng.below(3 * period as u64) as i64,
+        };
+        clock.set(now);
+        match rng.below(8) {
+            0 if !held.is_empty() => {
+                let (m, r) = held.remove(rng.below(held.len() as u64) as usize);
+                memory.release(std::slice::from_ref(&m));
+                redis.release(std::slice::from_ref(&r)).await.unwrap();
+            }
+            1 if !held.is_empty() => {
+                let i = rng.below(held.len() as u64) as usize;
+                let (m, r) = held[i].clone();
+                let a = memory.refresh(std::slice::from_ref(&m));
+                let b = redis
+                    .refresh_at(std::slice::from_ref(&r), now)
+                    .await
+                    .unwrap();
+                assert_eq!(a, b, "{name}: refresh differs at step {step}");
+            }
+            _ => {}
+        }
+        let cost = match rng.below(10) {
+            0 => 0,
+            1 => max_cap + 1 + rng.below(2),
+            2..=3 => 2 + rng.below(2),
+            _ => 1,
+        };
+        let checks: Vec<Check> = limits
+            .iter()
+            .map(|l| Check {
+                key: &l.key,
+                params: Params { cost, ..l.params },
+                shadow: l.shadow,
+            })
+            .collect();
+        let m = memory.decide(&checks);
+        let r = redis.decide_at(&checks, now).await.unwrap();
+        assert_eq!(
+            strip(&m),
+            strip(&r),
+            "{name}: step {step} at t0+{} cost {cost}",
+            now - T0
+        );
+        if m.allowed {
+            admitted += 1;
+        }
+        held.extend(m.leases.into_iter().zip(r.leases));
+    }
+    assert!(admitted > 0, "{name}: nothing was ever admitted");
+    assert!(admitted < steps, "{name}: nothing was ever denied");
+}
+
+#[tokio::test]
+async fn lua_script_and_memory_store_agree() {
+    let server = RedisServer::start();
+    let redis =
+        RedisStore::connect_with_clock(&server.url(), Duration::from_secs(5), ScriptClock::Argv)
+            .await
+            .unwrap();
+    let configs = [
+        (5, 1_000_000, 8),
+        (7, 999_983, 3), // awkward numbers for the integer divisions
+        (3, 60_000_000, 16),
+    ];
+    for (i, (limit, period, burst)) in configs.into_iter().enumerate() {
+        for algorithm in Algorithm::ALL {
+            let burst = match algorithm {
+                Algorithm::TokenBucket | Algorithm::Gcra => burst,
+                _ => limit,
+            };
+            let name = format!("{}#{i}", algorithm.name());
+            let limits = [Limit {
+                key: format!("eq:{name}"),
+                params: params(algorithm, limit, period, burst),
+                shadow: false,
+            }];
+            drive(&redis, &name, &limits, 42 + i as u64, 400).await;
+        }
+    }
+    let mixed = [
+        Limit {
+            key: "mix:fixed".into(),
+            params: params(Algorithm::FixedWindow, 20, 10_000_000, 20),
+            shadow: false,
+        },
+        Limit {
+            key: "mix:bucket".into(),
+            params: params(Algorithm::TokenBucket, 4, 1_000_000, 6),
+            shadow: false,
+        },
+        Limit {
+            key: "mix:log-shadow".into(),
+            params: params(Algorithm::SlidingLog, 3, 1_000_000, 3),
+            shadow: true,
+        },
+        Limit {
+            key: "mix:conc".into(),
+            params: params(Algorithm::Concurrency, 4, 2_000_000, 4),
+            shadow: false,
+        },
+        Limit {
+            key: "mix:gcra-shadow".into(),
+            params: params(Algorithm::Gcra, 5, 1_000_000, 2),
+            shadow: true,
+        },
+        Limit {
+            key: "mix:window".into(),
+            params: params(Algorithm::SlidingWindow, 8, 3_000_000, 8),
+            shadow: false,
+        },
+    ];
+    drive(&redis, "mixed", &mixed, 7, 600).await;
+}
+
+/// A key rewritten by another algorithm (a reconfigured route) is idle in both stores.
+#[tokio::test]
+async fn foreign_states_are_idle_in_both_stores() {
+    let server = RedisServer::start();
+    let redis =
+        RedisStore::connect_with_clock(&server.url(), Duration::from_secs(5), ScriptClock::Argv)
+            .await
+            .unwrap();
+    let memory = MemoryStore::with_clock(Arc::new(ManualClock::new(T0)));
+    for first in Algorithm::ALL {
+        for second in Algorithm::ALL {
+            let key = format!("swap:{}:{}", first.name(), second.name());
+            for (i, algorithm) in [first, second, second].into_iter().enumerate() {
+                let check = Check {
+                    key: &key,
+                    params: params(algorithm, 2, 1_000_000, 2),
+                    shadow: false,
+                };
+                let m = memory.decide(&[check]);
+                let r = redis.decide_at(&[check], T0).await.unwrap();
+                assert_eq!(strip(&m), strip(&r), "{key} step {i}");
+            }
+        }
+    }
+}
