@@ -54,6 +54,8 @@ fn run(args: RunArgs) -> ExitCode {
         }
     };
     runtime.block_on(async move {
+        // Handlers first: a signal that arrives once the port answers must drain, not kill.
+        let shutdown = shutdown_signal();
         let server = match Server::bind(config).await {
             Ok(server) => server,
             Err(e) => {
@@ -61,18 +63,22 @@ fn run(args: RunArgs) -> ExitCode {
                 return ExitCode::from(1);
             }
         };
-        server.run(shutdown_signal()).await;
+        server.run(shutdown).await;
         ExitCode::SUCCESS
     })
 }
 
-async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers now (must be called inside the runtime) and
+/// returns a future that resolves on the first of them.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = int.recv() => tracing::info!("SIGINT received"),
+    async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
+        }
     }
 }
 

@@ -1,0 +1,167 @@
+//! TLS listeners: a certificate made at test time, real rustls clients negotiating h2 or
+//! http/1.1 by ALPN, and a bad key refused at start-up.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use http::Version;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::{ClientConfig, RootCertStore};
+use support::*;
+use tempfile::TempDir;
+use tollgate::server::{Server, StartError};
+
+/// A self-signed certificate for `localhost`, written as PEM files.
+struct TestCert {
+    _dir: TempDir,
+    cert: PathBuf,
+    key: PathBuf,
+    der: CertificateDer<'static>,
+}
+
+fn make_cert() -> TestCert {
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let dir = TempDir::new().unwrap();
+    let cert = dir.path().join("cert.pem");
+    let key = dir.path().join("key.pem");
+    std::fs::write(&cert, certified.cert.pem()).unwrap();
+    std::fs::write(&key, certified.key_pair.serialize_pem()).unwrap();
+    TestCert {
+        _dir: dir,
+        cert,
+        key,
+        der: certified.cert.der().clone(),
+    }
+}
+
+fn tls_yaml(upstream_url: &str, cert: &Path, key: &Path) -> String {
+    format!(
+        "listen:\n  - address: 127.0.0.1:0\n    tls: {{ cert: \"{}\", key: \"{}\" }}\nupstream:\n  url: {upstream_url}\n",
+        cert.display(),
+        key.display()
+    )
+}
+
+/// A client config trusting only `cert`, offering the given ALPN protocols.
+fn client_config(cert: &TestCert, alpn: &[&[u8]]) -> ClientConfig {
+    let mut roots = RootCertStore::empty();
+    roots.add(cert.der.clone()).unwrap();
+    let mut config =
+        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    config
+}
+
+fn https_url(port: u16, path: &str) -> String {
+    format!("https://localhost:{port}{path}")
+}
+
+async fn echo(response: http::Response<hyper::body::Incoming>) -> serde_json::Value {
+    serde_json::from_str(&text(response).await).unwrap()
+}
+
+/// What the server picks when the client offers exactly `alpn`.
+async fn negotiated_alpn(cert: &TestCert, port: u16, alpn: &[&[u8]]) -> Option<Vec<u8>> {
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client_config(cert, alpn)));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let tls = connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .expect("TLS handshake");
+    tls.get_ref().1.alpn_protocol().map(|p| p.to_vec())
+}
+
+#[tokio::test]
+async fn h2_by_alpn_is_served_as_http2_and_forwarded_as_https() {
+    let cert = make_cert();
+    let up = upstream().start().await;
+    let proxy = proxy(tls_yaml(&up.url(), &cert.cert, &cert.key))
+        .start()
+        .await;
+    let port = proxy.addr.port();
+    assert_eq!(
+        negotiated_alpn(&cert, port, &[b"h2"]).await.as_deref(),
+        Some(&b"h2"[..])
+    );
+
+    // enable_http2() alone: ALPN offers only "h2".
+    let connector = HttpsConnectorBuilder::new()
+        .with_tls_config(client_config(&cert, &[]))
+        .https_only()
+        .enable_http2()
+        .build();
+    let client: Client<_, ClientBody> = Client::builder(TokioExecutor::new()).build(connector);
+    let response = client
+        .request(get(&https_url(port, "/echo?tls=1")))
+        .await
+        .expect("h2 request over TLS");
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.version(), Version::HTTP_2);
+    let echo = echo(response).await;
+    assert_eq!(echo["uri"], "/echo?tls=1");
+    assert_eq!(echo["headers"]["x-forwarded-proto"][0], "https");
+    assert_eq!(echo["headers"]["host"][0], format!("localhost:{port}"));
+}
+
+#[tokio::test]
+async fn http11_by_alpn_is_served_as_http11() {
+    let cert = make_cert();
+    let up = upstream().start().await;
+    let proxy = proxy(tls_yaml(&up.url(), &cert.cert, &cert.key))
+        .start()
+        .await;
+    let port = proxy.addr.port();
+    assert_eq!(
+        negotiated_alpn(&cert, port, &[b"http/1.1"])
+            .await
+            .as_deref(),
+        Some(&b"http/1.1"[..])
+    );
+
+    // The builder leaves ALPN empty for HTTP/1-only; build the connector from a config that
+    // offers exactly "http/1.1".
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    let connector: HttpsConnector<HttpConnector> =
+        HttpsConnector::from((http, client_config(&cert, &[b"http/1.1"])));
+    let client: Client<_, ClientBody> = Client::builder(TokioExecutor::new()).build(connector);
+    let response = client
+        .request(get(&https_url(port, "/echo")))
+        .await
+        .expect("HTTP/1.1 request over TLS");
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.version(), Version::HTTP_11);
+    let echo = echo(response).await;
+    assert_eq!(echo["headers"]["x-forwarded-proto"][0], "https");
+}
+
+#[tokio::test]
+async fn a_bad_key_file_is_a_tls_start_error() {
+    let cert = make_cert();
+    std::fs::write(&cert.key, "this is not a PEM private key\n").unwrap();
+    let yaml = tls_yaml("http://127.0.0.1:9", &cert.cert, &cert.key);
+    let config = tollgate::config::parse(Path::new("tls.yaml"), &yaml, |_| None).unwrap();
+    match Server::bind(Arc::new(config)).await {
+        Err(StartError::Tls { address, message }) => {
+            assert_eq!(address.ip().to_string(), "127.0.0.1");
+            assert!(
+                message.contains(&cert.key.display().to_string()),
+                "names the key file: {message}"
+            );
+        }
+        Err(other) => panic!("expected StartError::Tls, got {other}"),
+        Ok(_) => panic!("a bad key must not start"),
+    }
+}
