@@ -1,8 +1,9 @@
 //! `${VAR}` and `${VAR:-default}` substitution, done on the file's text before YAML parsing so
 //! that secrets and per-environment addresses never have to be written into the file itself.
 //!
-//! `$$` is a literal `$`. Substitution keeps line numbers intact (unless a value itself holds a
-//! newline), so parse errors still point at the right line.
+//! `$$` is a literal `$`. YAML comments are left alone, so a comment may mention `${NAME}`
+//! without that variable having to exist. Substitution keeps line numbers intact (unless a
+//! value itself holds a newline), so parse errors still point at the right line.
 
 /// A `${VAR}` that is unset and has no default, or a `${` that is never closed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -12,10 +13,44 @@ pub struct SubstitutionError {
     pub message: String,
 }
 
-/// Replaces every `${NAME}` / `${NAME:-default}` using `lookup`.
+/// Replaces every `${NAME}` / `${NAME:-default}` outside comments using `lookup`.
 pub fn substitute(
     text: &str,
     lookup: impl Fn(&str) -> Option<String>,
+) -> Result<String, SubstitutionError> {
+    let mut out = String::with_capacity(text.len());
+    for (index, line) in text.split_inclusive('\n').enumerate() {
+        let (content, comment) = line.split_at(comment_start(line));
+        let replaced = substitute_line(content, &lookup).map_err(|mut e| {
+            e.line += index;
+            e
+        })?;
+        out.push_str(&replaced);
+        out.push_str(comment);
+    }
+    Ok(out)
+}
+
+/// Where a YAML comment starts on `line`: a `#` at the start or after whitespace, outside
+/// quotes (a `#` inside a value such as `a#b` or `"x # y"` is not a comment).
+fn comment_start(line: &str) -> usize {
+    let (mut single, mut double) = (false, false);
+    let mut previous = ' ';
+    for (i, c) in line.char_indices() {
+        match c {
+            '\'' if !double => single = !single,
+            '"' if !single && previous != '\\' => double = !double,
+            '#' if !single && !double && previous.is_whitespace() => return i,
+            _ => {}
+        }
+        previous = c;
+    }
+    line.len()
+}
+
+fn substitute_line(
+    text: &str,
+    lookup: &impl Fn(&str) -> Option<String>,
 ) -> Result<String, SubstitutionError> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
@@ -123,6 +158,15 @@ mod tests {
         let err = substitute("a: 1\nb: x${NOPE}", env).unwrap_err();
         assert_eq!((err.line, err.col), (2, 5));
         assert!(err.message.contains("`NOPE` is not set"), "{}", err.message);
+    }
+
+    #[test]
+    fn comments_are_not_substituted_but_hashes_in_values_are_not_comments() {
+        let text = "# uses ${UNSET} in prose\na: ${HOST} # and ${UNSET:-x} here\nb: \"x # ${HOST}\"\nc: a#${HOST}\n";
+        assert_eq!(
+            substitute(text, env).unwrap(),
+            "# uses ${UNSET} in prose\na: redis.internal # and ${UNSET:-x} here\nb: \"x # redis.internal\"\nc: a#redis.internal\n"
+        );
     }
 
     #[test]

@@ -174,7 +174,7 @@ pub fn parse(
         message,
     };
     let text =
-        substitute(text, env).map_err(|e| ConfigErrors(vec![at(e.line, e.col, e.message)]))?;
+        substitute(text, &env).map_err(|e| ConfigErrors(vec![at(e.line, e.col, e.message)]))?;
     let raw: RawConfig = serde_yaml::from_str(&text).map_err(|e| {
         let (line, col) = e
             .location()
@@ -186,6 +186,7 @@ pub fn parse(
         file: file.to_path_buf(),
         spans: SpanIndex::build(&text),
         errors: Vec::new(),
+        env: &env,
     };
     let config = v.config(raw);
     if v.errors.is_empty() {
@@ -239,13 +240,15 @@ fn strip_position(text: &str) -> String {
 }
 
 /// Collects every problem instead of stopping at the first, so one `check` shows them all.
-pub(crate) struct Validator {
+pub(crate) struct Validator<'e> {
     file: PathBuf,
     spans: SpanIndex,
     errors: Vec<ConfigError>,
+    /// The environment, for secrets named in the file (`secret_env`).
+    env: &'e dyn Fn(&str) -> Option<String>,
 }
 
-impl Validator {
+impl Validator<'_> {
     pub(crate) fn error(&mut self, path: &str, message: impl Into<String>) {
         let pos = self.spans.find(path);
         self.errors.push(ConfigError {

@@ -123,7 +123,7 @@ fn is_plain_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
 }
 
-impl Validator {
+impl Validator<'_> {
     pub(crate) fn throttle(&mut self, raw: &mut raw::RawConfig) -> Throttle {
         let (store, key_prefix, on_error) = self.store(raw.store.as_ref());
         let trusted_proxies = self.trusted_proxies(raw.client_ip.as_ref());
@@ -299,7 +299,7 @@ impl Validator {
             (Some(var), None) => {
                 let algorithm =
                     self.jwt_algorithm(path, raw.algorithm.as_deref(), "HS256", true)?;
-                let Ok(secret) = std::env::var(var) else {
+                let Some(secret) = (self.env)(var) else {
                     self.error(
                         &format!("{path}.secret_env"),
                         format!("environment variable `{var}` (the HMAC secret) is not set"),
@@ -449,9 +449,14 @@ impl Validator {
                 .collect::<Vec<_>>()
         });
         let host = m.host.as_ref().map(|h| h.trim().to_ascii_lowercase());
+        let client_ip = identities.iter().find(|i| i.name == "client_ip").cloned()?;
+        // An unknown key is reported; validation goes on with the client IP so the limits'
+        // own mistakes are reported in the same run.
         let route_key = match &raw.key {
-            Some(key) => self.key(&format!("{path}.key"), key, identities)?,
-            None => vec![identities.iter().find(|i| i.name == "client_ip").cloned()?],
+            Some(key) => self
+                .key(&format!("{path}.key"), key, identities)
+                .unwrap_or_else(|| vec![client_ip.clone()]),
+            None => vec![client_ip],
         };
         if raw.limits.is_empty() {
             self.error(&format!("{path}.limits"), "a route needs at least one limit (routes with no limits are simply not listed: unmatched requests are forwarded unlimited)");
@@ -565,14 +570,14 @@ impl Validator {
         let cost = raw.cost.unwrap_or(1);
         if cost == 0 {
             self.error(&format!("{path}.cost"), "must be at least 1");
-        } else if cost > burst {
+        } else if cost > burst && burst > 0 {
             let what = if bursty { "burst" } else { "limit" };
             self.error(
                 &format!("{path}.cost"),
                 format!("cost {cost} is above the {what} {burst}: no request could ever pass"),
             );
         }
-        if bursty && burst == 0 {
+        if bursty && raw.burst == Some(0) {
             self.error(&format!("{path}.burst"), "must be at least 1");
         }
         let params = Params {
@@ -704,4 +709,170 @@ impl Validator {
 
 fn same_key(a: &[Arc<Identity>], b: &[Arc<Identity>]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, y))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::{parse, Config};
+
+    const BASE: &str = "listen: 127.0.0.1:8080\nupstream: { url: http://127.0.0.1:3000 }\n";
+
+    fn ok(extra: &str) -> Config {
+        parse(Path::new("t.yaml"), &format!("{BASE}{extra}"), |name| {
+            (name == "SECRET").then(|| "s".to_string())
+        })
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn errors(extra: &str) -> String {
+        parse(Path::new("t.yaml"), &format!("{BASE}{extra}"), |_| None)
+            .expect_err("should be refused")
+            .to_string()
+    }
+
+    #[test]
+    fn a_full_throttle_section_validates_into_runtime_types() {
+        let c = ok("store:\n  redis: { url: \"redis://u:p@127.0.0.1:6379/2\", key_prefix: \"app:\", timeout: 20ms }\n  on_error: local\n\
+client_ip: { trusted_proxies: [10.0.0.0/8, 192.168.1.1] }\n\
+identities:\n  user:\n    - header: X-User-Id\n    - jwt: { claim: sub, secret_env: SECRET }\n    - bearer: {}\n    - cookie: s\n    - query: t\n    - path_segment: 2\n    - client_ip\n\
+routes:\n  - name: reply\n    match: { path_prefix: /api/, methods: [post, PUT], host: api.example.com }\n    key: user\n    limits:\n      - { algorithm: sliding_log, limit: 5, period: 60s }\n      - { algorithm: gcra, limit: 30, period: 60s, burst: 15, name: reply-rate, shadow: true }\n      - { algorithm: fixed_window, limit: 1000, period: 1d, key: global, scope: local }\n      - { algorithm: token_bucket, limit: 10, period: 1s, on_limit: delay, max_delay: 500ms, cost: 2 }\n      - { algorithm: concurrency, limit: 4, lease_ttl: 30s }\n\
+response: { status: 503, headers: [legacy] }\n");
+        let t = &c.throttle;
+        assert_eq!(
+            t.store,
+            StoreConfig::Redis {
+                url: "redis://u:p@127.0.0.1:6379/2".into(),
+                timeout: Duration::from_millis(20)
+            }
+        );
+        assert_eq!(t.key_prefix, "app:");
+        assert_eq!(t.on_error, OnError::Local);
+        assert!(t.trusted_proxies.contains("10.2.3.4".parse().unwrap()));
+        assert!(t.trusted_proxies.contains("192.168.1.1".parse().unwrap()));
+        let route = &t.routes[0];
+        assert_eq!(
+            route.methods.as_deref(),
+            Some(&[Method::POST, Method::PUT][..])
+        );
+        assert_eq!(route.host.as_deref(), Some("api.example.com"));
+        assert!(!route.shared_key, "one limit is keyed by `global`");
+        let names: Vec<&str> = route.limits.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "reply-sliding_log",
+                "reply-rate",
+                "reply-fixed_window",
+                "reply-token_bucket",
+                "reply-concurrency"
+            ]
+        );
+        assert_eq!(route.limits[1].params.burst, 15);
+        assert!(route.limits[1].shadow);
+        assert_eq!(route.limits[2].scope, Scope::Local);
+        assert_eq!(route.limits[0].scope, Scope::Global);
+        assert_eq!(
+            route.limits[3].on_limit,
+            OnLimit::Delay {
+                max_delay: Duration::from_millis(500)
+            }
+        );
+        assert_eq!(route.limits[3].params.burst, 10, "burst defaults to limit");
+        assert_eq!(
+            route.limits[4].params.period_us, 30_000_000,
+            "lease_ttl is the concurrency period"
+        );
+        assert_eq!(t.response.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(!t.response.ietf && t.response.legacy);
+        let user = &route.limits[0].key[0];
+        assert_eq!(user.sources.len(), 7);
+    }
+
+    #[test]
+    fn without_a_store_limits_are_local_and_the_single_limit_takes_the_route_name() {
+        let c = ok("routes:\n  - name: login\n    match: { path_prefix: /login }\n    limits:\n      - { algorithm: fixed_window, limit: 5, period: 1m }\n");
+        let t = &c.throttle;
+        assert_eq!(t.store, StoreConfig::Memory);
+        assert_eq!(t.routes[0].limits[0].name, "login");
+        assert_eq!(t.routes[0].limits[0].scope, Scope::Local);
+        assert_eq!(
+            t.routes[0].limits[0].key[0].name, "client_ip",
+            "routes are keyed by client IP by default"
+        );
+        assert!(t.response.ietf);
+    }
+
+    #[test]
+    fn what_cannot_work_is_refused_at_its_position() {
+        let all = errors(
+            "identities:\n  user:\n    - header: X-User\n\
+routes:\n  - name: a\n    key: usr\n    limits:\n      - { algorithm: gcra, limit: 0, period: 1s }\n  - name: a\n    limits:\n      - { algorithm: token_bucket, limit: 5, period: 1s, burst: 2, cost: 3 }\n      - { algorithm: leaky, limit: 5, period: 1s }\n      - { algorithm: fixed_window, limit: 5 }\n      - { algorithm: concurrency, limit: 2, on_limit: delay, max_delay: 1s }\n      - { algorithm: fixed_window, limit: 5, period: 1s, scope: global }\n",
+        );
+        for expected in [
+            "t.yaml:8:10: routes[0].key: unknown identity `usr`: defined are client_ip, global, user",
+            "t.yaml:10:35: routes[0].limits[0].limit: must be at least 1",
+            "t.yaml:11:11: routes[1].name: route name `a` is used twice",
+            "t.yaml:13:74: routes[1].limits[0].cost: cost 3 is above the burst 2",
+            "t.yaml:14:22: routes[1].limits[1].algorithm: `leaky` is not an algorithm: use one of fixed_window",
+            "t.yaml:15:9: routes[1].limits[2]: missing `period`",
+            "t.yaml:16:55: routes[1].limits[3].on_limit: concurrency limits cannot delay",
+            "t.yaml:17:65: routes[1].limits[4].scope: `global` needs a `store.redis` section",
+        ] {
+            assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+        }
+        assert_eq!(
+            all.lines().count(),
+            8,
+            "one error per mistake, no knock-on noise:\n{all}"
+        );
+    }
+
+    #[test]
+    fn store_identity_and_response_mistakes_are_explained() {
+        let all = errors(
+            "store:\n  redis: { url: \"http://x\", key_prefix: \"a{b}\" }\n  on_error: ignore\nclient_ip: { trusted_proxies: [10.0.0.0/33] }\n",
+        );
+        for expected in [
+            "store.redis.url: `http://x` must start with redis:// or rediss://",
+            "store.redis.key_prefix: must not contain `{`",
+            "store.on_error: `ignore` is not allowed",
+            "client_ip.trusted_proxies[0]: `10.0.0.0/33` is not a CIDR",
+        ] {
+            assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+        }
+        let all = errors("identities:\n  tok:\n    - magic: x\n");
+        assert!(
+            all.starts_with(
+                "t.yaml:5:7: identities.tok[0]: unknown variant `magic`, expected one of `header`"
+            ),
+            "{all}"
+        );
+
+        let all = errors(
+            "client_ip: { trusted_proxies: [10.0.0.0/33] }\nidentities:\n  global:\n    - header: x\n  tok:\n    - jwt: { claim: sub }\n    - path_segment: 0\nresponse: { status: 200, headers: [fancy] }\n",
+        );
+        for expected in [
+            "t.yaml:3:32: client_ip.trusted_proxies[0]: `10.0.0.0/33` is not a CIDR",
+            "t.yaml:6:5: identities.global",
+            "identities.global: `global` is built in",
+            "identities.tok[0].jwt: give exactly one of `secret_env`",
+            "identities.tok[1].path_segment: segments count from 1",
+            "response.status: 200 is not an error status",
+            "response.headers[0]: `fancy` is not allowed",
+        ] {
+            assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+        }
+    }
+
+    #[test]
+    fn jwt_secret_env_must_be_set() {
+        let all = errors("identities:\n  u:\n    - jwt: { secret_env: NOT_SET_ANYWHERE_42 }\n");
+        assert!(
+            all.contains("environment variable `NOT_SET_ANYWHERE_42` (the HMAC secret) is not set"),
+            "{all}"
+        );
+    }
 }
