@@ -3,8 +3,13 @@
 //! unlimited.
 //!
 //! Path prefixes are plain string prefixes of the request path (as nginx and Traefik do): write
-//! `/api/` rather than `/api` unless `/apikeys` should match too.
+//! `/api/` rather than `/api` unless `/apikeys` should match too. The path is normalised for
+//! matching (and only for matching: the upstream gets it as sent): percent-encoded unreserved
+//! characters decoded, repeated slashes collapsed, `.` and `..` segments resolved — otherwise
+//! `//login` or `/%6Cogin` would slip past a `/login` limit while the app serves them as
+//! `/login`.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use http::header;
@@ -14,15 +19,85 @@ use crate::config::Route;
 
 /// Finds the first route matching `request`.
 pub fn find<'a>(routes: &'a [Arc<Route>], request: &Parts) -> Option<&'a Arc<Route>> {
-    let host = request_host(request);
-    routes
-        .iter()
-        .find(|route| matches(route, request, host.as_deref()))
+    position(routes, request).map(|i| &routes[i])
 }
 
-fn matches(route: &Route, request: &Parts, host: Option<&str>) -> bool {
+/// The index of the first route matching `request`.
+pub fn position(routes: &[Arc<Route>], request: &Parts) -> Option<usize> {
+    // Only a route with a host pattern needs the host: skip the allocation otherwise.
+    let host = if routes.iter().any(|r| r.host.is_some()) {
+        request_host(request)
+    } else {
+        None
+    };
+    let path = normalize_path(request.uri.path());
+    routes
+        .iter()
+        .position(|route| matches(route, &path, request, host.as_deref()))
+}
+
+/// The path as an app would route it (see the module docs). Borrowed when already normal.
+pub fn normalize_path(path: &str) -> Cow<'_, str> {
+    let needs_work = path.contains("//")
+        || path.contains('%')
+        || path
+            .split('/')
+            .any(|segment| segment == "." || segment == "..");
+    if !needs_work {
+        return Cow::Borrowed(path);
+    }
+    let decoded = decode_unreserved(path);
+    let mut segments: Vec<&str> = Vec::new();
+    for segment in decoded.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            other => segments.push(other),
+        }
+    }
+    let mut out = String::with_capacity(decoded.len());
+    for segment in &segments {
+        out.push('/');
+        out.push_str(segment);
+    }
+    if out.is_empty()
+        || decoded.ends_with('/')
+        || decoded.ends_with("/.")
+        || decoded.ends_with("/..")
+    {
+        out.push('/');
+    }
+    Cow::Owned(out)
+}
+
+/// Decodes `%XX` where XX is an unreserved character (RFC 3986 §2.3); every other escape, such
+/// as `%2F`, stays as it is because decoding it would change the path's structure.
+fn decode_unreserved(path: &str) -> String {
+    let bytes = path.as_bytes();
+    let mut out = String::with_capacity(path.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+            if let Some(value) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                if value.is_ascii_alphanumeric() || matches!(value, b'-' | b'.' | b'_' | b'~') {
+                    out.push(value as char);
+                    i += 3;
+                    continue;
+                }
+            }
+        }
+        out.push(bytes[i] as char);
+        i += 1;
+    }
+    out
+}
+
+fn matches(route: &Route, path: &str, request: &Parts, host: Option<&str>) -> bool {
     if let Some(prefix) = &route.path_prefix {
-        if !request.uri.path().starts_with(prefix.as_str()) {
+        if !path.starts_with(prefix.as_str()) {
             return false;
         }
     }
@@ -85,6 +160,8 @@ mod tests {
             host: host.map(Into::into),
             limits: vec![],
             shared_key: true,
+            allow: Default::default(),
+            overrides: vec![],
         })
     }
 
@@ -127,6 +204,33 @@ mod tests {
         );
         assert_eq!(found(&routes, &parts(Method::GET, "/apix", None)), None);
         assert_eq!(found(&routes, &parts(Method::GET, "/", None)), None);
+    }
+
+    #[test]
+    fn paths_are_normalised_for_matching_so_limits_cannot_be_dodged() {
+        assert_eq!(normalize_path("/login"), "/login");
+        assert!(matches!(normalize_path("/api/x"), Cow::Borrowed(_)));
+        assert_eq!(normalize_path("//login"), "/login");
+        assert_eq!(normalize_path("/%6Cogin"), "/login");
+        assert_eq!(normalize_path("/%6cogin/"), "/login/");
+        assert_eq!(normalize_path("/api/../login"), "/login");
+        assert_eq!(normalize_path("/./login"), "/login");
+        assert_eq!(normalize_path("/a/b/.."), "/a/");
+        assert_eq!(normalize_path("/../../"), "/");
+        assert_eq!(
+            normalize_path("/a%2Fb"),
+            "/a%2Fb",
+            "an encoded slash stays encoded"
+        );
+        assert_eq!(normalize_path("/bad%zz%"), "/bad%zz%");
+        let routes = vec![route("login", Some("/login"), None, None)];
+        for dodge in ["//login", "/%6Cogin", "/x/../login", "/./login"] {
+            assert_eq!(
+                found(&routes, &parts(Method::GET, dodge, None)).as_deref(),
+                Some("login"),
+                "{dodge}"
+            );
+        }
     }
 
     #[test]

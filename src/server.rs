@@ -145,6 +145,15 @@ impl Server {
             }
         }
         let admin_stop = tokio_util::sync::CancellationToken::new();
+        // Hot reload, when the configuration came from a file that exists (not in tests that
+        // build the configuration from text).
+        let reloader = config.file.is_file().then(|| {
+            tokio::spawn(crate::reload::watch(
+                proxy.clone(),
+                config.file.clone(),
+                admin_stop.clone(),
+            ))
+        });
         let admin_task = admin.map(|listener| {
             if let Ok(addr) = listener.local_addr() {
                 tracing::info!(address = %addr, "admin listening");
@@ -192,6 +201,9 @@ impl Server {
         }
         admin_stop.cancel();
         if let Some(task) = admin_task {
+            let _ = task.await;
+        }
+        if let Some(task) = reloader {
             let _ = task.await;
         }
     }
@@ -279,7 +291,8 @@ async fn accept_loop(
     }
 }
 
-/// `/healthz`: the process is alive. `/readyz`: it should receive traffic (not draining).
+/// `/healthz`: the process is alive. `/readyz`: it should receive traffic (not draining, the
+/// store answers or does not matter). `/metrics`: Prometheus text format.
 async fn serve_admin(
     listener: TcpListener,
     health: Arc<Health>,
@@ -305,6 +318,14 @@ async fn serve_admin(
 }
 
 fn admin_response(request: &Request<Incoming>, health: &Health) -> Response<ProxyBody> {
+    if request.uri().path() == "/metrics" {
+        let mut response = Response::new(full(health.proxy.metrics().render()));
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        );
+        return response;
+    }
     let (status, text) = match request.uri().path() {
         "/healthz" => (StatusCode::OK, "ok\n"),
         "/readyz" => match health.readiness() {

@@ -19,9 +19,10 @@ use http::uri::{Authority, Scheme};
 
 pub use env::substitute;
 use raw::{RawConfig, RawListen, RawListener, RawSize};
+
 use spans::SpanIndex;
 pub use throttle::{
-    Limit, OnError, OnLimit, ResponseConfig, Route, Scope, StoreConfig, Throttle,
+    Allow, Limit, OnError, OnLimit, Override, ResponseConfig, Route, Scope, StoreConfig, Throttle,
     DEFAULT_KEY_PREFIX,
 };
 
@@ -38,6 +39,8 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     pub max_connections: usize,
     pub http2_max_concurrent_streams: u32,
+    /// One log line per request (target `tollgate::access`).
+    pub access_log: bool,
     pub throttle: Throttle,
 }
 
@@ -53,7 +56,7 @@ pub struct TlsFiles {
     pub key: PathBuf,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upstream {
     pub scheme: Scheme,
     pub authority: Authority,
@@ -86,7 +89,10 @@ impl Config {
             let _ = writeln!(out, "listen    {scheme}://{}", l.address);
         }
         if let Some(admin) = self.admin {
-            let _ = writeln!(out, "admin     http://{admin} (/healthz, /readyz)");
+            let _ = writeln!(
+                out,
+                "admin     http://{admin} (/healthz, /readyz, /metrics)"
+            );
         }
         let _ = writeln!(
             out,
@@ -96,6 +102,75 @@ impl Config {
             if self.upstream.http2 { "2" } else { "1.1" },
             humantime::format_duration(self.upstream.timeout)
         );
+        let store = match &self.throttle.store {
+            StoreConfig::Memory => "memory (this process only)".to_string(),
+            StoreConfig::Redis { .. } => {
+                format!("redis, on_error {:?}", self.throttle.on_error).to_lowercase()
+            }
+        };
+        let _ = writeln!(out, "store     {store}");
+        if self.throttle.routes.is_empty() {
+            let _ = writeln!(out, "routes    none: every request is forwarded unlimited");
+        }
+        for route in &self.throttle.routes {
+            let mut matcher = route.path_prefix.clone().unwrap_or_else(|| "/".into());
+            if let Some(methods) = &route.methods {
+                let methods: Vec<&str> = methods.iter().map(|m| m.as_str()).collect();
+                matcher = format!("{} {matcher}", methods.join(","));
+            }
+            if let Some(host) = &route.host {
+                matcher = format!("{matcher} host {host}");
+            }
+            let key: Vec<&str> = route
+                .limits
+                .first()
+                .map(|l| l.key.iter().map(|i| i.name.as_str()).collect())
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "route     {} ({matcher}) by {}",
+                route.name,
+                key.join("+")
+            );
+            for limit in &route.limits {
+                let p = &limit.params;
+                let what = match p.algorithm {
+                    crate::limit::algorithm::Algorithm::Concurrency => {
+                        format!("{} in flight", p.limit)
+                    }
+                    _ => format!(
+                        "{} per {}",
+                        p.limit,
+                        humantime::format_duration(Duration::from_micros(p.period_us as u64))
+                    ),
+                };
+                let mut notes = String::new();
+                if limit.shadow {
+                    notes.push_str(", shadow");
+                }
+                if let OnLimit::Delay { max_delay } = limit.on_limit {
+                    notes.push_str(&format!(
+                        ", delay up to {}",
+                        humantime::format_duration(max_delay)
+                    ));
+                }
+                let _ = writeln!(
+                    out,
+                    "  limit   {} {} {what}{notes}",
+                    limit.name,
+                    p.algorithm.name()
+                );
+            }
+            for tier in &route.overrides {
+                let _ = writeln!(
+                    out,
+                    "  tier    {} for {} values of {}",
+                    tier.name,
+                    tier.values.len(),
+                    tier.identity.name
+                );
+            }
+        }
         out
     }
 }
@@ -265,9 +340,29 @@ impl Validator<'_> {
         value: Option<&str>,
         default: Duration,
     ) -> Duration {
+        self.duration_from(path, value, default, false)
+    }
+
+    /// Like [`Self::duration`], with zero allowed (a leeway, a slack).
+    pub(crate) fn duration_or_zero(
+        &mut self,
+        path: &str,
+        value: Option<&str>,
+        default: Duration,
+    ) -> Duration {
+        self.duration_from(path, value, default, true)
+    }
+
+    fn duration_from(
+        &mut self,
+        path: &str,
+        value: Option<&str>,
+        default: Duration,
+        zero_ok: bool,
+    ) -> Duration {
         let Some(text) = value else { return default };
         match humantime::parse_duration(text.trim()) {
-            Ok(d) if !d.is_zero() => d,
+            Ok(d) if zero_ok || !d.is_zero() => d,
             Ok(_) => {
                 self.error(path, "must be greater than zero");
                 default
@@ -374,6 +469,7 @@ impl Validator<'_> {
             shutdown_timeout,
             max_connections,
             http2_max_concurrent_streams,
+            access_log: raw.access_log.unwrap_or(true),
             throttle,
         })
     }

@@ -15,6 +15,7 @@ pub struct RawConfig {
     pub shutdown_timeout: Option<String>,
     pub max_connections: Option<u64>,
     pub http2_max_concurrent_streams: Option<u32>,
+    pub access_log: Option<bool>,
     pub store: Option<RawStore>,
     pub client_ip: Option<RawClientIp>,
     #[serde(default)]
@@ -22,6 +23,7 @@ pub struct RawConfig {
     #[serde(default)]
     pub routes: Vec<RawRoute>,
     pub response: Option<RawResponse>,
+    pub allow: Option<RawAllow>,
 }
 
 /// `listen: "addr"`, `listen: ["addr", ...]` or a list of `{address, tls}`.
@@ -191,6 +193,29 @@ pub struct RawRoute {
     pub matcher: RawMatch,
     pub key: Option<RawKey>,
     #[serde(default)]
+    pub limits: Vec<RawLimit>,
+    pub allow: Option<RawAllow>,
+    #[serde(default)]
+    pub overrides: Vec<RawOverride>,
+}
+
+/// Callers that are never limited: by client address, or by identity value.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAllow {
+    #[serde(default)]
+    pub client_ips: Vec<String>,
+    #[serde(default)]
+    pub identities: indexmap_free::OrderedMap<Vec<String>>,
+}
+
+/// Named identity values that get their own limits on a route (a tier).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOverride {
+    pub name: Option<String>,
+    pub identity: Option<String>,
+    pub values: Vec<String>,
     pub limits: Vec<RawLimit>,
 }
 

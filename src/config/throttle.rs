@@ -26,6 +26,32 @@ pub struct Throttle {
     pub trusted_proxies: TrustedProxies,
     pub routes: Vec<Arc<Route>>,
     pub response: ResponseConfig,
+    /// Callers never limited on any route.
+    pub allow: Allow,
+}
+
+/// Callers that are never limited.
+#[derive(Debug, Clone, Default)]
+pub struct Allow {
+    pub client_ips: Vec<ipnet::IpNet>,
+    /// Identity values, compared after that identity identified the caller.
+    pub identities: Vec<(Arc<Identity>, Vec<String>)>,
+}
+
+impl Allow {
+    pub fn is_empty(&self) -> bool {
+        self.client_ips.is_empty() && self.identities.is_empty()
+    }
+}
+
+/// A tier: callers whose `identity` value is one of `values` get `route` (same match, its own
+/// limits) instead of the default limits.
+#[derive(Debug, Clone)]
+pub struct Override {
+    pub name: String,
+    pub identity: Arc<Identity>,
+    pub values: Vec<String>,
+    pub route: Arc<Route>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +86,10 @@ pub struct Route {
     /// True when every limit uses the same key, so the store key's hash tag can include the
     /// identity (spreading a route over a cluster) instead of the route name alone.
     pub shared_key: bool,
+    /// Callers never limited on this route.
+    pub allow: Allow,
+    /// Tiers, tried in order before the default limits.
+    pub overrides: Vec<Override>,
 }
 
 #[derive(Debug, Clone)]
@@ -143,6 +173,7 @@ impl Validator<'_> {
                 routes.push(Arc::new(route));
             }
         }
+        let allow = self.allow("allow", raw.allow.as_ref(), &identities);
         Throttle {
             store,
             key_prefix,
@@ -150,6 +181,7 @@ impl Validator<'_> {
             trusted_proxies,
             routes,
             response: self.response(raw.response.as_ref()),
+            allow,
         }
     }
 
@@ -204,15 +236,12 @@ impl Validator<'_> {
         let mut nets = Vec::new();
         for (i, text) in raw.trusted_proxies.iter().enumerate() {
             let text = text.trim();
-            match text.parse::<ipnet::IpNet>() {
-                Ok(net) => nets.push(net),
-                Err(_) => match text.parse::<std::net::IpAddr>() {
-                    Ok(ip) => nets.push(ipnet::IpNet::from(ip)),
-                    Err(_) => self.error(
-                        &format!("client_ip.trusted_proxies[{i}]"),
-                        format!("`{text}` is not a CIDR or IP address: write e.g. 10.0.0.0/8, 192.168.1.10 or fd00::/8"),
-                    ),
-                },
+            match parse_net(text) {
+                Some(net) => nets.push(net),
+                None => self.error(
+                    &format!("client_ip.trusted_proxies[{i}]"),
+                    format!("`{text}` is not a CIDR or IP address: write e.g. 10.0.0.0/8, 192.168.1.10 or fd00::/8"),
+                ),
             }
         }
         TrustedProxies::new(nets)
@@ -290,11 +319,17 @@ impl Validator<'_> {
 
     fn jwt(&mut self, path: &str, raw: raw::RawJwt) -> Option<JwtVerifier> {
         let claim = raw.claim.unwrap_or_else(|| "sub".into());
-        let leeway = self.duration(
+        let leeway = self.duration_or_zero(
             &format!("{path}.leeway"),
             raw.leeway.as_deref(),
             Duration::ZERO,
         );
+        if leeway.subsec_nanos() != 0 {
+            self.error(
+                &format!("{path}.leeway"),
+                "JWT times are whole seconds: write the leeway in seconds, e.g. 30s",
+            );
+        }
         let verifier = match (&raw.secret_env, &raw.public_key_file) {
             (Some(var), None) => {
                 let algorithm =
@@ -461,35 +496,179 @@ impl Validator<'_> {
         if raw.limits.is_empty() {
             self.error(&format!("{path}.limits"), "a route needs at least one limit (routes with no limits are simply not listed: unmatched requests are forwarded unlimited)");
         }
-        let mut limits = Vec::new();
-        let mut policy_names = HashSet::new();
-        for (i, limit) in raw.limits.iter().enumerate() {
-            let limit_path = format!("{path}.limits[{i}]");
-            let Some(limit) = self.limit(
-                &limit_path,
-                limit,
-                raw,
-                i,
-                &route_key,
-                identities,
-                default_scope,
-            ) else {
-                continue;
-            };
-            if !policy_names.insert(limit.name.clone()) {
-                self.error(&format!("{limit_path}.name"), format!("policy name `{}` is used twice in this route: give each limit its own `name`", limit.name));
-            }
-            limits.push(limit);
-        }
+        let limits = self.limits(
+            path,
+            &raw.name,
+            &raw.limits,
+            &route_key,
+            identities,
+            default_scope,
+        );
         let shared_key = limits.iter().all(|l| same_key(&l.key, &route_key));
-        Some(Route {
+        let allow = self.allow(&format!("{path}.allow"), raw.allow.as_ref(), identities);
+        let mut route = Route {
             name: raw.name.clone(),
             path_prefix: m.path_prefix.clone(),
             methods,
             host,
             limits,
             shared_key,
-        })
+            allow,
+            overrides: Vec::new(),
+        };
+        let mut tier_names = HashSet::new();
+        for (i, raw_override) in raw.overrides.iter().enumerate() {
+            let opath = format!("{path}.overrides[{i}]");
+            let tier = raw_override
+                .name
+                .clone()
+                .unwrap_or_else(|| format!("{}-tier{}", raw.name, i + 1));
+            if !is_plain_name(&tier) {
+                self.error(
+                    &format!("{opath}.name"),
+                    format!("`{tier}` may use only letters, digits, `_`, `-` and `.` (at most 64)"),
+                );
+            }
+            if !tier_names.insert(tier.clone()) {
+                self.error(
+                    &format!("{opath}.name"),
+                    format!("tier name `{tier}` is used twice in this route"),
+                );
+            }
+            let identity = match &raw_override.identity {
+                Some(name) => match identities.iter().find(|id| id.name == *name) {
+                    Some(identity) => identity.clone(),
+                    None => {
+                        let known: Vec<&str> = identities.iter().map(|i| i.name.as_str()).collect();
+                        self.error(
+                            &format!("{opath}.identity"),
+                            format!(
+                                "unknown identity `{name}`: defined are {}",
+                                known.join(", ")
+                            ),
+                        );
+                        continue;
+                    }
+                },
+                None if route_key.len() == 1 => route_key[0].clone(),
+                None => {
+                    self.error(&opath, "the route's key is compound: say which identity the values belong to with `identity: NAME`");
+                    continue;
+                }
+            };
+            if raw_override.values.is_empty() {
+                self.error(
+                    &format!("{opath}.values"),
+                    "list the identity values this tier applies to",
+                );
+            }
+            if raw_override.limits.is_empty() {
+                self.error(
+                    &format!("{opath}.limits"),
+                    "a tier needs its own limits (to exempt callers entirely, use `allow`)",
+                );
+            }
+            let limits = self.limits(
+                &opath,
+                &tier,
+                &raw_override.limits,
+                &route_key,
+                identities,
+                default_scope,
+            );
+            let shared_key = limits.iter().all(|l| same_key(&l.key, &route_key));
+            route.overrides.push(Override {
+                name: tier.clone(),
+                identity,
+                values: raw_override.values.clone(),
+                route: Arc::new(Route {
+                    // `~` cannot appear in a route name: tier keys never meet another route's.
+                    name: format!("{}~{tier}", raw.name),
+                    path_prefix: route.path_prefix.clone(),
+                    methods: route.methods.clone(),
+                    host: route.host.clone(),
+                    limits,
+                    shared_key,
+                    allow: Allow::default(),
+                    overrides: Vec::new(),
+                }),
+            });
+        }
+        Some(route)
+    }
+
+    /// Validates a list of limits (a route's, or a tier's) with unique policy names.
+    fn limits(
+        &mut self,
+        path: &str,
+        route_name: &str,
+        raw: &[RawLimit],
+        route_key: &[Arc<Identity>],
+        identities: &[Arc<Identity>],
+        default_scope: Scope,
+    ) -> Vec<Limit> {
+        let mut limits = Vec::new();
+        let mut policy_names = HashSet::new();
+        for (i, limit) in raw.iter().enumerate() {
+            let limit_path = format!("{path}.limits[{i}]");
+            let Some(limit) = self.limit(
+                &limit_path,
+                limit,
+                route_name,
+                raw,
+                i,
+                route_key,
+                identities,
+                default_scope,
+            ) else {
+                continue;
+            };
+            if !policy_names.insert(limit.name.clone()) {
+                self.error(
+                    &format!("{limit_path}.name"),
+                    format!(
+                        "policy name `{}` is used twice: give each limit its own `name`",
+                        limit.name
+                    ),
+                );
+            }
+            limits.push(limit);
+        }
+        limits
+    }
+
+    fn allow(
+        &mut self,
+        path: &str,
+        raw: Option<&raw::RawAllow>,
+        identities: &[Arc<Identity>],
+    ) -> Allow {
+        let Some(raw) = raw else {
+            return Allow::default();
+        };
+        let mut allow = Allow::default();
+        for (i, text) in raw.client_ips.iter().enumerate() {
+            match parse_net(text) {
+                Some(net) => allow.client_ips.push(net),
+                None => self.error(&format!("{path}.client_ips[{i}]"), format!("`{text}` is not a CIDR or IP address: write e.g. 10.0.0.0/8 or 192.168.1.10")),
+            }
+        }
+        for (name, values) in &raw.identities.0 {
+            match identities.iter().find(|id| id.name == *name) {
+                Some(identity) => allow.identities.push((identity.clone(), values.clone())),
+                None => {
+                    let known: Vec<&str> = identities.iter().map(|i| i.name.as_str()).collect();
+                    self.error(
+                        &format!("{path}.identities.{name}"),
+                        format!(
+                            "unknown identity `{name}`: defined are {}",
+                            known.join(", ")
+                        ),
+                    );
+                }
+            }
+        }
+        allow
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -497,7 +676,8 @@ impl Validator<'_> {
         &mut self,
         path: &str,
         raw: &RawLimit,
-        route: &RawRoute,
+        route_name: &str,
+        siblings: &[RawLimit],
         index: usize,
         route_key: &[Arc<Identity>],
         identities: &[Arc<Identity>],
@@ -588,7 +768,7 @@ impl Validator<'_> {
             cost,
         };
         if raw.limit > 0 && !algorithm::params_fit(&params) {
-            self.error(path, "limit × period is too large to count exactly (keep limit × period in microseconds below 2^53: shorten the period or lower the limit)");
+            self.error(path, "limit × period is too large to count exactly (keep limit × period in microseconds at most 2^49 for token_bucket and sliding_window: shorten the period or lower the limit)");
         }
         if algorithm == Algorithm::Gcra && raw.limit > 0 && period_us / raw.limit as i64 == 0 {
             self.error(&format!("{path}.limit"), "more than one request per microsecond cannot be metered: lower the limit or lengthen the period");
@@ -609,17 +789,16 @@ impl Validator<'_> {
                 }
                 name.clone()
             }
-            None if route.limits.len() == 1 => route.name.clone(),
+            None if siblings.len() == 1 => route_name.to_owned(),
             None => {
-                let same_algorithm = route
-                    .limits
+                let same_algorithm = siblings
                     .iter()
                     .filter(|l| l.algorithm.trim() == raw.algorithm.trim())
                     .count();
                 if same_algorithm > 1 {
-                    format!("{}-{}-{}", route.name, raw.algorithm.trim(), index + 1)
+                    format!("{route_name}-{}-{}", raw.algorithm.trim(), index + 1)
                 } else {
-                    format!("{}-{}", route.name, raw.algorithm.trim())
+                    format!("{route_name}-{}", raw.algorithm.trim())
                 }
             }
         };
@@ -705,6 +884,16 @@ impl Validator<'_> {
         }
         config
     }
+}
+
+/// A CIDR, or a single address as a host network.
+fn parse_net(text: &str) -> Option<ipnet::IpNet> {
+    let text = text.trim();
+    text.parse::<ipnet::IpNet>().ok().or_else(|| {
+        text.parse::<std::net::IpAddr>()
+            .ok()
+            .map(ipnet::IpNet::from)
+    })
 }
 
 fn same_key(a: &[Arc<Identity>], b: &[Arc<Identity>]) -> bool {

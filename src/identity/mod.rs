@@ -134,6 +134,18 @@ pub struct Identified {
 }
 
 impl Identified {
+    /// Whether the caller's value is `raw`. Compared in key form, so sources whose values are
+    /// only ever kept hashed (bearer tokens) compare too.
+    pub fn is_value(&self, raw: &[u8]) -> bool {
+        if self.source_kind == "global" {
+            return false;
+        }
+        let Some(part) = self.key_part.strip_prefix(self.source_kind) else {
+            return false;
+        };
+        part == key::key_part(raw) || part == key::hashed_part(raw)
+    }
+
     fn readable(kind: &'static str, value: &[u8]) -> Self {
         Identified {
             source: 0,
@@ -286,6 +298,37 @@ fn trim(mut s: &[u8]) -> &[u8] {
         s = rest;
     }
     s
+}
+
+#[cfg(test)]
+mod is_value_tests {
+    use super::*;
+
+    #[test]
+    fn values_compare_in_key_form_for_every_source() {
+        let parts = http::Request::get("/t/abc?token=q%20v")
+            .header("x-user", "alice")
+            .header("authorization", "Bearer secret-token")
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0;
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let by = |source: Source| {
+            Identity {
+                name: "x".into(),
+                sources: vec![source],
+            }
+            .identify(&parts, ip)
+        };
+        assert!(by(Source::Header(http::HeaderName::from_static("x-user"))).is_value(b"alice"));
+        assert!(!by(Source::Header(http::HeaderName::from_static("x-user"))).is_value(b"alic"));
+        assert!(by(Source::Query("token".into())).is_value(b"q v"));
+        assert!(by(Source::Bearer).is_value(b"secret-token"));
+        assert!(by(Source::PathSegment(2)).is_value(b"abc"));
+        assert!(by(Source::ClientIp).is_value(b"10.0.0.1"));
+        assert!(!by(Source::Global).is_value(b"*"));
+    }
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! identify → limit → forward → respond. This module owns the order; each stage lives in its
 //! own module.
 
+mod access_log;
 pub mod body;
 pub mod headers;
 pub mod upstream;
@@ -10,18 +11,22 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use http::header::{self, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, HostMode};
 use crate::error::ProxyError;
 use crate::identity;
+use crate::metrics::{Metrics, RouteMetrics};
 use crate::routing;
-use crate::throttle::{self, Checked, Throttler};
+use crate::throttle::{self, Checked, Decided, Throttler};
+use access_log::AccessLog;
 use body::{LimitedBody, ProxyBody};
 use upstream::UpstreamClient;
 
@@ -39,23 +44,71 @@ pub struct Proxy {
 }
 
 struct Inner {
-    config: Arc<Config>,
-    upstream: UpstreamClient,
-    throttler: Throttler,
+    /// Swapped whole on a reload; each request keeps the snapshot it started with.
+    runtime: ArcSwap<Runtime>,
+    metrics: Arc<Metrics>,
     /// Upgraded (WebSocket) connections: hyper's graceful shutdown no longer sees them, so
     /// shutdown waits on this instead.
     tunnels: TaskTracker,
 }
 
+/// Everything built from one configuration.
+struct Runtime {
+    config: Arc<Config>,
+    upstream: UpstreamClient,
+    throttler: Throttler,
+    /// One per route, in route order.
+    route_metrics: Vec<RouteMetrics>,
+    unrouted_metrics: RouteMetrics,
+}
+
+impl Runtime {
+    fn new(config: Arc<Config>, metrics: &Metrics, previous: Option<&Runtime>) -> Runtime {
+        let upstream = match previous {
+            Some(p) if p.config.upstream == config.upstream => p.upstream.clone(),
+            _ => UpstreamClient::new(&config.upstream),
+        };
+        let throttler = Throttler::new(config.throttle.clone(), previous.map(|p| &p.throttler));
+        let route_metrics = config
+            .throttle
+            .routes
+            .iter()
+            .map(|r| metrics.route(&r.name))
+            .collect();
+        Runtime {
+            upstream,
+            throttler,
+            route_metrics,
+            unrouted_metrics: metrics.route(crate::metrics::UNROUTED),
+            config,
+        }
+    }
+}
+
+/// Decrements the in-flight gauge however the request ends (including the client leaving).
+struct InFlight(Arc<Metrics>);
+
+impl InFlight {
+    fn start(metrics: &Arc<Metrics>) -> InFlight {
+        metrics.inflight.increment(1.0);
+        InFlight(metrics.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.inflight.decrement(1.0);
+    }
+}
+
 impl Proxy {
     pub fn new(config: Arc<Config>) -> Self {
-        let upstream = UpstreamClient::new(&config.upstream);
-        let throttler = Throttler::new(config.throttle.clone());
+        let metrics = Metrics::new();
+        let runtime = Runtime::new(config, &metrics, None);
         Proxy {
             inner: Arc::new(Inner {
-                config,
-                upstream,
-                throttler,
+                runtime: ArcSwap::from_pointee(runtime),
+                metrics,
                 tunnels: TaskTracker::new(),
             }),
         }
@@ -65,56 +118,162 @@ impl Proxy {
         &self.inner.tunnels
     }
 
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// The configuration new requests are served with.
+    pub fn config(&self) -> Arc<Config> {
+        self.inner.runtime.load().config.clone()
+    }
+
+    /// Swaps in a new configuration for new requests; requests in flight finish on the one they
+    /// started with. Listener and admin addresses and connection settings need a restart: a
+    /// change to them is reported and otherwise ignored.
+    pub fn reload(&self, config: Config) {
+        let previous = self.inner.runtime.load_full();
+        let old = &previous.config;
+        if old
+            .listeners
+            .iter()
+            .map(|l| (l.address, l.tls.as_ref().map(|t| (&t.cert, &t.key))))
+            .ne(config
+                .listeners
+                .iter()
+                .map(|l| (l.address, l.tls.as_ref().map(|t| (&t.cert, &t.key)))))
+            || old.admin != config.admin
+            || old.header_read_timeout != config.header_read_timeout
+            || old.max_connections != config.max_connections
+            || old.http2_max_concurrent_streams != config.http2_max_concurrent_streams
+            || old.shutdown_timeout != config.shutdown_timeout
+        {
+            tracing::warn!("listen, admin and connection settings changed: they take effect after a restart; the rest is reloaded");
+        }
+        let runtime = Runtime::new(Arc::new(config), &self.inner.metrics, Some(&previous));
+        self.inner.runtime.store(Arc::new(runtime));
+        self.inner.metrics.reloaded(true);
+        tracing::info!(
+            routes = previous.config.throttle.routes.len(),
+            "configuration reloaded"
+        );
+    }
+
     /// Whether this instance should receive traffic as far as the store is concerned: a store
     /// that cannot be reached matters only when `on_error: deny` would refuse everything.
     pub fn store_ready(&self) -> bool {
-        let throttler = &self.inner.throttler;
+        let runtime = self.inner.runtime.load();
+        let throttler = &runtime.throttler;
         throttler.store_ready() || throttler.on_error() != crate::config::OnError::Deny
     }
 
     /// Handles one request, in order: route → identify → limit → forward → respond. Never
     /// fails: every error becomes a response.
     pub async fn handle(&self, request: Request<Incoming>, conn: ConnInfo) -> Response<ProxyBody> {
-        let config = &self.inner.config;
+        let started = Instant::now();
+        let _inflight = InFlight::start(&self.inner.metrics);
+        let runtime = self.inner.runtime.load_full();
+        let config = &runtime.config;
         let (parts, body) = request.into_parts();
-        let peer_is_trusted = config.throttle.trusted_proxies.contains(conn.peer.ip());
+        let mut log = AccessLog::new(&parts, started, config.access_log);
 
-        let admission = match routing::find(&config.throttle.routes, &parts) {
+        // Route.
+        let route_index = routing::position(&config.throttle.routes, &parts);
+        let metrics = match route_index {
+            Some(i) => &runtime.route_metrics[i],
+            None => &runtime.unrouted_metrics,
+        };
+
+        // Identify and limit.
+        let admission = match route_index.map(|i| &config.throttle.routes[i]) {
             None => None,
             Some(route) => {
+                log.route = Some(route.clone());
                 let client_ip = identity::client_ip(
                     conn.peer.ip(),
                     &parts.headers,
                     &config.throttle.trusted_proxies,
                 );
-                match self.inner.throttler.check(route, &parts, client_ip).await {
-                    Checked::Admit(admission) => Some(admission),
-                    Checked::Reject(response) => {
-                        tracing::debug!(route = %route.name, status = response.status().as_u16(), "request limited");
+                let checked = runtime.throttler.check(route, &parts, client_ip).await;
+                self.inner
+                    .metrics
+                    .limit_check_duration
+                    .record(started.elapsed().as_secs_f64());
+                match checked {
+                    Checked::Admit(admission) => {
+                        log.identity = admission.identity;
+                        Some(admission)
+                    }
+                    Checked::Reject {
+                        response,
+                        store_unavailable,
+                        identity,
+                    } => {
+                        log.identity = identity;
+                        log.decision = if store_unavailable {
+                            self.inner.metrics.store_errors.increment(1);
+                            metrics.store_error.increment(1);
+                            "store_error"
+                        } else {
+                            metrics.limited.increment(1);
+                            "limited"
+                        };
+                        log.finish(response.status().as_u16(), None);
                         return response;
                     }
                 }
             }
         };
+        match admission.as_ref().map(|a| a.decided) {
+            None | Some(Decided::Allowed) => metrics.allowed.increment(1),
+            Some(Decided::Exempt) => {
+                log.decision = "exempt";
+                metrics.allowed.increment(1);
+            }
+            Some(Decided::ShadowLimited) => {
+                log.decision = "shadow_limited";
+                metrics.shadow_limited.increment(1);
+            }
+            Some(Decided::StoreError | Decided::LocalFallback) => {
+                log.decision = "store_error";
+                self.inner.metrics.store_errors.increment(1);
+                metrics.store_error.increment(1);
+            }
+        }
 
+        // Forward.
+        let peer_is_trusted = config.throttle.trusted_proxies.contains(conn.peer.ip());
         let request = Request::from_parts(parts, body);
-        let method = request.method().clone();
-        let path = request.uri().path().to_owned();
-        let mut response = match self.forward(request, conn, peer_is_trusted).await {
-            Ok(response) => response,
+        let upstream_started = Instant::now();
+        let mut response = match self.forward(&runtime, request, conn, peer_is_trusted).await {
+            Ok(response) => {
+                let elapsed = upstream_started.elapsed();
+                self.inner
+                    .metrics
+                    .upstream_duration
+                    .record(elapsed.as_secs_f64());
+                metrics.upstream_response(response.status().as_u16());
+                log.upstream = Some(elapsed);
+                response
+            }
             Err(error) => {
                 let status = error.status().as_u16();
+                if error.source_side() == "upstream" {
+                    metrics.upstream_response(status);
+                }
+                log.upstream = Some(upstream_started.elapsed());
                 match &error {
                     ProxyError::BadRequest(_) | ProxyError::BodyTooLarge { .. } => {
-                        tracing::info!(%method, %path, peer = %conn.peer, status, side = error.source_side(), cause = %error, "request refused")
+                        tracing::info!(method = %log.method, path = %log.path, peer = %conn.peer, status, side = error.source_side(), cause = %error, "request refused")
                     }
                     _ => {
-                        tracing::warn!(%method, %path, peer = %conn.peer, status, side = error.source_side(), cause = %error, source = ?std::error::Error::source(&error), "request failed")
+                        tracing::warn!(method = %log.method, path = %log.path, peer = %conn.peer, status, side = error.source_side(), cause = %error, source = ?std::error::Error::source(&error), "request failed")
                     }
                 }
                 error.into_response()
             }
         };
+
+        // Respond.
         if let Some(admission) = admission {
             if !admission.verdicts.is_empty() {
                 throttle::headers::add_fields(
@@ -131,17 +290,19 @@ impl Proxy {
                 response = Response::from_parts(parts, body::with_guard(body, leases));
             }
         }
+        log.finish(response.status().as_u16(), log.upstream);
         response
     }
 
     /// Forwards the request to the upstream and streams the answer back.
     async fn forward(
         &self,
+        runtime: &Runtime,
         mut request: Request<Incoming>,
         conn: ConnInfo,
         peer_is_trusted: bool,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let config = &self.inner.config;
+        let config = &runtime.config;
         let upstream = &config.upstream;
 
         // Refuse a declared oversized body before anything reaches the upstream.
@@ -200,8 +361,7 @@ impl Proxy {
             }
             None => (body::boxed(incoming), None),
         };
-        let result = self
-            .inner
+        let result = runtime
             .upstream
             .send(Request::from_parts(parts, body))
             .await;

@@ -15,10 +15,17 @@ use http::request::Parts;
 use crate::config::Route;
 use crate::identity::Identity;
 
-/// One key per limit of `route`, in order.
-pub fn build(prefix: &str, route: &Route, request: &Parts, client_ip: IpAddr) -> Vec<String> {
+/// One key per limit of `route`, in order, and the kind of source that identified the caller
+/// for the first limit (for the access log: never the value itself).
+pub fn build(
+    prefix: &str,
+    route: &Route,
+    request: &Parts,
+    client_ip: IpAddr,
+) -> (Vec<String>, &'static str) {
     // Identify each distinct identity once per request (JWT verification is not free).
     let mut seen: Vec<(*const Identity, String)> = Vec::new();
+    let mut first_kind: Option<&'static str> = None;
     let mut identify = |identities: &[Arc<Identity>]| -> String {
         let mut parts = Vec::with_capacity(identities.len());
         for identity in identities {
@@ -26,16 +33,17 @@ pub fn build(prefix: &str, route: &Route, request: &Parts, client_ip: IpAddr) ->
             let part = match seen.iter().find(|(p, _)| *p == ptr) {
                 Some((_, part)) => part.clone(),
                 None => {
-                    let part = identity.identify(request, client_ip).key_part;
-                    seen.push((ptr, part.clone()));
-                    part
+                    let identified = identity.identify(request, client_ip);
+                    first_kind.get_or_insert(identified.source_kind);
+                    seen.push((ptr, identified.key_part.clone()));
+                    identified.key_part
                 }
             };
             parts.push(part);
         }
         parts.join("|")
     };
-    if route.shared_key {
+    let keys = if route.shared_key {
         let identity = route
             .limits
             .first()
@@ -52,5 +60,6 @@ pub fn build(prefix: &str, route: &Route, request: &Parts, client_ip: IpAddr) ->
             .iter()
             .map(|l| format!("{prefix}{{{}}}:{}:{}", route.name, l.name, identify(&l.key)))
             .collect()
-    }
+    };
+    (keys, first_kind.unwrap_or("none"))
 }

@@ -10,6 +10,7 @@ pub mod headers;
 mod keys;
 mod lease;
 mod queue;
+mod tiers;
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,11 +45,15 @@ pub enum Decided {
     StoreError,
     /// The store failed and the in-memory limiter decided (`on_error: local`).
     LocalFallback,
+    /// On an allow-list: no limit applied.
+    Exempt,
 }
 
 /// A request that may go on to the upstream.
 pub struct Admission {
     pub route: Arc<Route>,
+    /// The kind of source that identified the caller ("header", "jwt", ...).
+    pub identity: &'static str,
     pub verdicts: Vec<Verdict>,
     pub decided: Decided,
     /// Concurrency slots held until the response body ends.
@@ -58,7 +63,13 @@ pub struct Admission {
 pub enum Checked {
     Admit(Admission),
     /// Limited (429) or refused because the store is down (`on_error: deny`, 503).
-    Reject(Response<ProxyBody>),
+    Reject {
+        response: Response<ProxyBody>,
+        /// True when the store's failure (not a limit) refused the request.
+        store_unavailable: bool,
+        /// The kind of source that identified the caller.
+        identity: &'static str,
+    },
 }
 
 /// Owns the stores and decides for every request.
@@ -73,7 +84,20 @@ pub struct Throttler {
 impl Throttler {
     /// Builds the stores. Redis is connected in the background, so tollgate starts (and
     /// applies `on_error`) even while Redis is not there yet.
-    pub fn new(config: Throttle) -> Self {
+    ///
+    /// On a reload, `previous` hands over its stores when the store settings did not change:
+    /// the same memory state and the same Redis connection, so limits that did not change
+    /// keep counting where they were.
+    pub fn new(config: Throttle, previous: Option<&Throttler>) -> Self {
+        if let Some(previous) = previous.filter(|p| p.config.store == config.store) {
+            return Throttler {
+                config,
+                memory: previous.memory.clone(),
+                redis: previous.redis.clone(),
+                store_up: previous.store_up.clone(),
+                queues: queue::KeyedQueues::default(),
+            };
+        }
         let memory = MemoryStore::new();
         if tokio::runtime::Handle::try_current().is_ok() {
             memory.spawn_sweeper(SWEEP_EVERY);
@@ -118,7 +142,19 @@ impl Throttler {
 
     /// Decides `request` against `route`.
     pub async fn check(&self, route: &Arc<Route>, request: &Parts, client_ip: IpAddr) -> Checked {
-        let keys = keys::build(&self.config.key_prefix, route, request, client_ip);
+        let route = match tiers::select(&self.config.allow, route, request, client_ip) {
+            tiers::Selected::Exempt => {
+                return Checked::Admit(Admission {
+                    route: route.clone(),
+                    identity: "allow_list",
+                    verdicts: Vec::new(),
+                    decided: Decided::Exempt,
+                    leases: None,
+                })
+            }
+            tiers::Selected::Limits(route) => route,
+        };
+        let (keys, identity) = keys::build(&self.config.key_prefix, route, request, client_ip);
         let checks: Vec<Check<'_>> = route
             .limits
             .iter()
@@ -150,28 +186,44 @@ impl Throttler {
         loop {
             let (decision, decided) = match self.decide(route, &checks).await {
                 Ok(pair) => pair,
-                Err(response) => return Checked::Reject(response),
+                Err(response) => {
+                    return Checked::Reject {
+                        response,
+                        store_unavailable: true,
+                        identity,
+                    }
+                }
             };
             if decision.allowed {
                 drop(turn);
-                return Checked::Admit(self.admission(route, decision, decided));
+                return Checked::Admit(self.admission(route, identity, decision, decided));
             }
             let wait = match (deadline, &turn, delay_for(route, &decision.verdicts)) {
                 (Some(deadline), Some(_), Some(wait)) if Instant::now() + wait <= deadline => wait,
                 _ => {
-                    return Checked::Reject(headers::limited_response(
-                        &self.config.response,
-                        &route.name,
-                        &route.limits,
-                        &decision.verdicts,
-                    ))
+                    return Checked::Reject {
+                        response: headers::limited_response(
+                            &self.config.response,
+                            &route.name,
+                            &route.limits,
+                            &decision.verdicts,
+                        ),
+                        store_unavailable: false,
+                        identity,
+                    }
                 }
             };
             tokio::time::sleep(wait).await;
         }
     }
 
-    fn admission(&self, route: &Arc<Route>, decision: Decision, decided: Decided) -> Admission {
+    fn admission(
+        &self,
+        route: &Arc<Route>,
+        identity: &'static str,
+        decision: Decision,
+        decided: Decided,
+    ) -> Admission {
         let decided = if decided == Decided::Allowed && decision.verdicts.iter().any(|v| !v.allowed)
         {
             tracing::info!(route = %route.name, "shadow limit exceeded (request forwarded)");
@@ -197,6 +249,7 @@ impl Throttler {
         });
         Admission {
             route: route.clone(),
+            identity,
             verdicts: decision.verdicts,
             decided,
             leases,
@@ -263,7 +316,14 @@ impl Throttler {
                 Decided::Allowed,
             ));
         }
-        let (global, decided) = self.decide_global(&pick(&global_idx)).await?;
+        let (global, decided) = match self.decide_global(&pick(&global_idx)).await {
+            Ok(pair) => pair,
+            Err(response) => {
+                // Refused (on_error: deny): hand back the local slots taken a moment ago.
+                let _ = self.memory.release(&local.leases).await;
+                return Err(response);
+            }
+        };
         if !global.allowed {
             let _ = self.memory.release(&local.leases).await;
         }

@@ -29,26 +29,37 @@ pub struct ProxyHandle {
     pub task: Option<tokio::task::JoinHandle<()>>,
 }
 
+/// Starts tollgate from a configuration file (so it watches the file for reloads).
+pub async fn proxy_from_file(path: &Path) -> ProxyHandle {
+    let config =
+        tollgate::config::load(path).unwrap_or_else(|e| panic!("test config invalid:\n{e}"));
+    start_config(config).await
+}
+
+async fn start_config(config: tollgate::config::Config) -> ProxyHandle {
+    let server = Server::bind(Arc::new(config)).await.expect("bind");
+    let addrs = server.local_addrs();
+    let admin = server.admin_addr();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(server.run(async move {
+        let _ = rx.await;
+    }));
+    ProxyHandle {
+        addr: addrs[0],
+        addrs,
+        admin,
+        shutdown: Some(tx),
+        task: Some(task),
+    }
+}
+
 impl ProxyBuilder {
     pub async fn start(self) -> ProxyHandle {
         let config = tollgate::config::parse(Path::new("test.yaml"), &self.yaml, |name| {
             std::env::var(name).ok()
         })
         .unwrap_or_else(|e| panic!("test config invalid:\n{e}\n---\n{}", self.yaml));
-        let server = Server::bind(Arc::new(config)).await.expect("bind");
-        let addrs = server.local_addrs();
-        let admin = server.admin_addr();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(server.run(async move {
-            let _ = rx.await;
-        }));
-        ProxyHandle {
-            addr: addrs[0],
-            addrs,
-            admin,
-            shutdown: Some(tx),
-            task: Some(task),
-        }
+        start_config(config).await
     }
 }
 

@@ -1,0 +1,61 @@
+//! One access-log line per request, written when the response head is ready: method, path
+//! (without the query, which can carry tokens), route, the kind of source that identified the
+//! caller (never its value), the decision, status, upstream time and total time. It goes
+//! through `tracing` with target `tollgate::access`, so `--log-format json` makes it JSON and
+//! `TOLLGATE_LOG` can silence it (`tollgate::access=off`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use http::Method;
+use tokio::time::Instant;
+
+use crate::config::Route;
+
+pub struct AccessLog {
+    enabled: bool,
+    started: Instant,
+    pub method: Method,
+    pub path: String,
+    pub route: Option<Arc<Route>>,
+    pub identity: &'static str,
+    pub decision: &'static str,
+    pub upstream: Option<Duration>,
+}
+
+impl AccessLog {
+    pub fn new(parts: &Parts, started: Instant, enabled: bool) -> AccessLog {
+        AccessLog {
+            enabled,
+            started,
+            method: parts.method.clone(),
+            path: parts.uri.path().to_owned(),
+            route: None,
+            identity: "-",
+            decision: "allowed",
+            upstream: None,
+        }
+    }
+
+    pub fn finish(&self, status: u16, upstream: Option<Duration>) {
+        if !self.enabled {
+            return;
+        }
+        let route = self.route.as_ref().map_or("-", |r| r.name.as_str());
+        let upstream_ms = upstream.map_or(-1.0, |d| d.as_secs_f64() * 1000.0);
+        let total_ms = self.started.elapsed().as_secs_f64() * 1000.0;
+        tracing::info!(
+            target: "tollgate::access",
+            method = %self.method,
+            path = %self.path,
+            route,
+            identity = self.identity,
+            decision = self.decision,
+            status,
+            upstream_ms,
+            total_ms,
+            "request"
+        );
+    }
+}

@@ -1,0 +1,54 @@
+//! Allow-lists and tiers: before a route's limits apply, callers on an allow-list (global or
+//! the route's; by client CIDR or identity value) pass unlimited, and callers named by an
+//! override get that tier's limits instead of the default ones (for example a partner key with
+//! ten times the quota), without a route of their own.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use http::request::Parts;
+
+use crate::config::{Allow, Route};
+
+pub enum Selected<'a> {
+    /// On an allow-list: forwarded without any limit.
+    Exempt,
+    /// The limits to apply: the route's own, or a tier's.
+    Limits(&'a Arc<Route>),
+}
+
+pub fn select<'a>(
+    global: &Allow,
+    route: &'a Arc<Route>,
+    request: &Parts,
+    client_ip: IpAddr,
+) -> Selected<'a> {
+    if allowed(global, request, client_ip) || allowed(&route.allow, request, client_ip) {
+        return Selected::Exempt;
+    }
+    for tier in &route.overrides {
+        let identified = tier.identity.identify(request, client_ip);
+        if tier
+            .values
+            .iter()
+            .any(|v| identified.is_value(v.as_bytes()))
+        {
+            return Selected::Limits(&tier.route);
+        }
+    }
+    Selected::Limits(route)
+}
+
+fn allowed(allow: &Allow, request: &Parts, client_ip: IpAddr) -> bool {
+    if allow.is_empty() {
+        return false;
+    }
+    let ip = client_ip.to_canonical();
+    if allow.client_ips.iter().any(|net| net.contains(&ip)) {
+        return true;
+    }
+    allow.identities.iter().any(|(identity, values)| {
+        let identified = identity.identify(request, client_ip);
+        values.iter().any(|v| identified.is_value(v.as_bytes()))
+    })
+}
