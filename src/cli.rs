@@ -23,6 +23,33 @@ pub enum Command {
     Run(RunArgs),
     /// Validate a configuration file and print a summary; exit 2 if it is invalid.
     Check(CheckArgs),
+    /// Show what tollgate would do with a request: route, identity, limits and store keys.
+    Explain(ExplainArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// The configuration file.
+    #[arg(long, short = 'c', env = "TOLLGATE_CONFIG")]
+    pub config: PathBuf,
+    /// The request method.
+    #[arg(short = 'X', long = "request", default_value = "GET")]
+    pub method: String,
+    /// A request header, `Name: value` (repeatable).
+    #[arg(short = 'H', long = "header")]
+    pub headers: Vec<String>,
+    /// The address the request comes from (the TCP peer). Behind a trusted proxy, pass the
+    /// proxy's address and an X-Forwarded-For header.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub client_ip: std::net::IpAddr,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+    /// Also read the current state from the store (remaining, reset) without consuming.
+    #[arg(long)]
+    pub live: bool,
+    /// The URL or path, e.g. https://api.example.com/api/posts/1 or /login?user=x
+    pub url: String,
 }
 
 #[derive(Debug, Args)]

@@ -7,6 +7,7 @@
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod explain;
 pub mod identity;
 pub mod limit;
 pub mod metrics;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use tollgate::cli::{Cli, Command, LogFormat, RunArgs};
+use tollgate::cli::{Cli, Command, ExplainArgs, LogFormat, RunArgs};
 use tollgate::config;
 use tollgate::server::Server;
 
@@ -15,6 +15,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Check(args)) => check(&args.config),
+        Some(Command::Explain(args)) => explain(args),
         Some(Command::Run(args)) => run(args),
         None => run(cli.run),
     }
@@ -31,6 +32,52 @@ fn check(path: &std::path::Path) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn explain(args: ExplainArgs) -> ExitCode {
+    let config = match config::load(&args.config) {
+        Ok(config) => config,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return ExitCode::from(2);
+        }
+    };
+    let described = tollgate::explain::Described {
+        method: args.method,
+        url: args.url,
+        headers: args.headers,
+        peer: args.client_ip,
+    };
+    let parts = match tollgate::explain::request_parts(&described) {
+        Ok(parts) => parts,
+        Err(e) => {
+            eprintln!("tollgate explain: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut explanation = tollgate::explain::explain(&config, &parts, described.peer);
+    if args.live {
+        let runtime = match tokio::runtime::Runtime::new() {
+            Ok(rt) => rt,
+            Err(e) => {
+                eprintln!("tollgate: cannot start the runtime: {e}");
+                return ExitCode::from(1);
+            }
+        };
+        if let Err(e) = runtime.block_on(tollgate::explain::live(&config, &mut explanation)) {
+            eprintln!("tollgate explain --live: {e}");
+            return ExitCode::from(1);
+        }
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&explanation.json()).expect("JSON")
+        );
+    } else {
+        print!("{}", explanation.text());
+    }
+    ExitCode::SUCCESS
 }
 
 fn run(args: RunArgs) -> ExitCode {

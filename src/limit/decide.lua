@@ -31,6 +31,8 @@
 -- whose TTL is 0 is idle and its key is deleted instead.
 
 local CLOCK = 'redis' -- @clock (replaced by decide_script_source)
+-- A peek (`tollgate explain --live`) runs the same arithmetic and writes nothing.
+local COMMIT = true -- @commit
 
 local now, base
 if CLOCK == 'argv' then
@@ -423,7 +425,7 @@ if allowed then
   reply[1] = 1
   for i = 1, #checks do
     -- A denying shadow limit is not consumed.
-    if checks[i].allowed then
+    if COMMIT and checks[i].allowed then
       checks[i].write()
     end
   end

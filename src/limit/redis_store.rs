@@ -46,6 +46,19 @@ pub fn decide_script_source(clock: ScriptClock) -> String {
     with_clock(DECIDE_LUA, clock)
 }
 
+/// The line of `decide.lua` that a peek switches off.
+const COMMIT_LINE: &str = "local COMMIT = true -- @commit";
+
+/// `decide.lua` that only reports: the same verdicts, nothing written (for `explain --live`).
+pub fn peek_script_source() -> String {
+    let decide = decide_script_source(ScriptClock::Redis);
+    assert!(
+        decide.contains(COMMIT_LINE),
+        "decide.lua lost its commit marker"
+    );
+    decide.replacen(COMMIT_LINE, "local COMMIT = false -- @commit", 1)
+}
+
 /// `refresh.lua` with the given clock.
 pub fn refresh_script_source(clock: ScriptClock) -> String {
     with_clock(REFRESH_LUA, clock)
@@ -58,6 +71,7 @@ pub fn release_script_source() -> String {
 
 struct Scripts {
     decide: Script,
+    peek: Script,
     release: Script,
     refresh: Script,
 }
@@ -101,6 +115,7 @@ impl RedisStore {
             clock,
             scripts: Arc::new(Scripts {
                 decide: Script::new(&decide_script_source(clock)),
+                peek: Script::new(&peek_script_source()),
                 release: Script::new(&release_script_source()),
                 refresh: Script::new(&refresh_script_source(clock)),
             }),
@@ -110,7 +125,13 @@ impl RedisStore {
 
     /// See [`super::Store::decide`]: one round trip, time read inside Redis.
     pub async fn decide(&self, checks: &[Check<'_>]) -> Result<Decision, StoreError> {
-        self.run_decide(checks, None).await
+        self.run_decide(&self.scripts.decide, checks, None).await
+    }
+
+    /// What [`RedisStore::decide`] would answer now, without consuming anything (leases in
+    /// the answer are not held).
+    pub async fn peek(&self, checks: &[Check<'_>]) -> Result<Decision, StoreError> {
+        self.run_decide(&self.scripts.peek, checks, None).await
     }
 
     /// [`RedisStore::decide`] at a given time, for stores connected with [`ScriptClock::Argv`].
@@ -119,7 +140,8 @@ impl RedisStore {
         checks: &[Check<'_>],
         now: Micros,
     ) -> Result<Decision, StoreError> {
-        self.run_decide(checks, Some(now)).await
+        self.run_decide(&self.scripts.decide, checks, Some(now))
+            .await
     }
 
     fn check_clock(&self, now: Option<Micros>) -> Result<(), StoreError> {
@@ -135,6 +157,7 @@ impl RedisStore {
 
     async fn run_decide(
         &self,
+        script: &Script,
         checks: &[Check<'_>],
         now: Option<Micros>,
     ) -> Result<Decision, StoreError> {
@@ -156,7 +179,7 @@ impl RedisStore {
                 }
             })
             .collect();
-        let mut invocation = self.scripts.decide.prepare_invoke();
+        let mut invocation = script.prepare_invoke();
         if let Some(now) = now {
             invocation.arg(now);
         }

@@ -7,10 +7,10 @@
 //! a request that would fit within `max_delay`.
 
 pub mod headers;
-mod keys;
+pub(crate) mod keys;
 mod lease;
 mod queue;
-mod tiers;
+pub(crate) mod tiers;
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};

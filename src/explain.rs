@@ -1,0 +1,301 @@
+//! `tollgate explain`: answers "why was this request limited?" without sending it. It runs the
+//! same stages as the proxy — route, tier, identify, key — on a request described on the
+//! command line, and prints what each decided: the route, which identity source answered (the
+//! value shown hashed when it is a secret or long), and each limit with its store key. With
+//! `--live` it also asks the store how much is left, without consuming anything.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use http::request::Parts;
+use http::{HeaderName, HeaderValue, Method, Request, Uri};
+use serde_json::json;
+
+use crate::config::{Config, Limit, OnLimit, Route, Scope};
+use crate::identity::{self, Identity};
+use crate::limit::algorithm::{Algorithm, Verdict};
+use crate::routing;
+use crate::throttle::{keys, tiers};
+
+/// The request to explain, as given on the command line.
+pub struct Described {
+    pub method: String,
+    pub url: String,
+    pub headers: Vec<String>,
+    /// The TCP peer; X-Forwarded-For from `headers` applies behind trusted proxies.
+    pub peer: IpAddr,
+}
+
+/// What the proxy would do with the request.
+pub struct Explanation {
+    pub method: Method,
+    pub uri: Uri,
+    pub peer: IpAddr,
+    pub client_ip: IpAddr,
+    pub route: Option<Arc<Route>>,
+    /// `Some("allow-list")` when exempt, `Some(tier)` when a tier applies.
+    pub tier: Option<String>,
+    pub exempt: bool,
+    pub limits: Vec<LimitExplained>,
+}
+
+pub struct LimitExplained {
+    pub limit: Limit,
+    pub key: String,
+    /// Per identity of the limit's key: (identity name, source description, shown value).
+    pub identities: Vec<(String, String, String)>,
+    /// Filled by `--live`.
+    pub live: Option<Verdict>,
+}
+
+pub fn request_parts(described: &Described) -> Result<Parts, String> {
+    let method = Method::from_bytes(described.method.to_ascii_uppercase().as_bytes())
+        .map_err(|_| format!("`{}` is not an HTTP method", described.method))?;
+    let uri: Uri = described
+        .url
+        .parse()
+        .map_err(|e| format!("`{}` is not a URL or path: {e}", described.url))?;
+    let mut builder = Request::builder().method(method);
+    let path_and_query = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    builder = builder.uri(path_and_query);
+    if let Some(authority) = uri.authority() {
+        builder = builder.header(http::header::HOST, authority.as_str());
+    }
+    for header in &described.headers {
+        let Some((name, value)) = header.split_once(':') else {
+            return Err(format!(
+                "`{header}` is not a header: write -H 'Name: value'"
+            ));
+        };
+        let name = HeaderName::from_bytes(name.trim().as_bytes())
+            .map_err(|_| format!("`{}` is not a header name", name.trim()))?;
+        let value = HeaderValue::from_str(value.trim())
+            .map_err(|_| format!("the value of {name} is not a valid header value"))?;
+        builder = builder.header(name, value);
+    }
+    let request = builder.body(()).map_err(|e| e.to_string())?;
+    Ok(request.into_parts().0)
+}
+
+/// Runs route → tier → identify → key for `parts`, as the proxy would.
+pub fn explain(config: &Config, parts: &Parts, peer: IpAddr) -> Explanation {
+    let throttle = &config.throttle;
+    let client_ip = identity::client_ip(peer, &parts.headers, &throttle.trusted_proxies);
+    let mut explanation = Explanation {
+        method: parts.method.clone(),
+        uri: parts.uri.clone(),
+        peer,
+        client_ip,
+        route: None,
+        tier: None,
+        exempt: false,
+        limits: Vec::new(),
+    };
+    let Some(route) = routing::find(&throttle.routes, parts) else {
+        return explanation;
+    };
+    explanation.route = Some(route.clone());
+    let applied = match tiers::select(&throttle.allow, route, parts, client_ip) {
+        tiers::Selected::Exempt => {
+            explanation.exempt = true;
+            explanation.tier = Some("allow-list".into());
+            return explanation;
+        }
+        tiers::Selected::Limits(applied) => applied,
+    };
+    if !Arc::ptr_eq(applied, route) {
+        explanation.tier = route
+            .overrides
+            .iter()
+            .find(|t| Arc::ptr_eq(&t.route, applied))
+            .map(|t| t.name.clone());
+    }
+    let (store_keys, _) = keys::build(&throttle.key_prefix, applied, parts, client_ip);
+    for (limit, key) in applied.limits.iter().zip(store_keys) {
+        let identities = limit
+            .key
+            .iter()
+            .map(|identity| describe_identity(identity, parts, client_ip))
+            .collect();
+        explanation.limits.push(LimitExplained {
+            limit: limit.clone(),
+            key,
+            identities,
+            live: None,
+        });
+    }
+    explanation
+}
+
+fn describe_identity(
+    identity: &Identity,
+    parts: &Parts,
+    client_ip: IpAddr,
+) -> (String, String, String) {
+    let identified = identity.identify(parts, client_ip);
+    let source = match identity.sources.get(identified.source) {
+        Some(source) => source.describe(),
+        None => "client ip (no source was present: fallback)".to_owned(),
+    };
+    (identity.name.clone(), source, identified.display)
+}
+
+fn limit_summary(limit: &Limit) -> String {
+    let p = &limit.params;
+    let mut text = match p.algorithm {
+        Algorithm::Concurrency => {
+            format!("{} in flight (lease ttl {})", p.limit, secs(p.period_us))
+        }
+        Algorithm::TokenBucket | Algorithm::Gcra => {
+            format!("{} per {}, burst {}", p.limit, secs(p.period_us), p.burst)
+        }
+        _ => format!("{} per {}", p.limit, secs(p.period_us)),
+    };
+    if p.cost != 1 {
+        text.push_str(&format!(", cost {}", p.cost));
+    }
+    if limit.shadow {
+        text.push_str(", shadow");
+    }
+    if let OnLimit::Delay { max_delay } = limit.on_limit {
+        text.push_str(&format!(
+            ", delay up to {}",
+            humantime::format_duration(max_delay)
+        ));
+    }
+    if limit.scope == Scope::Local {
+        text.push_str(", local");
+    }
+    text
+}
+
+fn secs(us: i64) -> String {
+    humantime::format_duration(std::time::Duration::from_micros(us.max(0) as u64)).to_string()
+}
+
+impl Explanation {
+    pub fn text(&self) -> String {
+        let mut out = format!("request   {} {}\n", self.method, self.uri);
+        if self.client_ip == self.peer {
+            out.push_str(&format!("client ip {}\n", self.client_ip));
+        } else {
+            out.push_str(&format!(
+                "client ip {} (from X-Forwarded-For; peer {} is a trusted proxy)\n",
+                self.client_ip, self.peer
+            ));
+        }
+        let Some(route) = &self.route else {
+            out.push_str("route     none: forwarded without limits\n");
+            return out;
+        };
+        out.push_str(&format!("route     {}\n", route.name));
+        if self.exempt {
+            out.push_str("tier      allow-list: forwarded without limits\n");
+            return out;
+        }
+        if let Some(tier) = &self.tier {
+            out.push_str(&format!("tier      {tier}\n"));
+        }
+        for l in &self.limits {
+            out.push_str(&format!(
+                "limit     {} ({} {})\n",
+                l.limit.name,
+                l.limit.params.algorithm.name(),
+                limit_summary(&l.limit)
+            ));
+            for (name, source, value) in &l.identities {
+                out.push_str(&format!("  identity  {name} = {value} (from {source})\n"));
+            }
+            out.push_str(&format!("  key       {}\n", l.key));
+            if let Some(v) = &l.live {
+                out.push_str(&format!(
+                    "  now       {} {} of {} left, full again in {}{}\n",
+                    if v.allowed {
+                        "would pass:"
+                    } else {
+                        "would be LIMITED:"
+                    },
+                    v.remaining,
+                    v.limit,
+                    secs(v.reset_after_us),
+                    if v.allowed {
+                        String::new()
+                    } else if v.retry_after_us < 0 {
+                        ", and can never pass at this cost".to_owned()
+                    } else {
+                        format!(", retry after {}", secs(v.retry_after_us))
+                    }
+                ));
+            }
+        }
+        out
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        json!({
+            "method": self.method.as_str(),
+            "uri": self.uri.to_string(),
+            "peer": self.peer.to_string(),
+            "client_ip": self.client_ip.to_string(),
+            "route": self.route.as_ref().map(|r| r.name.clone()),
+            "exempt": self.exempt,
+            "tier": self.tier,
+            "limits": self.limits.iter().map(|l| json!({
+                "name": l.limit.name,
+                "algorithm": l.limit.params.algorithm.name(),
+                "limit": l.limit.params.limit,
+                "period_seconds": l.limit.params.period_us as f64 / 1e6,
+                "burst": l.limit.params.burst,
+                "cost": l.limit.params.cost,
+                "shadow": l.limit.shadow,
+                "scope": if l.limit.scope == Scope::Local { "local" } else { "global" },
+                "key": l.key,
+                "identities": l.identities.iter().map(|(name, source, value)| json!({
+                    "identity": name, "source": source, "value": value,
+                })).collect::<Vec<_>>(),
+                "live": l.live.map(|v| json!({
+                    "allowed": v.allowed,
+                    "limit": v.limit,
+                    "remaining": v.remaining,
+                    "reset_after_seconds": v.reset_after_us as f64 / 1e6,
+                    "retry_after_seconds": if v.allowed { None } else { Some(v.retry_after_us as f64 / 1e6) },
+                })),
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// Fills in each limit's current state from the store, consuming nothing.
+pub async fn live(config: &Config, explanation: &mut Explanation) -> Result<(), String> {
+    if explanation.limits.is_empty() {
+        return Ok(());
+    }
+    let store = match &config.throttle.store {
+        crate::config::StoreConfig::Memory => {
+            return Err("limits live in each proxy's memory (no store.redis section): there is no shared state to read".into())
+        }
+        crate::config::StoreConfig::Redis { url, timeout } => {
+            crate::limit::redis_store::RedisStore::connect(url, (*timeout).max(std::time::Duration::from_secs(2)))
+                .await
+                .map_err(|e| format!("cannot reach the store: {e}"))?
+        }
+    };
+    let checks: Vec<crate::limit::Check<'_>> = explanation
+        .limits
+        .iter()
+        .map(|l| crate::limit::Check {
+            key: &l.key,
+            params: l.limit.params,
+            shadow: l.limit.shadow,
+        })
+        .collect();
+    let decision = store
+        .peek(&checks)
+        .await
+        .map_err(|e| format!("the store failed: {e}"))?;
+    drop(checks);
+    for (l, verdict) in explanation.limits.iter_mut().zip(decision.verdicts) {
+        l.live = Some(verdict);
+    }
+    Ok(())
+}
