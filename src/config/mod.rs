@@ -7,6 +7,7 @@
 
 mod env;
 mod raw;
+mod redis_config;
 mod spans;
 mod throttle;
 
@@ -18,6 +19,7 @@ use std::time::Duration;
 use http::uri::{Authority, Scheme};
 
 pub use env::substitute;
+pub use redis_config::{RedisConfig, RedisMode, RedisTls, Secret};
 use raw::{RawConfig, RawListen, RawListener, RawSize};
 use spans::SpanIndex;
 pub use throttle::{
