@@ -52,7 +52,7 @@ fn sentinel_target(setup: &SentinelSetup) -> String {
 const EXACT_ROUTES: &str = "identities:\n  user:\n    - header: x-user\nroutes:\n\
   - { name: warm, match: { path_prefix: /warm }, key: user, limits: [ { algorithm: fixed_window, limit: 1000000, period: 24h } ] }\n\
   - { name: fw, match: { path_prefix: /fw }, key: user, limits: [ { algorithm: fixed_window, limit: 50, period: 24h } ] }\n\
-  - { name: sl, match: { path_prefix: /sl }, key: user, limits: [ { algorithm: sliding_log, limit: 50, period: 1h } ] }\n\
+  - { name: sl, match: { path_prefix: /slog }, key: user, limits: [ { algorithm: sliding_log, limit: 50, period: 1h } ] }\n\
   - { name: sw, match: { path_prefix: /sw }, key: user, limits: [ { algorithm: sliding_window, limit: 50, period: 24h } ] }\n\
   - { name: tb, match: { path_prefix: /tb }, key: user, limits: [ { algorithm: token_bucket, limit: 50, period: 24h } ] }\n\
   - { name: gcra, match: { path_prefix: /gcra }, key: user, limits: [ { algorithm: gcra, limit: 1, period: 24h, burst: 50 } ] }\n\
@@ -117,7 +117,7 @@ async fn exact_across_replicas(target: String, what: &str) {
     let up = upstream().start().await;
     let yaml = format!("{}{EXACT_ROUTES}", store_yaml(&target, "2s"));
     let proxies = replicas(&up, &yaml, REPLICAS).await;
-    for path in ["/fw", "/sl", "/tb", "/gcra"] {
+    for path in ["/fw", "/slog", "/tb", "/gcra"] {
         let ok = hammer(&proxies, path, "alice", CLIENTS_PER_REPLICA).await;
         assert_eq!(ok, LIMIT, "{path} on {what}: admitted == limit");
     }
@@ -156,16 +156,26 @@ async fn cluster_keeps_limits_exact_and_each_decision_in_one_slot() {
     // `mixed` has a limit on another key (tag: the route alone). A decision whose keys spanned
     // slots would fail with CROSSSLOT and, with on_error: deny, answer 503.
     let up = upstream().start().await;
-    let routes = "identities:\n  user:\n    - header: x-user\nroutes:\n\
-  - { name: warm, match: { path_prefix: /warm }, key: user, limits: [ { algorithm: fixed_window, limit: 1000000, period: 24h } ] }\n\
-  - name: shared\n    match: { path_prefix: /shared }\n    key: user\n    limits:\n\
-      - { algorithm: fixed_window, limit: 100, period: 24h, name: daily }\n\
-      - { algorithm: sliding_log, limit: 10, period: 1m, name: minute }\n\
-      - { algorithm: gcra, limit: 5, period: 1s, burst: 5, name: rate }\n\
-      - { algorithm: concurrency, limit: 3, name: inflight }\n\
-  - name: mixed\n    match: { path_prefix: /mixed }\n    key: user\n    limits:\n\
-      - { algorithm: token_bucket, limit: 10, period: 1m, name: per-user }\n\
-      - { algorithm: fixed_window, limit: 1000, period: 1h, key: global, name: all-users }\n";
+    let routes = r#"identities:
+  user:
+    - header: x-user
+routes:
+  - { name: warm, match: { path_prefix: /warm }, key: user, limits: [ { algorithm: fixed_window, limit: 1000000, period: 24h } ] }
+  - name: shared
+    match: { path_prefix: /shared }
+    key: user
+    limits:
+      - { algorithm: fixed_window, limit: 100, period: 24h, name: daily }
+      - { algorithm: sliding_log, limit: 10, period: 1m, name: minute }
+      - { algorithm: gcra, limit: 5, period: 1s, burst: 5, name: rate }
+      - { algorithm: concurrency, limit: 3, name: inflight }
+  - name: mixed
+    match: { path_prefix: /mixed }
+    key: user
+    limits:
+      - { algorithm: token_bucket, limit: 10, period: 1m, name: per-user }
+      - { algorithm: fixed_window, limit: 1000, period: 1h, key: global, name: all-users }
+"#;
     let yaml = format!("{}{routes}", store_yaml(&cluster_target(&cluster), "2s"));
     let proxies = replicas(&up, &yaml, 1).await;
     // Users chosen to land in different slots, one of them trying to smuggle a hash tag.
@@ -244,11 +254,18 @@ const MARGIN: Duration = Duration::from_millis(1500);
 
 /// All keys of the `api` route share the `{api}` tag (one limit is keyed by `global`), so one
 /// node owns the whole route: killing it interrupts every decision of the route.
-const FAILOVER_ROUTES: &str = "identities:\n  user:\n    - header: x-user\nroutes:\n\
-  - { name: warm, match: { path_prefix: /warm }, key: user, limits: [ { algorithm: fixed_window, limit: 1000000, period: 24h } ] }\n\
-  - name: api\n    match: { path_prefix: /api }\n    key: user\n    limits:\n\
-      - { algorithm: fixed_window, limit: 5, period: 24h, name: per-user }\n\
-      - { algorithm: fixed_window, limit: 1000000, period: 24h, key: global, name: everyone }\n";
+const FAILOVER_ROUTES: &str = r#"identities:
+  user:
+    - header: x-user
+routes:
+  - { name: warm, match: { path_prefix: /warm }, key: user, limits: [ { algorithm: fixed_window, limit: 1000000, period: 24h } ] }
+  - name: api
+    match: { path_prefix: /api }
+    key: user
+    limits:
+      - { algorithm: fixed_window, limit: 5, period: 24h, name: per-user }
+      - { algorithm: fixed_window, limit: 1000000, period: 24h, key: global, name: everyone }
+"#;
 
 /// Checks what the clients saw through a failover: decisions (200/429) before, on_error
 /// (503, `deny`) while no primary served the slot, and nothing slower than the timeout.
@@ -348,9 +365,9 @@ async fn cluster_primary_failover_follows_on_error_then_limits_on_the_promoted_r
     let promoted = tokio::task::block_in_place(|| {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let now = cluster.primary_of_slot(slot);
-            if now != primary {
-                return now;
+            match cluster.try_primary_of_slot(slot) {
+                Some(now) if now != primary => return now,
+                _ => {}
             }
             assert!(Instant::now() < deadline, "no replica was promoted");
             std::thread::sleep(Duration::from_millis(100));
@@ -406,19 +423,24 @@ async fn sentinel_master_failover_follows_on_error_then_limits_on_the_promoted_r
 
 /// Writes a CA, a server certificate for 127.0.0.1 and a client certificate, all PEM.
 fn write_certificates(dir: &std::path::Path) {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    // Distinct subject names: a certificate whose subject equals its issuer's looks
+    // self-signed to OpenSSL (redis-server), which then refuses it.
+    let params = |names: Vec<String>, cn: &str| {
+        let mut p = CertificateParams::new(names).unwrap();
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p
+    };
     let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    let mut ca = params(vec![], "tollgate test CA");
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let ca = ca.self_signed(&ca_key).unwrap();
     let server_key = KeyPair::generate().unwrap();
-    let server = CertificateParams::new(vec!["127.0.0.1".to_string()])
-        .unwrap()
+    let server = params(vec!["127.0.0.1".to_string()], "redis")
         .signed_by(&server_key, &ca, &ca_key)
         .unwrap();
     let client_key = KeyPair::generate().unwrap();
-    let client = CertificateParams::new(vec!["tollgate".to_string()])
-        .unwrap()
+    let client = params(vec!["tollgate".to_string()], "tollgate")
         .signed_by(&client_key, &ca, &ca_key)
         .unwrap();
     for (name, pem) in [
@@ -503,3 +525,5 @@ async fn tls_with_custom_ca_client_certificate_and_acl_user() {
         StatusCode::SERVICE_UNAVAILABLE
     );
 }
+
+

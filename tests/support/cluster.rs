@@ -293,6 +293,12 @@ impl RedisCluster {
 
     /// The port of the primary serving `slot`, as a live node sees it.
     pub fn primary_of_slot(&self, slot: u16) -> u16 {
+        self.try_primary_of_slot(slot)
+            .unwrap_or_else(|| panic!("no healthy primary serves slot {slot}"))
+    }
+
+    /// Like [`RedisCluster::primary_of_slot`], `None` while its primary is failing.
+    pub fn try_primary_of_slot(&self, slot: u16) -> Option<u16> {
         let nodes = self.any().cli(&["CLUSTER", "NODES"]);
         for line in nodes.lines() {
             let fields: Vec<&str> = line.split_whitespace().collect();
@@ -308,10 +314,10 @@ impl RedisCluster {
             });
             if owns {
                 let addr = fields[1].split('@').next().unwrap();
-                return addr.rsplit(':').next().unwrap().parse().unwrap();
+                return addr.rsplit(':').next().unwrap().parse().ok();
             }
         }
-        panic!("no live primary serves slot {slot}:\n{nodes}");
+        None
     }
 
     pub fn node(&mut self, port: u16) -> &mut Node {
