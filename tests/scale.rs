@@ -219,6 +219,20 @@ routes:
         slots_in_use.len() > 2,
         "different callers spread over slots: {slots_in_use:?}"
     );
+
+    // NOSCRIPT: with every node's script cache flushed, the next decision still gets through
+    // (EVALSHA answers NOSCRIPT, EVAL with the source runs it and caches it again).
+    for node in &cluster.nodes {
+        node.cli(&["SCRIPT", "FLUSH"]);
+    }
+    assert_eq!(
+        status_of(proxies[0].addr, "/shared", "after-flush").await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status_of(proxies[0].addr, "/shared", "after-flush").await,
+        StatusCode::OK
+    );
 }
 
 /// Runs load (rotating users) against `proxies` until `stop`; returns each request's status
@@ -386,7 +400,7 @@ async fn cluster_primary_failover_follows_on_error_then_limits_on_the_promoted_r
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sentinel_keeps_limits_exact_and_follows_a_master_failover() {
+async fn four_replicas_on_sentinel_admit_exactly_the_limit() {
     let _turn = TURN.lock().await;
     let setup = tokio::task::block_in_place(SentinelSetup::start);
     exact_across_replicas(sentinel_target(&setup), "sentinel").await;
@@ -527,3 +541,69 @@ async fn tls_with_custom_ca_client_certificate_and_acl_user() {
 }
 
 
+
+/// Redis memory per key for each algorithm (`MEMORY USAGE key SAMPLES 0`), for
+/// docs/scaling.md: printed, and bounded so a change that bloats the state shows up here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_usage_per_key_for_each_algorithm() {
+    let _turn = TURN.lock().await;
+    let redis = RedisServer::start();
+    let up = upstream().start().await;
+    let yaml = format!("{}{EXACT_ROUTES}", store_yaml(&standalone(&redis.url()), "2s"));
+    let proxies = replicas(&up, &yaml, 1).await;
+    let addr = proxies[0].addr;
+    let conn = redis.client().await;
+    let usage = |pattern: String| {
+        let mut conn = conn.clone();
+        async move {
+            let keys: Vec<String> = ::redis::cmd("KEYS").arg(&pattern).query_async(&mut conn).await.unwrap();
+            assert_eq!(keys.len(), 1, "{pattern}: {keys:?}");
+            let bytes: i64 = ::redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(&keys[0])
+                .arg("SAMPLES")
+                .arg(0)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            (keys[0].clone(), bytes)
+        }
+    };
+    let mut report = Vec::new();
+    for (name, route, path, requests) in [
+        ("fixed_window", "fw", "/fw", 1),
+        ("sliding_window", "sw", "/sw", 1),
+        ("token_bucket", "tb", "/tb", 1),
+        ("gcra", "gcra", "/gcra", 1),
+        ("sliding_log (1 entry)", "sl", "/slog", 1),
+        ("sliding_log (50 entries)", "sl", "/slog", 50),
+    ] {
+        let user = format!("mem-{requests}");
+        for _ in 0..requests {
+            assert_eq!(status_of(addr, path, &user).await, StatusCode::OK);
+        }
+        let (key, bytes) = usage(format!("{PREFIX}{{{route}|*{user}*")).await;
+        report.push((name, key, bytes));
+    }
+    // Concurrency: measured while 1 and then 10 requests hold a slot.
+    for held in [1usize, 10] {
+        let user = format!("mem-conc-{held}");
+        let holders: Vec<_> = (0..held)
+            .map(|_| {
+                let user = user.clone();
+                tokio::spawn(async move { status_of(addr, "/sleep?ms=1500", &user).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let (key, bytes) = usage(format!("{PREFIX}{{conc|*{user}*")).await;
+        report.push((if held == 1 { "concurrency (1 in flight)" } else { "concurrency (10 in flight)" }, key, bytes));
+        for h in holders {
+            assert_eq!(h.await.unwrap(), StatusCode::OK);
+        }
+    }
+    for (name, key, bytes) in &report {
+        eprintln!("MEMORY USAGE {key} SAMPLES 0 -> {bytes} bytes ({name})");
+        let bound = if name.contains("50 entries") { 4096 } else { 1024 };
+        assert!(*bytes > 0 && *bytes < bound, "{name}: {bytes} bytes");
+    }
+}

@@ -213,3 +213,112 @@ impl Validator<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::{parse, Config, StoreConfig};
+
+    const BASE: &str = "listen: 127.0.0.1:8080\nupstream: { url: http://127.0.0.1:3000 }\n";
+
+    fn env(name: &str) -> Option<String> {
+        (name == "REDIS_PW").then(|| "from-env".to_string())
+    }
+
+    fn redis(extra: &str) -> RedisConfig {
+        let c: Config = parse(Path::new("t.yaml"), &format!("{BASE}{extra}"), env)
+            .unwrap_or_else(|e| panic!("{e}"));
+        match c.throttle.store {
+            StoreConfig::Redis(r) => r,
+            other => panic!("not redis: {other:?}"),
+        }
+    }
+
+    fn errors(extra: &str) -> String {
+        parse(Path::new("t.yaml"), &format!("{BASE}{extra}"), env)
+            .expect_err("should be refused")
+            .to_string()
+    }
+
+    #[test]
+    fn cluster_and_sentinel_with_acl_user_and_password_from_the_environment() {
+        let r = redis("store:\n  redis:\n    cluster: [redis://10.0.0.1:7000, \"redis://10.0.0.2:7000\"]\n    username: tollgate\n    password: ${REDIS_PW}\n    timeout: 80ms\n");
+        assert_eq!(
+            r.mode,
+            RedisMode::Cluster(vec![
+                "redis://10.0.0.1:7000".into(),
+                "redis://10.0.0.2:7000".into()
+            ])
+        );
+        assert_eq!(r.username.as_deref(), Some("tollgate"));
+        assert_eq!(r.password, Some(Secret("from-env".into())));
+        assert_eq!(r.timeout, Duration::from_millis(80));
+        assert!(!format!("{r:?}").contains("from-env"), "Debug hides it");
+
+        let r = redis("store:\n  redis:\n    sentinel: { master: cache, nodes: [redis://s1:26379, redis://s2:26379] }\n");
+        assert_eq!(
+            r.mode,
+            RedisMode::Sentinel {
+                master: "cache".into(),
+                nodes: vec!["redis://s1:26379".into(), "redis://s2:26379".into()]
+            }
+        );
+    }
+
+    #[test]
+    fn tls_files_are_read_at_startup() {
+        let dir = tempfile::tempdir().unwrap();
+        let pem = "-----BEGIN CERTIFICATE-----\nMA==\n-----END CERTIFICATE-----\n";
+        for name in ["ca.pem", "c.pem", "c.key"] {
+            std::fs::write(dir.path().join(name), pem).unwrap();
+        }
+        let d = dir.path().display();
+        let r = redis(&format!("store:\n  redis:\n    url: rediss://cache:6380\n    tls: {{ ca_file: {d}/ca.pem, cert_file: {d}/c.pem, key_file: {d}/c.key }}\n"));
+        let tls = r.tls.expect("tls");
+        assert_eq!(tls.ca.as_deref(), Some(pem.as_bytes()));
+        assert!(tls.client.is_some());
+
+        let all = errors(&format!("store:\n  redis:\n    url: redis://cache:6379\n    tls:\n      ca_file: {d}/missing.pem\n      cert_file: {d}/c.pem\n"));
+        for expected in [
+            "t.yaml:7:7: store.redis.tls: TLS certificates are set but the URLs say redis://",
+            "t.yaml:7:16: store.redis.tls.ca_file: cannot read",
+            "store.redis.tls: a client certificate needs both `cert_file` and `key_file`",
+        ] {
+            assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+        }
+    }
+
+    #[test]
+    fn bad_redis_sections_are_refused_with_positions() {
+        let all = errors("store:\n  redis:\n    url: redis://a:1\n    cluster: [redis://b:1]\n");
+        assert!(
+            all.contains("t.yaml:5:5: store.redis: give exactly one of `url`"),
+            "{all}"
+        );
+        let all = errors("store:\n  redis: { key_prefix: x }\n");
+        assert!(all.contains("store.redis: give exactly one of"), "{all}");
+        let all = errors(
+            "store:\n  redis:\n    cluster: [redis://a:1, rediss://b:1, \"http://c:1\"]\n    username: u\n",
+        );
+        for expected in [
+            "t.yaml:5:42: store.redis.cluster[2]: `http://c:1` must start with redis://",
+            "store.redis: mix of redis:// and rediss:// URLs",
+            "t.yaml:6:15: store.redis.username: an ACL username needs a `password`",
+        ] {
+            assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+        }
+        let all = errors("store:\n  redis:\n    sentinel: { master: \"\", nodes: [] }\n");
+        for expected in [
+            "store.redis.sentinel.master: name the master",
+            "store.redis.sentinel.nodes: list at least one Sentinel",
+        ] {
+            assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+        }
+        let all = errors("store:\n  redis:\n    sentinel: { master: m, nodes: [redis://s:1], master_name: x }\n");
+        assert!(all.contains("unknown field `master_name`"), "{all}");
+        let all = errors("store:\n  redis:\n    url: redis://a:1\n    tls: { ca: x }\n");
+        assert!(all.contains("unknown field `ca`, expected one of `ca_file`"), "{all}");
+    }
+}
