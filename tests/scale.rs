@@ -200,13 +200,22 @@ routes:
             .or_default()
             .push(key.clone());
     }
-    let shared_groups: Vec<_> = groups.iter().filter(|(t, _)| t.starts_with("{shared|")).collect();
-    assert_eq!(shared_groups.len(), users.len(), "one tag per user: {groups:#?}");
+    let shared_groups: Vec<_> = groups
+        .iter()
+        .filter(|(t, _)| t.starts_with("{shared|"))
+        .collect();
+    assert_eq!(
+        shared_groups.len(),
+        users.len(),
+        "one tag per user: {groups:#?}"
+    );
     for (_, keys) in &shared_groups {
         // daily, minute and rate keep state (the concurrency lease ended with the response).
         assert!(keys.len() >= 3, "{keys:?}");
     }
-    let mixed = groups.get("{mixed}").expect("mixed keys share the route tag");
+    let mixed = groups
+        .get("{mixed}")
+        .expect("mixed keys share the route tag");
     assert_eq!(mixed.len(), users.len() + 1, "{mixed:?}");
     let mut slots_in_use = std::collections::BTreeSet::new();
     for keys in groups.values() {
@@ -328,7 +337,8 @@ async fn check_failover_load(
 async fn limiting_resumed(proxies: &[ProxyHandle], user: &str, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if status_of(proxies[0].addr, "/api", &format!("{user}-probe")).await != StatusCode::SERVICE_UNAVAILABLE
+        if status_of(proxies[0].addr, "/api", &format!("{user}-probe")).await
+            != StatusCode::SERVICE_UNAVAILABLE
             && status_of(proxies[1].addr, "/api", &format!("{user}-probe")).await
                 != StatusCode::SERVICE_UNAVAILABLE
         {
@@ -361,7 +371,10 @@ async fn cluster_primary_failover_follows_on_error_then_limits_on_the_promoted_r
         store_yaml(&cluster_target(&cluster), "300ms")
     );
     let proxies = replicas(&up, &yaml, 2).await;
-    assert_eq!(status_of(proxies[0].addr, "/api", "first").await, StatusCode::OK);
+    assert_eq!(
+        status_of(proxies[0].addr, "/api", "first").await,
+        StatusCode::OK
+    );
     let key = cluster
         .keys(PREFIX)
         .into_iter()
@@ -387,16 +400,24 @@ async fn cluster_primary_failover_follows_on_error_then_limits_on_the_promoted_r
             std::thread::sleep(Duration::from_millis(100));
         }
     });
-    eprintln!("cluster: slot {slot} moved from :{primary} to :{promoted} after {:?}", killed_at.elapsed());
+    eprintln!(
+        "cluster: slot {slot} moved from :{primary} to :{promoted} after {:?}",
+        killed_at.elapsed()
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, Ordering::Relaxed);
     check_failover_load(load, "cluster").await;
     limiting_resumed(&proxies, "after-cluster-failover", "cluster").await;
     // The state now lives on the promoted replica.
-    let on_promoted = cluster
-        .node(promoted)
-        .cli(&["--scan", "--pattern", &format!("{PREFIX}{{api}}*after-cluster-failover*")]);
-    assert!(!on_promoted.is_empty(), "the new key is on the promoted replica");
+    let on_promoted = cluster.node(promoted).cli(&[
+        "--scan",
+        "--pattern",
+        &format!("{PREFIX}{{api}}*after-cluster-failover*"),
+    ]);
+    assert!(
+        !on_promoted.is_empty(),
+        "the new key is on the promoted replica"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -416,7 +437,10 @@ async fn sentinel_master_failover_follows_on_error_then_limits_on_the_promoted_r
         store_yaml(&sentinel_target(&setup), "300ms")
     );
     let proxies = replicas(&up, &yaml, 2).await;
-    assert_eq!(status_of(proxies[0].addr, "/api", "first").await, StatusCode::OK);
+    assert_eq!(
+        status_of(proxies[0].addr, "/api", "first").await,
+        StatusCode::OK
+    );
 
     let stop = Arc::new(AtomicBool::new(false));
     let load = start_load(&proxies, stop.clone());
@@ -429,10 +453,15 @@ async fn sentinel_master_failover_follows_on_error_then_limits_on_the_promoted_r
     stop.store(true, Ordering::Relaxed);
     check_failover_load(load, "sentinel").await;
     limiting_resumed(&proxies, "after-sentinel-failover", "sentinel").await;
-    let on_promoted = setup
-        .replica
-        .cli(&["--scan", "--pattern", &format!("{PREFIX}*after-sentinel-failover*")]);
-    assert!(!on_promoted.is_empty(), "the new key is on the promoted replica");
+    let on_promoted = setup.replica.cli(&[
+        "--scan",
+        "--pattern",
+        &format!("{PREFIX}*after-sentinel-failover*"),
+    ]);
+    assert!(
+        !on_promoted.is_empty(),
+        "the new key is on the promoted replica"
+    );
 }
 
 /// Writes a CA, a server certificate for 127.0.0.1 and a client certificate, all PEM.
@@ -540,8 +569,6 @@ async fn tls_with_custom_ca_client_certificate_and_acl_user() {
     );
 }
 
-
-
 /// Redis memory per key for each algorithm (`MEMORY USAGE key SAMPLES 0`), for
 /// docs/scaling.md: printed, and bounded so a change that bloats the state shows up here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -549,14 +576,21 @@ async fn memory_usage_per_key_for_each_algorithm() {
     let _turn = TURN.lock().await;
     let redis = RedisServer::start();
     let up = upstream().start().await;
-    let yaml = format!("{}{EXACT_ROUTES}", store_yaml(&standalone(&redis.url()), "2s"));
+    let yaml = format!(
+        "{}{EXACT_ROUTES}",
+        store_yaml(&standalone(&redis.url()), "2s")
+    );
     let proxies = replicas(&up, &yaml, 1).await;
     let addr = proxies[0].addr;
     let conn = redis.client().await;
     let usage = |pattern: String| {
         let mut conn = conn.clone();
         async move {
-            let keys: Vec<String> = ::redis::cmd("KEYS").arg(&pattern).query_async(&mut conn).await.unwrap();
+            let keys: Vec<String> = ::redis::cmd("KEYS")
+                .arg(&pattern)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
             assert_eq!(keys.len(), 1, "{pattern}: {keys:?}");
             let bytes: i64 = ::redis::cmd("MEMORY")
                 .arg("USAGE")
@@ -596,14 +630,26 @@ async fn memory_usage_per_key_for_each_algorithm() {
             .collect();
         tokio::time::sleep(Duration::from_millis(700)).await;
         let (key, bytes) = usage(format!("{PREFIX}{{conc|*{user}*")).await;
-        report.push((if held == 1 { "concurrency (1 in flight)" } else { "concurrency (10 in flight)" }, key, bytes));
+        report.push((
+            if held == 1 {
+                "concurrency (1 in flight)"
+            } else {
+                "concurrency (10 in flight)"
+            },
+            key,
+            bytes,
+        ));
         for h in holders {
             assert_eq!(h.await.unwrap(), StatusCode::OK);
         }
     }
     for (name, key, bytes) in &report {
         eprintln!("MEMORY USAGE {key} SAMPLES 0 -> {bytes} bytes ({name})");
-        let bound = if name.contains("50 entries") { 4096 } else { 1024 };
+        let bound = if name.contains("50 entries") {
+            4096
+        } else {
+            1024
+        };
         assert!(*bytes > 0 && *bytes < bound, "{name}: {bytes} bytes");
     }
 }

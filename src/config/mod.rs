@@ -19,8 +19,8 @@ use std::time::Duration;
 use http::uri::{Authority, Scheme};
 
 pub use env::substitute;
-pub use redis_config::{RedisConfig, RedisMode, RedisTls, Secret};
 use raw::{RawConfig, RawListen, RawListener, RawSize};
+pub use redis_config::{RedisConfig, RedisMode, RedisTls, Secret};
 use spans::SpanIndex;
 pub use throttle::{
     Limit, OnError, OnLimit, ResponseConfig, Route, Scope, StoreConfig, Throttle,

@@ -80,7 +80,11 @@ fn scheme_ok(url: &str) -> bool {
 
 impl Validator<'_> {
     pub(crate) fn redis(&mut self, raw: &RawRedis, default_timeout: Duration) -> RedisConfig {
-        let timeout = self.duration("store.redis.timeout", raw.timeout.as_deref(), default_timeout);
+        let timeout = self.duration(
+            "store.redis.timeout",
+            raw.timeout.as_deref(),
+            default_timeout,
+        );
         let given = [
             raw.url.is_some(),
             raw.cluster.is_some(),
@@ -122,7 +126,11 @@ impl Validator<'_> {
                     "list at least one Sentinel, e.g. [redis://10.0.0.1:26379]",
                 );
             }
-            let nodes: Vec<String> = sentinel.nodes.iter().map(|n| n.trim().to_string()).collect();
+            let nodes: Vec<String> = sentinel
+                .nodes
+                .iter()
+                .map(|n| n.trim().to_string())
+                .collect();
             for (i, n) in nodes.iter().enumerate() {
                 urls.push((format!("store.redis.sentinel.nodes[{i}]"), n.clone()));
             }
@@ -143,7 +151,10 @@ impl Validator<'_> {
                 self.error(path, format!("not a usable Redis URL: {e}"));
             }
         }
-        let tls_urls = urls.iter().filter(|(_, u)| u.starts_with("rediss://")).count();
+        let tls_urls = urls
+            .iter()
+            .filter(|(_, u)| u.starts_with("rediss://"))
+            .count();
         if tls_urls != 0 && tls_urls != urls.len() {
             self.error(
                 "store.redis",
@@ -316,9 +327,14 @@ mod tests {
         ] {
             assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
         }
-        let all = errors("store:\n  redis:\n    sentinel: { master: m, nodes: [redis://s:1], master_name: x }\n");
+        let all = errors(
+            "store:\n  redis:\n    sentinel: { master: m, nodes: [redis://s:1], master_name: x }\n",
+        );
         assert!(all.contains("unknown field `master_name`"), "{all}");
         let all = errors("store:\n  redis:\n    url: redis://a:1\n    tls: { ca: x }\n");
-        assert!(all.contains("unknown field `ca`, expected one of `ca_file`"), "{all}");
+        assert!(
+            all.contains("unknown field `ca`, expected one of `ca_file`"),
+            "{all}"
+        );
     }
 }

@@ -2,10 +2,12 @@
 //!
 //! A decision is ONE `EVALSHA` of `decide.lua`, which mirrors [`super::algorithm`] inside
 //! Redis so that all limits of a request are checked and consumed atomically, on Redis's own
-//! clock (proxy clocks may disagree). One multiplexed, auto-reconnecting connection
-//! ([`ConnectionManager`]) is shared by all requests, and every call is bounded by the
-//! configured timeout so a stuck Redis surfaces as [`StoreError::Timeout`] instead of stalling
-//! the proxy.
+//! clock (proxy clocks may disagree). The same store type runs over one server
+//! ([`ConnectionManager`]), a Redis Cluster (redis-rs's async cluster client, which routes by
+//! the keys' hash slot and follows MOVED/ASK and failovers) or a Sentinel-managed master
+//! ([`super::sentinel`]); each keeps one multiplexed connection per node shared by all
+//! requests. Every call is bounded by the configured timeout so a stuck Redis surfaces as
+//! [`StoreError::Timeout`] instead of stalling the proxy.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -455,11 +457,19 @@ fn describe(config: &RedisConfig) -> String {
         RedisMode::Standalone(url) => format!("redis {}", redact(url)),
         RedisMode::Cluster(nodes) => format!(
             "redis cluster (seeds {})",
-            nodes.iter().map(|n| redact(n)).collect::<Vec<_>>().join(", ")
+            nodes
+                .iter()
+                .map(|n| redact(n))
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
         RedisMode::Sentinel { master, nodes } => format!(
             "redis master `{master}` via sentinels {}",
-            nodes.iter().map(|n| redact(n)).collect::<Vec<_>>().join(", ")
+            nodes
+                .iter()
+                .map(|n| redact(n))
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     }
 }

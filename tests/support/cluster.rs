@@ -126,16 +126,9 @@ impl CustomRedis {
         let port = free_port();
         let mut all: Vec<String> = vec!["--port".into(), port.to_string()];
         all.extend(
-            [
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ]
-            .iter()
-            .map(|s| s.to_string()),
+            ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+                .iter()
+                .map(|s| s.to_string()),
         );
         all.extend(args.iter().map(|a| a.replace("{port}", &port.to_string())));
         CustomRedis {
