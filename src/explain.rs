@@ -274,8 +274,11 @@ pub async fn live(config: &Config, explanation: &mut Explanation) -> Result<(), 
         crate::config::StoreConfig::Memory => {
             return Err("limits live in each proxy's memory (no store.redis section): there is no shared state to read".into())
         }
-        crate::config::StoreConfig::Redis { url, timeout } => {
-            crate::limit::redis_store::RedisStore::connect(url, (*timeout).max(std::time::Duration::from_secs(2)))
+        crate::config::StoreConfig::Redis(redis) => {
+            let mut redis = redis.clone();
+            // A one-off command-line read: give a slow link more than the proxy's budget.
+            redis.timeout = redis.timeout.max(std::time::Duration::from_secs(2));
+            crate::limit::redis_store::RedisStore::open(&redis)
                 .await
                 .map_err(|e| format!("cannot reach the store: {e}"))?
         }

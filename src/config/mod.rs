@@ -7,6 +7,7 @@
 
 mod env;
 mod raw;
+mod redis_config;
 mod spans;
 mod throttle;
 
@@ -19,7 +20,7 @@ use http::uri::{Authority, Scheme};
 
 pub use env::substitute;
 use raw::{RawConfig, RawListen, RawListener, RawSize};
-
+pub use redis_config::{RedisConfig, RedisMode, RedisTls, Secret};
 use spans::SpanIndex;
 pub use throttle::{
     Allow, Limit, OnError, OnLimit, Override, ResponseConfig, Route, Scope, StoreConfig, Throttle,

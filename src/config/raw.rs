@@ -81,12 +81,34 @@ pub struct RawStore {
     pub on_error: Option<String>,
 }
 
+/// Exactly one of `url` (one server), `cluster` (seed nodes) or `sentinel` is required.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRedis {
-    pub url: String,
+    pub url: Option<String>,
+    pub cluster: Option<Vec<String>>,
+    pub sentinel: Option<RawSentinel>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub tls: Option<RawRedisTls>,
     pub key_prefix: Option<String>,
     pub timeout: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSentinel {
+    pub master: String,
+    pub nodes: Vec<String>,
+}
+
+/// TLS towards Redis (turned on by `rediss://` URLs or by this section).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRedisTls {
+    pub ca_file: Option<String>,
+    pub cert_file: Option<String>,
+    pub key_file: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

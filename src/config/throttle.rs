@@ -58,10 +58,8 @@ pub struct Override {
 pub enum StoreConfig {
     /// Limits live in this process only.
     Memory,
-    Redis {
-        url: String,
-        timeout: Duration,
-    },
+    /// Shared through Redis: one server, a Cluster or a Sentinel-managed master.
+    Redis(super::RedisConfig),
 }
 
 /// What a store error (timeout, connection loss) means for the request.
@@ -160,7 +158,7 @@ impl Validator<'_> {
         let identities = self.identities(std::mem::take(&mut raw.identities));
         let default_scope = match store {
             StoreConfig::Memory => Scope::Local,
-            StoreConfig::Redis { .. } => Scope::Global,
+            StoreConfig::Redis(_) => Scope::Global,
         };
         let mut names = HashSet::new();
         let mut routes = Vec::new();
@@ -205,15 +203,6 @@ impl Validator<'_> {
         let Some(redis) = &raw.redis else {
             return (StoreConfig::Memory, DEFAULT_KEY_PREFIX.into(), on_error);
         };
-        let url = redis.url.trim().to_string();
-        if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-            self.error(
-                "store.redis.url",
-                format!("`{url}` must start with redis:// or rediss:// (TLS)"),
-            );
-        } else if let Err(e) = redis::Client::open(url.as_str()) {
-            self.error("store.redis.url", format!("not a usable Redis URL: {e}"));
-        }
         let key_prefix = redis
             .key_prefix
             .clone()
@@ -221,12 +210,8 @@ impl Validator<'_> {
         if key_prefix.contains(['{', '}']) || key_prefix.chars().any(char::is_whitespace) {
             self.error("store.redis.key_prefix", "must not contain `{`, `}` or whitespace (they would change Redis Cluster hash slots)");
         }
-        let timeout = self.duration(
-            "store.redis.timeout",
-            redis.timeout.as_deref(),
-            DEFAULT_STORE_TIMEOUT,
-        );
-        (StoreConfig::Redis { url, timeout }, key_prefix, on_error)
+        let redis = self.redis(redis, DEFAULT_STORE_TIMEOUT);
+        (StoreConfig::Redis(redis), key_prefix, on_error)
     }
 
     fn trusted_proxies(&mut self, raw: Option<&raw::RawClientIp>) -> TrustedProxies {
@@ -932,10 +917,10 @@ response: { status: 503, headers: [legacy] }\n");
         let t = &c.throttle;
         assert_eq!(
             t.store,
-            StoreConfig::Redis {
-                url: "redis://u:p@127.0.0.1:6379/2".into(),
-                timeout: Duration::from_millis(20)
-            }
+            StoreConfig::Redis(crate::config::RedisConfig::standalone(
+                "redis://u:p@127.0.0.1:6379/2",
+                Duration::from_millis(20)
+            ))
         );
         assert_eq!(t.key_prefix, "app:");
         assert_eq!(t.on_error, OnError::Local);

@@ -9,6 +9,7 @@
 pub mod algorithm;
 pub mod memory;
 pub mod redis_store;
+mod sentinel;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

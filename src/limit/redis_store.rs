@@ -2,16 +2,27 @@
 //!
 //! A decision is ONE `EVALSHA` of `decide.lua`, which mirrors [`super::algorithm`] inside
 //! Redis so that all limits of a request are checked and consumed atomically, on Redis's own
-//! clock (proxy clocks may disagree). One multiplexed, auto-reconnecting connection
-//! ([`ConnectionManager`]) is shared by all requests, and every call is bounded by the
-//! configured timeout so a stuck Redis surfaces as [`StoreError::Timeout`] instead of stalling
-//! the proxy.
+//! clock (proxy clocks may disagree). The same store type runs over one server
+//! ([`ConnectionManager`]), a Redis Cluster (redis-rs's async cluster client, which routes by
+//! the keys' hash slot and follows MOVED/ASK and failovers) or a Sentinel-managed master
+//! ([`super::sentinel`]); each keeps one multiplexed connection per node shared by all
+//! requests. Every call is bounded by the configured timeout so a stuck Redis surfaces as
+//! [`StoreError::Timeout`] instead of stalling the proxy.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::Script;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::{
+    ClientTlsConfig, ConnectionInfo, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisError,
+    RedisResult, Script, ServerErrorKind, TlsCertificates,
+};
+
+use super::sentinel::SentinelMaster;
+use crate::config::{RedisConfig, RedisMode};
 
 use super::algorithm::{Algorithm, Micros, Verdict};
 use super::{new_lease_id, Check, Decision, Lease, StoreError};
@@ -69,17 +80,45 @@ pub fn release_script_source() -> String {
     RELEASE_LUA.to_string()
 }
 
+/// A Lua script, run by hash (`EVALSHA`) and, on a node that has not cached it yet, by source.
+struct LuaScript {
+    hash: String,
+    source: String,
+}
+
+impl LuaScript {
+    fn new(source: String) -> LuaScript {
+        LuaScript {
+            hash: Script::new(&source).get_hash().to_string(),
+            source,
+        }
+    }
+}
+
 struct Scripts {
-    decide: Script,
-    peek: Script,
-    release: Script,
-    refresh: Script,
+    decide: LuaScript,
+    peek: LuaScript,
+    release: LuaScript,
+    refresh: LuaScript,
+}
+
+/// The connection(s), by deployment. Each holds one multiplexed connection per node that all
+/// requests share: concurrent decisions pipeline on it instead of waiting for a pool slot.
+#[derive(Clone)]
+enum Conn {
+    /// One server; reconnects by itself.
+    Standalone(ConnectionManager),
+    /// Redis Cluster: routes each script by its keys' slot, follows MOVED/ASK and refreshes the
+    /// slot map when a node fails or a replica is promoted.
+    Cluster(ClusterConnection),
+    /// The master named by the Sentinels, rediscovered after connection loss or `READONLY`.
+    Sentinel(Arc<SentinelMaster>),
 }
 
 /// Limit states in Redis. Clone is cheap: clones share the connection.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Conn,
     timeout: Duration,
     clock: ScriptClock,
     scripts: Arc<Scripts>,
@@ -87,10 +126,10 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
-    /// Connects to `url` (`redis://` or `rediss://`); `timeout` bounds connecting and every
-    /// later call.
+    /// Connects to one server at `url` (`redis://` or `rediss://`); `timeout` bounds
+    /// connecting and every later call.
     pub async fn connect(url: &str, timeout: Duration) -> Result<RedisStore, StoreError> {
-        RedisStore::connect_with_clock(url, timeout, ScriptClock::Redis).await
+        RedisStore::open(&RedisConfig::standalone(url, timeout)).await
     }
 
     /// Like [`RedisStore::connect`] with a chosen script clock: [`ScriptClock::Argv`] is for
@@ -100,27 +139,102 @@ impl RedisStore {
         timeout: Duration,
         clock: ScriptClock,
     ) -> Result<RedisStore, StoreError> {
-        let client = redis::Client::open(url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(timeout))
-            .set_connection_timeout(Some(timeout));
-        let conn =
-            tokio::time::timeout(timeout, ConnectionManager::new_with_config(client, config))
-                .await
-                .map_err(|_| StoreError::Timeout(timeout))?
-                .map_err(|e| map_err(e, timeout))?;
-        Ok(RedisStore {
+        RedisStore::open_with_clock(&RedisConfig::standalone(url, timeout), clock).await
+    }
+
+    /// Connects to the deployment `config` describes (one server, a Cluster or a Sentinel
+    /// master) and makes the scripts available on its nodes.
+    pub async fn open(config: &RedisConfig) -> Result<RedisStore, StoreError> {
+        RedisStore::open_with_clock(config, ScriptClock::Redis).await
+    }
+
+    /// [`RedisStore::open`] with a chosen script clock (tests only).
+    pub async fn open_with_clock(
+        config: &RedisConfig,
+        clock: ScriptClock,
+    ) -> Result<RedisStore, StoreError> {
+        // rediss:// needs the process-wide rustls provider (ring), as the listeners do.
+        crate::tls::install_crypto_provider();
+        let timeout = config.timeout;
+        let scripts = Arc::new(Scripts {
+            decide: LuaScript::new(decide_script_source(clock)),
+            peek: LuaScript::new(peek_script_source()),
+            release: LuaScript::new(release_script_source()),
+            refresh: LuaScript::new(refresh_script_source(clock)),
+        });
+        let connecting = async {
+            Ok::<_, RedisError>(match &config.mode {
+                RedisMode::Standalone(url) => {
+                    let client = standalone_client(url, config)?;
+                    let manager = ConnectionManagerConfig::new()
+                        .set_response_timeout(Some(timeout))
+                        .set_connection_timeout(Some(timeout));
+                    Conn::Standalone(ConnectionManager::new_with_config(client, manager).await?)
+                }
+                RedisMode::Cluster(nodes) => {
+                    let client = cluster_client(nodes, config)?;
+                    Conn::Cluster(client.get_async_connection().await?)
+                }
+                RedisMode::Sentinel { master, nodes } => {
+                    Conn::Sentinel(SentinelMaster::connect(master, nodes, config).await?)
+                }
+            })
+        };
+        let conn = tokio::time::timeout(timeout, connecting)
+            .await
+            .map_err(|_| StoreError::Timeout(timeout))?
+            .map_err(|e| map_err(e, timeout))?;
+        let store = RedisStore {
             conn,
             timeout,
             clock,
-            scripts: Arc::new(Scripts {
-                decide: Script::new(&decide_script_source(clock)),
-                peek: Script::new(&peek_script_source()),
-                release: Script::new(&release_script_source()),
-                refresh: Script::new(&refresh_script_source(clock)),
-            }),
-            description: format!("redis {}", redact(url)),
-        })
+            scripts,
+            description: describe(config),
+        };
+        store.load_scripts().await;
+        Ok(store)
+    }
+
+    /// `SCRIPT LOAD` on every node (every primary at least), so the first decisions need no
+    /// fallback. Best effort: a node that missed it (down now, added or restarted later)
+    /// answers `NOSCRIPT` once and gets the script through `EVAL` then.
+    async fn load_scripts(&self) {
+        let scripts = [
+            &self.scripts.decide,
+            &self.scripts.release,
+            &self.scripts.refresh,
+        ];
+        for script in scripts {
+            let mut load = redis::cmd("SCRIPT");
+            load.arg("LOAD").arg(&script.source);
+            let loaded = match &self.conn {
+                Conn::Cluster(cluster) => {
+                    let mut cluster = cluster.clone();
+                    let everywhere = RoutingInfo::MultiNode((
+                        MultipleNodeRoutingInfo::AllNodes,
+                        Some(ResponsePolicy::AllSucceeded),
+                    ));
+                    let primaries = RoutingInfo::MultiNode((
+                        MultipleNodeRoutingInfo::AllMasters,
+                        Some(ResponsePolicy::AllSucceeded),
+                    ));
+                    match self
+                        .bounded(cluster.route_command(load.clone(), everywhere))
+                        .await
+                    {
+                        Ok(_) => Ok(()),
+                        Err(_) => self
+                            .bounded(cluster.route_command(load, primaries))
+                            .await
+                            .map(drop),
+                    }
+                }
+                _ => self.query::<String>(&load).await.map(drop),
+            };
+            if let Err(e) = loaded {
+                tracing::warn!(cause = %e, "could not preload a Lua script; nodes without it get it on first use");
+            }
+        }
     }
 
     /// See [`super::Store::decide`]: one round trip, time read inside Redis.
@@ -157,7 +271,7 @@ impl RedisStore {
 
     async fn run_decide(
         &self,
-        script: &Script,
+        script: &LuaScript,
         checks: &[Check<'_>],
         now: Option<Micros>,
     ) -> Result<Decision, StoreError> {
@@ -179,24 +293,24 @@ impl RedisStore {
                 }
             })
             .collect();
-        let mut invocation = script.prepare_invoke();
+        let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
+        let mut args: Vec<String> = Vec::with_capacity(1 + 7 * checks.len());
         if let Some(now) = now {
-            invocation.arg(now);
+            args.push(now.to_string());
         }
         for (c, lease) in checks.iter().zip(&lease_ids) {
             let p = &c.params;
-            invocation
-                .key(c.key)
-                .arg(p.algorithm.code())
-                .arg(p.limit)
-                .arg(p.period_us)
-                .arg(p.burst)
-                .arg(p.cost)
-                .arg(u8::from(c.shadow))
-                .arg(*lease);
+            args.extend([
+                p.algorithm.code().to_string(),
+                p.limit.to_string(),
+                p.period_us.to_string(),
+                p.burst.to_string(),
+                p.cost.to_string(),
+                u8::from(c.shadow).to_string(),
+                lease.to_string(),
+            ]);
         }
-        let mut conn = self.conn.clone();
-        let reply: Vec<i64> = self.bounded(invocation.invoke_async(&mut conn)).await?;
+        let reply: Vec<i64> = self.eval(script, &keys, &args).await?;
         parse_decision(checks, &lease_ids, &reply)
     }
 
@@ -205,12 +319,9 @@ impl RedisStore {
         if leases.is_empty() {
             return Ok(());
         }
-        let mut invocation = self.scripts.release.prepare_invoke();
-        for lease in leases {
-            invocation.key(&lease.key).arg(lease.id);
-        }
-        let mut conn = self.conn.clone();
-        let _removed: i64 = self.bounded(invocation.invoke_async(&mut conn)).await?;
+        let keys: Vec<&str> = leases.iter().map(|l| l.key.as_str()).collect();
+        let args: Vec<String> = leases.iter().map(|l| l.id.to_string()).collect();
+        let _removed: i64 = self.eval(&self.scripts.release, &keys, &args).await?;
         Ok(())
     }
 
@@ -234,18 +345,16 @@ impl RedisStore {
         if leases.is_empty() {
             return Ok(Vec::new());
         }
-        let mut invocation = self.scripts.refresh.prepare_invoke();
+        let keys: Vec<&str> = leases.iter().map(|l| l.key.as_str()).collect();
+        let mut args: Vec<String> = Vec::with_capacity(1 + 2 * leases.len());
         if let Some(now) = now {
-            invocation.arg(now);
+            args.push(now.to_string());
         }
         for lease in leases {
-            invocation
-                .key(&lease.key)
-                .arg(lease.params.period_us)
-                .arg(lease.id);
+            args.push(lease.params.period_us.to_string());
+            args.push(lease.id.to_string());
         }
-        let mut conn = self.conn.clone();
-        let reply: Vec<i64> = self.bounded(invocation.invoke_async(&mut conn)).await?;
+        let reply: Vec<i64> = self.eval(&self.scripts.refresh, &keys, &args).await?;
         if reply.len() != leases.len() {
             return Err(StoreError::Protocol(format!(
                 "refresh replied {} values for {} leases",
@@ -256,9 +365,50 @@ impl RedisStore {
         Ok(reply.into_iter().map(|r| r == 1).collect())
     }
 
-    /// `"redis redis://host:port/db"`, with any user/password left out.
+    /// `"redis redis://host:port/db"` (or the cluster's seeds, or the Sentinel master), with
+    /// any user/password left out.
     pub fn describe(&self) -> String {
         self.description.clone()
+    }
+
+    /// Runs `script` in ONE round trip: `EVALSHA`, and only if this node does not have the
+    /// script cached (`NOSCRIPT`: a restarted node, a promoted replica, a node added later),
+    /// one `EVAL` with the source, which also caches it there. The fallback is done here
+    /// rather than by `Script::invoke_async` because that one sends `SCRIPT LOAD`, which a
+    /// cluster connection fans out to every node and which then fails while any node is down.
+    /// The whole call, fallback included, is bounded by the timeout.
+    async fn eval<T: FromRedisValue>(
+        &self,
+        script: &LuaScript,
+        keys: &[&str],
+        args: &[String],
+    ) -> Result<T, StoreError> {
+        let command = |name: &str, first: &str| {
+            let mut c = redis::cmd(name);
+            c.arg(first).arg(keys.len()).arg(keys).arg(args);
+            c
+        };
+        let call = async {
+            match self.query_raw(&command("EVALSHA", &script.hash)).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    self.query_raw(&command("EVAL", &script.source)).await
+                }
+                other => other,
+            }
+        };
+        self.bounded(call).await
+    }
+
+    async fn query<T: FromRedisValue>(&self, command: &redis::Cmd) -> Result<T, StoreError> {
+        self.bounded(self.query_raw(command)).await
+    }
+
+    async fn query_raw<T: FromRedisValue>(&self, command: &redis::Cmd) -> RedisResult<T> {
+        match &self.conn {
+            Conn::Standalone(c) => command.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => command.query_async(&mut c.clone()).await,
+            Conn::Sentinel(s) => s.query(command).await,
+        }
     }
 
     async fn bounded<T>(
@@ -267,8 +417,83 @@ impl RedisStore {
     ) -> Result<T, StoreError> {
         match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => result.map_err(|e| map_err(e, self.timeout)),
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
+            Err(_) => {
+                // A master that stopped answering (frozen, partitioned) never errors by itself:
+                // ask the Sentinels whether it was replaced.
+                if let Conn::Sentinel(s) = &self.conn {
+                    s.rediscover_from(s.generation());
+                }
+                Err(StoreError::Timeout(self.timeout))
+            }
         }
+    }
+}
+
+/// TLS certificates for redis-rs, if `store.redis.tls` named any.
+fn certificates(config: &RedisConfig) -> Option<TlsCertificates> {
+    config.tls.as_ref().map(|tls| TlsCertificates {
+        client_tls: tls.client.as_ref().map(|(cert, key)| ClientTlsConfig {
+            client_cert: cert.clone(),
+            client_key: key.clone(),
+        }),
+        root_cert: tls.ca.clone(),
+    })
+}
+
+/// `url`'s connection info with the configured ACL user/password put in.
+fn connection_info(url: &str, config: &RedisConfig) -> RedisResult<ConnectionInfo> {
+    let info = url.into_connection_info()?;
+    let mut settings = info.redis_settings().clone();
+    if let Some(user) = &config.username {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = &config.password {
+        settings = settings.set_password(&password.0);
+    }
+    Ok(info.set_redis_settings(settings))
+}
+
+fn standalone_client(url: &str, config: &RedisConfig) -> RedisResult<redis::Client> {
+    let info = connection_info(url, config)?;
+    match certificates(config) {
+        Some(certs) => redis::Client::build_with_tls(info, certs),
+        None => redis::Client::open(info),
+    }
+}
+
+fn cluster_client(nodes: &[String], config: &RedisConfig) -> RedisResult<ClusterClient> {
+    let infos = nodes
+        .iter()
+        .map(|n| connection_info(n, config))
+        .collect::<RedisResult<Vec<_>>>()?;
+    let mut builder = ClusterClientBuilder::new(infos)
+        .connection_timeout(config.timeout)
+        .response_timeout(config.timeout);
+    if let Some(certs) = certificates(config) {
+        builder = builder.certs(certs);
+    }
+    builder.build()
+}
+
+fn describe(config: &RedisConfig) -> String {
+    match &config.mode {
+        RedisMode::Standalone(url) => format!("redis {}", redact(url)),
+        RedisMode::Cluster(nodes) => format!(
+            "redis cluster (seeds {})",
+            nodes
+                .iter()
+                .map(|n| redact(n))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        RedisMode::Sentinel { master, nodes } => format!(
+            "redis master `{master}` via sentinels {}",
+            nodes
+                .iter()
+                .map(|n| redact(n))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
 }
 

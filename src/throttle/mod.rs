@@ -22,7 +22,7 @@ use http::Response;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use crate::config::{OnError, OnLimit, Route, Scope, StoreConfig, Throttle};
+use crate::config::{OnError, OnLimit, RedisConfig, Route, Scope, StoreConfig, Throttle};
 use crate::limit::algorithm::Verdict;
 use crate::limit::memory::MemoryStore;
 use crate::limit::redis_store::RedisStore;
@@ -108,14 +108,9 @@ impl Throttler {
                 tracing::info!("no store configured: limits live in this process's memory and are not shared between instances");
                 None
             }
-            StoreConfig::Redis { url, timeout } => {
+            StoreConfig::Redis(redis) => {
                 let cell = Arc::new(OnceCell::new());
-                tokio::spawn(connect_redis(
-                    url.clone(),
-                    *timeout,
-                    cell.clone(),
-                    store_up.clone(),
-                ));
+                tokio::spawn(connect_redis(redis.clone(), cell.clone(), store_up.clone()));
                 Some(cell)
             }
         };
@@ -401,16 +396,11 @@ fn delay_for(route: &Route, verdicts: &[Verdict]) -> Option<Duration> {
     Some(Duration::from_micros(retry as u64))
 }
 
-async fn connect_redis(
-    url: String,
-    timeout: Duration,
-    cell: Arc<OnceCell<Store>>,
-    up: Arc<AtomicBool>,
-) {
+async fn connect_redis(config: RedisConfig, cell: Arc<OnceCell<Store>>, up: Arc<AtomicBool>) {
     let mut backoff = CONNECT_BACKOFF.0;
     let mut logged = false;
     loop {
-        match RedisStore::connect(&url, timeout).await {
+        match RedisStore::open(&config).await {
             Ok(store) => {
                 let store = Store::Redis(store);
                 tracing::info!(store = %store.describe(), "rate limit store connected");

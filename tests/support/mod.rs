@@ -1,10 +1,12 @@
 //! Test support: real processes and servers, started by the tests themselves.
 #![allow(dead_code, unused_imports)]
 
+pub mod cluster;
 pub mod proxy;
 pub mod redis;
 pub mod upstream;
 
+pub use cluster::*;
 pub use proxy::*;
 pub use redis::*;
 pub use upstream::*;

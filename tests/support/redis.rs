@@ -19,7 +19,7 @@ pub struct RedisServer {
     child: Option<Child>,
 }
 
-fn find_redis_server() -> PathBuf {
+pub fn find_redis_server() -> PathBuf {
     if let Some(path) = std::env::var_os("REDIS_SERVER") {
         return PathBuf::from(path);
     }
@@ -34,7 +34,7 @@ fn find_redis_server() -> PathBuf {
         )
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("bind an ephemeral port")

@@ -1,0 +1,340 @@
+//! Validation of `store.redis`: which Redis deployment to talk to (one server, a Redis Cluster
+//! or a Sentinel-managed master), how to authenticate (ACL username/password) and TLS (custom
+//! CA, client certificate). Certificate files are read here, so a missing or unreadable file
+//! is a FILE:LINE:COL error at startup rather than a connection failure later.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::raw::RawRedis;
+use super::Validator;
+
+/// A validated `store.redis` section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    pub mode: RedisMode,
+    /// ACL user for the data nodes (overrides one written in the URLs).
+    pub username: Option<String>,
+    /// Password for the data nodes (overrides one written in the URLs).
+    pub password: Option<Secret>,
+    /// Certificates for `rediss://` connections; `None` means the system's web PKI roots and no
+    /// client certificate.
+    pub tls: Option<RedisTls>,
+    /// Bounds connecting and every call.
+    pub timeout: Duration,
+}
+
+impl RedisConfig {
+    /// One server at `url`, no extra credentials or certificates (tests, simple setups).
+    pub fn standalone(url: impl Into<String>, timeout: Duration) -> RedisConfig {
+        RedisConfig {
+            mode: RedisMode::Standalone(url.into()),
+            username: None,
+            password: None,
+            tls: None,
+            timeout,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisMode {
+    /// `url`: one server (or a proxy in front of several).
+    Standalone(String),
+    /// `cluster`: seed nodes of a Redis Cluster; the client discovers the rest.
+    Cluster(Vec<String>),
+    /// `sentinel`: ask these Sentinels where the master called `master` is.
+    Sentinel { master: String, nodes: Vec<String> },
+}
+
+/// PEM bytes read from the files named in `store.redis.tls`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisTls {
+    pub ca: Option<Vec<u8>>,
+    /// Client certificate chain and private key (mutual TLS).
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl fmt::Debug for RedisTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisTls")
+            .field("ca", &self.ca.as_ref().map(|c| c.len()))
+            .field("client_certificate", &self.client.is_some())
+            .finish()
+    }
+}
+
+/// A password: compared in tests, never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(hidden)")
+    }
+}
+
+fn scheme_ok(url: &str) -> bool {
+    url.starts_with("redis://") || url.starts_with("rediss://")
+}
+
+impl Validator<'_> {
+    pub(crate) fn redis(&mut self, raw: &RawRedis, default_timeout: Duration) -> RedisConfig {
+        let timeout = self.duration(
+            "store.redis.timeout",
+            raw.timeout.as_deref(),
+            default_timeout,
+        );
+        let given = [
+            raw.url.is_some(),
+            raw.cluster.is_some(),
+            raw.sentinel.is_some(),
+        ];
+        if given.iter().filter(|g| **g).count() != 1 {
+            self.error(
+                "store.redis",
+                "give exactly one of `url` (one server), `cluster` (a list of Redis Cluster nodes) or `sentinel` ({ master: NAME, nodes: [...] })",
+            );
+        }
+        let mut urls: Vec<(String, String)> = Vec::new();
+        let mode = if let Some(url) = &raw.url {
+            let url = url.trim().to_string();
+            urls.push(("store.redis.url".into(), url.clone()));
+            RedisMode::Standalone(url)
+        } else if let Some(nodes) = &raw.cluster {
+            if nodes.is_empty() {
+                self.error(
+                    "store.redis.cluster",
+                    "list at least one node, e.g. [redis://10.0.0.1:6379]",
+                );
+            }
+            let nodes: Vec<String> = nodes.iter().map(|n| n.trim().to_string()).collect();
+            for (i, n) in nodes.iter().enumerate() {
+                urls.push((format!("store.redis.cluster[{i}]"), n.clone()));
+            }
+            RedisMode::Cluster(nodes)
+        } else if let Some(sentinel) = &raw.sentinel {
+            if sentinel.master.trim().is_empty() {
+                self.error(
+                    "store.redis.sentinel.master",
+                    "name the master as the Sentinels know it (their `sentinel monitor NAME ...`)",
+                );
+            }
+            if sentinel.nodes.is_empty() {
+                self.error(
+                    "store.redis.sentinel.nodes",
+                    "list at least one Sentinel, e.g. [redis://10.0.0.1:26379]",
+                );
+            }
+            let nodes: Vec<String> = sentinel
+                .nodes
+                .iter()
+                .map(|n| n.trim().to_string())
+                .collect();
+            for (i, n) in nodes.iter().enumerate() {
+                urls.push((format!("store.redis.sentinel.nodes[{i}]"), n.clone()));
+            }
+            RedisMode::Sentinel {
+                master: sentinel.master.trim().to_string(),
+                nodes,
+            }
+        } else {
+            RedisMode::Standalone(String::new())
+        };
+        for (path, url) in &urls {
+            if !scheme_ok(url) {
+                self.error(
+                    path,
+                    format!("`{url}` must start with redis:// or rediss:// (TLS)"),
+                );
+            } else if let Err(e) = redis::Client::open(url.as_str()) {
+                self.error(path, format!("not a usable Redis URL: {e}"));
+            }
+        }
+        let tls_urls = urls
+            .iter()
+            .filter(|(_, u)| u.starts_with("rediss://"))
+            .count();
+        if tls_urls != 0 && tls_urls != urls.len() {
+            self.error(
+                "store.redis",
+                "mix of redis:// and rediss:// URLs: use rediss:// for every node or for none",
+            );
+        }
+        let tls = raw.tls.as_ref().map(|t| {
+            if tls_urls == 0 && !urls.is_empty() {
+                self.error(
+                    "store.redis.tls",
+                    "TLS certificates are set but the URLs say redis://: write rediss:// to connect with TLS",
+                );
+            }
+            let ca = t
+                .ca_file
+                .as_ref()
+                .and_then(|f| self.pem_file("store.redis.tls.ca_file", f));
+            let client = match (&t.cert_file, &t.key_file) {
+                (Some(cert), Some(key)) => {
+                    let cert = self.pem_file("store.redis.tls.cert_file", cert);
+                    let key = self.pem_file("store.redis.tls.key_file", key);
+                    cert.zip(key)
+                }
+                (None, None) => None,
+                _ => {
+                    self.error(
+                        "store.redis.tls",
+                        "a client certificate needs both `cert_file` and `key_file`",
+                    );
+                    None
+                }
+            };
+            RedisTls { ca, client }
+        });
+        let username = raw.username.clone().filter(|u| !u.is_empty());
+        let password = raw.password.clone().map(Secret);
+        if username.is_some() && password.is_none() {
+            self.error(
+                "store.redis.username",
+                "an ACL username needs a `password` (e.g. password: ${REDIS_PASSWORD})",
+            );
+        }
+        RedisConfig {
+            mode,
+            username,
+            password,
+            tls,
+            timeout,
+        }
+    }
+
+    fn pem_file(&mut self, path: &str, file: &str) -> Option<Vec<u8>> {
+        let file = self.relative(file);
+        match std::fs::read(&file) {
+            Ok(pem) if String::from_utf8_lossy(&pem).contains("-----BEGIN ") => Some(pem),
+            Ok(_) => {
+                self.error(
+                    path,
+                    format!("{} is not a PEM file (no -----BEGIN line)", file.display()),
+                );
+                None
+            }
+            Err(e) => {
+                self.error(path, format!("cannot read {}: {e}", file.display()));
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::{parse, Config, StoreConfig};
+
+    const BASE: &str = "listen: 127.0.0.1:8080\nupstream: { url: http://127.0.0.1:3000 }\n";
+
+    fn env(name: &str) -> Option<String> {
+        (name == "REDIS_PW").then(|| "from-env".to_string())
+    }
+
+    fn redis(extra: &str) -> RedisConfig {
+        let c: Config = parse(Path::new("t.yaml"), &format!("{BASE}{extra}"), env)
+            .unwrap_or_else(|e| panic!("{e}"));
+        match c.throttle.store {
+            StoreConfig::Redis(r) => r,
+            other => panic!("not redis: {other:?}"),
+        }
+    }
+
+    fn errors(extra: &str) -> String {
+        parse(Path::new("t.yaml"), &format!("{BASE}{extra}"), env)
+            .expect_err("should be refused")
+            .to_string()
+    }
+
+    #[test]
+    fn cluster_and_sentinel_with_acl_user_and_password_from_the_environment() {
+        let r = redis("store:\n  redis:\n    cluster: [redis://10.0.0.1:7000, \"redis://10.0.0.2:7000\"]\n    username: tollgate\n    password: ${REDIS_PW}\n    timeout: 80ms\n");
+        assert_eq!(
+            r.mode,
+            RedisMode::Cluster(vec![
+                "redis://10.0.0.1:7000".into(),
+                "redis://10.0.0.2:7000".into()
+            ])
+        );
+        assert_eq!(r.username.as_deref(), Some("tollgate"));
+        assert_eq!(r.password, Some(Secret("from-env".into())));
+        assert_eq!(r.timeout, Duration::from_millis(80));
+        assert!(!format!("{r:?}").contains("from-env"), "Debug hides it");
+
+        let r = redis("store:\n  redis:\n    sentinel: { master: cache, nodes: [redis://s1:26379, redis://s2:26379] }\n");
+        assert_eq!(
+            r.mode,
+            RedisMode::Sentinel {
+                master: "cache".into(),
+                nodes: vec!["redis://s1:26379".into(), "redis://s2:26379".into()]
+            }
+        );
+    }
+
+    #[test]
+    fn tls_files_are_read_at_startup() {
+        let dir = tempfile::tempdir().unwrap();
+        let pem = "-----BEGIN CERTIFICATE-----\nMA==\n-----END CERTIFICATE-----\n";
+        for name in ["ca.pem", "c.pem", "c.key"] {
+            std::fs::write(dir.path().join(name), pem).unwrap();
+        }
+        let d = dir.path().display();
+        let r = redis(&format!("store:\n  redis:\n    url: rediss://cache:6380\n    tls: {{ ca_file: {d}/ca.pem, cert_file: {d}/c.pem, key_file: {d}/c.key }}\n"));
+        let tls = r.tls.expect("tls");
+        assert_eq!(tls.ca.as_deref(), Some(pem.as_bytes()));
+        assert!(tls.client.is_some());
+
+        let all = errors(&format!("store:\n  redis:\n    url: redis://cache:6379\n    tls:\n      ca_file: {d}/missing.pem\n      cert_file: {d}/c.pem\n"));
+        for expected in [
+            "t.yaml:7:7: store.redis.tls: TLS certificates are set but the URLs say redis://",
+            "t.yaml:7:16: store.redis.tls.ca_file: cannot read",
+            "store.redis.tls: a client certificate needs both `cert_file` and `key_file`",
+        ] {
+            assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+        }
+    }
+
+    #[test]
+    fn bad_redis_sections_are_refused_with_positions() {
+        let all = errors("store:\n  redis:\n    url: redis://a:1\n    cluster: [redis://b:1]\n");
+        assert!(
+            all.contains("t.yaml:5:5: store.redis: give exactly one of `url`"),
+            "{all}"
+        );
+        let all = errors("store:\n  redis: { key_prefix: x }\n");
+        assert!(all.contains("store.redis: give exactly one of"), "{all}");
+        let all = errors(
+            "store:\n  redis:\n    cluster: [redis://a:1, rediss://b:1, \"http://c:1\"]\n    username: u\n",
+        );
+        for expected in [
+            "t.yaml:5:42: store.redis.cluster[2]: `http://c:1` must start with redis://",
+            "store.redis: mix of redis:// and rediss:// URLs",
+            "t.yaml:6:15: store.redis.username: an ACL username needs a `password`",
+        ] {
+            assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+        }
+        let all = errors("store:\n  redis:\n    sentinel: { master: \"\", nodes: [] }\n");
+        for expected in [
+            "store.redis.sentinel.master: name the master",
+            "store.redis.sentinel.nodes: list at least one Sentinel",
+        ] {
+            assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+        }
+        let all = errors(
+            "store:\n  redis:\n    sentinel: { master: m, nodes: [redis://s:1], master_name: x }\n",
+        );
+        assert!(all.contains("unknown field `master_name`"), "{all}");
+        let all = errors("store:\n  redis:\n    url: redis://a:1\n    tls: { ca: x }\n");
+        assert!(
+            all.contains("unknown field `ca`, expected one of `ca_file`"),
+            "{all}"
+        );
+    }
+}
