@@ -30,42 +30,10 @@
 -- Every key written gets PEXPIRE of its TTL in milliseconds, rounded up (never 0); a state
 -- whose TTL is 0 is idle and its key is deleted instead.
 
-local CLOCK = 'redis' -- @clock (replaced by decide_script_source)
+-- (prelude.lua, prepended: CLOCK, now, base, TTL_SLACK_MS, num, idiv)
+
 -- A peek (`tollgate explain --live`) runs the same arithmetic and writes nothing.
 local COMMIT = true -- @commit
-
-local now, base
-if CLOCK == 'argv' then
-  now = tonumber(ARGV[1])
-  base = 1
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  base = 0
-end
-
--- With an injected clock, keys would still expire on Redis's real clock and could vanish
--- before the fake clock reaches their TTL; an expired state is idle anyway, so keeping keys
--- longer is unobservable, while losing them early is not.
-local TTL_SLACK_MS = 0
-if CLOCK == 'argv' then
-  TTL_SLACK_MS = 3600000
-end
-
-local function num(x)
-  return string.format('%.0f', x)
-end
-
--- floor(a / b) for a >= 0, b > 0, corrected in case the double quotient rounded up.
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
 
 local function ceil_div(a, b)
   return idiv(a + b - 1, b)

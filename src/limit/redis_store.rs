@@ -27,6 +27,7 @@ use crate::config::{RedisConfig, RedisMode};
 use super::algorithm::{Algorithm, Micros, Verdict};
 use super::{new_lease_id, Check, Decision, Lease, StoreError};
 
+const PRELUDE_LUA: &str = include_str!("prelude.lua");
 const DECIDE_LUA: &str = include_str!("decide.lua");
 const RELEASE_LUA: &str = include_str!("release.lua");
 const REFRESH_LUA: &str = include_str!("refresh.lua");
@@ -44,11 +45,13 @@ pub enum ScriptClock {
     Argv,
 }
 
+/// `src` behind the shared prelude (clock and number helpers), on the given clock.
 fn with_clock(src: &str, clock: ScriptClock) -> String {
-    assert!(src.contains(CLOCK_LINE), "script lost its clock marker");
+    let source = format!("{PRELUDE_LUA}\n{src}");
+    assert!(source.contains(CLOCK_LINE), "the prelude lost its clock marker");
     match clock {
-        ScriptClock::Redis => src.to_string(),
-        ScriptClock::Argv => src.replacen(CLOCK_LINE, "local CLOCK = 'argv' -- @clock", 1),
+        ScriptClock::Redis => source,
+        ScriptClock::Argv => source.replacen(CLOCK_LINE, "local CLOCK = 'argv' -- @clock", 1),
     }
 }
 

@@ -7,38 +7,7 @@
 -- Reply    per lease: 1 if it was live and got extended, 0 if unknown or already expired
 --          (an expired lease is never revived: its slot may have been given away)
 
-local CLOCK = 'redis' -- @clock (replaced by refresh_script_source)
-
-local now, base
-if CLOCK == 'argv' then
-  now = tonumber(ARGV[1])
-  base = 1
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  base = 0
-end
-
--- See decide.lua: with an injected clock, real-time expiry must not outrun the fake clock.
-local TTL_SLACK_MS = 0
-if CLOCK == 'argv' then
-  TTL_SLACK_MS = 3600000
-end
-
-local function num(x)
-  return string.format('%.0f', x)
-end
-
--- floor(a / b) for a >= 0, b > 0, corrected in case the double quotient rounded (as decide.lua).
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
+-- (prelude.lua, prepended: CLOCK, now, base, TTL_SLACK_MS, num, idiv)
 
 local reply = {}
 for i = 1, #KEYS do
