@@ -7,14 +7,23 @@
 #   docker run -v $PWD/my.yaml:/etc/tollgate/config.yaml:ro tollgate     # your own config
 #   docker run tollgate check                                            # validate the config
 #
+# docs/operations.md describes the image, and deploy/ has a Compose file and Kubernetes
+# manifests that use it.
+#
 # Ports (as set in the default config, config.example.yaml):
 #   8080  the proxy listener (`listen`)
-#   9901  the admin listener (`admin`): GET /healthz (alive), GET /readyz (200, or 503 while draining)
+#   9901  the admin listener (`admin`): GET /healthz (alive), GET /readyz (200; 503 while
+#         draining, or while Redis is unreachable with on_error: deny), GET /metrics (Prometheus)
 # Paths:
 #   /usr/local/bin/tollgate       the binary (the entrypoint)
 #   /etc/tollgate/config.yaml     the configuration, found through TOLLGATE_CONFIG; the image
 #                                 ships config.example.yaml there; mount a file over it to replace it
 # Stopping: SIGTERM (docker stop) drains in-flight requests for up to `shutdown_timeout`, then exits 0.
+# SIGHUP (or a change to the config file, checked every second) reloads the configuration.
+# User: tollgate, uid/gid 10001. The image has no curl or wget; bash and coreutils are there
+# (deploy/docker-compose.yml shows a /readyz healthcheck over bash's /dev/tcp).
+# Size: roughly the ~75 MB of debian:bookworm-slim plus a few MB of packages and the stripped
+# binary (see docs/operations.md for the estimate).
 
 # ---- build ------------------------------------------------------------------------------------
 FROM rust:1-bookworm AS build
@@ -26,7 +35,9 @@ RUN cargo build --release --locked \
 
 # ---- runtime ----------------------------------------------------------------------------------
 FROM debian:bookworm-slim
-# ca-certificates: for https:// upstreams and rediss:// stores.
+# ca-certificates: the system trust store, for anything else run in the container. tollgate
+# itself does not read it: https:// upstreams and rediss:// stores are verified against its
+# built-in Mozilla roots.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates \
     && rm -rf /var/lib/apt/lists/*
