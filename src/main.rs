@@ -103,6 +103,9 @@ fn run(args: RunArgs) -> ExitCode {
     runtime.block_on(async move {
         // Handlers first: a signal that arrives once the port answers must drain, not kill.
         let shutdown = shutdown_signal();
+        // Likewise SIGHUP (reload): registering a handler now replaces the default action
+        // (terminate) for the life of the process; the reload watcher listens for it later.
+        let _ = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
         let server = match Server::bind(config).await {
             Ok(server) => server,
             Err(e) => {
@@ -130,10 +133,18 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("TOLLGATE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    let filter = match std::env::var("TOLLGATE_LOG") {
+        Err(_) => tracing_subscriber::EnvFilter::new("info"),
+        Ok(text) => tracing_subscriber::EnvFilter::try_new(&text).unwrap_or_else(|e| {
+            eprintln!("tollgate: TOLLGATE_LOG={text:?} is not a valid filter ({e}); logging at info");
+            tracing_subscriber::EnvFilter::new("info")
+        }),
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colour only for a person at a terminal, never into files or container logs.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
