@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod identity;
+pub mod idle;
 pub mod limit;
 pub mod proxy;
 pub mod routing;
