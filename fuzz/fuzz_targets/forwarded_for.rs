@@ -22,7 +22,10 @@ fuzz_target!(|data: &[u8]| {
     let trusted_peer: IpAddr = "10.1.2.3".parse().unwrap();
     let untrusted_peer: IpAddr = "198.51.100.7".parse().unwrap();
     // An untrusted peer is always the client, whatever the header says.
-    assert_eq!(client_ip(untrusted_peer, &headers, &trusted), untrusted_peer);
+    assert_eq!(
+        client_ip(untrusted_peer, &headers, &trusted),
+        untrusted_peer
+    );
     let ip = client_ip(trusted_peer, &headers, &trusted);
     if let (true, IpAddr::V4(v4)) = (ip != trusted_peer, ip) {
         // An IPv4 answer other than the peer is written in the header (IPv6 has too many

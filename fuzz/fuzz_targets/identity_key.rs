@@ -39,7 +39,8 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let (parts, ()) = request.into_parts();
-    let verifier = JwtVerifier::hmac(b"fuzz-secret", jsonwebtoken::Algorithm::HS256, "sub").unwrap();
+    let verifier =
+        JwtVerifier::hmac(b"fuzz-secret", jsonwebtoken::Algorithm::HS256, "sub").unwrap();
     let identity = Identity {
         name: "fuzz".into(),
         sources: vec![
