@@ -9,6 +9,7 @@ pub mod config;
 pub mod error;
 pub mod explain;
 pub mod identity;
+pub mod idle;
 pub mod limit;
 pub mod metrics;
 pub mod proxy;

@@ -137,7 +137,9 @@ fn init_logging(format: LogFormat) {
     let filter = match std::env::var("TOLLGATE_LOG") {
         Err(_) => tracing_subscriber::EnvFilter::new("info"),
         Ok(text) => tracing_subscriber::EnvFilter::try_new(&text).unwrap_or_else(|e| {
-            eprintln!("tollgate: TOLLGATE_LOG={text:?} is not a valid filter ({e}); logging at info");
+            eprintln!(
+                "tollgate: TOLLGATE_LOG={text:?} is not a valid filter ({e}); logging at info"
+            );
             tracing_subscriber::EnvFilter::new("info")
         }),
     };

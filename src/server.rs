@@ -20,7 +20,8 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::Config;
-use crate::proxy::body::{full, ProxyBody};
+use crate::idle;
+use crate::proxy::body::{full, with_guard, ProxyBody};
 use crate::proxy::{ConnInfo, Proxy};
 use crate::tls;
 
@@ -232,6 +233,8 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
+        let activity = Arc::new(idle::Activity::default());
+        let stream = idle::IdleIo::new(stream, config.idle_timeout, activity.clone());
         let info = ConnInfo {
             peer,
             tls: bound.tls.is_some(),
@@ -239,7 +242,17 @@ async fn accept_loop(
         let proxy = proxy.clone();
         let service = service_fn(move |request: Request<Incoming>| {
             let proxy = proxy.clone();
-            async move { Ok::<_, Infallible>(proxy.handle(request, info).await) }
+            let activity = activity.clone();
+            async move {
+                // In flight until the response body ends: the idle timeout waits for it.
+                let in_flight = activity.start();
+                let response = proxy.handle(request, info).await;
+                if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+                    activity.upgraded();
+                }
+                let (parts, body) = response.into_parts();
+                Ok::<_, Infallible>(Response::from_parts(parts, with_guard(body, in_flight)))
+            }
         });
         match &bound.tls {
             None => {

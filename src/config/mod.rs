@@ -37,6 +37,9 @@ pub struct Config {
     /// Requests with a larger body are answered 413 (`None`: no limit).
     pub max_request_body: Option<u64>,
     pub header_read_timeout: Duration,
+    /// A client connection with no request in flight and no bytes moving for this long is
+    /// closed (keep-alive idlers, and peers that connect and never speak).
+    pub idle_timeout: Duration,
     pub shutdown_timeout: Duration,
     pub max_connections: usize,
     pub http2_max_concurrent_streams: u32,
@@ -220,6 +223,7 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 pub const DEFAULT_H2_STREAMS: u32 = 100;
@@ -431,6 +435,11 @@ impl Validator<'_> {
             raw.header_read_timeout.as_deref(),
             DEFAULT_HEADER_READ_TIMEOUT,
         );
+        let idle_timeout = self.duration(
+            "idle_timeout",
+            raw.idle_timeout.as_deref(),
+            DEFAULT_IDLE_TIMEOUT,
+        );
         let shutdown_timeout = self.duration(
             "shutdown_timeout",
             raw.shutdown_timeout.as_deref(),
@@ -467,6 +476,7 @@ impl Validator<'_> {
             upstream: upstream?,
             max_request_body,
             header_read_timeout,
+            idle_timeout,
             shutdown_timeout,
             max_connections,
             http2_max_concurrent_streams,
@@ -627,6 +637,23 @@ mod tests {
         assert_eq!(c.upstream.authority.as_str(), "127.0.0.1:3000");
         assert_eq!(c.max_request_body, None);
         assert_eq!(c.shutdown_timeout, DEFAULT_SHUTDOWN_TIMEOUT);
+        assert_eq!(c.idle_timeout, DEFAULT_IDLE_TIMEOUT);
+    }
+
+    #[test]
+    fn idle_timeout_is_a_positive_duration() {
+        let base = "listen: 127.0.0.1:8080\nupstream: { url: http://127.0.0.1:3000 }\n";
+        let c = parse_ok(&format!("{base}idle_timeout: 90s\n"));
+        assert_eq!(c.idle_timeout, Duration::from_secs(90));
+        let errors = parse_err(&format!("{base}idle_timeout: 0s\n"));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with("t.yaml:3:15: idle_timeout: must be greater than zero"),
+            "{}",
+            errors[0]
+        );
+        let errors = parse_err(&format!("{base}idle_timeout: forever\n"));
+        assert!(errors[0].contains("is not a duration"), "{}", errors[0]);
     }
 
     #[test]

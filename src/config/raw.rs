@@ -12,6 +12,7 @@ pub struct RawConfig {
     pub upstream: RawUpstream,
     pub max_request_body: Option<RawSize>,
     pub header_read_timeout: Option<String>,
+    pub idle_timeout: Option<String>,
     pub shutdown_timeout: Option<String>,
     pub max_connections: Option<u64>,
     pub http2_max_concurrent_streams: Option<u32>,

@@ -57,6 +57,9 @@ pub enum StoreError {
     Redis(#[from] redis::RedisError),
     #[error("store reply malformed: {0}")]
     Protocol(String),
+    /// Not called: recent calls failed and the circuit breaker is cooling down.
+    #[error("store circuit open after repeated errors")]
+    CircuitOpen,
 }
 
 /// Where limit states live.

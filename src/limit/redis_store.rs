@@ -32,6 +32,14 @@ const DECIDE_LUA: &str = include_str!("decide.lua");
 const RELEASE_LUA: &str = include_str!("release.lua");
 const REFRESH_LUA: &str = include_str!("refresh.lua");
 
+/// Reconnection backoff bounds (before jitter): limiting resumes well within a second of
+/// Redis coming back.
+const RECONNECT_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(50), Duration::from_millis(300));
+/// Commands buffered towards Redis before callers wait (inside their timeout): bounded, so a
+/// stalled Redis cannot make memory grow.
+const PIPELINE_BUFFER: usize = 256;
+
 /// The line of each clocked script that [`ScriptClock`] switches.
 const CLOCK_LINE: &str = "local CLOCK = 'redis' -- @clock";
 
@@ -48,7 +56,10 @@ pub enum ScriptClock {
 /// `src` behind the shared prelude (clock and number helpers), on the given clock.
 fn with_clock(src: &str, clock: ScriptClock) -> String {
     let source = format!("{PRELUDE_LUA}\n{src}");
-    assert!(source.contains(CLOCK_LINE), "the prelude lost its clock marker");
+    assert!(
+        source.contains(CLOCK_LINE),
+        "the prelude lost its clock marker"
+    );
     match clock {
         ScriptClock::Redis => source,
         ScriptClock::Argv => source.replacen(CLOCK_LINE, "local CLOCK = 'argv' -- @clock", 1),
@@ -169,9 +180,16 @@ impl RedisStore {
             Ok::<_, RedisError>(match &config.mode {
                 RedisMode::Standalone(url) => {
                     let client = standalone_client(url, config)?;
+                    // Reconnection backoff is capped low: callers never wait on it (every call
+                    // is bounded by `timeout` and the breaker stops calls while Redis is away),
+                    // and a long sleep between attempts would delay limiting by that much
+                    // after Redis returns.
                     let manager = ConnectionManagerConfig::new()
                         .set_response_timeout(Some(timeout))
-                        .set_connection_timeout(Some(timeout));
+                        .set_connection_timeout(Some(timeout))
+                        .set_min_delay(RECONNECT_BACKOFF.0)
+                        .set_max_delay(RECONNECT_BACKOFF.1)
+                        .set_pipeline_buffer_size(PIPELINE_BUFFER);
                     Conn::Standalone(ConnectionManager::new_with_config(client, manager).await?)
                 }
                 RedisMode::Cluster(nodes) => {

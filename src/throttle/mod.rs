@@ -3,9 +3,11 @@
 //! return either an admission (with the verdicts for response headers and any concurrency
 //! leases to hold) or the limited response.
 //!
-//! Store faults are decided by `on_error`; `on_limit: delay` waits here, in per-key order, for
+//! Store faults are decided by `on_error`, at once while the circuit breaker ([`breaker`]) is
+//! open; `on_limit: delay` waits here, in per-key order, for
 //! a request that would fit within `max_delay`.
 
+mod breaker;
 pub mod headers;
 pub(crate) mod keys;
 mod lease;
@@ -78,6 +80,9 @@ pub struct Throttler {
     memory: Store,
     redis: Option<Arc<OnceCell<Store>>>,
     store_up: Arc<AtomicBool>,
+    /// Stops waiting on a failing Redis: `on_error` applies at once until a probe answers.
+    /// Shared with the throttlers of later reloads, like the connection it guards.
+    breaker: Arc<breaker::Breaker>,
     queues: queue::KeyedQueues,
 }
 
@@ -95,6 +100,7 @@ impl Throttler {
                 memory: previous.memory.clone(),
                 redis: previous.redis.clone(),
                 store_up: previous.store_up.clone(),
+                breaker: previous.breaker.clone(),
                 queues: queue::KeyedQueues::default(),
             };
         }
@@ -103,6 +109,15 @@ impl Throttler {
             memory.spawn_sweeper(SWEEP_EVERY);
         }
         let store_up = Arc::new(AtomicBool::new(true));
+        let probe_timeout = match &config.store {
+            StoreConfig::Redis(redis) => redis.timeout,
+            StoreConfig::Memory => Duration::ZERO,
+        };
+        let breaker = Arc::new(breaker::Breaker::new(
+            breaker::DEFAULT_THRESHOLD,
+            breaker::DEFAULT_COOL_DOWN,
+            probe_timeout,
+        ));
         let redis = match &config.store {
             StoreConfig::Memory => {
                 tracing::info!("no store configured: limits live in this process's memory and are not shared between instances");
@@ -119,6 +134,7 @@ impl Throttler {
             memory: Store::Memory(memory),
             redis,
             store_up,
+            breaker,
             queues: queue::KeyedQueues::default(),
         }
     }
@@ -127,7 +143,11 @@ impl Throttler {
     pub fn store_ready(&self) -> bool {
         match &self.redis {
             None => true,
-            Some(cell) => cell.initialized() && self.store_up.load(Ordering::Relaxed),
+            Some(cell) => {
+                cell.initialized()
+                    && self.store_up.load(Ordering::Relaxed)
+                    && !self.breaker.is_open()
+            }
         }
     }
 
@@ -341,9 +361,21 @@ impl Throttler {
         &self,
         checks: &[Check<'_>],
     ) -> Result<(Decision, Decided), Response<ProxyBody>> {
-        let result = match self.global_store() {
-            Some(store) => store.decide(checks).await,
-            None => Err(StoreError::Protocol("not connected yet".into())),
+        let result = match (self.global_store(), self.breaker.permit()) {
+            (None, _) => Err(StoreError::Protocol("not connected yet".into())),
+            (Some(_), breaker::Permit::Refuse) => Err(StoreError::CircuitOpen),
+            (Some(store), breaker::Permit::Call) => {
+                let result = store.decide(checks).await;
+                match &result {
+                    Ok(_) => self.breaker.success(),
+                    Err(_) => {
+                        if self.breaker.failure() {
+                            tracing::debug!(cool_down = ?breaker::DEFAULT_COOL_DOWN, "store circuit open: not calling Redis for the cool-down");
+                        }
+                    }
+                }
+                result
+            }
         };
         match result {
             Ok(decision) => {
