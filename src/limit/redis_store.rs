@@ -420,6 +420,12 @@ impl RedisStore {
         self.bounded(call).await
     }
 
+    /// One `PING`, bounded by the timeout: how readiness learns that Redis is back while no
+    /// request is asking.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.query::<String>(&redis::cmd("PING")).await.map(drop)
+    }
+
     async fn query<T: FromRedisValue>(&self, command: &redis::Cmd) -> Result<T, StoreError> {
         self.bounded(self.query_raw(command)).await
     }

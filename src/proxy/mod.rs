@@ -206,9 +206,14 @@ impl Proxy {
                     Checked::Reject {
                         response,
                         store_unavailable,
+                        store_error,
                         identity,
                     } => {
                         log.identity = identity;
+                        if store_error && !store_unavailable {
+                            // Limited by the on_error: local fallback: still a store error.
+                            self.inner.metrics.store_errors.increment(1);
+                        }
                         log.decision = if store_unavailable {
                             self.inner.metrics.store_errors.increment(1);
                             metrics.store_error.increment(1);

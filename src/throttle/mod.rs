@@ -34,6 +34,8 @@ pub use lease::LeaseGuard;
 
 /// How often idle in-memory keys are swept away.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
+/// How often a store marked down is probed for its return.
+const HEALTH_PROBE_EVERY: Duration = Duration::from_millis(500);
 /// Backoff bounds while the first Redis connection cannot be made.
 const CONNECT_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
 
@@ -69,6 +71,8 @@ pub enum Checked {
         response: Response<ProxyBody>,
         /// True when the store's failure (not a limit) refused the request.
         store_unavailable: bool,
+        /// True when the store had failed and the in-memory fallback limited the request.
+        store_error: bool,
         /// The kind of source that identified the caller.
         identity: &'static str,
     },
@@ -205,6 +209,7 @@ impl Throttler {
                     return Checked::Reject {
                         response,
                         store_unavailable: true,
+                        store_error: true,
                         identity,
                     }
                 }
@@ -224,6 +229,7 @@ impl Throttler {
                             &decision.verdicts,
                         ),
                         store_unavailable: false,
+                        store_error: decided == Decided::LocalFallback,
                         identity,
                     }
                 }
@@ -431,14 +437,14 @@ fn delay_for(route: &Route, verdicts: &[Verdict]) -> Option<Duration> {
 async fn connect_redis(config: RedisConfig, cell: Arc<OnceCell<Store>>, up: Arc<AtomicBool>) {
     let mut backoff = CONNECT_BACKOFF.0;
     let mut logged = false;
-    loop {
+    let redis = loop {
         match RedisStore::open(&config).await {
-            Ok(store) => {
-                let store = Store::Redis(store);
+            Ok(redis) => {
+                let store = Store::Redis(redis.clone());
                 tracing::info!(store = %store.describe(), "rate limit store connected");
                 up.store(true, Ordering::Relaxed);
                 let _ = cell.set(store);
-                return;
+                break redis;
             }
             Err(e) => {
                 if !logged {
@@ -449,6 +455,24 @@ async fn connect_redis(config: RedisConfig, cell: Arc<OnceCell<Store>>, up: Arc<
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(CONNECT_BACKOFF.1);
             }
+        }
+    };
+    // Requests mark the store down when it fails them; while it is down, look for its return
+    // here, so /readyz recovers even when no traffic arrives (an unready pod gets none).
+    let alive = Arc::downgrade(&cell);
+    drop(cell);
+    let mut tick = tokio::time::interval(HEALTH_PROBE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if alive.strong_count() == 0 {
+            return; // Every throttler using this store is gone (a reload replaced it).
+        }
+        if !up.load(Ordering::Relaxed)
+            && redis.ping().await.is_ok()
+            && !up.swap(true, Ordering::Relaxed)
+        {
+            tracing::info!("rate limit store is back");
         }
     }
 }
