@@ -37,6 +37,8 @@ pub struct Explanation {
     pub tier: Option<String>,
     pub exempt: bool,
     pub limits: Vec<LimitExplained>,
+    /// Whether `--live` asked the store (for the text of limits it could not answer for).
+    pub live_requested: bool,
 }
 
 pub struct LimitExplained {
@@ -90,6 +92,7 @@ pub fn explain(config: &Config, parts: &Parts, peer: IpAddr) -> Explanation {
         tier: None,
         exempt: false,
         limits: Vec::new(),
+        live_requested: false,
     };
     let Some(route) = routing::find(&throttle.routes, parts) else {
         return explanation;
@@ -207,6 +210,9 @@ impl Explanation {
                 out.push_str(&format!("  identity  {name} = {value} (from {source})\n"));
             }
             out.push_str(&format!("  key       {}\n", l.key));
+            if l.live.is_none() && self.live_requested && l.limit.scope == Scope::Local {
+                out.push_str("  now       unknown: a local limit lives in each proxy's memory\n");
+            }
             if let Some(v) = &l.live {
                 out.push_str(&format!(
                     "  now       {} {} of {} left, full again in {}{}\n",
@@ -267,6 +273,7 @@ impl Explanation {
 
 /// Fills in each limit's current state from the store, consuming nothing.
 pub async fn live(config: &Config, explanation: &mut Explanation) -> Result<(), String> {
+    explanation.live_requested = true;
     if explanation.limits.is_empty() {
         return Ok(());
     }
@@ -283,13 +290,22 @@ pub async fn live(config: &Config, explanation: &mut Explanation) -> Result<(), 
                 .map_err(|e| format!("cannot reach the store: {e}"))?
         }
     };
-    let checks: Vec<crate::limit::Check<'_>> = explanation
-        .limits
+    // Limits with `scope: local` live in each proxy's memory: the store knows nothing of them.
+    let global: Vec<usize> = (0..explanation.limits.len())
+        .filter(|&i| explanation.limits[i].limit.scope == Scope::Global)
+        .collect();
+    if global.is_empty() {
+        return Ok(());
+    }
+    let checks: Vec<crate::limit::Check<'_>> = global
         .iter()
-        .map(|l| crate::limit::Check {
-            key: &l.key,
-            params: l.limit.params,
-            shadow: l.limit.shadow,
+        .map(|&i| {
+            let l = &explanation.limits[i];
+            crate::limit::Check {
+                key: &l.key,
+                params: l.limit.params,
+                shadow: l.limit.shadow,
+            }
         })
         .collect();
     let decision = store
@@ -297,8 +313,8 @@ pub async fn live(config: &Config, explanation: &mut Explanation) -> Result<(), 
         .await
         .map_err(|e| format!("the store failed: {e}"))?;
     drop(checks);
-    for (l, verdict) in explanation.limits.iter_mut().zip(decision.verdicts) {
-        l.live = Some(verdict);
+    for (&i, verdict) in global.iter().zip(decision.verdicts) {
+        explanation.limits[i].live = Some(verdict);
     }
     Ok(())
 }

@@ -32,6 +32,10 @@ routes:
       - { algorithm: fixed_window, limit: 3, period: 24h, name: daily }
       - { algorithm: gcra, limit: 10, period: 1s, burst: 5, name: rate }
       - { algorithm: concurrency, limit: 2, key: global, name: slots }
+  - name: loc
+    match: { path_prefix: /loc }
+    limits:
+      - { algorithm: fixed_window, limit: 2, period: 24h, scope: local }
 ";
 
 fn config_file(dir: &std::path::Path, store: &str) -> std::path::PathBuf {
@@ -243,10 +247,24 @@ async fn live_reads_the_store_without_consuming() {
         let _ = text(r).await;
     }
     assert_eq!(statuses, [200, 429]);
+    let config_path = config.clone();
     let (_, out, _) = tokio::task::spawn_blocking(move || {
-        explain(&config, &["--live", "-H", "X-User-Id: carol", "/api/x"])
+        explain(
+            &config_path,
+            &["--live", "-H", "X-User-Id: carol", "/api/x"],
+        )
     })
     .await
     .unwrap();
     assert!(out.contains("would be LIMITED: 0 of 3 left"), "{out}");
+    let config_path = config.clone();
+    let (ok, out, _) =
+        tokio::task::spawn_blocking(move || explain(&config_path, &["--live", "/loc"]))
+            .await
+            .unwrap();
+    assert!(ok);
+    assert!(
+        out.contains("unknown: a local limit lives in each proxy's memory"),
+        "{out}"
+    );
 }

@@ -121,11 +121,13 @@ async fn readiness_follows_the_store_when_on_error_is_deny() {
     };
     wait_for(readyz(&deny), StatusCode::OK).await;
     redis.stop();
-    // The store's state is learnt from traffic: one request notices it is gone.
-    assert_eq!(
-        get_status(&deny.url("/"), &[]).await,
-        StatusCode::SERVICE_UNAVAILABLE
-    );
+    // The store's state is learnt from traffic; enough failures to open the circuit breaker.
+    for _ in 0..5 {
+        assert_eq!(
+            get_status(&deny.url("/"), &[]).await,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
     wait_for(readyz(&deny), StatusCode::SERVICE_UNAVAILABLE).await;
     assert_eq!(get_status(&allow.url("/"), &[]).await, StatusCode::OK);
     wait_for(readyz(&allow), StatusCode::OK).await;
@@ -366,7 +368,7 @@ async fn allow_lists_exempt_callers_and_tiers_give_their_own_limits() {
     let routes = "client_ip:\n  trusted_proxies: [127.0.0.1]\n\
 allow:\n  client_ips: [192.0.2.0/24]\n\
 identities:\n  user:\n    - header: x-user\n\
-routes:\n  - name: api\n    match: { path_prefix: /api/ }\n    key: user\n    allow:\n      identities: { user: [ops-bot] }\n    overrides:\n      - { name: partner, values: [partner-1, partner-2], limits: [ { algorithm: fixed_window, limit: 5, period: 24h } ] }\n    limits:\n      - { algorithm: fixed_window, limit: 2, period: 24h }\n";
+routes:\n  - name: api\n    match: { path_prefix: /api/ }\n    key: user\n    allow:\n      identities: { user: [ops-bot, 127.0.0.1] }\n    overrides:\n      - { name: partner, values: [partner-1, partner-2], limits: [ { algorithm: fixed_window, limit: 5, period: 24h } ] }\n    limits:\n      - { algorithm: fixed_window, limit: 2, period: 24h }\n";
     let proxy = proxy(config_for(&up.url(), routes)).start().await;
     assert_eq!(admitted_until_limited(&proxy, "regular").await, 2);
     assert_eq!(admitted_until_limited(&proxy, "partner-1").await, 5);
@@ -398,9 +400,29 @@ routes:\n  - name: api\n    match: { path_prefix: /api/ }\n    key: user\n    al
         )
         .await
         .unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
         response.headers()["ratelimit-policy"],
         "\"partner\";q=5;w=86400"
+    );
+    let problem: serde_json::Value = serde_json::from_str(&text(response).await).unwrap();
+    assert!(
+        problem["detail"].as_str().unwrap().contains("route `api`"),
+        "{problem}"
+    );
+    // A caller with no user source present falls back to its IP, which is never compared with
+    // the user values (127.0.0.1 is listed as a user value above).
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(get_status(&proxy.url("/api/x"), &[]).await);
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
     );
 }
 

@@ -17,7 +17,7 @@ pub struct RedisConfig {
     pub username: Option<String>,
     /// Password for the data nodes (overrides one written in the URLs).
     pub password: Option<Secret>,
-    /// Certificates for `rediss://` connections; `None` means the system's web PKI roots and no
+    /// Certificates for `rediss://` connections; `None` means the Mozilla root certificates built into the binary (webpki-roots) and no
     /// client certificate.
     pub tls: Option<RedisTls>,
     /// Bounds connecting and every call.

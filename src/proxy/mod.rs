@@ -146,6 +146,7 @@ impl Proxy {
             || old.max_connections != config.max_connections
             || old.http2_max_concurrent_streams != config.http2_max_concurrent_streams
             || old.shutdown_timeout != config.shutdown_timeout
+            || old.idle_timeout != config.idle_timeout
         {
             tracing::warn!("listen, admin and connection settings changed: they take effect after a restart; the rest is reloaded");
         }
@@ -153,7 +154,7 @@ impl Proxy {
         self.inner.runtime.store(Arc::new(runtime));
         self.inner.metrics.reloaded(true);
         tracing::info!(
-            routes = previous.config.throttle.routes.len(),
+            routes = self.config().throttle.routes.len(),
             "configuration reloaded"
         );
     }

@@ -144,6 +144,8 @@ pub fn limited_response(
         .iter()
         .zip(verdicts)
         .any(|(l, v)| !v.allowed && !l.shadow && v.retry_after_us < 0);
+    // A tier's route is named `route~tier` internally; the client knows the route.
+    let route = route.split('~').next().unwrap_or(route);
     let detail = if never {
         format!("The request exceeds what route `{route}` can ever admit at once.")
     } else {

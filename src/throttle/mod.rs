@@ -129,7 +129,12 @@ impl Throttler {
             }
             StoreConfig::Redis(redis) => {
                 let cell = Arc::new(OnceCell::new());
-                tokio::spawn(connect_redis(redis.clone(), cell.clone(), store_up.clone()));
+                tokio::spawn(connect_redis(
+                    redis.clone(),
+                    cell.clone(),
+                    store_up.clone(),
+                    breaker.clone(),
+                ));
                 Some(cell)
             }
         };
@@ -434,7 +439,12 @@ fn delay_for(route: &Route, verdicts: &[Verdict]) -> Option<Duration> {
     Some(Duration::from_micros(retry as u64))
 }
 
-async fn connect_redis(config: RedisConfig, cell: Arc<OnceCell<Store>>, up: Arc<AtomicBool>) {
+async fn connect_redis(
+    config: RedisConfig,
+    cell: Arc<OnceCell<Store>>,
+    up: Arc<AtomicBool>,
+    breaker: Arc<breaker::Breaker>,
+) {
     let mut backoff = CONNECT_BACKOFF.0;
     let mut logged = false;
     let redis = loop {
@@ -468,11 +478,14 @@ async fn connect_redis(config: RedisConfig, cell: Arc<OnceCell<Store>>, up: Arc<
         if alive.strong_count() == 0 {
             return; // Every throttler using this store is gone (a reload replaced it).
         }
-        if !up.load(Ordering::Relaxed)
-            && redis.ping().await.is_ok()
-            && !up.swap(true, Ordering::Relaxed)
-        {
-            tracing::info!("rate limit store is back");
+        let down = !up.load(Ordering::Relaxed) || breaker.is_open();
+        if down && redis.ping().await.is_ok() {
+            // Close the breaker too: readiness waits on both, and nothing else would close it
+            // without a request.
+            breaker.success();
+            if !up.swap(true, Ordering::Relaxed) {
+                tracing::info!("rate limit store is back");
+            }
         }
     }
 }

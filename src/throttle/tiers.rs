@@ -49,6 +49,12 @@ fn allowed(allow: &Allow, request: &Parts, client_ip: IpAddr) -> bool {
     }
     allow.identities.iter().any(|(identity, values)| {
         let identified = identity.identify(request, client_ip);
-        values.iter().any(|v| identified.is_value(v.as_bytes()))
+        named(&identified) && values.iter().any(|v| identified.is_value(v.as_bytes()))
     })
+}
+
+/// Values name callers by one of the identity's own sources: a caller that fell back to its
+/// client IP (none of the sources was present) is never matched against them.
+fn named(identified: &crate::identity::Identified) -> bool {
+    identified.source != usize::MAX
 }
