@@ -113,9 +113,9 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &TrustedProxies) ->
 /// One `X-Forwarded-For` entry as an address: optional surrounding spaces and quotes, then
 /// `ip`, `ip:port`, `[ipv6]` or `[ipv6]:port`. Mapped IPv4 comes back as IPv4.
 fn parse_entry(entry: &[u8]) -> Option<IpAddr> {
-    let entry = trim(entry);
+    let entry = entry.trim_ascii();
     let entry = match entry {
-        [b'"', inner @ .., b'"'] => trim(inner),
+        [b'"', inner @ .., b'"'] => inner.trim_ascii(),
         _ => entry,
     };
     if entry.is_empty() || entry.len() > MAX_ENTRY_LEN {
@@ -133,16 +133,6 @@ fn parse_entry(entry: &[u8]) -> Option<IpAddr> {
         return None;
     };
     Some(ip.to_canonical())
-}
-
-fn trim(mut s: &[u8]) -> &[u8] {
-    while let [b' ' | b'\t', rest @ ..] = s {
-        s = rest;
-    }
-    while let [rest @ .., b' ' | b'\t'] = s {
-        s = rest;
-    }
-    s
 }
 
 #[cfg(test)]

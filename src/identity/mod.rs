@@ -256,14 +256,14 @@ fn hex_value(c: u8) -> Option<u8> {
 fn cookie<'a>(headers: &'a http::HeaderMap, name: &[u8]) -> Option<&'a [u8]> {
     for line in headers.get_all(COOKIE) {
         for pair in line.as_bytes().split(|&b| b == b';') {
-            let pair = trim(pair);
+            let pair = pair.trim_ascii();
             let Some(eq) = pair.iter().position(|&b| b == b'=') else {
                 continue;
             };
-            if trim(&pair[..eq]) != name {
+            if pair[..eq].trim_ascii() != name {
                 continue;
             }
-            let mut value = trim(&pair[eq + 1..]);
+            let mut value = pair[eq + 1..].trim_ascii();
             if let [b'"', inner @ .., b'"'] = value {
                 value = inner;
             }
@@ -275,12 +275,12 @@ fn cookie<'a>(headers: &'a http::HeaderMap, name: &[u8]) -> Option<&'a [u8]> {
 
 /// The token of the first `Authorization: Bearer <token>` header (scheme case-insensitive).
 fn bearer(headers: &http::HeaderMap) -> Option<&[u8]> {
-    let value = trim(headers.get(AUTHORIZATION)?.as_bytes());
+    let value = headers.get(AUTHORIZATION)?.as_bytes().trim_ascii();
     let (scheme, rest) = value.split_at_checked(6)?;
     if !scheme.eq_ignore_ascii_case(b"bearer") || !matches!(rest.first(), Some(b' ' | b'\t')) {
         return None;
     }
-    non_empty(trim(rest))
+    non_empty(rest.trim_ascii())
 }
 
 /// 1-based path segment; `/t//x` has an empty segment 2.
@@ -288,16 +288,6 @@ fn path_segment(path: &str, n: usize) -> Option<&str> {
     let index = n.checked_sub(1)?;
     let path = path.strip_prefix('/').unwrap_or(path);
     path.split('/').nth(index).filter(|s| !s.is_empty())
-}
-
-fn trim(mut s: &[u8]) -> &[u8] {
-    while let [b' ' | b'\t', rest @ ..] = s {
-        s = rest;
-    }
-    while let [rest @ .., b' ' | b'\t'] = s {
-        s = rest;
-    }
-    s
 }
 
 #[cfg(test)]
