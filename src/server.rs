@@ -6,8 +6,10 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -15,6 +17,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
@@ -210,6 +213,42 @@ impl Server {
     }
 }
 
+/// The proxy as one connection sees it, as a tower `Service` (so tower middleware can wrap
+/// it): each request is marked in flight until its response body ends, which is what the idle
+/// timeout waits for, and an upgrade hands the connection over to the tunnel for good.
+#[derive(Clone)]
+struct ConnectionService {
+    proxy: Proxy,
+    info: ConnInfo,
+    activity: Arc<idle::Activity>,
+}
+
+impl tower::Service<Request<Incoming>> for ConnectionService {
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // Limits answer per request (a 429 is a response), never by refusing readiness.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Incoming>) -> Self::Future {
+        let proxy = self.proxy.clone();
+        let activity = self.activity.clone();
+        let info = self.info;
+        Box::pin(async move {
+            let in_flight = activity.start();
+            let response = proxy.handle(request, info).await;
+            if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+                activity.upgraded();
+            }
+            let (parts, body) = response.into_parts();
+            Ok(Response::from_parts(parts, with_guard(body, in_flight)))
+        })
+    }
+}
+
 async fn accept_loop(
     bound: BoundListener,
     builder: &auto::Builder<TokioExecutor>,
@@ -239,20 +278,10 @@ async fn accept_loop(
             peer,
             tls: bound.tls.is_some(),
         };
-        let proxy = proxy.clone();
-        let service = service_fn(move |request: Request<Incoming>| {
-            let proxy = proxy.clone();
-            let activity = activity.clone();
-            async move {
-                // In flight until the response body ends: the idle timeout waits for it.
-                let in_flight = activity.start();
-                let response = proxy.handle(request, info).await;
-                if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-                    activity.upgraded();
-                }
-                let (parts, body) = response.into_parts();
-                Ok::<_, Infallible>(Response::from_parts(parts, with_guard(body, in_flight)))
-            }
+        let service = TowerToHyperService::new(ConnectionService {
+            proxy: proxy.clone(),
+            info,
+            activity,
         });
         match &bound.tls {
             None => {
