@@ -6,8 +6,9 @@
 //! Store faults are decided by `on_error`; `on_limit: delay` waits here, in per-key order, for
 //! a request that would fit within `max_delay`.
 
+pub mod deny_cache;
 pub mod headers;
-mod keys;
+pub mod keys;
 mod lease;
 mod queue;
 mod tiers;
@@ -79,6 +80,8 @@ pub struct Throttler {
     redis: Option<Arc<OnceCell<Store>>>,
     store_up: Arc<AtomicBool>,
     queues: queue::KeyedQueues,
+    /// Requests the store denied a moment ago, answered here until their retry time.
+    denials: deny_cache::DenyCache,
 }
 
 impl Throttler {
@@ -96,6 +99,8 @@ impl Throttler {
                 redis: previous.redis.clone(),
                 store_up: previous.store_up.clone(),
                 queues: queue::KeyedQueues::default(),
+                // Limits may have changed: remembered denials do not carry over.
+                denials: deny_cache::DenyCache::new(deny_cache::DEFAULT_CAPACITY),
             };
         }
         let memory = MemoryStore::new();
@@ -125,6 +130,7 @@ impl Throttler {
             redis,
             store_up,
             queues: queue::KeyedQueues::default(),
+            denials: deny_cache::DenyCache::new(deny_cache::DEFAULT_CAPACITY),
         }
     }
 
@@ -155,6 +161,27 @@ impl Throttler {
             tiers::Selected::Limits(route) => route,
         };
         let (keys, identity) = keys::build(&self.config.key_prefix, route, request, client_ip);
+
+        // A caller known to be over a limit the shared store decides is answered from memory
+        // until the retry time the store gave (see deny_cache for why that never admits more).
+        let cache_denials = self.redis.is_some()
+            && route.limits.iter().all(|l| l.scope == Scope::Global)
+            && deny_cache::cacheable(route);
+        if cache_denials && !self.denials.is_empty() {
+            let key = deny_cache::key(route, &keys);
+            if let Some(verdicts) = self.denials.get(&key, Instant::now()) {
+                return Checked::Reject {
+                    response: headers::limited_response(
+                        &self.config.response,
+                        &route.name,
+                        &route.limits,
+                        &verdicts,
+                    ),
+                    store_unavailable: false,
+                    identity,
+                };
+            }
+        }
         let checks: Vec<Check<'_>> = route
             .limits
             .iter()
@@ -184,6 +211,7 @@ impl Throttler {
             None => None,
         };
         loop {
+            let asked_at = Instant::now();
             let (decision, decided) = match self.decide(route, &checks).await {
                 Ok(pair) => pair,
                 Err(response) => {
@@ -201,6 +229,14 @@ impl Throttler {
             let wait = match (deadline, &turn, delay_for(route, &decision.verdicts)) {
                 (Some(deadline), Some(_), Some(wait)) if Instant::now() + wait <= deadline => wait,
                 _ => {
+                    if cache_denials && decided == Decided::Allowed {
+                        self.denials.remember(
+                            route,
+                            deny_cache::key(route, &keys),
+                            asked_at,
+                            &decision.verdicts,
+                        );
+                    }
                     return Checked::Reject {
                         response: headers::limited_response(
                             &self.config.response,
@@ -210,7 +246,7 @@ impl Throttler {
                         ),
                         store_unavailable: false,
                         identity,
-                    }
+                    };
                 }
             };
             tokio::time::sleep(wait).await;
