@@ -2,7 +2,8 @@
 """Turns run.sh's raw measurements into the results table (Markdown on stdout).
 
 raw.tsv columns: scenario, server, requests, duration_us, p50_us, p99_us, non-2xx responses,
-socket errors, "<redis round trips> <commands run inside scripts> <requests tollgate counted>".
+socket errors, "<redis round trips> <commands run inside scripts> <requests tollgate counted>
+<tollgate CPU clock ticks> <Redis CPU microseconds>" (the last five only for tollgate).
 """
 
 import sys
@@ -32,7 +33,7 @@ def main() -> None:
     with open(raw_path) as f:
         for line in f:
             s, server, req, dur, p50, p99, non2xx, errs, redis = line.rstrip("\n").split("\t")
-            trips, inner, served = (int(x) for x in redis.split())
+            trips, inner, served, cpu, redis_cpu = (int(x) for x in redis.split())
             req, dur = int(req), int(dur)
             rows[(s, server)] = {
                 "rps": req / (dur / 1e6) if dur else 0.0,
@@ -44,6 +45,8 @@ def main() -> None:
                 "trips": trips,
                 "inner": inner,
                 "served": served,
+                "cpu_ticks": cpu,
+                "redis_cpu_us": redis_cpu,
             }
             if s not in order:
                 order.append(s)
@@ -80,16 +83,18 @@ def main() -> None:
     out.append("Redis commands per request (INFO commandstats, reset before each measured run):")
     out.append("")
     out.append(
-        "| scenario | server | requests decided | round trips (EVALSHA) / request | commands run inside the script / request |"
+        "| scenario | server | requests decided | round trips (EVALSHA) / request | commands run inside the script / request | tollgate CPU µs / request | Redis CPU µs / request |"
     )
-    out.append("|---|---|---:|---:|---:|")
+    out.append("|---|---|---:|---:|---:|---:|---:|")
+    tick_us = 1e6 / int(meta.get("clk_tck", "100") or 100)
     for (s, server), r in rows.items():
         n = r["served"]
         if not server.startswith(TOLLGATE) or not n:
             continue
         out.append(
             f"| {SCENARIOS.get(s, s)} | {server} | {n:,} | {r['trips'] / n:.4f} | "
-            f"{r['inner'] / n:.2f} |"
+            f"{r['inner'] / n:.2f} | {r['cpu_ticks'] * tick_us / n:.1f} | "
+            f"{r['redis_cpu_us'] / n:.1f} |"
         )
     rss = meta.get("rss", "").split()
     if len(rss) == 5:

@@ -265,6 +265,7 @@ start tollgate "$TOLLGATE" --config "$T/tollgate.yaml"
 TG_PID=$LAST_PID
 # The access-logging instance writes its log to a file, as a service manager would.
 start tollgate-log "$TOLLGATE" --config "$T/tollgate-log.yaml"
+TGL_PID=$LAST_PID
 start nginx nginx -p "$T" -c "$T/nginx.conf" -g 'daemon off;'
 start haproxy haproxy -db -f "$T/haproxy.cfg"
 for p in "$TG_PORT" "$TGL_PORT" "$NGP_PORT" "$NGL_PORT" "$HAP_PORT"; do wait_port "$p"; done
@@ -311,6 +312,17 @@ tollgate_requests() { # peer
     awk '/^tollgate_requests_total/ { sum += $NF } END { printf "%d\n", sum }'
 }
 
+# CPU time (user + system, clock ticks) a tollgate process has used so far.
+cpu_ticks() { # peer
+  local pid=$TG_PID
+  [ "$1" = tollgate-log ] && pid=$TGL_PID
+  awk '{ print $14 + $15 }' "/proc/$pid/stat"
+}
+# CPU time Redis has used so far, in microseconds.
+redis_cpu_us() {
+  rcli info cpu | tr -d '\r' | awk -F: '/^used_cpu_(sys|user):/ { s += $2 } END { printf "%d\n", s * 1000000 }'
+}
+
 run_wrk() { # scenario peer duration -> WRKSUMMARY line
   SCENARIO=$(scenario_name "$1") wrk -t"$THREADS" -c"$CONNECTIONS" -d"$3" --timeout 5s \
     -s "$HERE/wrk.lua" "http://127.0.0.1:$(port_of "$2")" | grep '^WRKSUMMARY' || true
@@ -325,9 +337,11 @@ for s in $SCENARIOS; do
   for peer in $PEERS; do
     log "scenario $s ($(scenario_name "$s")): $peer"
     run_wrk "$s" "$peer" "$WARMUP" >/dev/null
-    before=0
+    before=0 cpu_before=0 redis_cpu_before=0
     if [ "$peer" = tollgate ] || [ "$peer" = tollgate-log ]; then
       before=$(tollgate_requests "$peer")
+      cpu_before=$(cpu_ticks "$peer")
+      redis_cpu_before=$(redis_cpu_us)
     fi
     rcli config resetstat >/dev/null
     perf_pid=""
@@ -341,13 +355,15 @@ for s in $SCENARIOS; do
       kill -INT "$perf_pid" 2>/dev/null || true
       wait "$perf_pid" 2>/dev/null || true
     fi
-    trips=0 inner=0 served=0
+    trips=0 inner=0 served=0 cpu=0 redis_cpu=0
     if [ "$peer" = tollgate ] || [ "$peer" = tollgate-log ]; then
       # wrk counts only answers that arrived before it stopped; tollgate's own counter also
       # has the requests that were in flight then, which Redis saw too.
       sleep 0.5
       read -r trips inner < <(redis_counts)
       served=$(($(tollgate_requests "$peer") - before))
+      cpu=$(($(cpu_ticks "$peer") - cpu_before))
+      redis_cpu=$(($(redis_cpu_us) - redis_cpu_before))
     fi
     if [ -z "$summary" ]; then
       log "wrk gave no summary for $peer in scenario $s"
@@ -358,7 +374,7 @@ for s in $SCENARIOS; do
       "$(field p50_us "$summary")" "$(field p99_us "$summary")" \
       "$(field status_errors "$summary")" \
       "$(($(field connect_errors "$summary") + $(field read_errors "$summary") + $(field write_errors "$summary") + $(field timeouts "$summary")))" \
-      "$trips $inner $served" >>"$RAW"
+      "$trips $inner $served $cpu $redis_cpu" >>"$RAW"
   done
 done
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -404,6 +420,7 @@ META="$WORK/meta.env"
   echo "wrk=-t$THREADS -c$CONNECTIONS -d$DURATION (warm-up $WARMUP)"
   echo "rss=$RSS_LINE"
   echo "tollgate_hwm_after_load_kb=$TG_RSS_AFTER_LOAD"
+  echo "clk_tck=$(getconf CLK_TCK)"
   echo "versions=$(nginx -v 2>&1 | sed 's/.*version: //'), $(haproxy -v | head -1 | cut -d' ' -f1-3), redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'), $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)"
 } >"$META"
 python3 "$HERE/report.py" "$RAW" "$META" | tee "$RESULTS/$STAMP.md"

@@ -41,8 +41,11 @@ struct Entry {
     verdicts: Box<[Verdict]>,
 }
 
+/// One independently locked part of the cache.
+type Shard = Mutex<HashMap<Box<str>, Entry>>;
+
 pub struct DenyCache {
-    shards: Box<[Mutex<HashMap<Box<str>, Entry>>]>,
+    shards: Box<[Shard]>,
     hasher: RandomState,
     /// Entries in all shards: lets the common case (nobody over a limit) skip every lock.
     len: AtomicUsize,
@@ -86,7 +89,7 @@ impl DenyCache {
         self.len.load(Ordering::Relaxed)
     }
 
-    fn shard(&self, key: &str) -> &Mutex<HashMap<Box<str>, Entry>> {
+    fn shard(&self, key: &str) -> &Shard {
         &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
     }
 

@@ -4,7 +4,9 @@
 //! leases to hold) or the limited response.
 //!
 //! Store faults are decided by `on_error`; `on_limit: delay` waits here, in per-key order, for
-//! a request that would fit within `max_delay`.
+//! a request that would fit within `max_delay`. A denial the shared store gave is remembered
+//! ([`deny_cache`]) until its retry time, so a caller hammering a limit it is over costs
+//! neither a Redis round trip nor an upstream request.
 
 pub mod deny_cache;
 pub mod headers;
