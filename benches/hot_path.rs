@@ -117,8 +117,9 @@ fn key_building(c: &mut Criterion) {
             .iter()
             .find(|r| r.name == name)
             .unwrap();
+        let n = route.limits.len();
         c.bench_function(
-            &format!("store keys ({} limits)", route.limits.len()),
+            &format!("store keys ({n} limit{})", if n == 1 { "" } else { "s" }),
             |b| {
                 b.iter(|| {
                     tollgate::throttle::keys::build(black_box(prefix), route, black_box(&parts), IP)
