@@ -88,7 +88,7 @@ impl Metrics {
             &METADATA,
         );
         inflight.set(0.0);
-        Arc::new(Metrics {
+        let metrics = Arc::new(Metrics {
             recorder,
             handle,
             limit_check_duration,
@@ -97,7 +97,11 @@ impl Metrics {
             inflight,
             reload_ok,
             reload_failed,
-        })
+        });
+        if tokio::runtime::Handle::try_current().is_ok() {
+            tokio::spawn(upkeep(Arc::downgrade(&metrics)));
+        }
+        metrics
     }
 
     /// The handles of one route (registering them is idempotent: a reload that keeps a route
@@ -156,6 +160,25 @@ impl Metrics {
         self.handle.render()
     }
 }
+
+/// Histogram samples queue up in the recorder until an upkeep folds them into the buckets; the
+/// exporter's own installer runs one every few seconds, `render` runs one per scrape. Without
+/// this, a proxy nobody scrapes would keep every latency sample of every request in memory
+/// (two per request: hundreds of MB an hour under load). Ends with the metrics.
+async fn upkeep(metrics: std::sync::Weak<Metrics>) {
+    let mut tick = tokio::time::interval(UPKEEP_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match metrics.upgrade() {
+            Some(metrics) => metrics.handle.run_upkeep(),
+            None => return,
+        }
+    }
+}
+
+/// How often queued histogram samples are folded into buckets.
+const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {

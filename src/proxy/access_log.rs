@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::request::Parts;
-use http::Method;
+use http::{Method, Uri};
 use tokio::time::Instant;
 
 use crate::config::Route;
@@ -17,7 +17,8 @@ pub struct AccessLog {
     enabled: bool,
     started: Instant,
     pub method: Method,
-    pub path: String,
+    /// A clone shares the request's buffer: no copy of the path per request.
+    uri: Uri,
     pub route: Option<Arc<Route>>,
     pub identity: &'static str,
     pub decision: &'static str,
@@ -30,12 +31,17 @@ impl AccessLog {
             enabled,
             started,
             method: parts.method.clone(),
-            path: parts.uri.path().to_owned(),
+            uri: parts.uri.clone(),
             route: None,
             identity: "-",
             decision: "allowed",
             upstream: None,
         }
+    }
+
+    /// The request path, without the query.
+    pub fn path(&self) -> &str {
+        self.uri.path()
     }
 
     pub fn finish(&self, status: u16, upstream: Option<Duration>) {
@@ -50,7 +56,7 @@ impl AccessLog {
         tracing::info!(
             target: "tollgate::access",
             method = %self.method,
-            path = %self.path,
+            path = %self.uri.path(),
             route,
             identity = self.identity,
             decision = self.decision,

@@ -269,10 +269,10 @@ impl Proxy {
                 log.upstream = Some(upstream_started.elapsed());
                 match &error {
                     ProxyError::BadRequest(_) | ProxyError::BodyTooLarge { .. } => {
-                        tracing::info!(method = %log.method, path = %log.path, peer = %conn.peer, status, side = error.source_side(), cause = %error, "request refused")
+                        tracing::info!(method = %log.method, path = %log.path(), peer = %conn.peer, status, side = error.source_side(), cause = %error, "request refused")
                     }
                     _ => {
-                        tracing::warn!(method = %log.method, path = %log.path, peer = %conn.peer, status, side = error.source_side(), cause = %error, source = ?std::error::Error::source(&error), "request failed")
+                        tracing::warn!(method = %log.method, path = %log.path(), peer = %conn.peer, status, side = error.source_side(), cause = %error, source = ?std::error::Error::source(&error), "request failed")
                     }
                 }
                 error.into_response()

@@ -4,12 +4,15 @@
 //! leases to hold) or the limited response.
 //!
 //! Store faults are decided by `on_error`, at once while the circuit breaker ([`breaker`]) is
-//! open; `on_limit: delay` waits here, in per-key order, for
-//! a request that would fit within `max_delay`.
+//! open; `on_limit: delay` waits here, in per-key order, for a request that would fit within
+//! `max_delay`. A denial the shared store gave is remembered ([`deny_cache`]) until its retry
+//! time, so a caller hammering a limit it is over costs neither a Redis round trip nor an
+//! upstream request.
 
 mod breaker;
+pub mod deny_cache;
 pub mod headers;
-pub(crate) mod keys;
+pub mod keys;
 mod lease;
 mod queue;
 pub(crate) mod tiers;
@@ -88,6 +91,8 @@ pub struct Throttler {
     /// Shared with the throttlers of later reloads, like the connection it guards.
     breaker: Arc<breaker::Breaker>,
     queues: queue::KeyedQueues,
+    /// Requests the store denied a moment ago, answered here until their retry time.
+    denials: deny_cache::DenyCache,
 }
 
 impl Throttler {
@@ -106,6 +111,8 @@ impl Throttler {
                 store_up: previous.store_up.clone(),
                 breaker: previous.breaker.clone(),
                 queues: queue::KeyedQueues::default(),
+                // Limits may have changed: remembered denials do not carry over.
+                denials: deny_cache::DenyCache::new(deny_cache::DEFAULT_CAPACITY),
             };
         }
         let memory = MemoryStore::new();
@@ -145,6 +152,7 @@ impl Throttler {
             store_up,
             breaker,
             queues: queue::KeyedQueues::default(),
+            denials: deny_cache::DenyCache::new(deny_cache::DEFAULT_CAPACITY),
         }
     }
 
@@ -179,6 +187,28 @@ impl Throttler {
             tiers::Selected::Limits(route) => route,
         };
         let (keys, identity) = keys::build(&self.config.key_prefix, route, request, client_ip);
+
+        // A caller known to be over a limit the shared store decides is answered from memory
+        // until the retry time the store gave (see deny_cache for why that never admits more).
+        let cache_denials = self.redis.is_some()
+            && route.limits.iter().all(|l| l.scope == Scope::Global)
+            && deny_cache::cacheable(route);
+        if cache_denials && !self.denials.is_empty() {
+            let key = deny_cache::key(route, &keys);
+            if let Some(verdicts) = self.denials.get(&key, Instant::now()) {
+                return Checked::Reject {
+                    response: headers::limited_response(
+                        &self.config.response,
+                        &route.name,
+                        &route.limits,
+                        &verdicts,
+                    ),
+                    store_unavailable: false,
+                    store_error: false,
+                    identity,
+                };
+            }
+        }
         let checks: Vec<Check<'_>> = route
             .limits
             .iter()
@@ -208,6 +238,7 @@ impl Throttler {
             None => None,
         };
         loop {
+            let asked_at = Instant::now();
             let (decision, decided) = match self.decide(route, &checks).await {
                 Ok(pair) => pair,
                 Err(response) => {
@@ -226,6 +257,14 @@ impl Throttler {
             let wait = match (deadline, &turn, delay_for(route, &decision.verdicts)) {
                 (Some(deadline), Some(_), Some(wait)) if Instant::now() + wait <= deadline => wait,
                 _ => {
+                    if cache_denials && decided == Decided::Allowed {
+                        self.denials.remember(
+                            route,
+                            deny_cache::key(route, &keys),
+                            asked_at,
+                            &decision.verdicts,
+                        );
+                    }
                     return Checked::Reject {
                         response: headers::limited_response(
                             &self.config.response,
@@ -236,7 +275,7 @@ impl Throttler {
                         store_unavailable: false,
                         store_error: decided == Decided::LocalFallback,
                         identity,
-                    }
+                    };
                 }
             };
             tokio::time::sleep(wait).await;

@@ -1,0 +1,357 @@
+//! A local memory of requests the store has just denied, so that a client hammering a limit it
+//! is already over is answered here — no store round trip, no upstream — until the moment the
+//! store said it may retry.
+//!
+//! Why this can never admit more than the store would: only denials are remembered, and an
+//! entry only ever produces a denial; every admission still comes from the store. A denial is
+//! remembered for the shortest `retry_after` among the limits that denied it, counted from
+//! *before* the store was asked, so the entry is gone by the time the store could first change
+//! its answer (rate limits only recover with time; other instances only consume more). It is
+//! not used where a slot can free up early or a denial is not final: routes with a concurrency
+//! limit (a release frees a slot at any moment) or an `on_limit: delay` limit (a denial there
+//! means "wait", not 429). Shadow limits never deny, so they never make an entry.
+//!
+//! The cache is bounded: past its capacity new denials are simply not remembered (the store
+//! keeps deciding them). Entries are keyed by the route (the very `Route` the limits came from,
+//! so a tier with other limits never shares an entry) and all its store keys, and the clock is
+//! passed in by the caller so tests drive it.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use tokio::time::Instant;
+
+use crate::config::{OnLimit, Route};
+use crate::limit::algorithm::{Algorithm, Verdict};
+
+/// Independent locks, so workers deciding for different callers rarely wait on each other.
+const SHARDS: usize = 16;
+
+/// Default bound on remembered denials (a few hundred bytes each).
+pub const DEFAULT_CAPACITY: usize = 32 * 1024;
+
+struct Entry {
+    /// When the store was asked: the verdicts' times count from here.
+    asked_at: Instant,
+    /// Denied at least until then.
+    until: Instant,
+    verdicts: Box<[Verdict]>,
+}
+
+/// One independently locked part of the cache.
+type Shard = Mutex<HashMap<Box<str>, Entry>>;
+
+pub struct DenyCache {
+    shards: Box<[Shard]>,
+    hasher: RandomState,
+    /// Entries in all shards: lets the common case (nobody over a limit) skip every lock.
+    len: AtomicUsize,
+    per_shard: usize,
+}
+
+/// Whether denials on `route` may be remembered at all (see the module docs).
+pub fn cacheable(route: &Route) -> bool {
+    route.limits.iter().all(|l| {
+        l.params.algorithm != Algorithm::Concurrency && matches!(l.on_limit, OnLimit::Reject)
+    })
+}
+
+/// The cache key of one decision: the route's identity and every store key, in order.
+pub fn key(route: &Route, keys: &[String]) -> String {
+    let mut out = String::with_capacity(keys.iter().map(|k| k.len() + 1).sum::<usize>() + 16);
+    let _ = write!(out, "{:x}", route as *const Route as usize);
+    for k in keys {
+        out.push('\n');
+        out.push_str(k);
+    }
+    out
+}
+
+impl DenyCache {
+    pub fn new(capacity: usize) -> Self {
+        DenyCache {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: RandomState::new(),
+            len: AtomicUsize::new(0),
+            per_shard: capacity.div_ceil(SHARDS).max(1),
+        }
+    }
+
+    /// True when nothing is remembered (then a lookup cannot hit).
+    pub fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Relaxed) == 0
+    }
+
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    fn shard(&self, key: &str) -> &Shard {
+        &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
+    }
+
+    /// The store's verdicts for a remembered denial, aged to `now`, or None when `key` is not
+    /// known to be over its limit (an expired entry is dropped here).
+    pub fn get(&self, key: &str, now: Instant) -> Option<Vec<Verdict>> {
+        if self.is_empty() {
+            return None;
+        }
+        let mut shard = self.shard(key).lock().expect("deny cache poisoned");
+        let entry = shard.get(key)?;
+        if now >= entry.until {
+            shard.remove(key);
+            self.len.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        let elapsed = now.saturating_duration_since(entry.asked_at).as_micros() as i64;
+        Some(
+            entry
+                .verdicts
+                .iter()
+                .map(|v| Verdict {
+                    reset_after_us: (v.reset_after_us - elapsed).max(0),
+                    retry_after_us: if v.allowed {
+                        v.retry_after_us
+                    } else {
+                        // Still in the future: `until` is the earliest of these.
+                        (v.retry_after_us - elapsed).max(1)
+                    },
+                    ..*v
+                })
+                .collect(),
+        )
+    }
+
+    /// Remembers a denial the store gave for a request on `route` asked at `asked_at`. Does
+    /// nothing unless an enforcing limit denied with a finite wait.
+    pub fn remember(&self, route: &Route, key: String, asked_at: Instant, verdicts: &[Verdict]) {
+        let mut wait: Option<i64> = None;
+        for (limit, verdict) in route.limits.iter().zip(verdicts) {
+            if verdict.allowed || limit.shadow {
+                continue;
+            }
+            if verdict.retry_after_us <= 0 {
+                // "Never" (cost above capacity) or a malformed answer: leave it to the store.
+                return;
+            }
+            wait = Some(wait.map_or(verdict.retry_after_us, |w| w.min(verdict.retry_after_us)));
+        }
+        let Some(wait) = wait else { return };
+        if verdicts.len() != route.limits.len() {
+            return;
+        }
+        let until = asked_at + std::time::Duration::from_micros(wait as u64);
+        let mut shard = self.shard(&key).lock().expect("deny cache poisoned");
+        if shard.len() >= self.per_shard && !shard.contains_key(key.as_str()) {
+            let before = shard.len();
+            shard.retain(|_, e| e.until > asked_at);
+            self.len.fetch_sub(before - shard.len(), Ordering::Relaxed);
+            if shard.len() >= self.per_shard {
+                return;
+            }
+        }
+        let entry = Entry {
+            asked_at,
+            until,
+            verdicts: verdicts.into(),
+        };
+        if shard.insert(key.into_boxed_str(), entry).is_none() {
+            self.len.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::{Limit, Scope};
+    use crate::limit::algorithm::Params;
+
+    fn limit(name: &str, algorithm: Algorithm, shadow: bool, on_limit: OnLimit) -> Limit {
+        Limit {
+            name: name.into(),
+            params: Params {
+                algorithm,
+                limit: 5,
+                period_us: 60_000_000,
+                burst: 5,
+                cost: 1,
+            },
+            key: vec![],
+            scope: Scope::Global,
+            on_limit,
+            shadow,
+        }
+    }
+
+    fn route(limits: Vec<Limit>) -> Arc<Route> {
+        Arc::new(Route {
+            name: "r".into(),
+            path_prefix: None,
+            methods: None,
+            host: None,
+            limits,
+            shared_key: true,
+            allow: Default::default(),
+            overrides: Vec::new(),
+        })
+    }
+
+    fn denied(retry_s: i64) -> Verdict {
+        Verdict {
+            allowed: false,
+            limit: 5,
+            remaining: 0,
+            reset_after_us: retry_s * 2_000_000,
+            retry_after_us: retry_s * 1_000_000,
+        }
+    }
+
+    fn allowed() -> Verdict {
+        Verdict {
+            allowed: true,
+            limit: 5,
+            remaining: 3,
+            reset_after_us: 4_000_000,
+            retry_after_us: 0,
+        }
+    }
+
+    fn keys(r: &Route, user: &str) -> String {
+        key(r, &[format!("p{{r|{user}}}:a")])
+    }
+
+    #[test]
+    fn a_denial_is_served_until_the_retry_time_then_the_store_decides_again() {
+        let cache = DenyCache::new(16);
+        let r = route(vec![limit("a", Algorithm::Gcra, false, OnLimit::Reject)]);
+        let t0 = Instant::now();
+        cache.remember(&r, keys(&r, "u"), t0, &[denied(10)]);
+        assert_eq!(cache.len(), 1);
+
+        let hit = cache
+            .get(&keys(&r, "u"), t0 + Duration::from_secs(4))
+            .unwrap();
+        assert!(!hit[0].allowed);
+        assert_eq!(hit[0].retry_after_us, 6_000_000, "aged by the time elapsed");
+        assert_eq!(hit[0].reset_after_us, 16_000_000);
+        assert_eq!(hit[0].remaining, 0);
+
+        assert!(cache.get(&keys(&r, "v"), t0).is_none(), "another caller");
+        let last = t0 + Duration::from_micros(9_999_999);
+        assert_eq!(
+            cache.get(&keys(&r, "u"), last).unwrap()[0].retry_after_us,
+            1
+        );
+        // At the retry time the store must be asked again: the entry is gone.
+        assert!(cache
+            .get(&keys(&r, "u"), t0 + Duration::from_secs(10))
+            .is_none());
+        assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn lasts_only_as_long_as_the_shortest_violated_limit() {
+        let cache = DenyCache::new(16);
+        let r = route(vec![
+            limit("a", Algorithm::Gcra, false, OnLimit::Reject),
+            limit("b", Algorithm::FixedWindow, false, OnLimit::Reject),
+            limit("c", Algorithm::SlidingWindow, false, OnLimit::Reject),
+        ]);
+        let t0 = Instant::now();
+        cache.remember(&r, keys(&r, "u"), t0, &[denied(30), denied(5), allowed()]);
+        assert!(cache
+            .get(&keys(&r, "u"), t0 + Duration::from_secs(4))
+            .is_some());
+        assert!(cache
+            .get(&keys(&r, "u"), t0 + Duration::from_secs(5))
+            .is_none());
+    }
+
+    #[test]
+    fn admissions_shadow_denials_and_never_answers_are_not_remembered() {
+        let cache = DenyCache::new(16);
+        let r = route(vec![
+            limit("a", Algorithm::Gcra, false, OnLimit::Reject),
+            limit("s", Algorithm::Gcra, true, OnLimit::Reject),
+        ]);
+        let t0 = Instant::now();
+        cache.remember(&r, keys(&r, "u"), t0, &[allowed(), allowed()]);
+        cache.remember(&r, keys(&r, "v"), t0, &[allowed(), denied(10)]);
+        let mut never = denied(1);
+        never.retry_after_us = -1;
+        cache.remember(&r, keys(&r, "w"), t0, &[never, allowed()]);
+        assert!(cache.is_empty());
+        // A shadow denial next to an enforcing one does not stretch the entry.
+        cache.remember(&r, keys(&r, "x"), t0, &[denied(2), denied(60)]);
+        assert!(cache
+            .get(&keys(&r, "x"), t0 + Duration::from_secs(2))
+            .is_none());
+    }
+
+    #[test]
+    fn concurrency_and_delay_routes_are_not_cacheable() {
+        let plain = route(vec![
+            limit("a", Algorithm::Gcra, false, OnLimit::Reject),
+            limit("s", Algorithm::FixedWindow, true, OnLimit::Reject),
+        ]);
+        assert!(cacheable(&plain));
+        let concurrency = route(vec![limit(
+            "c",
+            Algorithm::Concurrency,
+            false,
+            OnLimit::Reject,
+        )]);
+        assert!(!cacheable(&concurrency));
+        let delay = route(vec![limit(
+            "d",
+            Algorithm::TokenBucket,
+            false,
+            OnLimit::Delay {
+                max_delay: Duration::from_millis(100),
+            },
+        )]);
+        assert!(!cacheable(&delay));
+    }
+
+    #[test]
+    fn routes_with_the_same_keys_do_not_share_entries() {
+        let cache = DenyCache::new(16);
+        let a = route(vec![limit("a", Algorithm::Gcra, false, OnLimit::Reject)]);
+        let tier = route(vec![limit("a", Algorithm::Gcra, false, OnLimit::Reject)]);
+        let store_keys = vec!["p{r|u}:a".to_string()];
+        let t0 = Instant::now();
+        cache.remember(&a, key(&a, &store_keys), t0, &[denied(10)]);
+        assert!(cache.get(&key(&a, &store_keys), t0).is_some());
+        assert!(cache.get(&key(&tier, &store_keys), t0).is_none());
+    }
+
+    #[test]
+    fn bounded_in_size_with_expired_entries_making_room() {
+        let cache = DenyCache::new(SHARDS * 2);
+        let r = route(vec![limit("a", Algorithm::Gcra, false, OnLimit::Reject)]);
+        let t0 = Instant::now();
+        for i in 0..1000 {
+            cache.remember(&r, keys(&r, &format!("u{i}")), t0, &[denied(1)]);
+        }
+        assert!(cache.len() <= SHARDS * 2, "{} entries", cache.len());
+        assert!(cache.len() >= SHARDS, "{} entries", cache.len());
+        // Once those expired, new denials take their places.
+        let t1 = t0 + Duration::from_secs(2);
+        for i in 0..1000 {
+            cache.remember(&r, keys(&r, &format!("n{i}")), t1, &[denied(1)]);
+        }
+        assert!(cache.len() <= SHARDS * 2);
+        let remembered = (0..1000)
+            .filter(|i| cache.get(&keys(&r, &format!("n{i}")), t1).is_some())
+            .count();
+        assert_eq!(remembered, cache.len());
+        assert!(remembered >= SHARDS);
+    }
+}
