@@ -11,9 +11,9 @@ use http::request::Parts;
 use http::{HeaderName, HeaderValue, Method, Request, Uri};
 use serde_json::json;
 
-use crate::config::{Config, Limit, OnLimit, Route, Scope};
+use crate::config::{Config, Limit, Route, Scope};
 use crate::identity::{self, Identity};
-use crate::limit::algorithm::{Algorithm, Verdict};
+use crate::limit::algorithm::Verdict;
 use crate::routing;
 use crate::throttle::{keys, tiers};
 
@@ -143,35 +143,6 @@ fn describe_identity(
     (identity.name.clone(), source, identified.display)
 }
 
-fn limit_summary(limit: &Limit) -> String {
-    let p = &limit.params;
-    let mut text = match p.algorithm {
-        Algorithm::Concurrency => {
-            format!("{} in flight (lease ttl {})", p.limit, secs(p.period_us))
-        }
-        Algorithm::TokenBucket | Algorithm::Gcra => {
-            format!("{} per {}, burst {}", p.limit, secs(p.period_us), p.burst)
-        }
-        _ => format!("{} per {}", p.limit, secs(p.period_us)),
-    };
-    if p.cost != 1 {
-        text.push_str(&format!(", cost {}", p.cost));
-    }
-    if limit.shadow {
-        text.push_str(", shadow");
-    }
-    if let OnLimit::Delay { max_delay } = limit.on_limit {
-        text.push_str(&format!(
-            ", delay up to {}",
-            humantime::format_duration(max_delay)
-        ));
-    }
-    if limit.scope == Scope::Local {
-        text.push_str(", local");
-    }
-    text
-}
-
 fn secs(us: i64) -> String {
     humantime::format_duration(std::time::Duration::from_micros(us.max(0) as u64)).to_string()
 }
@@ -204,7 +175,7 @@ impl Explanation {
                 "limit     {} ({} {})\n",
                 l.limit.name,
                 l.limit.params.algorithm.name(),
-                limit_summary(&l.limit)
+                l.limit.describe()
             ));
             for (name, source, value) in &l.identities {
                 out.push_str(&format!("  identity  {name} = {value} (from {source})\n"));

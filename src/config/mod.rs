@@ -137,38 +137,23 @@ impl Config {
                 key.join("+")
             );
             for limit in &route.limits {
-                let p = &limit.params;
-                let what = match p.algorithm {
-                    crate::limit::algorithm::Algorithm::Concurrency => {
-                        format!("{} in flight", p.limit)
-                    }
-                    _ => format!(
-                        "{} per {}",
-                        p.limit,
-                        humantime::format_duration(Duration::from_micros(p.period_us as u64))
-                    ),
-                };
-                let mut notes = String::new();
-                if limit.shadow {
-                    notes.push_str(", shadow");
-                }
-                if let OnLimit::Delay { max_delay } = limit.on_limit {
-                    notes.push_str(&format!(
-                        ", delay up to {}",
-                        humantime::format_duration(max_delay)
-                    ));
-                }
                 let _ = writeln!(
                     out,
-                    "  limit   {} {} {what}{notes}",
+                    "  limit   {} {} {}",
                     limit.name,
-                    p.algorithm.name()
+                    limit.params.algorithm.name(),
+                    limit.describe()
                 );
             }
             for tier in &route.overrides {
+                let values = if tier.values.len() == 1 {
+                    "value"
+                } else {
+                    "values"
+                };
                 let _ = writeln!(
                     out,
-                    "  tier    {} for {} values of {}",
+                    "  tier    {} for {} {values} of {}",
                     tier.name,
                     tier.values.len(),
                     tier.identity.name

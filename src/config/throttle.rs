@@ -101,6 +101,37 @@ pub struct Limit {
     pub shadow: bool,
 }
 
+impl Limit {
+    /// A one-line description for `check` and `explain`, e.g. `30 per 1m, burst 15, shadow`.
+    pub fn describe(&self) -> String {
+        let p = &self.params;
+        let period = humantime::format_duration(Duration::from_micros(p.period_us.max(0) as u64));
+        let mut text = match p.algorithm {
+            Algorithm::Concurrency => format!("{} in flight (lease ttl {period})", p.limit),
+            Algorithm::TokenBucket | Algorithm::Gcra => {
+                format!("{} per {period}, burst {}", p.limit, p.burst)
+            }
+            _ => format!("{} per {period}", p.limit),
+        };
+        if p.cost != 1 {
+            text.push_str(&format!(", cost {}", p.cost));
+        }
+        if self.shadow {
+            text.push_str(", shadow");
+        }
+        if let OnLimit::Delay { max_delay } = self.on_limit {
+            text.push_str(&format!(
+                ", delay up to {}",
+                humantime::format_duration(max_delay)
+            ));
+        }
+        if self.scope == Scope::Local {
+            text.push_str(", local");
+        }
+        text
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
     /// Shared by every tollgate instance through the store.

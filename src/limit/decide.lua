@@ -43,14 +43,20 @@ local function px(ttl)
   return num(ceil_div(ttl, 1000) + TTL_SLACK_MS)
 end
 
--- The hash fields of check c if its key holds a hash written by the same algorithm, else nil.
-local function load_hash(c, fields)
+-- True if check c's key exists with Redis type `wanted`. Any existing key is first marked
+-- foreign (another algorithm's state, replaced on commit) until its owner is confirmed.
+local function holds(c, wanted)
   local kind = redis.call('TYPE', c.key).ok
   if kind == 'none' then
-    return nil
+    return false
   end
   c.foreign = true
-  if kind ~= 'hash' then
+  return kind == wanted
+end
+
+-- The hash fields of check c if its key holds a hash written by the same algorithm, else nil.
+local function load_hash(c, fields)
+  if not holds(c, 'hash') then
     return nil
   end
   local v = redis.call('HMGET', c.key, 'a', unpack(fields))
@@ -67,12 +73,7 @@ end
 
 -- True if check c's key holds a zset of members tagged `tag`.
 local function own_zset(c, tag)
-  local kind = redis.call('TYPE', c.key).ok
-  if kind == 'none' then
-    return false
-  end
-  c.foreign = true
-  if kind ~= 'zset' then
+  if not holds(c, 'zset') then
     return false
   end
   local first = redis.call('ZRANGE', c.key, 0, 0)[1]
