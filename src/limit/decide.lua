@@ -18,16 +18,18 @@
 -- Redis is formatted with %.0f because Lua's default formatting rounds to 14 digits.
 --
 -- State layout (the algorithm is part of it: a state written by another algorithm is idle,
--- exactly as in algorithm.rs, and is replaced on commit):
---   fixed_window    hash  a=1 w=window c=count
---   sliding_log     zset  member "L<time>:<seq>" score time, one per unit; seq counts the
---                         entries already at that time, which only grow until all of them
---                         are trimmed together, so a member never repeats
---   sliding_window  hash  a=3 w=window c=current p=previous
---   token_bucket    hash  a=4 s=scaled tokens u=updated_at
---   gcra            hash  a=5 t=tat
---   concurrency     zset  member "C<lease id>:<units>" score expires_at
--- Every key written gets PEXPIRE of its TTL in milliseconds, rounded up (never 0); a state
+-- exactly as in algorithm.rs, and is replaced on commit). The counters are one string each, so
+-- a decision reads them with one GET and writes them with one SET ... PX (no TYPE probe, no
+-- separate PEXPIRE): each command a script runs costs Redis about a microsecond of dispatch.
+--   fixed_window    string "1 <window> <count>"
+--   sliding_log     zset   member "L<time>:<seq>" score time, one per unit; seq counts the
+--                          entries already at that time, which only grow until all of them
+--                          are trimmed together, so a member never repeats
+--   sliding_window  string "3 <window> <current> <previous>"
+--   token_bucket    string "4 <scaled tokens> <updated_at>"
+--   gcra            string "5 <tat>"
+--   concurrency     zset   member "C<lease id>:<units>" score expires_at
+-- Every key written expires after its TTL in milliseconds, rounded up (never 0); a state
 -- whose TTL is 0 is idle and its key is deleted instead.
 
 -- (prelude.lua, prepended: CLOCK, now, base, TTL_SLACK_MS, num, idiv)
@@ -43,54 +45,41 @@ local function px(ttl)
   return num(ceil_div(ttl, 1000) + TTL_SLACK_MS)
 end
 
--- True if check c's key exists with Redis type `wanted`. Any existing key is first marked
--- foreign (another algorithm's state, replaced on commit) until its owner is confirmed.
-local function holds(c, wanted)
-  local kind = redis.call('TYPE', c.key).ok
-  if kind == 'none' then
-    return false
-  end
-  c.foreign = true
-  return kind == wanted
-end
-
--- The hash fields of check c if its key holds a hash written by the same algorithm, else nil.
-local function load_hash(c, fields)
-  if not holds(c, 'hash') then
+-- The numbers of check c's string state if it was written by the same algorithm (`pattern`
+-- captures them), else nil: missing, another algorithm's string, or another Redis type (GET
+-- fails on it, hence pcall). A foreign state needs no cleanup: SET replaces any type.
+local function load_string(c, pattern)
+  local v = redis.pcall('GET', c.key)
+  if type(v) ~= 'string' then
     return nil
   end
-  local v = redis.call('HMGET', c.key, 'a', unpack(fields))
-  if tonumber(v[1]) ~= c.code then
-    return nil
-  end
-  c.foreign = false
-  local out = {}
-  for i = 1, #fields do
-    out[i] = tonumber(v[i + 1])
-  end
-  return out
+  return string.match(v, pattern)
 end
 
--- True if check c's key holds a zset of members tagged `tag`.
+-- True if check c's key holds a zset of members tagged `tag`. Any other existing key (another
+-- Redis type, or another algorithm's members) is marked foreign: deleted before the commit.
 local function own_zset(c, tag)
-  if not holds(c, 'zset') then
+  local first = redis.pcall('ZRANGE', c.key, 0, 0)
+  if first.err then
+    c.foreign = true
     return false
   end
-  local first = redis.call('ZRANGE', c.key, 0, 0)[1]
-  if first == nil or string.sub(first, 1, 1) ~= tag then
+  if first[1] == nil then
     return false
   end
-  c.foreign = false
+  if string.sub(first[1], 1, 1) ~= tag then
+    c.foreign = true
+    return false
+  end
   return true
 end
 
-local function store_hash(c, ttl, fields)
-  if c.foreign or ttl <= 0 then
+-- Writes check c's string state with its TTL, or deletes an idle one.
+local function store_string(c, state)
+  if c.ttl > 0 then
+    redis.call('SET', c.key, state, 'PX', px(c.ttl))
+  else
     redis.call('DEL', c.key)
-  end
-  if ttl > 0 then
-    redis.call('HSET', c.key, 'a', c.code, unpack(fields))
-    redis.call('PEXPIRE', c.key, px(ttl))
   end
 end
 
@@ -113,9 +102,9 @@ local function fixed_window(c)
   local window = idiv(now, period)
   local stop = (window + 1) * period
   local count = 0
-  local s = load_hash(c, { 'w', 'c' })
-  if s and s[1] == window then
-    count = s[2]
+  local w, n = load_string(c, '^1 (%-?%d+) (%-?%d+)$')
+  if w and tonumber(w) == window then
+    count = tonumber(n)
   end
   local allowed = count + cost <= limit
   local after = count
@@ -131,7 +120,7 @@ local function fixed_window(c)
     retry = -1
   end
   verdict(c, allowed, limit, limit - after, reset, retry, stop - now, function()
-    store_hash(c, c.ttl, { 'w', num(window), 'c', num(after) })
+    store_string(c, '1 ' .. num(window) .. ' ' .. num(after))
   end)
 end
 
@@ -200,12 +189,13 @@ local function sliding_window(c)
   local window = idiv(now, period)
   local elapsed = now - window * period
   local previous, current = 0, 0
-  local s = load_hash(c, { 'w', 'c', 'p' })
-  if s then
-    if s[1] == window then
-      previous, current = s[3], s[2]
-    elseif s[1] == window - 1 then
-      previous, current = s[2], 0
+  local w, n, p = load_string(c, '^3 (%-?%d+) (%-?%d+) (%-?%d+)$')
+  if w then
+    w = tonumber(w)
+    if w == window then
+      previous, current = tonumber(p), tonumber(n)
+    elseif w == window - 1 then
+      previous, current = tonumber(n), 0
     end
   end
   -- The first test keeps the products bounded (and alone decides most denials).
@@ -246,7 +236,7 @@ local function sliding_window(c)
     end
   end
   verdict(c, allowed, limit, remaining, reset, retry, 2 * period - elapsed, function()
-    store_hash(c, c.ttl, { 'w', num(window), 'c', num(after), 'p', num(previous) })
+    store_string(c, '3 ' .. num(window) .. ' ' .. num(after) .. ' ' .. num(previous))
   end)
 end
 
@@ -254,17 +244,18 @@ local function token_bucket(c)
   local limit, period, cost, burst = c.limit, c.period, c.cost, c.burst
   local cap = burst * period
   local scaled, updated_at = cap, now
-  local s = load_hash(c, { 's', 'u' })
-  if s then
+  local stored, at = load_string(c, '^4 (%-?%d+) (%-?%d+)$')
+  if stored then
+    stored, at = tonumber(stored), tonumber(at)
     -- A clock that stepped back refills nothing (and must not refill twice later).
-    local elapsed = math.max(now - s[2], 0)
-    updated_at = math.max(now, s[2])
-    local missing = cap - s[1]
+    local elapsed = math.max(now - at, 0)
+    updated_at = math.max(now, at)
+    local missing = cap - stored
     -- Comparing against the time to full first keeps `elapsed * limit` bounded.
     if missing <= 0 or elapsed >= ceil_div(missing, limit) then
       scaled = cap
     else
-      scaled = s[1] + elapsed * limit
+      scaled = stored + elapsed * limit
     end
   end
   local retry = -1
@@ -276,7 +267,7 @@ local function token_bucket(c)
   end
   local reset = ceil_div(cap - scaled, limit)
   verdict(c, allowed, burst, idiv(scaled, period), reset, retry, reset, function()
-    store_hash(c, c.ttl, { 's', num(scaled), 'u', num(updated_at) })
+    store_string(c, '4 ' .. num(scaled) .. ' ' .. num(updated_at))
   end)
 end
 
@@ -287,9 +278,9 @@ local function gcra(c)
   local increment = interval * cost
   -- A stale tat (before now) is an idle key.
   local tat = now
-  local s = load_hash(c, { 't' })
+  local s = load_string(c, '^5 (%-?%d+)$')
   if s then
-    tat = math.max(s[1], now)
+    tat = math.max(tonumber(s), now)
   end
   local new_tat = tat + increment
   local allow_at = new_tat - dvt
@@ -310,7 +301,7 @@ local function gcra(c)
     remaining = idiv(next, interval)
   end
   verdict(c, allowed, burst, remaining, ttl, retry, ttl, function()
-    store_hash(c, c.ttl, { 't', num(stored) })
+    store_string(c, '5 ' .. num(stored))
   end)
 end
 
