@@ -159,6 +159,7 @@ mod tests {
             methods: methods.map(|m| m.to_vec()),
             host: host.map(Into::into),
             limits: vec![],
+            policy: http::HeaderValue::from_static(""),
             shared_key: true,
             allow: Default::default(),
             overrides: vec![],

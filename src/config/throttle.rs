@@ -88,6 +88,9 @@ pub struct Route {
     pub allow: Allow,
     /// Tiers, tried in order before the default limits.
     pub overrides: Vec<Override>,
+    /// The `RateLimit-Policy` field value for `limits`, rendered once here rather than on
+    /// every response.
+    pub policy: http::HeaderValue,
 }
 
 #[derive(Debug, Clone)]
@@ -527,6 +530,7 @@ impl Validator<'_> {
             path_prefix: m.path_prefix.clone(),
             methods,
             host,
+            policy: crate::throttle::headers::policy_value(&limits),
             limits,
             shared_key,
             allow,
@@ -603,6 +607,7 @@ impl Validator<'_> {
                     path_prefix: route.path_prefix.clone(),
                     methods: route.methods.clone(),
                     host: route.host.clone(),
+                    policy: crate::throttle::headers::policy_value(&limits),
                     limits,
                     shared_key,
                     allow: Allow::default(),

@@ -286,6 +286,7 @@ impl Proxy {
                     response.headers_mut(),
                     &config.throttle.response,
                     &admission.route.limits,
+                    &admission.route.policy,
                     &admission.verdicts,
                     false,
                 );

@@ -196,6 +196,7 @@ mod tests {
             path_prefix: None,
             methods: None,
             host: None,
+            policy: crate::throttle::headers::policy_value(&limits),
             limits,
             shared_key: true,
             allow: Default::default(),

@@ -83,11 +83,13 @@ fn seconds_until_more(verdict: &Verdict) -> i64 {
     }
 }
 
-/// Adds the configured rate-limit fields to `headers` (`force_ietf` on limited responses).
+/// Adds the configured rate-limit fields to `headers` (`force_ietf` on limited responses);
+/// `policy` is [`policy_value`] of `limits`, rendered once per route.
 pub fn add_fields(
     headers: &mut HeaderMap,
     config: &ResponseConfig,
     limits: &[Limit],
+    policy: &HeaderValue,
     verdicts: &[Verdict],
     force_ietf: bool,
 ) {
@@ -103,7 +105,7 @@ pub fn add_fields(
         retry_after_secs(verdict.retry_after_us)
     };
     if config.ietf || force_ietf {
-        headers.insert(&RATELIMIT_POLICY, policy_value(limits));
+        headers.insert(&RATELIMIT_POLICY, policy.clone());
         let value = format!("\"{}\";r={};t={}", limit.name, verdict.remaining, t);
         headers.insert(
             &RATELIMIT,
@@ -136,6 +138,7 @@ pub fn limited_response(
     config: &ResponseConfig,
     route: &str,
     limits: &[Limit],
+    policy: &HeaderValue,
     verdicts: &[Verdict],
 ) -> Response<ProxyBody> {
     let violated: Vec<&str> = limits
@@ -189,7 +192,7 @@ pub fn limited_response(
             HeaderValue::from(retry_after_secs(wait)),
         );
     }
-    add_fields(headers, config, limits, verdicts, true);
+    add_fields(headers, config, limits, policy, verdicts, true);
     response
 }
 
@@ -271,13 +274,27 @@ mod tests {
             verdict(true, 10, 2, 4_200_000, 0),
         ];
         let mut h = HeaderMap::new();
-        add_fields(&mut h, &config(true, true), &limits, &verdicts, false);
+        add_fields(
+            &mut h,
+            &config(true, true),
+            &limits,
+            &policy_value(&limits),
+            &verdicts,
+            false,
+        );
         assert_eq!(h["ratelimit"], "\"b\";r=2;t=5");
         assert_eq!(h["x-ratelimit-limit"], "10");
         assert_eq!(h["x-ratelimit-remaining"], "2");
         assert_eq!(h["x-ratelimit-reset"], "5");
         let mut h = HeaderMap::new();
-        add_fields(&mut h, &config(false, false), &limits, &verdicts, false);
+        add_fields(
+            &mut h,
+            &config(false, false),
+            &limits,
+            &policy_value(&limits),
+            &verdicts,
+            false,
+        );
         assert!(
             h.is_empty(),
             "headers: [] sends nothing on allowed responses"
@@ -294,7 +311,13 @@ mod tests {
             verdict(false, 5, 0, 59_000_000, 2_100_000),
             verdict(false, 100, 0, 3_000_000_000, 9_000_000),
         ];
-        let response = limited_response(&config(false, false), "reply", &limits, &verdicts);
+        let response = limited_response(
+            &config(false, false),
+            "reply",
+            &limits,
+            &policy_value(&limits),
+            &verdicts,
+        );
         assert_eq!(response.status(), 429);
         let h = response.headers();
         assert_eq!(h["retry-after"], "9");
@@ -314,7 +337,13 @@ mod tests {
             verdict(false, 5, 0, 1, 1_000_000),
         ];
         assert_eq!(reported(&limits, &verdicts), Some(1));
-        let response = limited_response(&config(true, false), "r", &limits, &verdicts);
+        let response = limited_response(
+            &config(true, false),
+            "r",
+            &limits,
+            &policy_value(&limits),
+            &verdicts,
+        );
         assert_eq!(response.headers()["retry-after"], "1");
     }
 }
