@@ -26,6 +26,7 @@ use tokio::time::Instant;
 
 use crate::config::{OnLimit, Route};
 use crate::limit::algorithm::{Algorithm, Verdict};
+use crate::throttle::headers::{self, Rendered};
 
 /// Independent locks, so workers deciding for different callers rarely wait on each other.
 const SHARDS: usize = 16;
@@ -39,6 +40,25 @@ struct Entry {
     /// Denied at least until then.
     until: Instant,
     verdicts: Box<[Verdict]>,
+    /// The last response rendered for this denial and the whole seconds it shows
+    /// ([`headers::seconds`] of each aged verdict): reused while they stay the same.
+    rendered: Option<(Box<[[u64; 2]]>, Rendered)>,
+}
+
+impl Entry {
+    /// The verdicts as the store would give them `elapsed_us` after it was asked.
+    fn aged(&self, elapsed_us: i64) -> impl Iterator<Item = Verdict> + '_ {
+        self.verdicts.iter().map(move |v| Verdict {
+            reset_after_us: (v.reset_after_us - elapsed_us).max(0),
+            retry_after_us: if v.allowed {
+                v.retry_after_us
+            } else {
+                // Still in the future: `until` is the earliest of these.
+                (v.retry_after_us - elapsed_us).max(1)
+            },
+            ..*v
+        })
+    }
 }
 
 /// One independently locked part of the cache.
@@ -96,37 +116,59 @@ impl DenyCache {
     /// The store's verdicts for a remembered denial, aged to `now`, or None when `key` is not
     /// known to be over its limit (an expired entry is dropped here).
     pub fn get(&self, key: &str, now: Instant) -> Option<Vec<Verdict>> {
+        self.with_live(key, now, |entry, elapsed| entry.aged(elapsed).collect())
+    }
+
+    /// The response for a remembered denial as of `now` (`render` turns aged verdicts into
+    /// one), or None when `key` is not known to be over its limit. A flood from one caller
+    /// renders once per second: the response is reused while the whole seconds it shows stay
+    /// the same.
+    pub fn respond(
+        &self,
+        key: &str,
+        now: Instant,
+        render: impl FnOnce(&[Verdict]) -> Rendered,
+    ) -> Option<Rendered> {
+        self.with_live(key, now, |entry, elapsed| {
+            if let Some((seconds, rendered)) = &entry.rendered {
+                if entry
+                    .aged(elapsed)
+                    .map(|v| headers::seconds(&v))
+                    .eq(seconds.iter().copied())
+                {
+                    return rendered.clone();
+                }
+            }
+            let verdicts: Vec<Verdict> = entry.aged(elapsed).collect();
+            let rendered = render(&verdicts);
+            let seconds = verdicts.iter().map(headers::seconds).collect();
+            entry.rendered = Some((seconds, rendered.clone()));
+            rendered
+        })
+    }
+
+    /// Runs `f` on the live entry for `key` with the microseconds since the store was asked;
+    /// drops the entry if it has expired.
+    fn with_live<T>(
+        &self,
+        key: &str,
+        now: Instant,
+        f: impl FnOnce(&mut Entry, i64) -> T,
+    ) -> Option<T> {
         if self.is_empty() {
             return None;
         }
         let mut shard = self.shard(key).lock().expect("deny cache poisoned");
-        let entry = shard.get(key)?;
+        let entry = shard.get_mut(key)?;
         if now >= entry.until {
             shard.remove(key);
             self.len.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
         let elapsed = now.saturating_duration_since(entry.asked_at).as_micros() as i64;
-        Some(
-            entry
-                .verdicts
-                .iter()
-                .map(|v| Verdict {
-                    reset_after_us: (v.reset_after_us - elapsed).max(0),
-                    retry_after_us: if v.allowed {
-                        v.retry_after_us
-                    } else {
-                        // Still in the future: `until` is the earliest of these.
-                        (v.retry_after_us - elapsed).max(1)
-                    },
-                    ..*v
-                })
-                .collect(),
-        )
+        Some(f(entry, elapsed))
     }
 
-    /// Remembers a denial the store gave for a request on `route` asked at `asked_at`. Does
-    /// nothing unless an enforcing limit denied with a finite wait.
     pub fn remember(&self, route: &Route, key: String, asked_at: Instant, verdicts: &[Verdict]) {
         let mut wait: Option<i64> = None;
         for (limit, verdict) in route.limits.iter().zip(verdicts) {
@@ -157,6 +199,7 @@ impl DenyCache {
             asked_at,
             until,
             verdicts: verdicts.into(),
+            rendered: None,
         };
         if shard.insert(key.into_boxed_str(), entry).is_none() {
             self.len.fetch_add(1, Ordering::Relaxed);
@@ -354,5 +397,62 @@ mod tests {
             .count();
         assert_eq!(remembered, cache.len());
         assert!(remembered >= SHARDS);
+    }
+
+    /// A reused response is byte for byte the one a fresh render would give at that moment,
+    /// and rendering happens again exactly when a shown second changes.
+    #[test]
+    fn a_rendered_denial_is_reused_only_while_its_seconds_stay_the_same() {
+        use crate::config::ResponseConfig;
+        use std::cell::Cell;
+
+        let cache = DenyCache::new(16);
+        let r = route(vec![
+            limit("a", Algorithm::Gcra, false, OnLimit::Reject),
+            limit("b", Algorithm::FixedWindow, false, OnLimit::Reject),
+        ]);
+        let config = ResponseConfig {
+            status: http::StatusCode::TOO_MANY_REQUESTS,
+            ietf: true,
+            legacy: true,
+        };
+        let render = |verdicts: &[Verdict]| {
+            headers::render_limited(&config, &r.name, &r.limits, &r.policy, verdicts)
+        };
+        let t0 = Instant::now();
+        // Retry after 10.5 s on one limit, 3.25 s on the other (reset twice as far).
+        let mut first = denied(10);
+        first.retry_after_us = 10_500_000;
+        let mut second = denied(3);
+        second.retry_after_us = 3_250_000;
+        cache.remember(&r, keys(&r, "u"), t0, &[first, second]);
+
+        let renders = Cell::new(0);
+        let mut last_body = None;
+        for ms in (0..3_250).step_by(125) {
+            let now = t0 + Duration::from_millis(ms);
+            let served = cache
+                .respond(&keys(&r, "u"), now, |v| {
+                    renders.set(renders.get() + 1);
+                    render(v)
+                })
+                .expect("still denied");
+            let fresh = render(&cache.get(&keys(&r, "u"), now).unwrap());
+            assert_eq!(served.status, fresh.status, "at {ms} ms");
+            assert_eq!(served.headers, fresh.headers, "at {ms} ms");
+            assert_eq!(served.body, fresh.body, "at {ms} ms");
+            last_body = Some(served.body);
+        }
+        // 26 requests; the shown seconds change at 0.25, 0.5, 1, 1.25, 1.5, 2, 2.25, 2.5 and 3 s
+        // (retries 10.5 s and 3.25 s, resets 20 s and 6 s): the first render plus nine.
+        assert_eq!(renders.get(), 10);
+        let body = String::from_utf8(last_body.unwrap().to_vec()).unwrap();
+        assert!(body.contains("retry after 8 second(s)"), "{body}");
+        assert!(
+            cache
+                .respond(&keys(&r, "u"), t0 + Duration::from_millis(3_250), render)
+                .is_none(),
+            "gone once the shortest wait has passed"
+        );
     }
 }

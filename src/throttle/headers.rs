@@ -5,6 +5,7 @@
 //! Seconds are whole and rounded *up*, so a client that waits `Retry-After` seconds is never
 //! early; `Retry-After` is never 0 (that invites an immediate retry).
 
+use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 
@@ -132,6 +133,24 @@ struct Problem<'a> {
     violated: Vec<&'a str>,
 }
 
+/// A limited response before it becomes a `Response`: what the deny cache keeps, so a flood
+/// of denials for one caller renders it once per second rather than once per request.
+#[derive(Clone)]
+pub struct Rendered {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Rendered {
+    pub fn into_response(self) -> Response<ProxyBody> {
+        let mut response = Response::new(full(self.body));
+        *response.status_mut() = self.status;
+        *response.headers_mut() = self.headers;
+        response
+    }
+}
+
 /// The answer to a limited request: the configured status, `Retry-After`, the rate-limit
 /// fields and an `application/problem+json` body naming the violated policies.
 pub fn limited_response(
@@ -141,6 +160,19 @@ pub fn limited_response(
     policy: &HeaderValue,
     verdicts: &[Verdict],
 ) -> Response<ProxyBody> {
+    render_limited(config, route, limits, policy, verdicts).into_response()
+}
+
+/// [`limited_response`], not yet a `Response`. Besides the limits' names and counts (fixed for
+/// one caller's denial) it depends only on the whole seconds of each verdict's retry and reset
+/// times, which is what [`seconds`] lists.
+pub fn render_limited(
+    config: &ResponseConfig,
+    route: &str,
+    limits: &[Limit],
+    policy: &HeaderValue,
+    verdicts: &[Verdict],
+) -> Rendered {
     let violated: Vec<&str> = limits
         .iter()
         .zip(verdicts)
@@ -177,10 +209,8 @@ pub fn limited_response(
         kind: "https://iana.org/assignments/http-problem-types#quota-exceeded",
         violated,
     };
-    let body = serde_json::to_string(&problem).expect("plain strings serialize");
-    let mut response = Response::new(full(body));
-    *response.status_mut() = config.status;
-    let headers = response.headers_mut();
+    let body = serde_json::to_vec(&problem).expect("plain strings serialize");
+    let mut headers = HeaderMap::with_capacity(8);
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/problem+json"),
@@ -192,8 +222,22 @@ pub fn limited_response(
             HeaderValue::from(retry_after_secs(wait)),
         );
     }
-    add_fields(headers, config, limits, policy, verdicts, true);
-    response
+    add_fields(&mut headers, config, limits, policy, verdicts, true);
+    Rendered {
+        status: config.status,
+        headers,
+        body: body.into(),
+    }
+}
+
+/// The whole seconds a rendered denial shows for one verdict (retry, then reset, both rounded
+/// up as everywhere here): two denials of the same caller whose verdicts give the same seconds
+/// render to the same bytes.
+pub fn seconds(verdict: &Verdict) -> [u64; 2] {
+    [
+        ceil_secs(verdict.retry_after_us),
+        ceil_secs(verdict.reset_after_us),
+    ]
 }
 
 /// Status 429 as configured; used by tests and the docs.

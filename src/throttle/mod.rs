@@ -195,15 +195,18 @@ impl Throttler {
             && deny_cache::cacheable(route);
         if cache_denials && !self.denials.is_empty() {
             let key = deny_cache::key(route, &keys);
-            if let Some(verdicts) = self.denials.get(&key, Instant::now()) {
+            let hit = self.denials.respond(&key, Instant::now(), |verdicts| {
+                headers::render_limited(
+                    &self.config.response,
+                    &route.name,
+                    &route.limits,
+                    &route.policy,
+                    verdicts,
+                )
+            });
+            if let Some(rendered) = hit {
                 return Checked::Reject {
-                    response: headers::limited_response(
-                        &self.config.response,
-                        &route.name,
-                        &route.limits,
-                        &route.policy,
-                        &verdicts,
-                    ),
+                    response: rendered.into_response(),
                     store_unavailable: false,
                     store_error: false,
                     identity,
