@@ -43,6 +43,15 @@ fn connection_has_token(headers: &HeaderMap, token: &str) -> bool {
 /// the next hop can switch protocols too. `TE: trailers` is kept on requests (gRPC needs it);
 /// every other TE value is hop-by-hop.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    // Most messages carry none of them, and `HeaderMap::remove` hashes every name it is asked
+    // about, present or not: one pass over the names present settles the common case. (Names
+    // listed in Connection only matter when Connection itself is present.)
+    if !headers
+        .keys()
+        .any(|k| *k == header::TE || HOP_BY_HOP.contains(k))
+    {
+        return;
+    }
     // Headers named in Connection are hop-by-hop for this message only.
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -160,6 +169,28 @@ mod tests {
         assert_eq!(names(&h), ["set-cookie", "x-kept"]);
         let cookies: Vec<_> = h.get_all("set-cookie").iter().collect();
         assert_eq!(cookies, ["a=1", "b=2"]);
+    }
+
+    #[test]
+    fn each_hop_by_hop_header_alone_is_removed() {
+        // Alone, so the quick "nothing to remove" pass must notice each of them itself.
+        for name in [
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "transfer-encoding",
+            "upgrade",
+            "proxy-authorization",
+            "proxy-authenticate",
+            "te",
+        ] {
+            let mut h = map(&[(name, "x"), ("x-kept", "yes")]);
+            remove_hop_by_hop(&mut h, false);
+            assert_eq!(names(&h), ["x-kept"], "{name}");
+        }
+        let mut h = map(&[("x-kept", "yes"), ("host", "a")]);
+        remove_hop_by_hop(&mut h, false);
+        assert_eq!(names(&h), ["host", "x-kept"]);
     }
 
     #[test]
