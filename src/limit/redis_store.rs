@@ -315,23 +315,24 @@ impl RedisStore {
             })
             .collect();
         let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
-        let mut args: Vec<String> = Vec::with_capacity(1 + 7 * checks.len());
-        if let Some(now) = now {
-            args.push(now.to_string());
-        }
-        for (c, lease) in checks.iter().zip(&lease_ids) {
-            let p = &c.params;
-            args.extend([
-                p.algorithm.code().to_string(),
-                p.limit.to_string(),
-                p.period_us.to_string(),
-                p.burst.to_string(),
-                p.cost.to_string(),
-                u8::from(c.shadow).to_string(),
-                lease.to_string(),
-            ]);
-        }
-        let reply: Vec<i64> = self.eval(script, &keys, &args).await?;
+        // Numbers go straight into the command buffer (no string per argument).
+        let args = |command: &mut redis::Cmd| {
+            if let Some(now) = now {
+                command.arg(now);
+            }
+            for (c, lease) in checks.iter().zip(&lease_ids) {
+                let p = &c.params;
+                command
+                    .arg(p.algorithm.code())
+                    .arg(p.limit)
+                    .arg(p.period_us)
+                    .arg(p.burst)
+                    .arg(p.cost)
+                    .arg(u8::from(c.shadow))
+                    .arg(*lease);
+            }
+        };
+        let reply: Vec<i64> = self.eval(script, &keys, args).await?;
         parse_decision(checks, &lease_ids, &reply)
     }
 
@@ -341,8 +342,12 @@ impl RedisStore {
             return Ok(());
         }
         let keys: Vec<&str> = leases.iter().map(|l| l.key.as_str()).collect();
-        let args: Vec<String> = leases.iter().map(|l| l.id.to_string()).collect();
-        let _removed: i64 = self.eval(&self.scripts.release, &keys, &args).await?;
+        let args = |command: &mut redis::Cmd| {
+            for lease in leases {
+                command.arg(lease.id);
+            }
+        };
+        let _removed: i64 = self.eval(&self.scripts.release, &keys, args).await?;
         Ok(())
     }
 
@@ -367,15 +372,15 @@ impl RedisStore {
             return Ok(Vec::new());
         }
         let keys: Vec<&str> = leases.iter().map(|l| l.key.as_str()).collect();
-        let mut args: Vec<String> = Vec::with_capacity(1 + 2 * leases.len());
-        if let Some(now) = now {
-            args.push(now.to_string());
-        }
-        for lease in leases {
-            args.push(lease.params.period_us.to_string());
-            args.push(lease.id.to_string());
-        }
-        let reply: Vec<i64> = self.eval(&self.scripts.refresh, &keys, &args).await?;
+        let args = |command: &mut redis::Cmd| {
+            if let Some(now) = now {
+                command.arg(now);
+            }
+            for lease in leases {
+                command.arg(lease.params.period_us).arg(lease.id);
+            }
+        };
+        let reply: Vec<i64> = self.eval(&self.scripts.refresh, &keys, args).await?;
         if reply.len() != leases.len() {
             return Err(StoreError::Protocol(format!(
                 "refresh replied {} values for {} leases",
@@ -402,11 +407,12 @@ impl RedisStore {
         &self,
         script: &LuaScript,
         keys: &[&str],
-        args: &[String],
+        args: impl Fn(&mut redis::Cmd),
     ) -> Result<T, StoreError> {
         let command = |name: &str, first: &str| {
             let mut c = redis::cmd(name);
-            c.arg(first).arg(keys.len()).arg(keys).arg(args);
+            c.arg(first).arg(keys.len()).arg(keys);
+            args(&mut c);
             c
         };
         let call = async {

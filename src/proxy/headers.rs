@@ -43,13 +43,16 @@ fn connection_has_token(headers: &HeaderMap, token: &str) -> bool {
 /// the next hop can switch protocols too. `TE: trailers` is kept on requests (gRPC needs it);
 /// every other TE value is hop-by-hop.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    // Most messages carry none of them, and `HeaderMap::remove` hashes every name it is asked
-    // about, present or not: one pass over the names present settles the common case. (Names
-    // listed in Connection only matter when Connection itself is present.)
-    if !headers
+    // `HeaderMap::remove` hashes every name it is asked about, present or not, and most
+    // messages carry none or one of these: one pass over the names present finds what to
+    // remove. (Names listed in Connection only matter when Connection itself is present.)
+    let present: Vec<HeaderName> = headers
         .keys()
-        .any(|k| *k == header::TE || HOP_BY_HOP.contains(k))
-    {
+        .filter(|k| HOP_BY_HOP.contains(k))
+        .cloned()
+        .collect();
+    let has_te = headers.contains_key(header::TE);
+    if present.is_empty() && !has_te {
         return;
     }
     // Headers named in Connection are hop-by-hop for this message only.
@@ -69,18 +72,20 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     let upgrade = keep_upgrade
         .then(|| headers.get(header::UPGRADE).cloned())
         .flatten();
-    for name in &HOP_BY_HOP {
+    for name in &present {
         headers.remove(name);
     }
-    let te_trailers = headers
-        .get_all(header::TE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
-    headers.remove(header::TE);
-    if te_trailers {
-        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    if has_te {
+        let te_trailers = headers
+            .get_all(header::TE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
+        headers.remove(header::TE);
+        if te_trailers {
+            headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        }
     }
     if let Some(upgrade) = upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
