@@ -409,9 +409,12 @@ impl RedisStore {
         keys: &[&str],
         args: impl Fn(&mut redis::Cmd),
     ) -> Result<T, StoreError> {
+        // Sized for the decide script (up to 8 arguments per key) so building it reallocates
+        // nothing.
+        let data = 64 + keys.iter().map(|k| k.len() + 64).sum::<usize>();
         let command = |name: &str, first: &str| {
-            let mut c = redis::cmd(name);
-            c.arg(first).arg(keys.len()).arg(keys);
+            let mut c = redis::Cmd::with_capacity(3 + 9 * keys.len(), data + first.len());
+            c.arg(name).arg(first).arg(keys.len()).arg(keys);
             args(&mut c);
             c
         };
