@@ -107,10 +107,20 @@ pub fn add_fields(
     };
     if config.ietf || force_ietf {
         headers.insert(&RATELIMIT_POLICY, policy.clone());
-        let value = format!("\"{}\";r={};t={}", limit.name, verdict.remaining, t);
+        // `"name";r=<remaining>;t=<seconds>`, written without the formatting machinery: this
+        // runs for every response on a limited route.
+        let (mut remaining, mut seconds) = (itoa::Buffer::new(), itoa::Buffer::new());
+        let (remaining, seconds) = (remaining.format(verdict.remaining), seconds.format(t));
+        let mut value = Vec::with_capacity(limit.name.len() + remaining.len() + seconds.len() + 8);
+        value.push(b'"');
+        value.extend_from_slice(limit.name.as_bytes());
+        value.extend_from_slice(b"\";r=");
+        value.extend_from_slice(remaining.as_bytes());
+        value.extend_from_slice(b";t=");
+        value.extend_from_slice(seconds.as_bytes());
         headers.insert(
             &RATELIMIT,
-            HeaderValue::from_str(&value).expect("plain ASCII"),
+            HeaderValue::from_maybe_shared(bytes::Bytes::from(value)).expect("plain ASCII"),
         );
     }
     if config.legacy {
