@@ -90,7 +90,7 @@ impl Source {
             Source::Bearer => bearer(&req.headers).map(|token| Identified {
                 source: 0,
                 source_kind: kind,
-                key_part: format!("{kind}{}", key::hashed_part(token)),
+                key_part: prefixed(kind, key::hashed_part(token)),
                 display: key::display_hash(token),
             }),
             Source::Jwt(verifier) => {
@@ -150,7 +150,7 @@ impl Identified {
         Identified {
             source: 0,
             source_kind: kind,
-            key_part: format!("{kind}{}", key::key_part(value)),
+            key_part: prefixed(kind, key::key_part(value)),
             display: key::display_value(value),
         }
     }
@@ -161,7 +161,7 @@ impl Identified {
             source: 0,
             source_kind: "client_ip",
             // IPv6 text contains `:`, so it is hashed like any other unsafe value.
-            key_part: format!("client_ip{}", key::key_part(text.as_bytes())),
+            key_part: prefixed("client_ip", key::key_part(text.as_bytes())),
             // Our own formatting of a parsed address: always safe to log as is.
             display: text,
         }
@@ -175,6 +175,14 @@ impl Identified {
             display: "*".to_owned(),
         }
     }
+}
+
+/// `kind` followed by a key part, in one allocation (this runs for every limited request).
+fn prefixed(kind: &str, part: String) -> String {
+    let mut out = String::with_capacity(kind.len() + part.len());
+    out.push_str(kind);
+    out.push_str(&part);
+    out
 }
 
 impl Identity {
