@@ -96,7 +96,6 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
         // In flight from the moment hyper hands the request over, before the future first
         // runs: the connection must not be parked between the two.
         let in_flight = self.activity.start();
-        self.activity.new_request();
         let mut request = request.map(|body| RequestBody::new(body, &self.activity));
         if self.manual_upgrades
             && request
@@ -391,7 +390,7 @@ async fn serve_http1(
         let _ = handoff.send(Rewind::new(unparsed, stream));
         return None;
     }
-    if served.is_ok() && parking && !draining && !activity.body_abandoned() {
+    if served.is_ok() && parking && !draining {
         return Some((stream, unparsed));
     }
     let _ = stream.shutdown().await;

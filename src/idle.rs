@@ -11,11 +11,13 @@
 //!
 //! The same wrapper finds the moment a plain HTTP/1 connection may be *parked* (its hyper
 //! connection and buffers dropped, see `conn`): hyper asks the socket for more bytes and there
-//! are none, while no request is in flight, no byte has been read since the last one ended,
-//! every byte hyper wrote has reached the socket and no request body was abandoned half read.
-//! Only then is hyper idle between messages with nothing buffered that would be lost, so
-//! closing it there (`graceful_shutdown`) neither adds `Connection: close` to a response nor
-//! drops a byte.
+//! are none, while no request (nor its body) is in flight, no byte has been read since the
+//! last one ended and every byte hyper wrote has reached the socket. Only then is hyper idle
+//! between messages with nothing buffered that would be lost, so closing it there
+//! (`graceful_shutdown`) neither adds `Connection: close` to a response nor drops a byte. A
+//! request body dropped before its end (a refused upload) is drained, or the connection
+//! closed, by hyper itself before it reads from the socket again, so that moment never comes
+//! while body bytes are still on their way.
 
 use std::future::Future;
 use std::io;
@@ -45,9 +47,6 @@ pub struct Activity {
     read_since_idle: AtomicBool,
     /// The last write to the socket could not complete: hyper holds bytes not yet sent.
     write_pending: AtomicBool,
-    /// A request body was dropped before its end: hyper drains the rest or closes, and the
-    /// connection must not be parked until the next request shows where the stream stands.
-    abandoned_body: AtomicBool,
     /// Set by [`IdleIo`] at the moment parking is safe; taken by the connection.
     park: AtomicBool,
     /// The socket's destination if the request in progress upgrades the connection.
@@ -62,11 +61,6 @@ impl Activity {
         InFlight(self.clone())
     }
 
-    /// A new request head was read: hyper is past every earlier request body.
-    pub fn new_request(&self) {
-        self.abandoned_body.store(false, Ordering::Release);
-    }
-
     /// The connection was upgraded: the idle timeout no longer applies.
     pub fn upgraded(&self) {
         self.upgraded.store(true, Ordering::Release);
@@ -79,11 +73,6 @@ impl Activity {
     /// Whether hyper still holds bytes the socket did not take.
     pub fn write_pending(&self) -> bool {
         self.write_pending.load(Ordering::Acquire)
-    }
-
-    /// Whether a request body was dropped half read since the last request head.
-    pub fn body_abandoned(&self) -> bool {
-        self.abandoned_body.load(Ordering::Acquire)
     }
 
     /// Whether [`IdleIo`] found the connection parkable, and no byte was read since.
@@ -118,13 +107,12 @@ impl Activity {
         self.in_flight.load(Ordering::Acquire) > 0 || self.upgraded.load(Ordering::Acquire)
     }
 
-    /// No request in flight, no byte read since the last one ended, nothing left unwritten
-    /// and no request body abandoned: hyper is between messages with nothing buffered.
+    /// No request or request body in flight, no byte read since the last one ended and
+    /// nothing left unwritten: hyper is between messages with nothing buffered.
     pub fn parkable(&self) -> bool {
         !self.busy()
             && !self.read_since_idle.load(Ordering::Acquire)
             && !self.write_pending.load(Ordering::Acquire)
-            && !self.abandoned_body.load(Ordering::Acquire)
     }
 }
 
@@ -140,8 +128,8 @@ impl Drop for InFlight {
     }
 }
 
-/// A request body that counts as in flight until its end, and tells the connection when it
-/// was dropped before its end (hyper then drains or closes; see [`Activity::body_abandoned`]).
+/// A request body that counts as in flight until its end (or until it is dropped): while the
+/// proxy still forwards an upload, the connection is not idle even if the response is done.
 #[derive(Debug)]
 pub struct RequestBody {
     inner: Incoming,
@@ -178,16 +166,6 @@ impl Body for RequestBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
-    }
-}
-
-impl Drop for RequestBody {
-    fn drop(&mut self) {
-        if let Some(guard) = &self.guard {
-            if !self.inner.is_end_stream() {
-                guard.0.abandoned_body.store(true, Ordering::Release);
-            }
-        }
     }
 }
 

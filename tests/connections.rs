@@ -374,30 +374,18 @@ async fn a_request_refused_before_its_body_is_read_leaves_the_stream_in_step() {
     );
 }
 
-#[tokio::test]
-async fn an_answer_before_the_upload_ends_leaves_the_stream_in_step() {
-    // /download answers without reading the request body. The client sends part of a large
-    // upload, gets the answer, pauses, then sends the rest: the rest (which spells requests)
-    // must never be served as requests. Either the next real request is answered, or the
-    // connection is closed.
-    let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "")).start().await;
+/// Sends `request` up to `sent` bytes, reads the answer, pauses, sends the rest and then a
+/// real request; returns the answer and everything that came after it.
+async fn upload_interrupted_by_the_answer(
+    proxy: &ProxyHandle,
+    request: &[u8],
+    sent: usize,
+) -> (RawResponse, String) {
     let mut raw = Raw::connect(proxy.addr).await;
-    let smuggled = get("/download?size=77");
-    let body: Vec<u8> = smuggled
-        .iter()
-        .copied()
-        .cycle()
-        .take(smuggled.len() * 2000)
-        .collect();
-    let request = post("/download?size=5", &body);
-    let head_len = request.len() - body.len();
-    raw.send(&request[..head_len + 1000]).await;
+    raw.send(&request[..sent]).await;
     let answer = raw.response().await;
-    assert_eq!(answer.status, 200);
-    assert_eq!(answer.body, pattern(5));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let _ = raw.stream.write_all(&request[head_len + 1000..]).await;
+    let _ = raw.stream.write_all(&request[sent..]).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let _ = raw.stream.write_all(&get("/download?size=3")).await;
     let mut rest = std::mem::take(&mut raw.pending);
@@ -411,20 +399,59 @@ async fn an_answer_before_the_upload_ends_leaves_the_stream_in_step() {
         }
     })
     .await;
-    let text = String::from_utf8_lossy(&rest).to_ascii_lowercase();
-    assert!(
-        !text.contains("content-length: 77"),
-        "the body was served as a request: {text}"
-    );
-    assert!(
-        !text.contains(" 400 "),
-        "the body was parsed as a request: {text}"
-    );
-    assert!(
-        text.is_empty()
-            || (text.starts_with("http/1.1 200") && text.matches("http/1.1").count() == 1),
-        "unexpected: {text}"
-    );
+    (answer, String::from_utf8_lossy(&rest).to_ascii_lowercase())
+}
+
+#[tokio::test]
+async fn an_answer_before_the_upload_ends_leaves_the_stream_in_step() {
+    // The client sends part of a large upload, gets the answer, pauses, then sends the rest
+    // (which spells requests): the rest must never be served as requests. Either the next
+    // real request is answered, or the connection is closed.
+    let up = upstream().start().await;
+    let http1_upstream = proxy(config_for(&up.url(), "")).start().await;
+    // An HTTP/2 upstream takes no more of an upload than its flow-control window: the proxy
+    // then holds the rest of what it read while the answer goes back.
+    let http2_upstream = proxy(config_for(&up.url(), "  http2: true\n"))
+        .start()
+        .await;
+    let smuggled = get("/download?size=77");
+    let body: Vec<u8> = smuggled
+        .iter()
+        .copied()
+        .cycle()
+        .take(smuggled.len() * 2000)
+        .collect();
+    // /download answers without reading the body; /early reads it slowly for 150 ms after
+    // answering (while the client pauses), then drops it.
+    for proxy in [&http1_upstream, &http2_upstream] {
+        for (path, answer_body) in [
+            ("/download?size=5", pattern(5)),
+            ("/early?ms=150", b"early".to_vec()),
+        ] {
+            let request = post(path, &body);
+            let head_len = request.len() - body.len();
+            for sent in [head_len + 1000, request.len() - 1000] {
+                let (answer, rest) = upload_interrupted_by_the_answer(proxy, &request, sent).await;
+                let case = format!("{path}, {sent} bytes first");
+                assert_eq!(answer.status, 200, "{case}");
+                assert_eq!(answer.body, answer_body, "{case}");
+                assert!(
+                    !rest.contains("content-length: 77"),
+                    "{case}: the body was served as a request: {rest}"
+                );
+                assert!(
+                    !rest.contains(" 400 "),
+                    "{case}: the body was parsed as a request: {rest}"
+                );
+                assert!(
+                    rest.is_empty()
+                        || (rest.starts_with("http/1.1 200")
+                            && rest.matches("http/1.1").count() == 1),
+                    "{case}: unexpected: {rest}"
+                );
+            }
+        }
+    }
 }
 
 #[tokio::test]
