@@ -290,6 +290,15 @@ async fn a_client_that_reads_slowly_gets_every_byte_and_keeps_its_connection() {
         tokio::time::sleep(Duration::from_millis(400)).await;
         assert_download(&raw.response().await, size);
     }
+    // The same when the client asked to close: the end of the response must still get out
+    // before the connection is closed.
+    raw.send(b"GET /download?size=4000000 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let last = raw.response().await;
+    assert_eq!(last.status, 200);
+    assert!(last.body == pattern(4_000_000), "truncated or altered body");
+    raw.closed_within(WITHIN).await;
 }
 
 #[tokio::test]
