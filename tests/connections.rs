@@ -60,6 +60,17 @@ impl Raw {
         }
     }
 
+    /// With a small receive buffer, so that a client that stops reading soon stops the
+    /// proxy's writes too.
+    async fn connect_small_window(addr: std::net::SocketAddr) -> Raw {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(16 * 1024).unwrap();
+        Raw {
+            stream: socket.connect(addr).await.unwrap(),
+            pending: Vec::new(),
+        }
+    }
+
     async fn send(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).await.unwrap();
     }
@@ -284,7 +295,7 @@ async fn a_client_that_reads_slowly_gets_every_byte_and_keeps_its_connection() {
     // must keep what it could not send yet, whatever it does with the idle connection.
     let up = upstream().start().await;
     let proxy = proxy(config_for(&up.url(), "")).start().await;
-    let mut raw = Raw::connect(proxy.addr).await;
+    let mut raw = Raw::connect_small_window(proxy.addr).await;
     for size in [4_000_000, 3_000_001] {
         raw.send(&get(&format!("/download?size={size}"))).await;
         tokio::time::sleep(Duration::from_millis(400)).await;
