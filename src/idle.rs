@@ -14,10 +14,10 @@
 //! are none, while no request (nor its body) is in flight, no byte has been read since the
 //! last one ended and every byte hyper wrote has reached the socket. Only then is hyper idle
 //! between messages with nothing buffered that would be lost, so closing it there
-//! (`graceful_shutdown`) neither adds `Connection: close` to a response nor drops a byte. A
-//! request body dropped before its end (a refused upload) is drained, or the connection
-//! closed, by hyper itself before it reads from the socket again, so that moment never comes
-//! while body bytes are still on their way.
+//! (`graceful_shutdown`) neither adds `Connection: close` to a response nor drops a byte. When
+//! a request body is dropped before its end (a refused upload), hyper itself drains the rest
+//! or closes the connection as soon as it notices, before it waits on the socket again, so
+//! the connection is never parked with part of a body still to come.
 
 use std::future::Future;
 use std::io;
