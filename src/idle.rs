@@ -1,29 +1,56 @@
-//! The idle timeout of client connections.
+//! Idleness of client connections: the idle timeout, and the moment an HTTP/1 connection can
+//! be parked.
 //!
 //! hyper bounds reading a request head (`header_read_timeout`) but has no idle timeout of its
-//! own, and hyper-util's HTTP/1-or-2 detection reads the first bytes with no timer at all: a
-//! peer that connects and never speaks, or parks a keep-alive connection forever, would keep a
-//! `max_connections` slot until it hung up. [`IdleIo`] wraps the accepted socket and ends the
-//! connection (as a clean end of input) once no request is in flight and no byte has moved
-//! either way for `idle_timeout`. Requests in flight (a slow upstream, a long download) and
-//! upgraded connections (WebSocket tunnels, idle by nature) are never cut by it.
+//! own: a peer that connects and never speaks, or leaves a keep-alive connection open forever,
+//! would keep a `max_connections` slot until it hung up. [`IdleIo`] wraps the accepted socket
+//! and ends the connection (as a clean end of input) once no request is in flight and no byte
+//! has moved either way for `idle_timeout`. Requests in flight (a slow upstream, a long
+//! download or upload) and upgraded connections (WebSocket tunnels, idle by nature) are never
+//! cut by it.
+//!
+//! The same wrapper finds the moment a plain HTTP/1 connection may be *parked* (its hyper
+//! connection and buffers dropped, see `conn`): hyper asks the socket for more bytes and there
+//! are none, while no request (nor its body) is in flight, no byte has been read since the
+//! last one ended and every byte hyper wrote has reached the socket. Only then is hyper idle
+//! between messages with nothing buffered that would be lost, so closing it there
+//! (`graceful_shutdown`) neither adds `Connection: close` to a response nor drops a byte. When
+//! a request body is dropped before its end (a refused upload), hyper itself drains the rest
+//! or closes the connection as soon as it notices, before it waits on the socket again, so
+//! the connection is never parked with part of a body still to come.
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
-/// What the service tells the connection about its requests.
+/// Where an HTTP/1 connection's socket goes when a request upgrades it (see
+/// `proxy::ClientUpgrade`).
+pub type UpgradeHandoff = tokio::sync::oneshot::Sender<crate::conn::Upgraded>;
+
+/// What the service and the socket tell the connection about its requests.
 #[derive(Debug, Default)]
 pub struct Activity {
     in_flight: AtomicUsize,
     upgraded: AtomicBool,
+    /// A byte was read since `in_flight` last dropped to 0 (or since the connection was
+    /// unparked): hyper may be in the middle of a request head.
+    read_since_idle: AtomicBool,
+    /// The last write to the socket could not complete: hyper holds bytes not yet sent.
+    write_pending: AtomicBool,
+    /// Set by [`IdleIo`] at the moment parking is safe; taken by the connection.
+    park: AtomicBool,
+    /// The socket's destination if the request in progress upgrades the connection.
+    handoff: Mutex<Option<UpgradeHandoff>>,
 }
 
 impl Activity {
@@ -39,8 +66,53 @@ impl Activity {
         self.upgraded.store(true, Ordering::Release);
     }
 
+    pub fn is_upgraded(&self) -> bool {
+        self.upgraded.load(Ordering::Acquire)
+    }
+
+    /// Whether hyper still holds bytes the socket did not take.
+    pub fn write_pending(&self) -> bool {
+        self.write_pending.load(Ordering::Acquire)
+    }
+
+    /// Whether [`IdleIo`] found the connection parkable, and no byte was read since.
+    pub fn park_signalled(&self) -> bool {
+        self.park.load(Ordering::Acquire)
+    }
+
+    /// Like [`Activity::park_signalled`], and clears the signal.
+    pub fn take_park(&self) -> bool {
+        self.park.swap(false, Ordering::AcqRel)
+    }
+
+    /// A fresh hyper connection starts on the socket: nothing read by it yet.
+    pub fn unparked(&self) {
+        self.read_since_idle.store(false, Ordering::Release);
+        self.write_pending.store(false, Ordering::Release);
+        self.park.store(false, Ordering::Release);
+    }
+
+    pub fn set_handoff(&self, handoff: UpgradeHandoff) {
+        *self.handoff.lock().unwrap_or_else(|e| e.into_inner()) = Some(handoff);
+    }
+
+    pub fn take_handoff(&self) -> Option<UpgradeHandoff> {
+        self.handoff
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
     fn busy(&self) -> bool {
         self.in_flight.load(Ordering::Acquire) > 0 || self.upgraded.load(Ordering::Acquire)
+    }
+
+    /// No request or request body in flight, no byte read since the last one ended and
+    /// nothing left unwritten: hyper is between messages with nothing buffered.
+    pub fn parkable(&self) -> bool {
+        !self.busy()
+            && !self.read_since_idle.load(Ordering::Acquire)
+            && !self.write_pending.load(Ordering::Acquire)
     }
 }
 
@@ -50,32 +122,111 @@ pub struct InFlight(Arc<Activity>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.read_since_idle.store(false, Ordering::Release);
+        }
+    }
+}
+
+/// A request body that counts as in flight until its end (or until it is dropped): while the
+/// proxy still forwards an upload, the connection is not idle even if the response is done.
+#[derive(Debug)]
+pub struct RequestBody {
+    inner: Incoming,
+    guard: Option<InFlight>,
+}
+
+impl RequestBody {
+    pub fn new(inner: Incoming, activity: &Arc<Activity>) -> Self {
+        let guard = (!inner.is_end_stream()).then(|| activity.start());
+        RequestBody { inner, guard }
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => self.guard = None,
+            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.guard = None,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
 pin_project_lite::pin_project! {
-    /// A socket that reports end of input after `timeout` of idleness; see the module docs.
+    /// A socket that reports end of input after `timeout` of idleness, and (with `park`) finds
+    /// the moment its HTTP/1 connection can be parked; see the module docs.
     pub struct IdleIo<T> {
         #[pin]
         inner: T,
-        timer: Pin<Box<Sleep>>,
+        // Made on the first wait that needs it: most waits are for a request in flight, which
+        // no timer can cut, or end in parking.
+        timer: Option<Pin<Box<Sleep>>>,
         timeout: Duration,
         last_activity: Instant,
         activity: Arc<Activity>,
+        park: bool,
     }
 }
 
 impl<T> IdleIo<T> {
     pub fn new(inner: T, timeout: Duration, activity: Arc<Activity>) -> Self {
-        let now = Instant::now();
         IdleIo {
             inner,
-            timer: Box::pin(tokio::time::sleep_until(now + timeout)),
+            timer: None,
             timeout,
-            last_activity: now,
+            last_activity: Instant::now(),
             activity,
+            park: false,
         }
+    }
+
+    /// Like [`IdleIo::new`], for a plain HTTP/1 connection that is parked when idle.
+    pub fn parking(inner: T, timeout: Duration, activity: Arc<Activity>) -> Self {
+        activity.unparked();
+        IdleIo {
+            park: true,
+            ..IdleIo::new(inner, timeout, activity)
+        }
+    }
+
+    pub fn into_inner(self) -> T {
+        self.inner
+    }
+
+    fn note_write<R>(
+        self: Pin<&mut Self>,
+        write: impl FnOnce(Pin<&mut T>) -> Poll<io::Result<R>>,
+        moved: impl FnOnce(&R) -> bool,
+    ) -> Poll<io::Result<R>> {
+        let this = self.project();
+        let polled = write(this.inner);
+        match &polled {
+            Poll::Pending => this.activity.write_pending.store(true, Ordering::Release),
+            Poll::Ready(result) => {
+                this.activity.write_pending.store(false, Ordering::Release);
+                if result.as_ref().is_ok_and(moved) {
+                    *this.last_activity = Instant::now();
+                }
+            }
+        }
+        polled
     }
 }
 
@@ -91,23 +242,39 @@ impl<T: AsyncRead> AsyncRead for IdleIo<T> {
             Poll::Ready(result) => {
                 if buf.filled().len() > before {
                     *this.last_activity = Instant::now();
+                    this.activity.read_since_idle.store(true, Ordering::Release);
+                    this.activity.park.store(false, Ordering::Release);
                 }
                 return Poll::Ready(result);
             }
             Poll::Pending => {}
         }
+        if *this.park && this.activity.parkable() {
+            // The connection closes hyper and waits for the socket itself: no timer needed.
+            this.activity.park.store(true, Ordering::Release);
+            return Poll::Pending;
+        }
+        if this.activity.busy() {
+            // Only the request's end can make the connection idle, and hyper reads again then.
+            return Poll::Pending;
+        }
         // Nothing to read: the timer decides whether to keep waiting. Moving the deadline only
         // when it fires keeps the per-byte cost to one clock read.
+        let timer = this.timer.get_or_insert_with(|| {
+            Box::pin(tokio::time::sleep_until(
+                *this.last_activity + *this.timeout,
+            ))
+        });
         loop {
-            if this.timer.as_mut().poll(cx).is_pending() {
+            if timer.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
             let deadline = *this.last_activity + *this.timeout;
             let now = Instant::now();
             if deadline > now {
-                this.timer.as_mut().reset(deadline);
+                timer.as_mut().reset(deadline);
             } else if this.activity.busy() {
-                this.timer.as_mut().reset(now + *this.timeout);
+                timer.as_mut().reset(now + *this.timeout);
             } else {
                 // End of input: hyper closes an idle connection cleanly on it.
                 tracing::debug!(timeout = ?this.timeout, "closing idle client connection");
@@ -123,12 +290,7 @@ impl<T: AsyncWrite> AsyncWrite for IdleIo<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = self.project();
-        let polled = this.inner.poll_write(cx, buf);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            *this.last_activity = Instant::now();
-        }
-        polled
+        self.note_write(|inner| inner.poll_write(cx, buf), |n| *n > 0)
     }
 
     fn poll_write_vectored(
@@ -136,12 +298,7 @@ impl<T: AsyncWrite> AsyncWrite for IdleIo<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let this = self.project();
-        let polled = this.inner.poll_write_vectored(cx, bufs);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            *this.last_activity = Instant::now();
-        }
-        polled
+        self.note_write(|inner| inner.poll_write_vectored(cx, bufs), |n| *n > 0)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -149,7 +306,7 @@ impl<T: AsyncWrite> AsyncWrite for IdleIo<T> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.project().inner.poll_flush(cx)
+        self.note_write(|inner| inner.poll_flush(cx), |_| false)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

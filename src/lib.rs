@@ -6,6 +6,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod conn;
 pub mod error;
 pub mod explain;
 pub mod identity;

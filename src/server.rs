@@ -6,30 +6,26 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
+use crate::conn;
 use crate::idle;
-use crate::proxy::body::{full, with_guard, ProxyBody};
+use crate::proxy::body::{full, ProxyBody};
 use crate::proxy::{ConnInfo, Proxy};
 use crate::tls;
-
-/// hyper answers 431 when the request head does not fit this buffer.
-const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// Why the server could not start (exit code 1).
 #[derive(Debug, thiserror::Error)]
@@ -148,7 +144,7 @@ impl Server {
                 tracing::info!(address = %addr, scheme, "listening");
             }
         }
-        let admin_stop = tokio_util::sync::CancellationToken::new();
+        let admin_stop = CancellationToken::new();
         // Hot reload, when the configuration came from a file that exists (not in tests that
         // build the configuration from text).
         let reloader = config.file.is_file().then(|| {
@@ -165,23 +161,26 @@ impl Server {
             tokio::spawn(serve_admin(listener, health.clone(), admin_stop.clone()))
         });
 
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
+        let stop = CancellationToken::new();
+        let shared = conn::Shared::new(proxy.clone(), &config, stop.clone());
+        // TLS connections keep hyper-util's HTTP/1-or-2 connection, with the same settings.
+        let mut tls_builder = auto::Builder::new(TokioExecutor::new());
+        tls_builder
             .http1()
             .timer(TokioTimer::new())
             .header_read_timeout(config.header_read_timeout)
-            .max_buf_size(MAX_HEAD_BYTES);
-        builder
+            .max_buf_size(conn::MAX_HEAD_BYTES);
+        tls_builder
             .http2()
             .timer(TokioTimer::new())
             .max_concurrent_streams(config.http2_max_concurrent_streams)
-            .max_header_list_size(MAX_HEAD_BYTES as u32);
-        let graceful = GracefulShutdown::new();
+            .max_header_list_size(conn::MAX_HEAD_BYTES as u32);
+        let connections = TaskTracker::new();
         let permits = Arc::new(Semaphore::new(config.max_connections));
         let accepting = futures_util::future::join_all(
             listeners
                 .into_iter()
-                .map(|l| accept_loop(l, &builder, &graceful, &proxy, &permits, &config)),
+                .map(|l| accept_loop(l, &shared, &tls_builder, &connections, &permits)),
         );
         tokio::select! {
             _ = accepting => {}
@@ -190,10 +189,12 @@ impl Server {
         // The listeners were owned by the accept loops, dropped above: no new connections.
         health.draining.store(true, Ordering::Release);
         tracing::info!(timeout = ?config.shutdown_timeout, "shutting down: draining in-flight requests");
+        stop.cancel();
+        connections.close();
         let tunnels = proxy.tunnels().clone();
         tunnels.close();
         let drained = tokio::time::timeout(config.shutdown_timeout, async {
-            graceful.shutdown().await;
+            connections.wait().await;
             tunnels.wait().await;
         })
         .await;
@@ -213,49 +214,12 @@ impl Server {
     }
 }
 
-/// The proxy as one connection sees it, as a tower `Service` (so tower middleware can wrap
-/// it): each request is marked in flight until its response body ends, which is what the idle
-/// timeout waits for, and an upgrade hands the connection over to the tunnel for good.
-#[derive(Clone)]
-struct ConnectionService {
-    proxy: Proxy,
-    info: ConnInfo,
-    activity: Arc<idle::Activity>,
-}
-
-impl tower::Service<Request<Incoming>> for ConnectionService {
-    type Response = Response<ProxyBody>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        // Limits answer per request (a 429 is a response), never by refusing readiness.
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request<Incoming>) -> Self::Future {
-        let proxy = self.proxy.clone();
-        let activity = self.activity.clone();
-        let info = self.info;
-        Box::pin(async move {
-            let in_flight = activity.start();
-            let response = proxy.handle(request, info).await;
-            if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-                activity.upgraded();
-            }
-            let (parts, body) = response.into_parts();
-            Ok(Response::from_parts(parts, with_guard(body, in_flight)))
-        })
-    }
-}
-
 async fn accept_loop(
     bound: BoundListener,
-    builder: &auto::Builder<TokioExecutor>,
-    graceful: &GracefulShutdown,
-    proxy: &Proxy,
+    shared: &Arc<conn::Shared>,
+    tls_builder: &auto::Builder<TokioExecutor>,
+    connections: &TaskTracker,
     permits: &Arc<Semaphore>,
-    config: &Config,
 ) {
     loop {
         // Past max_connections, new connections wait in the kernel's backlog.
@@ -272,40 +236,33 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
-        let activity = Arc::new(idle::Activity::default());
-        let stream = idle::IdleIo::new(stream, config.idle_timeout, activity.clone());
         let info = ConnInfo {
             peer,
             tls: bound.tls.is_some(),
         };
-        let service = TowerToHyperService::new(ConnectionService {
-            proxy: proxy.clone(),
-            info,
-            activity,
-        });
         match &bound.tls {
             None => {
-                let conn = builder
-                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                    .into_owned();
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(%peer, cause = %e, "connection ended with an error");
-                    }
+                let shared = shared.clone();
+                connections.spawn(async move {
+                    conn::serve_plain(stream, info, shared).await;
                     drop(permit);
                 });
             }
             Some(acceptor) => {
+                // TLS connections are not parked: rustls may hold decrypted bytes that the
+                // socket's readiness would not show. They are served by hyper-util's HTTP/1-or-2
+                // connection for their whole life.
+                let activity = Arc::new(idle::Activity::default());
+                let stream = idle::IdleIo::new(stream, shared.idle_timeout, activity.clone());
+                let service = conn::ConnectionService::new(shared.proxy.clone(), info, activity);
                 // The handshake runs in the connection's task so a slow client cannot hold up
                 // accepting; it is bounded like a request head.
                 let acceptor = acceptor.clone();
-                let builder = builder.clone();
-                let handshake_timeout = config.header_read_timeout;
-                let watcher = graceful.watcher();
-                tokio::spawn(async move {
+                let builder = tls_builder.clone();
+                let shared = shared.clone();
+                connections.spawn(async move {
                     let tls_stream = match tokio::time::timeout(
-                        handshake_timeout,
+                        shared.header_read_timeout,
                         acceptor.accept(stream),
                     )
                     .await
@@ -320,10 +277,12 @@ async fn accept_loop(
                             return;
                         }
                     };
-                    let conn = builder
-                        .serve_connection_with_upgrades(TokioIo::new(tls_stream), service)
-                        .into_owned();
-                    if let Err(e) = watcher.watch(conn).await {
+                    let conn =
+                        builder.serve_connection_with_upgrades(TokioIo::new(tls_stream), service);
+                    let conn = std::pin::pin!(conn);
+                    if let Err(e) =
+                        conn::until_drained(conn, &shared.stop, |c| c.graceful_shutdown()).await
+                    {
                         tracing::debug!(%peer, cause = %e, "connection ended with an error");
                     }
                     drop(permit);
@@ -335,11 +294,7 @@ async fn accept_loop(
 
 /// `/healthz`: the process is alive. `/readyz`: it should receive traffic (not draining, the
 /// store answers or does not matter). `/metrics`: Prometheus text format.
-async fn serve_admin(
-    listener: TcpListener,
-    health: Arc<Health>,
-    stop: tokio_util::sync::CancellationToken,
-) {
+async fn serve_admin(listener: TcpListener, health: Arc<Health>, stop: CancellationToken) {
     loop {
         let accepted: std::io::Result<(TcpStream, SocketAddr)> = tokio::select! {
             r = listener.accept() => r,

@@ -148,6 +148,39 @@ async fn http11_by_alpn_is_served_as_http11() {
 }
 
 #[tokio::test]
+async fn websocket_over_tls_is_tunnelled() {
+    // TLS connections are upgraded by hyper (plain ones are handed over by the connection).
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let cert = make_cert();
+    let up = upstream().start().await;
+    let proxy = proxy(tls_yaml(&up.url(), &cert.cert, &cert.key))
+        .start()
+        .await;
+    let port = proxy.addr.port();
+    let connector =
+        tokio_rustls::TlsConnector::from(Arc::new(client_config(&cert, &[b"http/1.1"])));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let tls = connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .expect("TLS handshake");
+    let (mut ws, response) =
+        tokio_tungstenite::client_async(format!("wss://localhost:{port}/ws"), tls)
+            .await
+            .expect("websocket handshake over TLS");
+    assert_eq!(response.status(), 101);
+    for message in ["over", "tls"] {
+        ws.send(Message::text(message)).await.unwrap();
+        let echoed = ws.next().await.unwrap().unwrap();
+        assert_eq!(echoed.into_text().unwrap().as_str(), message);
+    }
+    ws.close(None).await.unwrap();
+}
+
+#[tokio::test]
 async fn a_bad_key_file_is_a_tls_start_error() {
     let cert = make_cert();
     std::fs::write(&cert.key, "this is not a PEM private key\n").unwrap();

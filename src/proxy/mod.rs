@@ -12,10 +12,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Uri, Version};
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
@@ -29,6 +29,24 @@ use crate::throttle::{self, Checked, Decided, Throttler};
 use access_log::AccessLog;
 use body::{LimitedBody, ProxyBody};
 use upstream::UpstreamClient;
+
+/// The client side of an upgrade on a connection the server upgrades by hand (plain
+/// HTTP/1, see `conn`): the socket arrives here once the 101 has been written. Requests
+/// without it are upgraded by hyper (`hyper::upgrade::on`).
+#[derive(Clone)]
+pub struct ClientUpgrade(Arc<std::sync::Mutex<Option<HandedOver>>>);
+
+type HandedOver = tokio::sync::oneshot::Receiver<crate::conn::Upgraded>;
+
+impl ClientUpgrade {
+    pub fn new(handed_over: HandedOver) -> Self {
+        ClientUpgrade(Arc::new(std::sync::Mutex::new(Some(handed_over))))
+    }
+
+    fn take(&self) -> Option<HandedOver> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
 
 /// What the server knows about the connection a request came in on.
 #[derive(Debug, Clone, Copy)]
@@ -169,7 +187,11 @@ impl Proxy {
 
     /// Handles one request, in order: route → identify → limit → forward → respond. Never
     /// fails: every error becomes a response.
-    pub async fn handle(&self, request: Request<Incoming>, conn: ConnInfo) -> Response<ProxyBody> {
+    pub async fn handle<B>(&self, request: Request<B>, conn: ConnInfo) -> Response<ProxyBody>
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<body::BoxError>,
+    {
         let started = Instant::now();
         let _inflight = InFlight::start(&self.inner.metrics);
         let runtime = self.inner.runtime.load_full();
@@ -302,13 +324,17 @@ impl Proxy {
     }
 
     /// Forwards the request to the upstream and streams the answer back.
-    async fn forward(
+    async fn forward<B>(
         &self,
         runtime: &Runtime,
-        mut request: Request<Incoming>,
+        mut request: Request<B>,
         conn: ConnInfo,
         peer_is_trusted: bool,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
+    ) -> Result<Response<ProxyBody>, ProxyError>
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<body::BoxError>,
+    {
         let config = &runtime.config;
         let upstream = &config.upstream;
 
@@ -327,7 +353,14 @@ impl Proxy {
                 "protocol upgrades need an HTTP/1.1 upstream",
             ));
         }
-        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
+        let handed_over = request
+            .extensions_mut()
+            .remove::<ClientUpgrade>()
+            .and_then(|u| u.take());
+        let client_upgrade = upgrade.then(|| match handed_over {
+            Some(handed_over) => ClientSide::HandedOver(handed_over),
+            None => ClientSide::Hyper(hyper::upgrade::on(&mut request)),
+        });
 
         let (mut parts, incoming) = request.into_parts();
         let client_host = parts.headers.get(header::HOST).cloned().or_else(|| {
@@ -399,16 +432,36 @@ impl Proxy {
     }
 }
 
+/// Where the client's side of a tunnel comes from.
+enum ClientSide {
+    /// hyper upgrades the connection (TLS and HTTP/2 listeners' connections).
+    Hyper(hyper::upgrade::OnUpgrade),
+    /// The server hands the socket over itself (plain HTTP/1, see `conn`).
+    HandedOver(HandedOver),
+}
+
 /// Copies bytes both ways between an upgraded client and upstream until either side closes.
-async fn tunnel(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
-    let (client, upstream) = match tokio::try_join!(client, upstream) {
-        Ok(pair) => pair,
-        Err(e) => {
-            tracing::debug!(cause = %e, "upgrade did not complete");
-            return;
+async fn tunnel(client: ClientSide, upstream: hyper::upgrade::OnUpgrade) {
+    match client {
+        ClientSide::Hyper(client) => match tokio::try_join!(client, upstream) {
+            Ok((client, upstream)) => copy_both_ways(TokioIo::new(client), upstream).await,
+            Err(e) => tracing::debug!(cause = %e, "upgrade did not complete"),
+        },
+        ClientSide::HandedOver(client) => {
+            let client = async { client.await.map_err(|_| "the client connection ended") };
+            let upstream = async { upstream.await.map_err(|_| "the upstream did not upgrade") };
+            match tokio::try_join!(client, upstream) {
+                Ok((client, upstream)) => copy_both_ways(client, upstream).await,
+                Err(cause) => tracing::debug!(cause, "upgrade did not complete"),
+            }
         }
-    };
-    let mut client = TokioIo::new(client);
+    }
+}
+
+async fn copy_both_ways<C>(mut client: C, upstream: hyper::upgrade::Upgraded)
+where
+    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let mut upstream = TokioIo::new(upstream);
     match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
         Ok((up, down)) => tracing::debug!(bytes_up = up, bytes_down = down, "tunnel closed"),

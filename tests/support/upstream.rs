@@ -1,6 +1,7 @@
 //! A real HTTP upstream for tests (HTTP/1.1 and h2c on one port), with endpoints that make the
 //! proxy's behaviour observable: echo what arrived, hash an upload, stream a download, hold a
-//! stream open, delay the head, answer with hop-by-hop junk, echo a WebSocket, send trailers.
+//! stream open, delay the head, answer before reading the whole upload, answer with hop-by-hop junk,
+//! echo a WebSocket, send trailers.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -146,6 +147,21 @@ async fn handle(mut req: Request<Incoming>, state: Upstream) -> Response<Body> {
             });
             let stream = tokio_stream_from(rx);
             Response::new(BodyExt::boxed(StreamBody::new(stream)))
+        }
+        "/early" => {
+            // Answers at once, goes on reading the request body slowly (a frame every 50 ms)
+            // for `ms`, then drops the rest.
+            let ms: u64 = q.get("ms").and_then(|s| s.parse().ok()).unwrap_or(150);
+            let mut body = req.into_body();
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_millis(ms), async {
+                    while let Some(Ok(_)) = body.frame().await {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                })
+                .await;
+            });
+            Response::new(full("early"))
         }
         "/sleep" => {
             let ms: u64 = q.get("ms").and_then(|s| s.parse().ok()).unwrap_or(1000);
