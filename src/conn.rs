@@ -41,6 +41,7 @@ use tokio::time::Sleep;
 use tokio_util::sync::CancellationToken;
 
 use crate::idle::{Activity, IdleIo, RequestBody};
+use crate::metrics::Held;
 use crate::proxy::body::{with_guard, ProxyBody};
 use crate::proxy::{ClientUpgrade, ConnInfo, Proxy};
 
@@ -180,7 +181,10 @@ pub async fn serve_plain(mut stream: TcpStream, info: ConnInfo, shared: Arc<Shar
         } else {
             &mut peeked[..1]
         };
-        let n = match wait_for_bytes(&stream, want, bound, &shared.stop).await {
+        let parked = Held::new(&shared.proxy.metrics().parked_connections);
+        let waited = wait_for_bytes(&stream, want, bound, &shared.stop).await;
+        drop(parked);
+        let n = match waited {
             Some(n) if n > 0 => n,
             _ => return,
         };
@@ -333,7 +337,11 @@ async fn serve_http1(
     let mut parking = false;
     let mut draining = false;
     let mut stopped = pin!(shared.stop.cancelled());
+    // One timer for the whole cycle, armed when the connection first goes idle and re-armed
+    // only when it fires: a busy connection pays one timer event per PARK_AFTER, not a timer
+    // per request. `armed_at` is how many requests had started when it was armed.
     let mut settle: Option<Pin<Box<Sleep>>> = None;
+    let mut armed_at = 0;
     let served = poll_fn(|cx| {
         if !draining && stopped.as_mut().poll(cx).is_ready() {
             draining = true;
@@ -344,16 +352,25 @@ async fn serve_http1(
                 return Poll::Ready(done);
             }
             if parking || draining || !activity.park_signalled() {
-                settle = None;
                 return Poll::Pending;
             }
             // Idle between requests with nothing buffered. A client with more to send soon
             // keeps its hyper connection; one quiet for PARK_AFTER is parked.
-            let timer = settle.get_or_insert_with(|| Box::pin(tokio::time::sleep(PARK_AFTER)));
+            let timer = settle.get_or_insert_with(|| {
+                armed_at = activity.started();
+                Box::pin(tokio::time::sleep(PARK_AFTER))
+            });
             if timer.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
-            settle = None;
+            if activity.started() != armed_at {
+                // Requests came and went since it was armed: quiet only from now on.
+                armed_at = activity.started();
+                timer
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + PARK_AFTER);
+                continue;
+            }
             if activity.take_park() && activity.parkable() {
                 // Stopping hyper here closes nothing the client can see.
                 parking = true;

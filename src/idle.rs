@@ -22,7 +22,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -49,6 +49,9 @@ pub struct Activity {
     write_pending: AtomicBool,
     /// Set by [`IdleIo`] at the moment parking is safe; taken by the connection.
     park: AtomicBool,
+    /// Requests (and request bodies) started on this connection so far: lets the connection
+    /// tell "quiet since then" from "busy in between" without a timer per request.
+    started: AtomicU64,
     /// The socket's destination if the request in progress upgrades the connection.
     handoff: Mutex<Option<UpgradeHandoff>>,
 }
@@ -58,6 +61,7 @@ impl Activity {
     /// body has ended or was abandoned).
     pub fn start(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.started.fetch_add(1, Ordering::Relaxed);
         InFlight(self.clone())
     }
 
@@ -76,6 +80,11 @@ impl Activity {
     }
 
     /// Whether [`IdleIo`] found the connection parkable, and no byte was read since.
+    /// How many requests (and request bodies) have started on this connection.
+    pub fn started(&self) -> u64 {
+        self.started.load(Ordering::Relaxed)
+    }
+
     pub fn park_signalled(&self) -> bool {
         self.park.load(Ordering::Acquire)
     }

@@ -30,8 +30,28 @@ pub struct Metrics {
     pub store_errors: Counter,
     pub upstream_duration: Histogram,
     pub inflight: Gauge,
+    /// Open client connections (plain and TLS).
+    pub client_connections: Gauge,
+    /// Of those, plain HTTP/1 connections parked: idle, holding no HTTP buffers.
+    pub parked_connections: Gauge,
     reload_ok: Counter,
     reload_failed: Counter,
+}
+
+/// Adds one to a gauge for as long as it is held.
+pub struct Held(Gauge);
+
+impl Held {
+    pub fn new(gauge: &Gauge) -> Held {
+        gauge.increment(1.0);
+        Held(gauge.clone())
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
 }
 
 /// Per-route handles.
@@ -88,6 +108,13 @@ impl Metrics {
             &METADATA,
         );
         inflight.set(0.0);
+        let gauge = |name: &'static str| {
+            let gauge = recorder.register_gauge(&Key::from_static_name(name), &METADATA);
+            gauge.set(0.0);
+            gauge
+        };
+        let client_connections = gauge("tollgate_client_connections");
+        let parked_connections = gauge("tollgate_client_connections_parked");
         let metrics = Arc::new(Metrics {
             recorder,
             handle,
@@ -95,6 +122,8 @@ impl Metrics {
             store_errors,
             upstream_duration,
             inflight,
+            client_connections,
+            parked_connections,
             reload_ok,
             reload_failed,
         });

@@ -23,6 +23,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::Config;
 use crate::conn;
 use crate::idle;
+use crate::metrics::Held;
 use crate::proxy::body::{full, ProxyBody};
 use crate::proxy::{ConnInfo, Proxy};
 use crate::tls;
@@ -236,6 +237,7 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
+        let open = Held::new(&shared.proxy.metrics().client_connections);
         let info = ConnInfo {
             peer,
             tls: bound.tls.is_some(),
@@ -245,7 +247,7 @@ async fn accept_loop(
                 let shared = shared.clone();
                 connections.spawn(async move {
                     conn::serve_plain(stream, info, shared).await;
-                    drop(permit);
+                    drop((open, permit));
                 });
             }
             Some(acceptor) => {
@@ -285,7 +287,7 @@ async fn accept_loop(
                     {
                         tracing::debug!(%peer, cause = %e, "connection ended with an error");
                     }
-                    drop(permit);
+                    drop((open, permit));
                 });
             }
         }

@@ -614,3 +614,66 @@ async fn h2c_and_http1_are_told_apart_when_the_first_bytes_trickle_in() {
         format!("3 {}", sha256_hex(b"abc"))
     );
 }
+
+/// `tollgate_client_connections` and `tollgate_client_connections_parked` from /metrics.
+async fn connection_gauges(admin: std::net::SocketAddr) -> (u64, u64) {
+    let response = http1_client()
+        .request(support::get(&format!("http://{admin}/metrics")))
+        .await
+        .unwrap();
+    let text = text(response).await;
+    let gauge = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in:\n{text}")) as u64
+    };
+    (
+        gauge("tollgate_client_connections"),
+        gauge("tollgate_client_connections_parked"),
+    )
+}
+
+/// Polls the gauges until they read `want` (parking waits for a short quiet spell first).
+async fn wait_for_gauges(admin: std::net::SocketAddr, want: (u64, u64)) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let got = connection_gauges(admin).await;
+        if got == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "gauges {got:?}, want {want:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Parking is visible in the metrics: an open connection with nothing to do holds no HTTP
+/// state (parked), a request in progress unparks it, it is parked again once quiet, and both
+/// gauges drop when it closes. A connection that kept its hyper connection between requests
+/// would never count as parked after its first request.
+#[tokio::test]
+async fn metrics_show_idle_connections_parked_and_busy_ones_not() {
+    let up = upstream().start().await;
+    let proxy = proxy(config_for(&up.url(), "admin: 127.0.0.1:0\n"))
+        .start()
+        .await;
+    let admin = proxy.admin.expect("admin listener");
+    assert_eq!(connection_gauges(admin).await, (0, 0));
+
+    let mut raw = Raw::connect(proxy.addr).await;
+    wait_for_gauges(admin, (1, 1)).await;
+
+    // In progress: the upstream takes 500 ms to answer.
+    raw.send(&get("/sleep?ms=500")).await;
+    wait_for_gauges(admin, (1, 0)).await;
+    let response = raw.response().await;
+    assert_eq!(response.body, b"slept");
+    wait_for_gauges(admin, (1, 1)).await;
+
+    // And again on the same connection, after it was parked.
+    raw.send(&get("/download?size=10")).await;
+    assert_download(&raw.response().await, 10);
+    wait_for_gauges(admin, (1, 1)).await;
+
+    drop(raw);
+    wait_for_gauges(admin, (0, 0)).await;
+}
