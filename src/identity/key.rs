@@ -44,22 +44,29 @@ pub fn key_part(raw: &[u8]) -> String {
 /// Always the hashed form `#<base64url-nopad sha256(raw)>` (44 bytes): for secrets such as
 /// bearer tokens, which must never be stored in a key readably.
 pub fn hashed_part(raw: &[u8]) -> String {
-    let digest = Sha256::digest(raw);
-    let mut out = String::with_capacity(44);
-    out.push('#');
-    URL_SAFE_NO_PAD.encode_string(digest, &mut out);
-    out
+    hashed_forms(raw).0
 }
 
 /// A log-friendly stand-in for a value that must not be shown: `sha256:<first 12 hex digits>`.
 pub fn display_hash(raw: &[u8]) -> String {
+    hashed_forms(raw).1
+}
+
+/// [`hashed_part`] and [`display_hash`] of `raw` from one digest (a bearer token needs both on
+/// every request).
+pub fn hashed_forms(raw: &[u8]) -> (String, String) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = Sha256::digest(raw);
-    let mut out = String::with_capacity(19);
-    out.push_str("sha256:");
+    let mut part = String::with_capacity(44);
+    part.push('#');
+    URL_SAFE_NO_PAD.encode_string(digest, &mut part);
+    let mut display = String::with_capacity(19);
+    display.push_str("sha256:");
     for b in &digest[..6] {
-        out.push_str(&format!("{b:02x}"));
+        display.push(HEX[usize::from(b >> 4)] as char);
+        display.push(HEX[usize::from(b & 0xf)] as char);
     }
-    out
+    (part, display)
 }
 
 /// How a value is shown in logs and explanations: as is when short and safe, else hashed.

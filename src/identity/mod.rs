@@ -87,11 +87,14 @@ impl Source {
             Source::Cookie(name) => {
                 cookie(&req.headers, name.as_bytes()).map(|v| Identified::readable(kind, v))
             }
-            Source::Bearer => bearer(&req.headers).map(|token| Identified {
-                source: 0,
-                source_kind: kind,
-                key_part: prefixed(kind, key::hashed_part(token)),
-                display: key::display_hash(token),
+            Source::Bearer => bearer(&req.headers).map(|token| {
+                let (part, display) = key::hashed_forms(token);
+                Identified {
+                    source: 0,
+                    source_kind: kind,
+                    key_part: prefixed(kind, part),
+                    display,
+                }
             }),
             Source::Jwt(verifier) => {
                 // A token that is not valid UTF-8 cannot be a JWT.
