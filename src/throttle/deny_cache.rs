@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
 
@@ -34,6 +34,9 @@ const SHARDS: usize = 16;
 /// Default bound on remembered denials (a few hundred bytes each).
 pub const DEFAULT_CAPACITY: usize = 32 * 1024;
 
+/// The whole seconds a rendered response shows, per verdict (see [`headers::seconds`]).
+type Shown = Box<[[u64; 2]]>;
+
 struct Entry {
     /// When the store was asked: the verdicts' times count from here.
     asked_at: Instant,
@@ -42,7 +45,7 @@ struct Entry {
     verdicts: Box<[Verdict]>,
     /// The last response rendered for this denial and the whole seconds it shows
     /// ([`headers::seconds`] of each aged verdict): reused while they stay the same.
-    rendered: Option<(Box<[[u64; 2]]>, Rendered)>,
+    rendered: Option<(Shown, Arc<Rendered>)>,
 }
 
 impl Entry {
@@ -129,7 +132,8 @@ impl DenyCache {
         now: Instant,
         render: impl FnOnce(&[Verdict]) -> Rendered,
     ) -> Option<Rendered> {
-        self.with_live(key, now, |entry, elapsed| {
+        // Only a reference is taken under the shard's lock; the copy is made after it.
+        let shared = self.with_live(key, now, |entry, elapsed| {
             if let Some((seconds, rendered)) = &entry.rendered {
                 if entry
                     .aged(elapsed)
@@ -140,11 +144,12 @@ impl DenyCache {
                 }
             }
             let verdicts: Vec<Verdict> = entry.aged(elapsed).collect();
-            let rendered = render(&verdicts);
+            let rendered = Arc::new(render(&verdicts));
             let seconds = verdicts.iter().map(headers::seconds).collect();
             entry.rendered = Some((seconds, rendered.clone()));
             rendered
-        })
+        })?;
+        Some(Arc::unwrap_or_clone(shared))
     }
 
     /// Runs `f` on the live entry for `key` with the microseconds since the store was asked;
@@ -209,7 +214,6 @@ impl DenyCache {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use std::time::Duration;
 
     use super::*;
