@@ -77,7 +77,7 @@ http {
   server { listen 127.0.0.1:$UP_PORT; location / { default_type text/plain; return 200 "ok\n"; } }
 }
 EOF
-# The routes of bench/run.sh's scenarios 1 (allowed) and 2 (flood).
+# The routes of bench/run.sh's scenarios.
 cat >"$WORK/tollgate.yaml" <<EOF
 listen: 127.0.0.1:$TG_PORT
 admin: 127.0.0.1:$TG_ADMIN
@@ -91,23 +91,8 @@ store:
     key_prefix: "bench:"
     timeout: 5s
   on_error: deny
-identities:
-  user:
-    - header: X-User-Id
-routes:
-  - name: allowed
-    match: { path_prefix: /allowed/ }
-    key: user
-    limits:
-      - { algorithm: gcra, limit: 100000, period: 1s, burst: 100000, name: allowed }
-  - name: over
-    match: { path_prefix: /over/ }
-    key: user
-    limits:
-      - { algorithm: gcra, limit: 1, period: 1m, name: over }
-response:
-  headers: [ietf]
 EOF
+cat "$HERE/routes.yaml" >>"$WORK/tollgate.yaml"
 
 nginx -p "$WORK" -c "$WORK/upstream.conf" -g 'daemon off;' >"$WORK/upstream.log" 2>&1 &
 PIDS+=($!)

@@ -224,30 +224,8 @@ store:
     key_prefix: "bench:"
     timeout: 1s
   on_error: deny
-identities:
-  user:
-    - header: X-User-Id
-routes:
-  - name: allowed
-    match: { path_prefix: /allowed/ }
-    key: user
-    limits:
-      - { algorithm: gcra, limit: 100000, period: 1s, burst: 100000, name: allowed }
-  - name: over
-    match: { path_prefix: /over/ }
-    key: user
-    limits:
-      - { algorithm: gcra, limit: 1, period: 1m, name: over }
-  - name: multi
-    match: { path_prefix: /multi/ }
-    key: user
-    limits:
-      - { algorithm: gcra, limit: 100000, period: 1s, burst: 100000, name: multi-gcra }
-      - { algorithm: token_bucket, limit: 1000000, period: 10s, burst: 1000000, name: multi-bucket }
-      - { algorithm: sliding_window, limit: 10000000, period: 1s, key: client_ip, name: multi-ip }
-response:
-  headers: [ietf]
 EOF
+  cat "$HERE/routes.yaml"
 }
 tollgate_config "$TG_PORT" "$TG_ADMIN" false >"$T/tollgate.yaml"
 tollgate_config "$TGL_PORT" "$TGL_ADMIN" true >"$T/tollgate-log.yaml"
