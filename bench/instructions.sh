@@ -21,41 +21,12 @@ LONG=${LONG:-16}
 BINS=("$@")
 [ ${#BINS[@]} -gt 0 ] || BINS=("$ROOT/target/release/tollgate")
 
-log() { printf '[instructions %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-
-need=()
-command -v valgrind >/dev/null || need+=(valgrind)
-command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)
-command -v wrk >/dev/null || need+=(wrk)
-if [ ${#need[@]} -gt 0 ]; then
-  log "installing ${need[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
-export PATH="$PATH:/usr/sbin"
-command -v redis-server >/dev/null || { log "redis-server is required"; exit 1; }
-
+LOG_TAG=instructions
+# shellcheck source=bench/lib.sh
+. "$HERE/lib.sh"
+need_tools valgrind nginx wrk
 WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-wait_port() {
-  local deadline=$((SECONDS + 60))
-  until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do
-    [ $SECONDS -lt $deadline ] || { log "nothing listens on port $1"; return 1; }
-    sleep 0.2
-  done
-}
+CLEANUP_DIR=$WORK
 
 UP_PORT=$(free_port)
 REDIS_PORT=$(free_port)
@@ -114,7 +85,7 @@ measure() { # bin scenario seconds
   valgrind --tool=callgrind --callgrind-out-file="$out" "$1" --config "$WORK/tollgate.yaml" \
     >"$WORK/tollgate.log" 2>&1 &
   local pid=$!
-  wait_port "$TG_ADMIN"
+  wait_port "$TG_ADMIN" 60  # valgrind starts slowly
   local before after
   before=$(served)
   SCENARIO=$2 wrk -t1 -c10 -d"$3"s -s "$HERE/wrk.lua" "http://127.0.0.1:$TG_PORT" >/dev/null

@@ -31,21 +31,10 @@ mkdir -p "$WORK/tmp"
 RAW="$WORK/raw.tsv"
 : >"$RAW"
 
-log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-
-# --- what we need -----------------------------------------------------------------------
-need=()
-command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)
-command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
-command -v wrk >/dev/null || need+=(wrk)
-if [ ${#need[@]} -gt 0 ]; then
-  log "installing ${need[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
-export PATH="$PATH:/usr/sbin"
-command -v redis-server >/dev/null || { log "redis-server is required"; exit 1; }
-command -v python3 >/dev/null || { log "python3 is required"; exit 1; }
+# shellcheck source=bench/lib.sh
+. "$HERE/lib.sh"
+CLEANUP_DIR="$WORK/tmp"
+need_tools nginx haproxy wrk
 
 if [ "${NO_BUILD:-0}" != 1 ] && [ -z "${TOLLGATE_BIN:-}" ]; then
   log "building tollgate (release)"
@@ -56,33 +45,7 @@ TOLLGATE=${TOLLGATE_BIN:-"$ROOT/target/release/tollgate"}
 # Enough descriptors for 10,000 client connections plus the proxies' own.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
-# --- process bookkeeping ----------------------------------------------------------------
-PIDS=()
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do
-    kill "$pid" 2>/dev/null || true
-  done
-  for pid in "${PIDS[@]}"; do
-    wait "$pid" 2>/dev/null || true
-  done
-  rm -rf "$WORK/tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
-wait_port() { # port [seconds]
-  local deadline=$((SECONDS + ${2:-20}))
-  until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do
-    [ $SECONDS -lt $deadline ] || { log "nothing listens on port $1"; return 1; }
-    sleep 0.1
-  done
-}
-
+# --- process bookkeeping: PIDS, free_port and wait_port come from lib.sh ------------------
 start() { # name command...  (runs in the background, output to $WORK/<name>.log)
   local name=$1 out="$WORK/$1.log"
   shift
