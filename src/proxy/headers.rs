@@ -44,17 +44,32 @@ fn connection_has_token(headers: &HeaderMap, token: &str) -> bool {
 /// every other TE value is hop-by-hop.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     // `HeaderMap::remove` hashes every name it is asked about, present or not, and most
-    // messages carry none or one of these: one pass over the names present finds what to
-    // remove. (Names listed in Connection only matter when Connection itself is present.)
+    // messages carry none of these: one pass over the names present (compared as strings, no
+    // hashing) answers "anything to do?". (Names listed in Connection only matter when
+    // Connection itself is present.)
+    let mut found = false;
+    let mut has_te = false;
+    for name in headers.keys() {
+        match name.as_str() {
+            "te" => has_te = true,
+            "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "transfer-encoding"
+            | "upgrade"
+            | "proxy-authenticate"
+            | "proxy-authorization" => found = true,
+            _ => {}
+        }
+    }
+    if !found && !has_te {
+        return;
+    }
     let present: Vec<HeaderName> = headers
         .keys()
         .filter(|k| HOP_BY_HOP.contains(k))
         .cloned()
         .collect();
-    let has_te = headers.contains_key(header::TE);
-    if present.is_empty() && !has_te {
-        return;
-    }
     // Headers named in Connection are hop-by-hop for this message only.
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -103,19 +118,28 @@ pub fn add_forwarded(
     host: Option<&HeaderValue>,
     peer_is_trusted: bool,
 ) {
-    let peer = peer.to_canonical().to_string();
-    let mut chain = String::new();
+    let mut peer_text = PeerText::default();
+    let peer = peer_text.write(peer.to_canonical());
+    let mut chain: Option<String> = None;
     for value in headers.get_all(&X_FORWARDED_FOR) {
         let Ok(value) = value.to_str() else { continue };
         let value = value.trim();
         if value.is_empty() {
             continue;
         }
+        let chain = chain.get_or_insert_with(|| String::with_capacity(64));
         chain.push_str(value);
         chain.push_str(", ");
     }
-    chain.push_str(&peer);
-    if let Ok(value) = HeaderValue::from_str(&chain) {
+    let value = match chain {
+        Some(mut chain) => {
+            chain.push_str(peer);
+            HeaderValue::from_str(&chain)
+        }
+        // Most requests arrive without one: no string to build.
+        None => HeaderValue::from_str(peer),
+    };
+    if let Ok(value) = value {
         headers.insert(&X_FORWARDED_FOR, value);
     }
     if !(peer_is_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
@@ -128,6 +152,40 @@ pub fn add_forwarded(
             }
             None => {
                 headers.remove(&X_FORWARDED_HOST);
+            }
+        }
+    }
+}
+
+/// An address as text without the formatting machinery for the common IPv4 case (this runs
+/// for every forwarded request); IPv6 goes through `Display`.
+#[derive(Default)]
+struct PeerText {
+    buf: [u8; 15],
+    v6: String,
+}
+
+impl PeerText {
+    fn write(&mut self, ip: IpAddr) -> &str {
+        match ip {
+            IpAddr::V4(v4) => {
+                let mut len = 0;
+                for (i, octet) in v4.octets().into_iter().enumerate() {
+                    if i > 0 {
+                        self.buf[len] = b'.';
+                        len += 1;
+                    }
+                    let mut digits = itoa::Buffer::new();
+                    let digits = digits.format(octet).as_bytes();
+                    self.buf[len..len + digits.len()].copy_from_slice(digits);
+                    len += digits.len();
+                }
+                // Only ASCII digits and dots were written.
+                std::str::from_utf8(&self.buf[..len]).unwrap_or_default()
+            }
+            IpAddr::V6(v6) => {
+                self.v6 = v6.to_string();
+                &self.v6
             }
         }
     }
@@ -218,6 +276,31 @@ mod tests {
         assert_eq!(h.get("upgrade").unwrap(), "websocket");
         assert_eq!(h.get("sec-websocket-key").unwrap(), "abc");
         assert!(!is_upgrade_request(&map(&[("upgrade", "websocket")])));
+    }
+
+    #[test]
+    fn peer_text_matches_display() {
+        for ip in [
+            "0.0.0.0",
+            "1.2.3.4",
+            "10.0.0.9",
+            "255.255.255.255",
+            "192.168.100.7",
+            "::1",
+            "2001:db8::8:800:200c:417a",
+        ] {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert_eq!(PeerText::default().write(ip), ip.to_string());
+        }
+    }
+
+    #[test]
+    fn forwarded_for_is_added_when_absent_and_ipv6_kept_whole() {
+        let mut h = map(&[("x-forwarded-for", "  ")]);
+        add_forwarded(&mut h, "2001:db8::1".parse().unwrap(), "https", None, false);
+        assert_eq!(h.get("x-forwarded-for").unwrap(), "2001:db8::1");
+        assert_eq!(h.get("x-forwarded-proto").unwrap(), "https");
+        assert!(h.get("x-forwarded-host").is_none());
     }
 
     #[test]
