@@ -87,7 +87,8 @@ fn explain(args: ExplainArgs) -> ExitCode {
 }
 
 fn run(args: RunArgs) -> ExitCode {
-    init_logging(args.log_format);
+    // Held to the end of `run`: dropping it writes out whatever lines are still queued.
+    let _log_writer = init_logging(args.log_format);
     let Some(path) = args.config else {
         eprintln!("tollgate: no configuration: pass --config FILE or set TOLLGATE_CONFIG");
         return ExitCode::from(2);
@@ -138,7 +139,11 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     }
 }
 
-fn init_logging(format: LogFormat) {
+/// Log lines (the access log among them) are formatted on the thread that logs and written
+/// to stderr by a thread of their own, in batches: a busy proxy would otherwise make one
+/// `write` system call per request on its request path. Never lossy: if the queue is full
+/// the logging thread waits, as it would on a direct write to a slow stderr.
+fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     use std::io::IsTerminal;
     let filter = match std::env::var("TOLLGATE_LOG") {
         Err(_) => tracing_subscriber::EnvFilter::new("info"),
@@ -149,13 +154,18 @@ fn init_logging(format: LogFormat) {
             tracing_subscriber::EnvFilter::new("info")
         }),
     };
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .thread_name("tollgate-log")
+        .finish(std::io::BufWriter::new(std::io::stderr()));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         // Colour only for a person at a terminal, never into files or container logs.
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
     }
+    guard
 }

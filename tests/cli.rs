@@ -621,6 +621,22 @@ async fn log_format_json_writes_one_json_object_per_stderr_line() {
         lines.iter().any(|l| l["message"] == "SIGTERM received"),
         "{stderr}"
     );
+    // Lines are written by a thread of their own: the request's access-log line and the very
+    // last line before exit must still be there, in order.
+    let access = lines
+        .iter()
+        .position(|l| l["target"] == "tollgate::access" && l["path"] == "/echo")
+        .unwrap_or_else(|| panic!("no access-log line for /echo:\n{stderr}"));
+    assert_eq!(lines[access]["status"], 200, "{stderr}");
+    assert_eq!(
+        lines.last().map(|l| l["message"].clone()),
+        Some(serde_json::json!("drained; exiting")),
+        "{stderr}"
+    );
+    assert!(
+        access < lines.len() - 1,
+        "the access line comes before the exit line:\n{stderr}"
+    );
 }
 
 /// A signal that arrives as soon as the port answers must still be a graceful shutdown, not
