@@ -5,7 +5,7 @@
 # Knobs (environment):
 #   DURATION=10s CONNECTIONS=50 THREADS=2 WARMUP=2s   wrk settings, the same for every server
 #   SCENARIOS="1 2 3 4"                               which scenarios to run
-#   PEERS="tollgate tollgate-log nginx-limit_req haproxy nginx-proxy upstream"
+#   PEERS="tollgate tollgate-log tollgate-coalesce nginx-limit_req haproxy nginx-proxy upstream"
 #   IDLE_CONNS=10000                                  for the RSS measurement (0 skips it)
 #   PROFILE=1                                         perf record tollgate in scenarios 1 and 2
 #   NO_BUILD=1                                        use the existing target/release/tollgate
@@ -20,7 +20,7 @@ CONNECTIONS=${CONNECTIONS:-50}
 THREADS=${THREADS:-2}
 WARMUP=${WARMUP:-2s}
 SCENARIOS=${SCENARIOS:-"1 2 3 4"}
-PEERS=${PEERS:-"tollgate tollgate-log nginx-limit_req haproxy nginx-proxy upstream"}
+PEERS=${PEERS:-"tollgate tollgate-log tollgate-coalesce nginx-limit_req haproxy nginx-proxy upstream"}
 IDLE_CONNS=${IDLE_CONNS:-10000}
 PROFILE=${PROFILE:-0}
 
@@ -63,6 +63,8 @@ TG_PORT=$(free_port)
 TG_ADMIN=$(free_port)
 TGL_PORT=$(free_port)
 TGL_ADMIN=$(free_port)
+TGC_PORT=$(free_port)
+TGC_ADMIN=$(free_port)
 NGP_PORT=$(free_port)
 NGL_PORT=$(free_port)
 HAP_PORT=$(free_port)
@@ -171,7 +173,7 @@ backend be
   server up 127.0.0.1:$UP_PORT
 EOF
 
-tollgate_config() { # listen admin access_log
+tollgate_config() { # listen admin access_log coalesce
   cat <<EOF
 listen: 127.0.0.1:$1
 admin: 127.0.0.1:$2
@@ -186,12 +188,14 @@ store:
     url: redis://127.0.0.1:$REDIS_PORT
     key_prefix: "bench:"
     timeout: 1s
+    coalesce: ${4:-false}
   on_error: deny
 EOF
   cat "$HERE/routes.yaml"
 }
 tollgate_config "$TG_PORT" "$TG_ADMIN" false >"$T/tollgate.yaml"
 tollgate_config "$TGL_PORT" "$TGL_ADMIN" true >"$T/tollgate-log.yaml"
+tollgate_config "$TGC_PORT" "$TGC_ADMIN" false true >"$T/tollgate-coalesce.yaml"
 tollgate_config "$RSS_PORT" "$RSS_ADMIN" false >"$T/tollgate-rss.yaml"
 "$TOLLGATE" check --config "$T/tollgate.yaml" >/dev/null
 
@@ -207,10 +211,14 @@ TG_PID=$LAST_PID
 # The access-logging instance writes its log to a file, as a service manager would.
 start tollgate-log "$TOLLGATE" --config "$T/tollgate-log.yaml"
 TGL_PID=$LAST_PID
+# The same as "tollgate" with store.redis.coalesce: decisions of concurrent requests share
+# script calls.
+start tollgate-coalesce "$TOLLGATE" --config "$T/tollgate-coalesce.yaml"
+TGC_PID=$LAST_PID
 start nginx nginx -p "$T" -c "$T/nginx.conf" -g 'daemon off;'
 start haproxy haproxy -db -f "$T/haproxy.cfg"
-for p in "$TG_PORT" "$TGL_PORT" "$NGP_PORT" "$NGL_PORT" "$HAP_PORT"; do wait_port "$p"; done
-for admin in "$TG_ADMIN" "$TGL_ADMIN"; do
+for p in "$TG_PORT" "$TGL_PORT" "$TGC_PORT" "$NGP_PORT" "$NGL_PORT" "$HAP_PORT"; do wait_port "$p"; done
+for admin in "$TG_ADMIN" "$TGL_ADMIN" "$TGC_ADMIN"; do
   for _ in $(seq 100); do
     curl -fsS "http://127.0.0.1:$admin/readyz" >/dev/null 2>&1 && break
     sleep 0.1
@@ -221,6 +229,7 @@ port_of() {
   case $1 in
     tollgate) echo "$TG_PORT" ;;
     tollgate-log) echo "$TGL_PORT" ;;
+    tollgate-coalesce) echo "$TGC_PORT" ;;
     nginx-proxy) echo "$NGP_PORT" ;;
     nginx-limit_req) echo "$NGL_PORT" ;;
     haproxy) echo "$HAP_PORT" ;;
@@ -249,6 +258,7 @@ redis_counts() {
 tollgate_requests() { # peer
   local admin=$TG_ADMIN
   [ "$1" = tollgate-log ] && admin=$TGL_ADMIN
+  [ "$1" = tollgate-coalesce ] && admin=$TGC_ADMIN
   curl -fsS "http://127.0.0.1:$admin/metrics" |
     awk '/^tollgate_requests_total/ { sum += $NF } END { printf "%d\n", sum }'
 }
@@ -257,6 +267,7 @@ tollgate_requests() { # peer
 cpu_ticks() { # peer
   local pid=$TG_PID
   [ "$1" = tollgate-log ] && pid=$TGL_PID
+  [ "$1" = tollgate-coalesce ] && pid=$TGC_PID
   awk '{ print $14 + $15 }' "/proc/$pid/stat"
 }
 # CPU time Redis has used so far, in microseconds.
@@ -279,7 +290,7 @@ for s in $SCENARIOS; do
     log "scenario $s ($(scenario_name "$s")): $peer"
     run_wrk "$s" "$peer" "$WARMUP" >/dev/null
     before=0 cpu_before=0 redis_cpu_before=0
-    if [ "$peer" = tollgate ] || [ "$peer" = tollgate-log ]; then
+    if [[ $peer == tollgate* ]]; then
       before=$(tollgate_requests "$peer")
       cpu_before=$(cpu_ticks "$peer")
       redis_cpu_before=$(redis_cpu_us)
@@ -297,7 +308,7 @@ for s in $SCENARIOS; do
       wait "$perf_pid" 2>/dev/null || true
     fi
     trips=0 inner=0 served=0 cpu=0 redis_cpu=0
-    if [ "$peer" = tollgate ] || [ "$peer" = tollgate-log ]; then
+    if [[ $peer == tollgate* ]]; then
       # wrk counts only answers that arrived before it stopped; tollgate's own counter also
       # has the requests that were in flight then, which Redis saw too.
       sleep 0.5

@@ -94,6 +94,7 @@ pub struct RawRedis {
     pub tls: Option<RawRedisTls>,
     pub key_prefix: Option<String>,
     pub timeout: Option<String>,
+    pub coalesce: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -22,6 +22,9 @@ pub struct RedisConfig {
     pub tls: Option<RedisTls>,
     /// Bounds connecting and every call.
     pub timeout: Duration,
+    /// Send the decisions of concurrent requests together, in one script call (one server or
+    /// Sentinel only): see `limit::coalesce`.
+    pub coalesce: bool,
 }
 
 impl RedisConfig {
@@ -33,6 +36,7 @@ impl RedisConfig {
             password: None,
             tls: None,
             timeout,
+            coalesce: false,
         }
     }
 }
@@ -197,12 +201,20 @@ impl Validator<'_> {
                 "an ACL username needs a `password` (e.g. password: ${REDIS_PASSWORD})",
             );
         }
+        let coalesce = raw.coalesce.unwrap_or(false);
+        if coalesce && matches!(mode, RedisMode::Cluster(_)) {
+            self.error(
+                "store.redis.coalesce",
+                "not available with `cluster`: the decisions of different callers live in different hash slots, which one script call cannot reach; remove `coalesce` or use `url`/`sentinel`",
+            );
+        }
         RedisConfig {
             mode,
             username,
             password,
             tls,
             timeout,
+            coalesce,
         }
     }
 
@@ -276,6 +288,23 @@ mod tests {
                 nodes: vec!["redis://s1:26379".into(), "redis://s2:26379".into()]
             }
         );
+    }
+
+    #[test]
+    fn coalesce_is_off_by_default_and_refused_with_a_cluster() {
+        assert!(!redis("store:\n  redis:\n    url: redis://a:1\n").coalesce);
+        assert!(redis("store:\n  redis:\n    url: redis://a:1\n    coalesce: true\n").coalesce);
+        assert!(
+            redis("store:\n  redis:\n    sentinel: { master: m, nodes: [redis://s:1] }\n    coalesce: true\n")
+                .coalesce
+        );
+        let all = errors("store:\n  redis:\n    cluster: [redis://a:1]\n    coalesce: true\n");
+        assert!(
+            all.contains("t.yaml:6:15: store.redis.coalesce: not available with `cluster`"),
+            "{all}"
+        );
+        let all = errors("store:\n  redis:\n    url: redis://a:1\n    coalesce: sometimes\n");
+        assert!(all.contains("t.yaml:6:15"), "{all}");
     }
 
     #[test]

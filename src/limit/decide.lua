@@ -354,53 +354,88 @@ local ALGORITHMS = {
   [6] = concurrency,
 }
 
-local checks = {}
-local allowed = true
-for i = 1, #KEYS do
-  local a = base + 7 * (i - 1)
-  local c = {
-    key = KEYS[i],
-    code = tonumber(ARGV[a + 1]),
-    limit = tonumber(ARGV[a + 2]),
-    period = tonumber(ARGV[a + 3]),
-    burst = tonumber(ARGV[a + 4]),
-    cost = tonumber(ARGV[a + 5]),
-    shadow = ARGV[a + 6] == '1',
-    lease = ARGV[a + 7],
-    foreign = false,
-  }
-  local algorithm = ALGORITHMS[c.code]
-  if algorithm == nil then
-    return redis.error_reply('decide.lua: unknown algorithm code ' .. tostring(ARGV[a + 1]))
+-- One request's decision: its n checks are KEYS[k0 + 1 ..] and their seven values each start
+-- at ARGV[a0 + 1]. Returns the reply of the single form, or nil and a message.
+local function decide(k0, a0, n)
+  local checks = {}
+  local allowed = true
+  for i = 1, n do
+    local a = a0 + 7 * (i - 1)
+    local c = {
+      key = KEYS[k0 + i],
+      code = tonumber(ARGV[a + 1]),
+      limit = tonumber(ARGV[a + 2]),
+      period = tonumber(ARGV[a + 3]),
+      burst = tonumber(ARGV[a + 4]),
+      cost = tonumber(ARGV[a + 5]),
+      shadow = ARGV[a + 6] == '1',
+      lease = ARGV[a + 7],
+      foreign = false,
+    }
+    local algorithm = ALGORITHMS[c.code]
+    if algorithm == nil then
+      return nil, 'decide.lua: unknown algorithm code ' .. tostring(ARGV[a + 1])
+    end
+    algorithm(c)
+    if not c.allowed and not c.shadow then
+      allowed = false
+    end
+    checks[i] = c
   end
-  algorithm(c)
-  if not c.allowed and not c.shadow then
-    allowed = false
-  end
-  checks[i] = c
-end
 
-local reply = { 0 }
-if allowed then
-  reply[1] = 1
-  for i = 1, #checks do
-    -- A denying shadow limit is not consumed.
-    if COMMIT and checks[i].allowed then
-      checks[i].write()
+  local reply = { 0 }
+  if allowed then
+    reply[1] = 1
+    for i = 1, #checks do
+      -- A denying shadow limit is not consumed.
+      if COMMIT and checks[i].allowed then
+        checks[i].write()
+      end
     end
   end
-end
-for i = 1, #checks do
-  local c = checks[i]
-  local ok = 0
-  if c.allowed then
-    ok = 1
+  for i = 1, #checks do
+    local c = checks[i]
+    local ok = 0
+    if c.allowed then
+      ok = 1
+    end
+    local r = #reply
+    reply[r + 1] = ok
+    reply[r + 2] = c.limit_out
+    reply[r + 3] = c.remaining
+    reply[r + 4] = c.reset
+    reply[r + 5] = c.retry
   end
-  local n = #reply
-  reply[n + 1] = ok
-  reply[n + 2] = c.limit_out
-  reply[n + 3] = c.remaining
-  reply[n + 4] = c.reset
-  reply[n + 5] = c.retry
+  return reply
 end
-return reply
+
+-- The batch form (redis_store.rs switches this line; coalescing sends it): several requests'
+-- decisions, one after another on the one reading of the clock above, each all-or-nothing
+-- over its own checks, exactly as if they had come in separate calls in this order.
+-- ARGV after the time: the number of decisions, then per decision its number of checks and
+-- its seven values per check. KEYS: every decision's keys in order. Reply: the single
+-- form's replies, one after another.
+local BATCH = false -- @batch
+
+if not BATCH then
+  local reply, err = decide(0, base, #KEYS)
+  if reply == nil then
+    return redis.error_reply(err)
+  end
+  return reply
+end
+
+local out = {}
+local k, a = 0, base + 1
+for _ = 1, tonumber(ARGV[a]) do
+  local n = tonumber(ARGV[a + 1])
+  local reply, err = decide(k, a + 1, n)
+  if reply == nil then
+    return redis.error_reply(err)
+  end
+  for j = 1, #reply do
+    out[#out + 1] = reply[j]
+  end
+  k, a = k + n, a + 1 + 7 * n
+end
+return out

@@ -7,6 +7,7 @@
 //! what keeps a multi-limit route from leaking quota while a single limit is exhausted.
 
 pub mod algorithm;
+mod coalesce;
 pub mod memory;
 pub mod redis_store;
 mod sentinel;
@@ -49,7 +50,7 @@ pub struct Lease {
 }
 
 /// Why a store could not decide.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("store timed out after {0:?}")]
     Timeout(Duration),

@@ -21,6 +21,7 @@ use redis::{
     RedisResult, Script, ServerErrorKind, TlsCertificates,
 };
 
+use super::coalesce::{Coalescer, Pending};
 use super::sentinel::SentinelMaster;
 use crate::config::{RedisConfig, RedisMode};
 
@@ -71,6 +72,23 @@ pub fn decide_script_source(clock: ScriptClock) -> String {
     with_clock(DECIDE_LUA, clock)
 }
 
+/// The line of `decide.lua` that switches it to its batch form.
+const BATCH_LINE: &str = "local BATCH = false -- @batch";
+
+/// `decide.lua` in its batch form: several decisions, each all-or-nothing over its own checks,
+/// one after another in one call. ARGV (after the injected time, if any): the number of
+/// decisions, then per decision its number of checks and the seven values per check of the
+/// single form; KEYS: every decision's keys in order. The reply is the single form's replies,
+/// one after another.
+pub fn decide_batch_script_source(clock: ScriptClock) -> String {
+    let decide = decide_script_source(clock);
+    assert!(
+        decide.contains(BATCH_LINE),
+        "decide.lua lost its batch marker"
+    );
+    decide.replacen(BATCH_LINE, "local BATCH = true -- @batch", 1)
+}
+
 /// The line of `decide.lua` that a peek switches off.
 const COMMIT_LINE: &str = "local COMMIT = true -- @commit";
 
@@ -111,6 +129,8 @@ impl LuaScript {
 
 struct Scripts {
     decide: LuaScript,
+    /// `decide.lua` in its batch form (several requests' decisions in one call).
+    decide_batch: LuaScript,
     peek: LuaScript,
     release: LuaScript,
     refresh: LuaScript,
@@ -137,6 +157,8 @@ pub struct RedisStore {
     clock: ScriptClock,
     scripts: Arc<Scripts>,
     description: String,
+    /// Set with `coalesce: true`: decisions go through its queue.
+    coalescer: Option<Arc<Coalescer>>,
 }
 
 impl RedisStore {
@@ -172,6 +194,7 @@ impl RedisStore {
         let timeout = config.timeout;
         let scripts = Arc::new(Scripts {
             decide: LuaScript::new(decide_script_source(clock)),
+            decide_batch: LuaScript::new(decide_batch_script_source(clock)),
             peek: LuaScript::new(peek_script_source()),
             release: LuaScript::new(release_script_source()),
             refresh: LuaScript::new(refresh_script_source(clock)),
@@ -205,26 +228,34 @@ impl RedisStore {
             .await
             .map_err(|_| StoreError::Timeout(timeout))?
             .map_err(|e| map_err(e, timeout))?;
-        let store = RedisStore {
+        let mut store = RedisStore {
             conn,
             timeout,
             clock,
             scripts,
             description: describe(config),
+            coalescer: None,
         };
-        store.load_scripts().await;
+        store.load_scripts(config.coalesce).await;
+        // Only decisions on Redis's clock are coalesced: an injected clock is per call.
+        if config.coalesce && clock == ScriptClock::Redis {
+            store.coalescer = Some(Arc::new(Coalescer::start(store.clone())));
+        }
         Ok(store)
     }
 
     /// `SCRIPT LOAD` on every node (every primary at least), so the first decisions need no
     /// fallback. Best effort: a node that missed it (down now, added or restarted later)
     /// answers `NOSCRIPT` once and gets the script through `EVAL` then.
-    async fn load_scripts(&self) {
-        let scripts = [
+    async fn load_scripts(&self, coalesce: bool) {
+        let mut scripts = vec![
             &self.scripts.decide,
             &self.scripts.release,
             &self.scripts.refresh,
         ];
+        if coalesce {
+            scripts.push(&self.scripts.decide_batch);
+        }
         for script in scripts {
             let mut load = redis::cmd("SCRIPT");
             load.arg("LOAD").arg(&script.source);
@@ -279,6 +310,59 @@ impl RedisStore {
             .await
     }
 
+    /// Several decisions in ONE call of the batch form, at a given time, for stores connected
+    /// with [`ScriptClock::Argv`]: what coalescing sends, driven by tests to hold the batch
+    /// form equal to the same decisions made one by one.
+    pub async fn decide_batch_at(
+        &self,
+        decisions: &[Vec<Check<'_>>],
+        now: Micros,
+    ) -> Result<Vec<Decision>, StoreError> {
+        self.check_clock(Some(now))?;
+        let lease_ids: Vec<Vec<u64>> = decisions
+            .iter()
+            .map(|checks| {
+                checks
+                    .iter()
+                    .map(|c| match c.params.algorithm {
+                        Algorithm::Concurrency => new_lease_id(),
+                        _ => 0,
+                    })
+                    .collect()
+            })
+            .collect();
+        let keys: Vec<&str> = decisions.iter().flatten().map(|c| c.key).collect();
+        let args = |command: &mut redis::Cmd| {
+            command.arg(now).arg(decisions.len());
+            for (checks, leases) in decisions.iter().zip(&lease_ids) {
+                command.arg(checks.len());
+                for (c, lease) in checks.iter().zip(leases) {
+                    for value in check_args(c, *lease) {
+                        command.arg(value);
+                    }
+                }
+            }
+        };
+        let flat: Vec<i64> = self.eval(&self.scripts.decide_batch, &keys, args).await?;
+        let expected: usize = decisions.iter().map(|c| 1 + 5 * c.len()).sum();
+        if flat.len() != expected {
+            return Err(StoreError::Protocol(format!(
+                "the batch decision replied {} values, expected {expected}",
+                flat.len()
+            )));
+        }
+        let mut rest = flat.as_slice();
+        decisions
+            .iter()
+            .zip(&lease_ids)
+            .map(|(checks, leases)| {
+                let (one, tail) = rest.split_at(1 + 5 * checks.len());
+                rest = tail;
+                parse_decision(checks, leases, one)
+            })
+            .collect()
+    }
+
     fn check_clock(&self, now: Option<Micros>) -> Result<(), StoreError> {
         match (self.clock, now) {
             (ScriptClock::Redis, None) | (ScriptClock::Argv, Some(_)) => Ok(()),
@@ -321,19 +405,73 @@ impl RedisStore {
                 command.arg(now);
             }
             for (c, lease) in checks.iter().zip(&lease_ids) {
-                let p = &c.params;
-                command
-                    .arg(p.algorithm.code())
-                    .arg(p.limit)
-                    .arg(p.period_us)
-                    .arg(p.burst)
-                    .arg(p.cost)
-                    .arg(u8::from(c.shadow))
-                    .arg(*lease);
+                for value in check_args(c, *lease) {
+                    command.arg(value);
+                }
             }
         };
+        if let (Some(coalescer), None, true) = (
+            &self.coalescer,
+            now,
+            std::ptr::eq(script, &self.scripts.decide),
+        ) {
+            let keys = keys.iter().map(|k| k.to_string()).collect();
+            let mut values = Vec::with_capacity(7 * checks.len());
+            for (c, lease) in checks.iter().zip(&lease_ids) {
+                values.extend(check_args(c, *lease));
+            }
+            let reply = tokio::time::timeout(self.timeout, coalescer.decide(keys, values))
+                .await
+                .map_err(|_| StoreError::Timeout(self.timeout))??;
+            return parse_decision(checks, &lease_ids, &reply);
+        }
         let reply: Vec<i64> = self.eval(script, &keys, args).await?;
         parse_decision(checks, &lease_ids, &reply)
+    }
+
+    /// Sends the queued decisions of `batch` in one call and answers each of them (see
+    /// `coalesce`): alone with the ordinary script, several with the batch form.
+    pub(super) async fn send_batch(&self, batch: Vec<Pending>) {
+        let replies = if let [one] = batch.as_slice() {
+            let keys: Vec<&str> = one.keys.iter().map(String::as_str).collect();
+            let args = |command: &mut redis::Cmd| {
+                for value in &one.args {
+                    command.arg(*value);
+                }
+            };
+            self.eval::<Vec<i64>>(&self.scripts.decide, &keys, args)
+                .await
+                .map(|reply| vec![reply])
+        } else {
+            let keys: Vec<&str> = batch
+                .iter()
+                .flat_map(|p| p.keys.iter().map(String::as_str))
+                .collect();
+            let args = |command: &mut redis::Cmd| {
+                command.arg(batch.len());
+                for p in &batch {
+                    command.arg(p.keys.len());
+                    for value in &p.args {
+                        command.arg(*value);
+                    }
+                }
+            };
+            self.eval::<Vec<i64>>(&self.scripts.decide_batch, &keys, args)
+                .await
+                .and_then(|flat| split_batch_reply(&batch, flat))
+        };
+        match replies {
+            Ok(replies) => {
+                for (p, reply) in batch.into_iter().zip(replies) {
+                    let _ = p.reply.send(Ok(reply));
+                }
+            }
+            Err(e) => {
+                for p in batch {
+                    let _ = p.reply.send(Err(e.clone()));
+                }
+            }
+        }
     }
 
     /// See [`super::Store::release`].
@@ -552,6 +690,41 @@ fn redact(url: &str) -> String {
         Some(at) => format!("{scheme}://{} (user/password hidden)", &rest[at + 1..]),
         None => format!("{scheme}://{rest}"),
     }
+}
+
+/// The seven script arguments of one check, in `decide.lua`'s order.
+fn check_args(c: &Check<'_>, lease: u64) -> [u64; 7] {
+    let p = &c.params;
+    [
+        u64::from(p.algorithm.code()),
+        p.limit,
+        // Validated positive.
+        p.period_us.max(0) as u64,
+        p.burst,
+        p.cost,
+        u64::from(c.shadow),
+        lease,
+    ]
+}
+
+/// The batch script's flat reply cut into each decision's reply (1 + 5 values per check).
+fn split_batch_reply(batch: &[Pending], flat: Vec<i64>) -> Result<Vec<Vec<i64>>, StoreError> {
+    let expected: usize = batch.iter().map(|p| 1 + 5 * p.keys.len()).sum();
+    if flat.len() != expected {
+        return Err(StoreError::Protocol(format!(
+            "the batch decision replied {} values, expected {expected}",
+            flat.len()
+        )));
+    }
+    let mut rest = flat.as_slice();
+    Ok(batch
+        .iter()
+        .map(|p| {
+            let (one, tail) = rest.split_at(1 + 5 * p.keys.len());
+            rest = tail;
+            one.to_vec()
+        })
+        .collect())
 }
 
 fn parse_decision(

@@ -1,0 +1,105 @@
+//! Coalescing (`store.redis.coalesce: true`): the decisions of concurrent requests travel to
+//! Redis together, in one call of the decision script in its batch form.
+//!
+//! Most of what Redis spends on a decision is per call, not per limit: reading and parsing
+//! the command, setting up the script, reading the clock, building the reply. A proxy under
+//! load has many decisions waiting at once, so sending them in one call saves Redis most of
+//! that (measured: about 14 µs of Redis CPU per one-limit decision alone, about 8 µs each in
+//! calls of eight; see docs/performance.md). Each request still waits for exactly one round
+//! trip, and nothing waits on purpose: a decision that finds a call slot free goes out at once
+//! (alone, with the ordinary script), and only decisions that arrive while every slot is busy
+//! are gathered for the next call. Under light load nothing changes; under heavy load calls
+//! grow by themselves.
+//!
+//! The batch runs the decisions one after another inside one atomic script, on one reading of
+//! Redis's clock, exactly as the same decisions sent back to back in that order would run:
+//! every decision stays all-or-nothing over its own limits. What changes is failure: if the
+//! call fails (timeout, connection lost, a Redis error), every decision in it fails, and each
+//! caller applies `on_error` as it would for its own failed call.
+//!
+//! Not for Redis Cluster: decisions of different callers live in different hash slots, which
+//! one script call cannot reach (config validation refuses the combination).
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use super::redis_store::RedisStore;
+use super::StoreError;
+
+/// Calls in flight at once. Two keep Redis busy while the next batch gathers; more would
+/// only make batches smaller.
+const CALLS_IN_FLIGHT: usize = 2;
+/// Decisions in one call at most: bounds the script's run time (and so the wait of every
+/// other Redis client) to well under a millisecond even for three-limit decisions.
+pub const MAX_BATCH: usize = 64;
+/// Decisions queued while both calls are in flight; past this, callers wait to queue (inside
+/// their own timeout), so a stalled Redis cannot make memory grow.
+const QUEUE: usize = 1024;
+
+/// One decision waiting to be sent: its keys and its script arguments, seven per limit, as
+/// the single-decision script takes them.
+pub struct Pending {
+    pub keys: Vec<String>,
+    pub args: Vec<u64>,
+    pub reply: oneshot::Sender<Result<Vec<i64>, StoreError>>,
+}
+
+/// The queue in front of the sending task. Dropping it ends the task once the queue drains.
+pub struct Coalescer {
+    queue: mpsc::Sender<Pending>,
+}
+
+impl Coalescer {
+    /// Starts the sending task (needs a Tokio runtime). `store` sends the batches; it must not
+    /// hold this coalescer itself, or the task would keep its own queue open forever.
+    pub fn start(store: RedisStore) -> Coalescer {
+        let (queue, waiting) = mpsc::channel(QUEUE);
+        tokio::spawn(gather(store, waiting));
+        Coalescer { queue }
+    }
+
+    /// Queues one decision and waits for its reply values. The caller bounds the wait.
+    pub async fn decide(&self, keys: Vec<String>, args: Vec<u64>) -> Result<Vec<i64>, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let gone = || StoreError::Protocol("the coalescing task has stopped".into());
+        self.queue
+            .send(Pending { keys, args, reply })
+            .await
+            .map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+}
+
+/// Takes a call slot, then everything queued (up to [`MAX_BATCH`]), and sends it; while both
+/// slots are busy, decisions pile up in the queue and form the next batch.
+async fn gather(store: RedisStore, mut waiting: mpsc::Receiver<Pending>) {
+    let slots = Arc::new(Semaphore::new(CALLS_IN_FLIGHT));
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = waiting.recv().await else {
+            return;
+        };
+        let mut batch = Vec::with_capacity(8);
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match waiting.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        // A caller that already gave up (its timeout passed while queued) is not decided:
+        // deciding would consume quota for a request that was answered otherwise.
+        batch.retain(|p| !p.reply.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        let store = store.clone();
+        tokio::spawn(async move {
+            store.send_batch(batch).await;
+            drop(slot);
+        });
+    }
+}
