@@ -4,8 +4,8 @@
 //! Most of what Redis spends on a decision is per call, not per limit: reading and parsing
 //! the command, setting up the script, reading the clock, building the reply. A proxy under
 //! load has many decisions waiting at once, so sending them in one call saves Redis most of
-//! that (measured: about 14 µs of Redis CPU per one-limit decision alone, about 8 µs each in
-//! calls of eight; see docs/performance.md). Each request still waits for exactly one round
+//! that (measured with the script alone: about 14 µs of Redis CPU per one-limit decision sent
+//! alone, about 8 µs each in calls of eight; through the proxy, see docs/performance.md). Each request still waits for exactly one round
 //! trip, and nothing waits on purpose: a decision that finds a call slot free goes out at once
 //! (alone, with the ordinary script), and only decisions that arrive while every slot is busy
 //! are gathered for the next call. Under light load nothing changes; under heavy load calls
