@@ -217,3 +217,120 @@ async fn foreign_states_are_idle_in_both_stores() {
         }
     }
 }
+
+/// The states in Redis keep their exact layout (a state written by an older or newer version
+/// of the script must read the same): the string states and zset members are checked against
+/// algorithm.rs's states, at times that take every path of the script's number formatting
+/// (below and above 1e9, around multiples of 1e9, past 2^52), and every key expires after
+/// its TTL in milliseconds, rounded up (plus the injected clock's hour of slack).
+#[tokio::test]
+async fn states_keep_their_exact_layout() {
+    use redis::AsyncCommands;
+    use tollgate::limit::algorithm::{self, State};
+
+    let server = RedisServer::start();
+    let redis =
+        RedisStore::connect_with_clock(&server.url(), Duration::from_secs(5), ScriptClock::Argv)
+            .await
+            .unwrap();
+    let mut client = server.client().await;
+    let times: [Micros; 9] = [
+        3,
+        999_999_999,
+        1_000_000_000,
+        1_999_999_999_999,
+        7_000_000_000_000_000 - 1,
+        T0,
+        T0 + 999_999_999 - T0 % 1_000_000_000,
+        (1 << 52) + 12_345,
+        (1 << 53) - 3 * 7_777_777,
+    ];
+    for (i, now) in times.into_iter().enumerate() {
+        for algorithm in Algorithm::ALL {
+            let p = Params {
+                algorithm,
+                limit: 3,
+                period_us: 7_777_777,
+                burst: 5,
+                cost: 2,
+            };
+            let key = format!("layout:{i}:{}", algorithm.name());
+            let check = Check {
+                key: &key,
+                params: p,
+                shadow: false,
+            };
+            let d = redis.decide_at(&[check], now).await.unwrap();
+            assert!(d.allowed, "{key}");
+            let lease = d.leases.first().map_or(0, |l| l.id);
+            let step = algorithm::check(&p, None, now, lease);
+            assert_eq!(d.verdicts[0], step.verdict, "{key}");
+            let kind: String = redis::cmd("TYPE")
+                .arg(&key)
+                .query_async(&mut client)
+                .await
+                .unwrap();
+            match step.state {
+                State::FixedWindow { window, count } => {
+                    let v: String = client.get(&key).await.unwrap();
+                    assert_eq!(v, format!("1 {window} {count}"), "{key}");
+                }
+                State::SlidingWindow {
+                    window,
+                    current,
+                    previous,
+                } => {
+                    let v: String = client.get(&key).await.unwrap();
+                    assert_eq!(v, format!("3 {window} {current} {previous}"), "{key}");
+                }
+                State::TokenBucket { scaled, updated_at } => {
+                    let v: String = client.get(&key).await.unwrap();
+                    assert_eq!(v, format!("4 {scaled} {updated_at}"), "{key}");
+                }
+                State::Gcra { tat } => {
+                    let v: String = client.get(&key).await.unwrap();
+                    assert_eq!(v, format!("5 {tat}"), "{key}");
+                }
+                State::SlidingLog { entries } => {
+                    assert_eq!(kind, "zset", "{key}");
+                    let members: Vec<(String, String)> = redis::cmd("ZRANGE")
+                        .arg(&key)
+                        .arg(0)
+                        .arg(-1)
+                        .arg("WITHSCORES")
+                        .query_async(&mut client)
+                        .await
+                        .unwrap();
+                    let expected: Vec<(String, String)> = entries
+                        .iter()
+                        .enumerate()
+                        .map(|(seq, t)| (format!("L{t}:{}", seq + 1), t.to_string()))
+                        .collect();
+                    assert_eq!(members, expected, "{key}");
+                }
+                State::Concurrency { leases } => {
+                    assert_eq!(kind, "zset", "{key}");
+                    let members: Vec<(String, String)> = redis::cmd("ZRANGE")
+                        .arg(&key)
+                        .arg(0)
+                        .arg(-1)
+                        .arg("WITHSCORES")
+                        .query_async(&mut client)
+                        .await
+                        .unwrap();
+                    let expected: Vec<(String, String)> = leases
+                        .iter()
+                        .map(|l| (format!("C{}:{}", l.id, l.units), l.expires_at.to_string()))
+                        .collect();
+                    assert_eq!(members, expected, "{key}");
+                }
+            }
+            let pttl: i64 = client.pttl(&key).await.unwrap();
+            let px = (step.ttl + 999) / 1000 + 3_600_000;
+            assert!(
+                pttl <= px && pttl > px - 5_000,
+                "{key}: PTTL {pttl}, PX {px}"
+            );
+        }
+    }
+}

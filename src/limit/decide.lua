@@ -15,7 +15,7 @@
 --
 -- Numbers are doubles: every intermediate is an integer below 2^53 as long as the params pass
 -- params_fit() (max(limit, burst, cost) * period_us <= 2^49), and every number sent back to
--- Redis is formatted with %.0f because Lua's default formatting rounds to 14 digits.
+-- Redis is formatted exactly by num() because Lua's default formatting rounds to 14 digits.
 --
 -- State layout (the algorithm is part of it: a state written by another algorithm is idle,
 -- exactly as in algorithm.rs, and is replaced on commit). The counters are one string each, so
@@ -32,379 +32,391 @@
 -- Every key written expires after its TTL in milliseconds, rounded up (never 0); a state
 -- whose TTL is 0 is idle and its key is deleted instead.
 
--- (prelude.lua, prepended: CLOCK, now, base, TTL_SLACK_MS, num, idiv)
+-- (prelude.lua, prepended: CLOCK, now, base, TTL_SLACK_MS, format, floor, num, idiv)
+--
+-- Cost. Redis runs this whole file on every call: each `function` statement makes a new closure
+-- (and its upvalues) and each table constructor a new table, every time, all garbage for Lua's
+-- collector afterwards. Measured on Redis 7.0, a closure, a table, a call of a Lua function or
+-- of a library one (string.match, string.format, tonumber...) each cost Redis a few hundred
+-- to a couple of thousand instructions, while the arithmetic of a whole check costs about a
+-- thousand. Hence: one check() with the algorithms as its branches, not a function for each
+-- algorithm and helper; verdicts returned as values, as algorithm.rs returns a tuple, not
+-- stored in a table per check; a string state formatted right away once it is known to be
+-- written, not by a closure per check; the reply preallocated.
 
 -- A peek (`tollgate explain --live`) runs the same arithmetic and writes nothing.
 local COMMIT = true -- @commit
 
-local function ceil_div(a, b)
-  return idiv(a + b - 1, b)
-end
-
-local function px(ttl)
-  return num(ceil_div(ttl, 1000) + TTL_SLACK_MS)
-end
-
--- The numbers of check c's string state if it was written by the same algorithm (`pattern`
--- captures them), else nil: missing, another algorithm's string, or another Redis type (GET
--- fails on it, hence pcall). A foreign state needs no cleanup: SET replaces any type.
-local function load_string(c, pattern)
-  local v = redis.pcall('GET', c.key)
-  if type(v) ~= 'string' then
-    return nil
-  end
-  return string.match(v, pattern)
-end
-
--- True if check c's key holds a zset of members tagged `tag`. Any other existing key (another
--- Redis type, or another algorithm's members) is marked foreign: deleted before the commit.
-local function own_zset(c, tag)
-  local first = redis.pcall('ZRANGE', c.key, 0, 0)
-  if first.err then
-    c.foreign = true
-    return false
-  end
-  if first[1] == nil then
-    return false
-  end
-  if string.sub(first[1], 1, 1) ~= tag then
-    c.foreign = true
-    return false
-  end
-  return true
-end
-
--- Writes check c's string state with its TTL, or deletes an idle one.
-local function store_string(c, state)
-  if c.ttl > 0 then
-    redis.call('SET', c.key, state, 'PX', px(c.ttl))
-  else
-    redis.call('DEL', c.key)
-  end
-end
-
-local function verdict(c, allowed, limit, remaining, reset, retry, ttl, write)
-  c.allowed = allowed
-  c.limit_out = limit
-  c.remaining = math.max(remaining, 0)
-  c.reset = reset
-  if allowed then
-    c.retry = 0
-  else
-    c.retry = retry
-  end
-  c.ttl = ttl
-  c.write = write
-end
-
-local function fixed_window(c)
-  local limit, period, cost = c.limit, c.period, c.cost
-  local window = idiv(now, period)
-  local stop = (window + 1) * period
-  local count = 0
-  local w, n = load_string(c, '^1 (%-?%d+) (%-?%d+)$')
-  if w and tonumber(w) == window then
-    count = tonumber(n)
-  end
-  local allowed = count + cost <= limit
-  local after = count
-  if allowed then
-    after = count + cost
-  end
-  local reset = 0
-  if after > 0 then
-    reset = stop - now
-  end
-  local retry = stop - now
-  if cost > limit then
-    retry = -1
-  end
-  verdict(c, allowed, limit, limit - after, reset, retry, stop - now, function()
-    store_string(c, '1 ' .. num(window) .. ' ' .. num(after))
-  end)
-end
-
-local function sliding_log(c)
-  local limit, period, cost = c.limit, c.period, c.cost
-  local mine = own_zset(c, 'L')
-  -- An entry at t counts while now < t + period; older ones are trimmed only on commit.
-  local cutoff = now - period
-  local live = '(' .. num(cutoff)
-  local count = 0
-  local newest = nil
-  if mine then
-    count = redis.call('ZCOUNT', c.key, live, '+inf')
-    if count > 0 then
-      newest = tonumber(redis.call('ZRANGE', c.key, -1, -1, 'WITHSCORES')[2])
+-- algorithm::check: one limit for one request. Each branch mirrors the algorithm.rs function
+-- it is named after and returns as it does: the verdict (allowed, limit, remaining, reset,
+-- retry; the caller clamps remaining and retry as algorithm::verdict does), the TTL of the new
+-- state and, only if `write` (the decision can still commit) and the check allows, the state:
+-- a string for the caller to SET with that TTL, or, for a zset, a function that writes it.
+-- Nothing for an unknown code.
+local function check(key, code, limit, period, burst, cost, lease, write)
+  -- A string state is read with one GET and counts only if written by the same algorithm (its
+  -- pattern matches): missing, another algorithm's string or another Redis type (GET fails on
+  -- it, hence pcall) is idle. A foreign state needs no cleanup: SET replaces any type.
+  local v = nil
+  if code == 1 or code == 3 or code == 4 or code == 5 then
+    v = redis.pcall('GET', key)
+    if type(v) ~= 'string' then
+      v = nil
     end
   end
-  local allowed = count + cost <= limit
-  local retry = -1
-  if allowed then
-    if cost > 0 and (newest == nil or newest < now) then
-      newest = now
-    end
-  elseif cost <= limit then
-    -- The oldest `count + cost - limit` entries must leave first.
-    local j = count + cost - limit
-    local e = redis.call('ZRANGEBYSCORE', c.key, live, '+inf', 'WITHSCORES', 'LIMIT', j - 1, 1)
-    retry = tonumber(e[2]) + period - now
-  end
-  local after = count
-  if allowed then
-    after = count + cost
-  end
-  local reset = 0
-  if after > 0 then
-    reset = newest + period - now
-  end
-  verdict(c, allowed, limit, limit - after, reset, retry, reset, function()
-    if c.foreign then
-      redis.call('DEL', c.key)
-    end
-    redis.call('ZREMRANGEBYSCORE', c.key, '-inf', num(cutoff))
-    if c.ttl <= 0 then
-      redis.call('DEL', c.key)
-      return
-    end
-    local seq = redis.call('ZCOUNT', c.key, num(now), num(now))
-    local at = num(now)
-    local i = 0
-    while i < cost do
-      local args = {}
-      local n = math.min(cost - i, 500)
-      for k = 1, n do
-        args[2 * k - 1] = at
-        args[2 * k] = 'L' .. at .. ':' .. num(seq + i + k)
+
+  -- A zset state counts if its members are tagged as this algorithm's; any other existing key
+  -- (another Redis type, or another algorithm's members) is foreign: deleted before a write.
+  local mine, foreign = false, false
+  if code == 2 or code == 6 then
+    local first = redis.pcall('ZRANGE', key, 0, 0)
+    if first.err then
+      foreign = true
+    elseif first[1] ~= nil then
+      local tag = 'L'
+      if code == 6 then
+        tag = 'C'
       end
-      redis.call('ZADD', c.key, unpack(args))
-      i = i + n
+      mine = string.sub(first[1], 1, 1) == tag
+      foreign = not mine
     end
-    redis.call('PEXPIRE', c.key, px(c.ttl))
-  end)
-end
+  end
 
-local function sliding_window(c)
-  local limit, period, cost = c.limit, c.period, c.cost
-  local window = idiv(now, period)
-  local elapsed = now - window * period
-  local previous, current = 0, 0
-  local w, n, p = load_string(c, '^3 (%-?%d+) (%-?%d+) (%-?%d+)$')
-  if w then
-    w = tonumber(w)
-    if w == window then
-      previous, current = tonumber(p), tonumber(n)
-    elseif w == window - 1 then
-      previous, current = tonumber(n), 0
+  if code == 5 then
+    -- gcra
+    local interval = idiv(period, limit)
+    local dvt = interval * burst
+    local increment = interval * cost
+    -- A stale tat (before now) is an idle key.
+    local tat = now
+    local s = v and string.match(v, '^5 (%-?%d+)$')
+    if s then
+      tat = math.max(s + 0, now)
     end
-  end
-  -- The first test keeps the products bounded (and alone decides most denials).
-  local allowed = current + cost <= limit
-    and previous * (period - elapsed) + (current + cost) * period <= limit * period
-  local after = current
-  if allowed then
-    after = current + cost
-  end
-  local left = limit * period - previous * (period - elapsed) - after * period
-  local remaining = 0
-  if left > 0 then
-    remaining = idiv(left, period)
-  end
-  local reset = 0
-  if after > 0 then
-    reset = 2 * period - elapsed
-  elseif previous > 0 then
-    reset = period - elapsed
-  end
-  local retry = -1
-  if (not allowed) and cost <= limit then
-    -- Still in this window: previous * (period - e) <= (limit - current - cost) * period.
-    if current + cost <= limit and previous > 0 then
-      local allowance = idiv((limit - current - cost) * period, previous)
-      local e = math.max(period - allowance, elapsed)
-      if e < period then
-        retry = e - elapsed
+    local new_tat = tat + increment
+    local allow_at = new_tat - dvt
+    local diff = now - allow_at
+    local allowed, ttl, retry, stored
+    if diff < 0 then
+      retry = -1
+      if increment <= dvt then
+        retry = -diff
       end
-    end
-    -- Next window: current * (period - e) <= (limit - cost) * period.
-    if retry < 0 then
-      local e = 0
-      if current > 0 then
-        e = math.max(period - idiv((limit - cost) * period, current), 0)
-      end
-      retry = period - elapsed + e
-    end
-  end
-  verdict(c, allowed, limit, remaining, reset, retry, 2 * period - elapsed, function()
-    store_string(c, '3 ' .. num(window) .. ' ' .. num(after) .. ' ' .. num(previous))
-  end)
-end
-
-local function token_bucket(c)
-  local limit, period, cost, burst = c.limit, c.period, c.cost, c.burst
-  local cap = burst * period
-  local scaled, updated_at = cap, now
-  local stored, at = load_string(c, '^4 (%-?%d+) (%-?%d+)$')
-  if stored then
-    stored, at = tonumber(stored), tonumber(at)
-    -- A clock that stepped back refills nothing (and must not refill twice later).
-    local elapsed = math.max(now - at, 0)
-    updated_at = math.max(now, at)
-    local missing = cap - stored
-    -- Comparing against the time to full first keeps `elapsed * limit` bounded.
-    if missing <= 0 or elapsed >= ceil_div(missing, limit) then
-      scaled = cap
+      allowed, ttl, stored = false, tat - now, tat
     else
-      scaled = stored + elapsed * limit
+      allowed, ttl, retry, stored = true, new_tat - now, 0, new_tat
     end
-  end
-  local retry = -1
-  local allowed = cost <= burst and scaled >= cost * period
-  if allowed then
-    scaled = scaled - cost * period
-  elseif cost <= burst then
-    retry = ceil_div(cost * period - scaled, limit)
-  end
-  local reset = ceil_div(cap - scaled, limit)
-  verdict(c, allowed, burst, idiv(scaled, period), reset, retry, reset, function()
-    store_string(c, '4 ' .. num(scaled) .. ' ' .. num(updated_at))
-  end)
-end
-
-local function gcra(c)
-  local limit, period, cost, burst = c.limit, c.period, c.cost, c.burst
-  local interval = idiv(period, limit)
-  local dvt = interval * burst
-  local increment = interval * cost
-  -- A stale tat (before now) is an idle key.
-  local tat = now
-  local s = load_string(c, '^5 (%-?%d+)$')
-  if s then
-    tat = math.max(tonumber(s), now)
-  end
-  local new_tat = tat + increment
-  local allow_at = new_tat - dvt
-  local diff = now - allow_at
-  local allowed, ttl, retry, stored
-  if diff < 0 then
-    retry = -1
-    if increment <= dvt then
-      retry = -diff
+    local next = dvt - ttl
+    local remaining = 0
+    if next > 0 then
+      remaining = idiv(next, interval)
     end
-    allowed, ttl, stored = false, tat - now, tat
-  else
-    allowed, ttl, retry, stored = true, new_tat - now, 0, new_tat
-  end
-  local next = dvt - ttl
-  local remaining = 0
-  if next > 0 then
-    remaining = idiv(next, interval)
-  end
-  verdict(c, allowed, burst, remaining, ttl, retry, ttl, function()
-    store_string(c, '5 ' .. num(stored))
-  end)
-end
-
-local function concurrency(c)
-  local limit, period, cost = c.limit, c.period, c.cost
-  local count = 0
-  local earliest, latest = nil, nil
-  if own_zset(c, 'C') then
-    local live = redis.call('ZRANGEBYSCORE', c.key, '(' .. num(now), '+inf', 'WITHSCORES')
-    for i = 1, #live, 2 do
-      count = count + tonumber(string.match(live[i], ':(%d+)$'))
-      local at = tonumber(live[i + 1])
-      if earliest == nil then
-        earliest = at
+    local state
+    if write and allowed then
+      state = '5 ' .. num(stored)
+    end
+    return allowed, burst, remaining, ttl, retry, ttl, state
+  elseif code == 4 then
+    -- token_bucket
+    local cap = burst * period
+    local scaled, updated_at = cap, now
+    local stored, at
+    if v then
+      stored, at = string.match(v, '^4 (%-?%d+) (%-?%d+)$')
+    end
+    if stored then
+      stored, at = stored + 0, at + 0
+      -- A clock that stepped back refills nothing (and must not refill twice later).
+      local elapsed = math.max(now - at, 0)
+      updated_at = math.max(now, at)
+      local missing = cap - stored
+      -- Comparing against the time to full first keeps `elapsed * limit` bounded.
+      -- (idiv(a + b - 1, b) is algorithm.rs's ceil_div(a, b).)
+      if missing <= 0 or elapsed >= idiv(missing + limit - 1, limit) then
+        scaled = cap
+      else
+        scaled = stored + elapsed * limit
       end
-      latest = at
     end
-  end
-  local allowed = count + cost <= limit
-  local retry = -1
-  if allowed then
-    if latest == nil or latest < now + period then
-      latest = now + period
+    local retry = -1
+    local allowed = cost <= burst and scaled >= cost * period
+    if allowed then
+      scaled = scaled - cost * period
+    elseif cost <= burst then
+      retry = idiv(cost * period - scaled + limit - 1, limit)
     end
-  elseif cost <= limit then
-    -- A lower bound when several leases must go, an upper one if a release comes first.
-    retry = (earliest or now) - now
-  end
-  local after = count
-  if allowed then
-    after = count + cost
-  end
-  local ttl = (latest or now) - now
-  verdict(c, allowed, limit, limit - after, 0, retry, ttl, function()
-    if c.foreign then
-      redis.call('DEL', c.key)
+    local reset = idiv(cap - scaled + limit - 1, limit)
+    local state
+    if write and allowed then
+      state = '4 ' .. num(scaled) .. ' ' .. num(updated_at)
     end
-    redis.call('ZREMRANGEBYSCORE', c.key, '-inf', num(now))
-    redis.call('ZADD', c.key, num(now + period), 'C' .. c.lease .. ':' .. num(cost))
-    redis.call('PEXPIRE', c.key, px(c.ttl))
-  end)
+    return allowed, burst, idiv(scaled, period), reset, retry, reset, state
+  elseif code == 1 then
+    -- fixed_window
+    local window = idiv(now, period)
+    local stop = (window + 1) * period
+    local count = 0
+    local w, n
+    if v then
+      w, n = string.match(v, '^1 (%-?%d+) (%-?%d+)$')
+    end
+    if w and w + 0 == window then
+      count = n + 0
+    end
+    local allowed = count + cost <= limit
+    local after = count
+    if allowed then
+      after = count + cost
+    end
+    local reset = 0
+    if after > 0 then
+      reset = stop - now
+    end
+    local retry = stop - now
+    if cost > limit then
+      retry = -1
+    end
+    local state
+    if write and allowed then
+      state = '1 ' .. num(window) .. ' ' .. num(after)
+    end
+    return allowed, limit, limit - after, reset, retry, stop - now, state
+  elseif code == 3 then
+    -- sliding_window
+    local window = idiv(now, period)
+    local elapsed = now - window * period
+    local previous, current = 0, 0
+    local w, n, p
+    if v then
+      w, n, p = string.match(v, '^3 (%-?%d+) (%-?%d+) (%-?%d+)$')
+    end
+    if w then
+      w = w + 0
+      if w == window then
+        previous, current = p + 0, n + 0
+      elseif w == window - 1 then
+        previous, current = n + 0, 0
+      end
+    end
+    -- The first test keeps the products bounded (and alone decides most denials).
+    local allowed = current + cost <= limit
+      and previous * (period - elapsed) + (current + cost) * period <= limit * period
+    local after = current
+    if allowed then
+      after = current + cost
+    end
+    local left = limit * period - previous * (period - elapsed) - after * period
+    local remaining = 0
+    if left > 0 then
+      remaining = idiv(left, period)
+    end
+    local reset = 0
+    if after > 0 then
+      reset = 2 * period - elapsed
+    elseif previous > 0 then
+      reset = period - elapsed
+    end
+    local retry = -1
+    if (not allowed) and cost <= limit then
+      -- Still in this window: previous * (period - e) <= (limit - current - cost) * period.
+      if current + cost <= limit and previous > 0 then
+        local allowance = idiv((limit - current - cost) * period, previous)
+        local e = math.max(period - allowance, elapsed)
+        if e < period then
+          retry = e - elapsed
+        end
+      end
+      -- Next window: current * (period - e) <= (limit - cost) * period.
+      if retry < 0 then
+        local e = 0
+        if current > 0 then
+          e = math.max(period - idiv((limit - cost) * period, current), 0)
+        end
+        retry = period - elapsed + e
+      end
+    end
+    local state
+    if write and allowed then
+      state = '3 ' .. num(window) .. ' ' .. num(after) .. ' ' .. num(previous)
+    end
+    return allowed, limit, remaining, reset, retry, 2 * period - elapsed, state
+  elseif code == 2 then
+    -- sliding_log
+    -- An entry at t counts while now < t + period; older ones are trimmed only on commit.
+    local cutoff = now - period
+    local live = '(' .. num(cutoff)
+    local count = 0
+    local newest = nil
+    if mine then
+      count = redis.call('ZCOUNT', key, live, '+inf')
+      if count > 0 then
+        newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2] + 0
+      end
+    end
+    local allowed = count + cost <= limit
+    local retry = -1
+    if allowed then
+      if cost > 0 and (newest == nil or newest < now) then
+        newest = now
+      end
+    elseif cost <= limit then
+      -- The oldest `count + cost - limit` entries must leave first.
+      local j = count + cost - limit
+      local e = redis.call('ZRANGEBYSCORE', key, live, '+inf', 'WITHSCORES', 'LIMIT', j - 1, 1)
+      retry = e[2] + period - now
+    end
+    local after = count
+    if allowed then
+      after = count + cost
+    end
+    local reset = 0
+    if after > 0 then
+      reset = newest + period - now
+    end
+    local state
+    if write and allowed then
+      state = function()
+        if foreign then
+          redis.call('DEL', key)
+        end
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', num(cutoff))
+        if reset <= 0 then
+          redis.call('DEL', key)
+          return
+        end
+        local seq = redis.call('ZCOUNT', key, num(now), num(now))
+        local at = num(now)
+        local i = 0
+        while i < cost do
+          local args = {}
+          local n = math.min(cost - i, 500)
+          for k = 1, n do
+            args[2 * k - 1] = at
+            args[2 * k] = 'L' .. at .. ':' .. num(seq + i + k)
+          end
+          redis.call('ZADD', key, unpack(args))
+          i = i + n
+        end
+        -- The TTL in milliseconds, rounded up (ceil_div(reset, 1000)).
+        redis.call('PEXPIRE', key, num(idiv(reset + 999, 1000) + TTL_SLACK_MS))
+      end
+    end
+    return allowed, limit, limit - after, reset, retry, reset, state
+  elseif code == 6 then
+    -- concurrency
+    local count = 0
+    local earliest, latest = nil, nil
+    if mine then
+      local live = redis.call('ZRANGEBYSCORE', key, '(' .. num(now), '+inf', 'WITHSCORES')
+      for i = 1, #live, 2 do
+        count = count + string.match(live[i], ':(%d+)$')
+        local at = live[i + 1] + 0
+        if earliest == nil then
+          earliest = at
+        end
+        latest = at
+      end
+    end
+    local allowed = count + cost <= limit
+    local retry = -1
+    if allowed then
+      if latest == nil or latest < now + period then
+        latest = now + period
+      end
+    elseif cost <= limit then
+      -- A lower bound when several leases must go, an upper one if a release comes first.
+      retry = (earliest or now) - now
+    end
+    local after = count
+    if allowed then
+      after = count + cost
+    end
+    local ttl = (latest or now) - now
+    local state
+    if write and allowed then
+      state = function()
+        if foreign then
+          redis.call('DEL', key)
+        end
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', num(now))
+        redis.call('ZADD', key, num(now + period), 'C' .. lease .. ':' .. num(cost))
+        -- The TTL in milliseconds, rounded up (ceil_div(ttl, 1000)).
+        redis.call('PEXPIRE', key, num(idiv(ttl + 999, 1000) + TTL_SLACK_MS))
+      end
+    end
+    return allowed, limit, limit - after, 0, retry, ttl, state
+  end
 end
 
-local ALGORITHMS = {
-  [1] = fixed_window,
-  [2] = sliding_log,
-  [3] = sliding_window,
-  [4] = token_bucket,
-  [5] = gcra,
-  [6] = concurrency,
-}
-
--- One request's decision: its n checks are KEYS[k0 + 1 ..] and their seven values each start
--- at ARGV[a0 + 1]. Returns the reply of the single form, or nil and a message.
+-- One request's decision: its n checks are KEYS[k0 + 1 ..], their seven values each from
+-- ARGV[a0 + 1]. Returns the reply of the single form, or nil and a message.
 local function decide(k0, a0, n)
-  local checks = {}
+  -- No check, nothing to deny (the reply below is allocated for at least one).
+  if n == 0 then
+    return { 1 }
+  end
+  -- The reply, allocated for one check: filling preallocated slots costs far less than
+  -- growing a table. Likewise the writes to commit: key, state and TTL of each, three slots
+  -- apiece.
+  local reply = { 0, 0, 0, 0, 0, 0 }
+  local writes, nwrites = { false, false, false }, 0
   local allowed = true
   for i = 1, n do
     local a = a0 + 7 * (i - 1)
-    local c = {
-      key = KEYS[k0 + i],
-      code = tonumber(ARGV[a + 1]),
-      limit = tonumber(ARGV[a + 2]),
-      period = tonumber(ARGV[a + 3]),
-      burst = tonumber(ARGV[a + 4]),
-      cost = tonumber(ARGV[a + 5]),
-      shadow = ARGV[a + 6] == '1',
-      lease = ARGV[a + 7],
-      foreign = false,
-    }
-    local algorithm = ALGORITHMS[c.code]
-    if algorithm == nil then
+    local key = KEYS[k0 + i]
+    local ok, limit, remaining, reset, retry, ttl, state = check(
+      key,
+      tonumber(ARGV[a + 1]),
+      ARGV[a + 2] + 0,
+      ARGV[a + 3] + 0,
+      ARGV[a + 4] + 0,
+      ARGV[a + 5] + 0,
+      ARGV[a + 7],
+      COMMIT and allowed
+    )
+    if ok == nil then
       return nil, 'decide.lua: unknown algorithm code ' .. tostring(ARGV[a + 1])
     end
-    algorithm(c)
-    if not c.allowed and not c.shadow then
-      allowed = false
-    end
-    checks[i] = c
-  end
-
-  local reply = { 0 }
-  if allowed then
-    reply[1] = 1
-    for i = 1, #checks do
-      -- A denying shadow limit is not consumed.
-      if COMMIT and checks[i].allowed then
-        checks[i].write()
+    -- As algorithm::verdict: remaining is never negative, retry is 0 when allowed.
+    local r = 5 * (i - 1) + 1
+    if ok then
+      reply[r + 1] = 1
+      retry = 0
+      if state then
+        writes[nwrites + 1] = key
+        writes[nwrites + 2] = state
+        writes[nwrites + 3] = ttl
+        nwrites = nwrites + 3
+      end
+    else
+      reply[r + 1] = 0
+      -- A denying shadow limit neither denies nor is consumed.
+      if ARGV[a + 6] ~= '1' then
+        allowed = false
       end
     end
-  end
-  for i = 1, #checks do
-    local c = checks[i]
-    local ok = 0
-    if c.allowed then
-      ok = 1
+    if remaining < 0 then
+      remaining = 0
     end
-    local r = #reply
-    reply[r + 1] = ok
-    reply[r + 2] = c.limit_out
-    reply[r + 3] = c.remaining
-    reply[r + 4] = c.reset
-    reply[r + 5] = c.retry
+    reply[r + 2] = limit
+    reply[r + 3] = remaining
+    reply[r + 4] = reset
+    reply[r + 5] = retry
+  end
+
+  if allowed then
+    reply[1] = 1
+    for w = 1, nwrites, 3 do
+      local key, state, ttl = writes[w], writes[w + 1], writes[w + 2]
+      if type(state) == 'function' then
+        state()
+      elseif ttl > 0 then
+        -- The TTL in milliseconds, rounded up (ceil_div(ttl, 1000)).
+        redis.call('SET', key, state, 'PX', num(idiv(ttl + 999, 1000) + TTL_SLACK_MS))
+      else
+        redis.call('DEL', key)
+      end
+    end
   end
   return reply
 end
@@ -425,7 +437,7 @@ if not BATCH then
   return reply
 end
 
-local out = {}
+local out, size = {}, 0
 local k, a = 0, base + 1
 for _ = 1, tonumber(ARGV[a]) do
   local n = tonumber(ARGV[a + 1])
@@ -434,8 +446,9 @@ for _ = 1, tonumber(ARGV[a]) do
     return redis.error_reply(err)
   end
   for j = 1, #reply do
-    out[#out + 1] = reply[j]
+    out[size + j] = reply[j]
   end
+  size = size + #reply
   k, a = k + n, a + 1 + 7 * n
 end
 return out

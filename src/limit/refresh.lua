@@ -7,7 +7,7 @@
 -- Reply    per lease: 1 if it was live and got extended, 0 if unknown or already expired
 --          (an expired lease is never revived: its slot may have been given away)
 
--- (prelude.lua, prepended: CLOCK, now, base, TTL_SLACK_MS, num, idiv)
+-- (prelude.lua, prepended: CLOCK, now, base, TTL_SLACK_MS, format, floor, num, idiv)
 
 local reply = {}
 for i = 1, #KEYS do
