@@ -156,6 +156,9 @@ fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuar
     };
     let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .lossy(false)
+        // The queue is allocated whole up front: 8,192 lines (about 200 KB) absorb any burst
+        // between two batch writes; the default (128,000) would reserve about 4 MB for nothing.
+        .buffered_lines_limit(8_192)
         .thread_name("tollgate-log")
         .finish(std::io::BufWriter::new(std::io::stderr()));
     let builder = tracing_subscriber::fmt()
