@@ -7,7 +7,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::RedisServer;
+use support::{RedisServer, Rng};
 use tollgate::config::RedisConfig;
 use tollgate::limit::redis_store::{RedisStore, ScriptClock};
 use tollgate::limit::{Algorithm, Check, Micros, Params, Store, StoreError};
@@ -15,23 +15,6 @@ use tollgate::limit::{Algorithm, Check, Micros, Params, Store, StoreError};
 const SEC: i64 = 1_000_000;
 /// A realistic clock magnitude, so double precision in Lua is exercised.
 const T0: Micros = 1_763_000_000_123_457;
-
-/// splitmix64: deterministic and dependency-free.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn params(algorithm: Algorithm, limit: u64, period_us: i64, burst: u64, cost: u64) -> Params {
     Params {

@@ -10,30 +10,13 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::RedisServer;
+use support::{RedisServer, Rng};
 use tollgate::limit::memory::{ManualClock, MemoryStore};
 use tollgate::limit::redis_store::{RedisStore, ScriptClock};
 use tollgate::limit::{Algorithm, Check, Decision, Lease, Micros, Params};
 
 /// A realistic clock magnitude, so double precision in Lua is exercised.
 const T0: Micros = 1_763_000_000_123_457;
-
-/// splitmix64: deterministic and dependency-free.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 struct Limit {
     key: String,
@@ -293,14 +276,7 @@ async fn states_keep_their_exact_layout() {
                 }
                 State::SlidingLog { entries } => {
                     assert_eq!(kind, "zset", "{key}");
-                    let members: Vec<(String, String)> = redis::cmd("ZRANGE")
-                        .arg(&key)
-                        .arg(0)
-                        .arg(-1)
-                        .arg("WITHSCORES")
-                        .query_async(&mut client)
-                        .await
-                        .unwrap();
+                    let members = zset_with_scores(&mut client, &key).await;
                     let expected: Vec<(String, String)> = entries
                         .iter()
                         .enumerate()
@@ -310,14 +286,7 @@ async fn states_keep_their_exact_layout() {
                 }
                 State::Concurrency { leases } => {
                     assert_eq!(kind, "zset", "{key}");
-                    let members: Vec<(String, String)> = redis::cmd("ZRANGE")
-                        .arg(&key)
-                        .arg(0)
-                        .arg(-1)
-                        .arg("WITHSCORES")
-                        .query_async(&mut client)
-                        .await
-                        .unwrap();
+                    let members = zset_with_scores(&mut client, &key).await;
                     let expected: Vec<(String, String)> = leases
                         .iter()
                         .map(|l| (format!("C{}:{}", l.id, l.units), l.expires_at.to_string()))
@@ -333,4 +302,19 @@ async fn states_keep_their_exact_layout() {
             );
         }
     }
+}
+
+/// Every member of the zset at `key` with its score, lowest score first.
+async fn zset_with_scores(
+    client: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+) -> Vec<(String, String)> {
+    redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(client)
+        .await
+        .unwrap()
 }

@@ -4,9 +4,11 @@
 pub mod cluster;
 pub mod proxy;
 pub mod redis;
+pub mod rng;
 pub mod upstream;
 
 pub use cluster::*;
 pub use proxy::*;
 pub use redis::*;
+pub use rng::Rng;
 pub use upstream::*;
