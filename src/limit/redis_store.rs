@@ -319,18 +319,7 @@ impl RedisStore {
         now: Micros,
     ) -> Result<Vec<Decision>, StoreError> {
         self.check_clock(Some(now))?;
-        let lease_ids: Vec<Vec<u64>> = decisions
-            .iter()
-            .map(|checks| {
-                checks
-                    .iter()
-                    .map(|c| match c.params.algorithm {
-                        Algorithm::Concurrency => new_lease_id(),
-                        _ => 0,
-                    })
-                    .collect()
-            })
-            .collect();
+        let lease_ids: Vec<Vec<u64>> = decisions.iter().map(|c| lease_ids(c)).collect();
         let keys: Vec<&str> = decisions.iter().flatten().map(|c| c.key).collect();
         let args = |command: &mut redis::Cmd| {
             command.arg(now).arg(decisions.len());
@@ -344,22 +333,12 @@ impl RedisStore {
             }
         };
         let flat: Vec<i64> = self.eval(&self.scripts.decide_batch, &keys, args).await?;
-        let expected: usize = decisions.iter().map(|c| 1 + 5 * c.len()).sum();
-        if flat.len() != expected {
-            return Err(StoreError::Protocol(format!(
-                "the batch decision replied {} values, expected {expected}",
-                flat.len()
-            )));
-        }
-        let mut rest = flat.as_slice();
+        let replies = split_batch_reply(decisions.iter().map(Vec::len), &flat)?;
         decisions
             .iter()
             .zip(&lease_ids)
-            .map(|(checks, leases)| {
-                let (one, tail) = rest.split_at(1 + 5 * checks.len());
-                rest = tail;
-                parse_decision(checks, leases, one)
-            })
+            .zip(replies)
+            .map(|((checks, leases), reply)| parse_decision(checks, leases, reply))
             .collect()
     }
 
@@ -388,16 +367,22 @@ impl RedisStore {
                 leases: Vec::new(),
             });
         }
-        let lease_ids: Vec<u64> = checks
-            .iter()
-            .map(|c| {
-                if c.params.algorithm == Algorithm::Concurrency {
-                    new_lease_id()
-                } else {
-                    0
-                }
-            })
-            .collect();
+        let lease_ids = lease_ids(checks);
+        if let (Some(coalescer), None, true) = (
+            &self.coalescer,
+            now,
+            std::ptr::eq(script, &self.scripts.decide),
+        ) {
+            let keys = checks.iter().map(|c| c.key.to_string()).collect();
+            let mut values = Vec::with_capacity(7 * checks.len());
+            for (c, lease) in checks.iter().zip(&lease_ids) {
+                values.extend(check_args(c, *lease));
+            }
+            let reply = tokio::time::timeout(self.timeout, coalescer.decide(keys, values))
+                .await
+                .map_err(|_| StoreError::Timeout(self.timeout))??;
+            return parse_decision(checks, &lease_ids, &reply);
+        }
         let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
         // Numbers go straight into the command buffer (no string per argument).
         let args = |command: &mut redis::Cmd| {
@@ -410,21 +395,6 @@ impl RedisStore {
                 }
             }
         };
-        if let (Some(coalescer), None, true) = (
-            &self.coalescer,
-            now,
-            std::ptr::eq(script, &self.scripts.decide),
-        ) {
-            let keys = keys.iter().map(|k| k.to_string()).collect();
-            let mut values = Vec::with_capacity(7 * checks.len());
-            for (c, lease) in checks.iter().zip(&lease_ids) {
-                values.extend(check_args(c, *lease));
-            }
-            let reply = tokio::time::timeout(self.timeout, coalescer.decide(keys, values))
-                .await
-                .map_err(|_| StoreError::Timeout(self.timeout))??;
-            return parse_decision(checks, &lease_ids, &reply);
-        }
         let reply: Vec<i64> = self.eval(script, &keys, args).await?;
         parse_decision(checks, &lease_ids, &reply)
     }
@@ -458,7 +428,10 @@ impl RedisStore {
             };
             self.eval::<Vec<i64>>(&self.scripts.decide_batch, &keys, args)
                 .await
-                .and_then(|flat| split_batch_reply(&batch, flat))
+                .and_then(|flat| {
+                    split_batch_reply(batch.iter().map(|p| p.keys.len()), &flat)
+                        .map(|replies| replies.into_iter().map(<[i64]>::to_vec).collect())
+                })
         };
         match replies {
             Ok(replies) => {
@@ -692,6 +665,17 @@ fn redact(url: &str) -> String {
     }
 }
 
+/// A fresh lease id for each concurrency check, 0 for the others.
+fn lease_ids(checks: &[Check<'_>]) -> Vec<u64> {
+    checks
+        .iter()
+        .map(|c| match c.params.algorithm {
+            Algorithm::Concurrency => new_lease_id(),
+            _ => 0,
+        })
+        .collect()
+}
+
 /// The seven script arguments of one check, in `decide.lua`'s order.
 fn check_args(c: &Check<'_>, lease: u64) -> [u64; 7] {
     let p = &c.params;
@@ -707,22 +691,25 @@ fn check_args(c: &Check<'_>, lease: u64) -> [u64; 7] {
     ]
 }
 
-/// The batch script's flat reply cut into each decision's reply (1 + 5 values per check).
-fn split_batch_reply(batch: &[Pending], flat: Vec<i64>) -> Result<Vec<Vec<i64>>, StoreError> {
-    let expected: usize = batch.iter().map(|p| 1 + 5 * p.keys.len()).sum();
+/// The batch script's flat reply cut into each decision's reply (1 + 5 values per check),
+/// given each decision's number of checks.
+fn split_batch_reply(
+    checks: impl Iterator<Item = usize> + Clone,
+    flat: &[i64],
+) -> Result<Vec<&[i64]>, StoreError> {
+    let expected: usize = checks.clone().map(|n| 1 + 5 * n).sum();
     if flat.len() != expected {
         return Err(StoreError::Protocol(format!(
             "the batch decision replied {} values, expected {expected}",
             flat.len()
         )));
     }
-    let mut rest = flat.as_slice();
-    Ok(batch
-        .iter()
-        .map(|p| {
-            let (one, tail) = rest.split_at(1 + 5 * p.keys.len());
+    let mut rest = flat;
+    Ok(checks
+        .map(|n| {
+            let (one, tail) = rest.split_at(1 + 5 * n);
             rest = tail;
-            one.to_vec()
+            one
         })
         .collect())
 }
