@@ -32,22 +32,7 @@ UP_PORT=$(free_port)
 REDIS_PORT=$(free_port)
 TG_PORT=$(free_port)
 TG_ADMIN=$(free_port)
-NGINX_USER=""
-[ "$(id -u)" = 0 ] && NGINX_USER="user root;"
-cat >"$WORK/upstream.conf" <<EOF
-$NGINX_USER
-worker_processes 1;
-pid $WORK/upstream.pid;
-error_log $WORK/upstream.err warn;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/b; proxy_temp_path $WORK/p; fastcgi_temp_path $WORK/f;
-  uwsgi_temp_path $WORK/u; scgi_temp_path $WORK/s;
-  keepalive_requests 10000000;
-  server { listen 127.0.0.1:$UP_PORT; location / { default_type text/plain; return 200 "ok\n"; } }
-}
-EOF
+upstream_conf "$WORK" "$UP_PORT"
 # The routes of bench/run.sh's scenarios.
 cat >"$WORK/tollgate.yaml" <<EOF
 listen: 127.0.0.1:$TG_PORT

@@ -47,3 +47,31 @@ wait_port() { # port [seconds]
     sleep 0.1
   done
 }
+
+# nginx runs as root only when told to (its workers otherwise drop to nobody).
+NGINX_USER=""
+[ "$(id -u)" = 0 ] && NGINX_USER="user root;"
+
+# The benchmark upstream: nginx answering every request with 200 "ok", one worker, keep-alive
+# without a request limit. Writes DIR/upstream.conf; run it with
+# `nginx -p DIR -c DIR/upstream.conf -g 'daemon off;'`.
+upstream_conf() { # dir port
+  cat >"$1/upstream.conf" <<EOF
+$NGINX_USER
+worker_processes 1;
+worker_rlimit_nofile 20000;
+pid $1/upstream.pid;
+error_log $1/upstream.err warn;
+events { worker_connections 10000; }
+http {
+  access_log off;
+  client_body_temp_path $1/u-body; proxy_temp_path $1/u-proxy; fastcgi_temp_path $1/u-fcgi;
+  uwsgi_temp_path $1/u-uwsgi; scgi_temp_path $1/u-scgi;
+  keepalive_requests 10000000;
+  server {
+    listen 127.0.0.1:$2;
+    location / { default_type text/plain; return 200 "ok\n"; }
+  }
+}
+EOF
+}

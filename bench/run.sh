@@ -72,27 +72,7 @@ RSS_PORT=$(free_port)
 RSS_ADMIN=$(free_port)
 T="$WORK/tmp"
 
-NGINX_USER=""
-[ "$(id -u)" = 0 ] && NGINX_USER="user root;"
-
-cat >"$T/upstream.conf" <<EOF
-$NGINX_USER
-worker_processes 1;
-worker_rlimit_nofile 20000;
-pid $T/upstream.pid;
-error_log $T/upstream.err warn;
-events { worker_connections 10000; }
-http {
-  access_log off;
-  client_body_temp_path $T/u-body; proxy_temp_path $T/u-proxy; fastcgi_temp_path $T/u-fcgi;
-  uwsgi_temp_path $T/u-uwsgi; scgi_temp_path $T/u-scgi;
-  keepalive_requests 10000000;
-  server {
-    listen 127.0.0.1:$UP_PORT;
-    location / { default_type text/plain; return 200 "ok\n"; }
-  }
-}
-EOF
+upstream_conf "$T" "$UP_PORT"
 
 # nginx as a proxy: one server block without limits, one with limit_req, same workers.
 cat >"$T/nginx.conf" <<EOF
