@@ -40,6 +40,16 @@ fn make_cert() -> TestCert {
     }
 }
 
+/// A fresh certificate, an upstream, and a proxy listening with TLS in front of it.
+async fn tls_proxy() -> (TestCert, Upstream, ProxyHandle) {
+    let cert = make_cert();
+    let up = upstream().start().await;
+    let proxy = proxy(tls_yaml(&up.url(), &cert.cert, &cert.key))
+        .start()
+        .await;
+    (cert, up, proxy)
+}
+
 fn tls_yaml(upstream_url: &str, cert: &Path, key: &Path) -> String {
     format!(
         "listen:\n  - address: 127.0.0.1:0\n    tls: {{ cert: \"{}\", key: \"{}\" }}\nupstream:\n  url: {upstream_url}\n",
@@ -85,11 +95,7 @@ async fn negotiated_alpn(cert: &TestCert, port: u16, alpn: &[&[u8]]) -> Option<V
 
 #[tokio::test]
 async fn h2_by_alpn_is_served_as_http2_and_forwarded_as_https() {
-    let cert = make_cert();
-    let up = upstream().start().await;
-    let proxy = proxy(tls_yaml(&up.url(), &cert.cert, &cert.key))
-        .start()
-        .await;
+    let (cert, _up, proxy) = tls_proxy().await;
     let port = proxy.addr.port();
     assert_eq!(
         negotiated_alpn(&cert, port, &[b"h2"]).await.as_deref(),
@@ -117,11 +123,7 @@ async fn h2_by_alpn_is_served_as_http2_and_forwarded_as_https() {
 
 #[tokio::test]
 async fn http11_by_alpn_is_served_as_http11() {
-    let cert = make_cert();
-    let up = upstream().start().await;
-    let proxy = proxy(tls_yaml(&up.url(), &cert.cert, &cert.key))
-        .start()
-        .await;
+    let (cert, _up, proxy) = tls_proxy().await;
     let port = proxy.addr.port();
     assert_eq!(
         negotiated_alpn(&cert, port, &[b"http/1.1"])
@@ -152,11 +154,7 @@ async fn websocket_over_tls_is_tunnelled() {
     // TLS connections are upgraded by hyper (plain ones are handed over by the connection).
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::Message;
-    let cert = make_cert();
-    let up = upstream().start().await;
-    let proxy = proxy(tls_yaml(&up.url(), &cert.cert, &cert.key))
-        .start()
-        .await;
+    let (cert, _up, proxy) = tls_proxy().await;
     let port = proxy.addr.port();
     let connector =
         tokio_rustls::TlsConnector::from(Arc::new(client_config(&cert, &[b"http/1.1"])));
