@@ -81,15 +81,24 @@ async fn echo(response: http::Response<hyper::body::Incoming>) -> serde_json::Va
 }
 
 /// What the server picks when the client offers exactly `alpn`.
-async fn negotiated_alpn(cert: &TestCert, port: u16, alpn: &[&[u8]]) -> Option<Vec<u8>> {
+/// A TLS connection to the proxy on `port`, offering `alpn`.
+async fn tls_connect(
+    cert: &TestCert,
+    port: u16,
+    alpn: &[&[u8]],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     let connector = tokio_rustls::TlsConnector::from(Arc::new(client_config(cert, alpn)));
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .unwrap();
-    let tls = connector
+    connector
         .connect(ServerName::try_from("localhost").unwrap(), tcp)
         .await
-        .expect("TLS handshake");
+        .expect("TLS handshake")
+}
+
+async fn negotiated_alpn(cert: &TestCert, port: u16, alpn: &[&[u8]]) -> Option<Vec<u8>> {
+    let tls = tls_connect(cert, port, alpn).await;
     tls.get_ref().1.alpn_protocol().map(|p| p.to_vec())
 }
 
@@ -156,15 +165,7 @@ async fn websocket_over_tls_is_tunnelled() {
     use tokio_tungstenite::tungstenite::Message;
     let (cert, _up, proxy) = tls_proxy().await;
     let port = proxy.addr.port();
-    let connector =
-        tokio_rustls::TlsConnector::from(Arc::new(client_config(&cert, &[b"http/1.1"])));
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let tls = connector
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
-        .await
-        .expect("TLS handshake");
+    let tls = tls_connect(&cert, port, &[b"http/1.1"]).await;
     let (mut ws, response) =
         tokio_tungstenite::client_async(format!("wss://localhost:{port}/ws"), tls)
             .await
