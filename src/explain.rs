@@ -135,12 +135,12 @@ fn describe_identity(
     parts: &Parts,
     client_ip: IpAddr,
 ) -> (String, String, String) {
-    let identified = identity.identify(parts, client_ip);
+    let (identified, shown) = identity.identify_shown(parts, client_ip);
     let source = match identity.sources.get(identified.source) {
         Some(source) => source.describe(),
         None => "client ip (no source was present: fallback)".to_owned(),
     };
-    (identity.name.clone(), source, identified.display)
+    (identity.name.clone(), source, shown)
 }
 
 fn secs(us: i64) -> String {

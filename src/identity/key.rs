@@ -30,51 +30,75 @@ pub fn is_readable(raw: &[u8]) -> bool {
 /// `#<base64url-nopad sha256(raw)>`. At most 65 bytes, never contains `{`, `}`, `:`, `|`
 /// or whitespace.
 pub fn key_part(raw: &[u8]) -> String {
+    let mut out = String::with_capacity(MAX_READABLE_LEN + 1);
+    push_key_part(raw, &mut out);
+    out
+}
+
+/// [`key_part`] appended to `out` (the request path writes it straight into the store key).
+pub fn push_key_part(raw: &[u8], out: &mut String) {
+    match readable(raw) {
+        Some(text) => {
+            out.push('=');
+            out.push_str(text);
+        }
+        None => push_hashed(&Sha256::digest(raw), out),
+    }
+}
+
+/// `raw` as text when [`is_readable`] (safe bytes are all ASCII, so it is valid UTF-8).
+fn readable(raw: &[u8]) -> Option<&str> {
     if is_readable(raw) {
-        let mut out = String::with_capacity(raw.len() + 1);
-        out.push('=');
-        // Safe bytes are all ASCII, so this conversion is lossless.
-        out.extend(raw.iter().map(|&b| b as char));
-        out
+        std::str::from_utf8(raw).ok()
     } else {
-        hashed_part(raw)
+        None
     }
 }
 
 /// Always the hashed form `#<base64url-nopad sha256(raw)>` (44 bytes): for secrets such as
 /// bearer tokens, which must never be stored in a key readably.
 pub fn hashed_part(raw: &[u8]) -> String {
-    hashed_forms(raw).0
+    let mut out = String::with_capacity(44);
+    push_hashed(&Sha256::digest(raw), &mut out);
+    out
 }
 
 /// A log-friendly stand-in for a value that must not be shown: `sha256:<first 12 hex digits>`.
 pub fn display_hash(raw: &[u8]) -> String {
-    hashed_forms(raw).1
+    shown_digest(&Sha256::digest(raw))
 }
 
-/// [`hashed_part`] and [`display_hash`] of `raw` from one digest (a bearer token needs both on
-/// every request).
-pub fn hashed_forms(raw: &[u8]) -> (String, String) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
+/// [`hashed_part`] of `raw` appended to `out`, and, when asked for, [`display_hash`] of it,
+/// from one digest.
+pub fn push_hashed_forms(raw: &[u8], out: &mut String, shown: Option<&mut String>) {
     let digest = Sha256::digest(raw);
-    let mut part = String::with_capacity(44);
-    part.push('#');
-    URL_SAFE_NO_PAD.encode_string(digest, &mut part);
+    push_hashed(&digest, out);
+    if let Some(shown) = shown {
+        *shown = shown_digest(&digest);
+    }
+}
+
+fn push_hashed(digest: &[u8], out: &mut String) {
+    out.push('#');
+    URL_SAFE_NO_PAD.encode_string(digest, out);
+}
+
+fn shown_digest(digest: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut display = String::with_capacity(19);
     display.push_str("sha256:");
     for b in &digest[..6] {
         display.push(HEX[usize::from(b >> 4)] as char);
         display.push(HEX[usize::from(b & 0xf)] as char);
     }
-    (part, display)
+    display
 }
 
 /// How a value is shown in logs and explanations: as is when short and safe, else hashed.
 pub fn display_value(raw: &[u8]) -> String {
-    if is_readable(raw) {
-        raw.iter().map(|&b| b as char).collect()
-    } else {
-        display_hash(raw)
+    match readable(raw) {
+        Some(text) => text.to_owned(),
+        None => display_hash(raw),
     }
 }
 
@@ -129,6 +153,27 @@ mod tests {
             let part = key_part(raw);
             assert!(!part.contains('{') && !part.contains('}'));
         }
+    }
+
+    /// Store keys carry these bytes: a change here would start every caller's count afresh
+    /// on upgrade.
+    #[test]
+    fn the_hashed_form_keeps_its_exact_bytes() {
+        // base64url(sha256("")), unpadded.
+        assert_eq!(
+            key_part(b""),
+            "#47DEQpj8HBSa-_TImW-5JCeuQeRkm5NMpJWZG3hSuFU"
+        );
+        let mut out = String::from("header");
+        push_key_part(b"a b", &mut out);
+        assert_eq!(out, format!("header{}", hashed_part(b"a b")));
+        let mut shown = String::new();
+        let mut part = String::new();
+        push_hashed_forms(b"", &mut part, Some(&mut shown));
+        assert_eq!(
+            (part.as_str(), shown.as_str()),
+            (key_part(b"").as_str(), "sha256:e3b0c44298fc")
+        );
     }
 
     #[test]

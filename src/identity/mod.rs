@@ -72,43 +72,50 @@ impl Source {
         }
     }
 
-    /// This source's answer for the request, or None when it is absent.
-    fn extract(&self, req: &http::request::Parts, client_ip: IpAddr) -> Option<Identified> {
+    /// This source's answer for the request, or None when it is absent. `shown` (only
+    /// `explain` asks) receives the value as logs may show it.
+    fn extract(
+        &self,
+        req: &http::request::Parts,
+        client_ip: IpAddr,
+        shown: Option<&mut String>,
+    ) -> Option<Identified> {
         let kind = self.kind();
         match self {
             Source::Header(name) => {
                 let value = req.headers.get(name)?.as_bytes();
-                non_empty(value).map(|v| Identified::readable(kind, v))
+                non_empty(value).map(|v| Identified::readable(kind, v, shown))
             }
             Source::Query(name) => {
                 let value = query_param(req.uri.query()?, name)?;
-                non_empty(&value).map(|v| Identified::readable(kind, v))
+                non_empty(&value).map(|v| Identified::readable(kind, v, shown))
             }
             Source::Cookie(name) => {
-                cookie(&req.headers, name.as_bytes()).map(|v| Identified::readable(kind, v))
+                cookie(&req.headers, name.as_bytes()).map(|v| Identified::readable(kind, v, shown))
             }
             Source::Bearer => bearer(&req.headers).map(|token| {
-                let (part, display) = key::hashed_forms(token);
+                let mut key_part = String::with_capacity(kind.len() + 44);
+                key_part.push_str(kind);
+                key::push_hashed_forms(token, &mut key_part, shown);
                 Identified {
                     source: 0,
                     source_kind: kind,
-                    key_part: prefixed(kind, part),
-                    display,
+                    key_part,
                 }
             }),
             Source::Jwt(verifier) => {
                 // A token that is not valid UTF-8 cannot be a JWT.
                 let token = std::str::from_utf8(bearer(&req.headers)?).ok()?;
                 let claim = verifier.verify(token)?;
-                Some(Identified::readable(kind, claim.as_bytes()))
+                Some(Identified::readable(kind, claim.as_bytes(), shown))
             }
             Source::PathSegment(n) => {
                 let segment = path_segment(req.uri.path(), *n)?;
                 let decoded = percent_decode(segment.as_bytes(), false);
-                non_empty(&decoded).map(|v| Identified::readable(kind, v))
+                non_empty(&decoded).map(|v| Identified::readable(kind, v, shown))
             }
-            Source::ClientIp => Some(Identified::ip(client_ip)),
-            Source::Global => Some(Identified::global()),
+            Source::ClientIp => Some(Identified::ip(client_ip, shown)),
+            Source::Global => Some(Identified::global(shown)),
         }
     }
 }
@@ -131,9 +138,6 @@ pub struct Identified {
     /// `bearer#<digest>`; `*` for the global identity. Contains no `{`, `}`, `:`, `|` or
     /// whitespace, and is at most 77 bytes.
     pub key_part: String,
-    /// For logs/explain: raw value if it is short and safe, else `sha256:<first 12 hex>`;
-    /// bearer tokens always hashed; client IPs always shown.
-    pub display: String,
 }
 
 impl Identified {
@@ -149,56 +153,84 @@ impl Identified {
         part == key::key_part(raw) || part == key::hashed_part(raw)
     }
 
-    fn readable(kind: &'static str, value: &[u8]) -> Self {
+    /// The key part is written once, into a string of its final size: this runs for every
+    /// limited request.
+    fn readable(kind: &'static str, value: &[u8], shown: Option<&mut String>) -> Self {
+        let mut key_part = String::with_capacity(kind.len() + 1 + value.len().min(64));
+        key_part.push_str(kind);
+        key::push_key_part(value, &mut key_part);
+        if let Some(shown) = shown {
+            *shown = key::display_value(value);
+        }
         Identified {
             source: 0,
             source_kind: kind,
-            key_part: prefixed(kind, key::key_part(value)),
-            display: key::display_value(value),
+            key_part,
         }
     }
 
-    fn ip(ip: IpAddr) -> Self {
+    fn ip(ip: IpAddr, shown: Option<&mut String>) -> Self {
         let text = ip.to_canonical().to_string();
+        let mut key_part = String::with_capacity(10 + 44);
+        key_part.push_str("client_ip");
+        // IPv6 text contains `:`, so it is hashed like any other unsafe value.
+        key::push_key_part(text.as_bytes(), &mut key_part);
+        if let Some(shown) = shown {
+            // Our own formatting of a parsed address: always safe to log as is.
+            *shown = text;
+        }
         Identified {
             source: 0,
             source_kind: "client_ip",
-            // IPv6 text contains `:`, so it is hashed like any other unsafe value.
-            key_part: prefixed("client_ip", key::key_part(text.as_bytes())),
-            // Our own formatting of a parsed address: always safe to log as is.
-            display: text,
+            key_part,
         }
     }
 
-    fn global() -> Self {
+    fn global(shown: Option<&mut String>) -> Self {
+        if let Some(shown) = shown {
+            "*".clone_into(shown);
+        }
         Identified {
             source: 0,
             source_kind: "global",
             key_part: "*".to_owned(),
-            display: "*".to_owned(),
         }
     }
-}
-
-/// `kind` followed by a key part, in one allocation (this runs for every limited request).
-fn prefixed(kind: &str, part: String) -> String {
-    let mut out = String::with_capacity(kind.len() + part.len());
-    out.push_str(kind);
-    out.push_str(&part);
-    out
 }
 
 impl Identity {
     /// Tries the sources in order; the first present wins. If none is present the request is
     /// keyed by the client IP (source_kind "client_ip", fallback).
     pub fn identify(&self, req: &http::request::Parts, client_ip: IpAddr) -> Identified {
+        self.identify_into(req, client_ip, None)
+    }
+
+    /// [`Identity::identify`], and the value as logs and `explain` show it: as is when short
+    /// and safe, else `sha256:<first 12 hex>`; bearer tokens always hashed; client IPs always
+    /// shown. Kept apart because the request path never shows it.
+    pub fn identify_shown(
+        &self,
+        req: &http::request::Parts,
+        client_ip: IpAddr,
+    ) -> (Identified, String) {
+        let mut shown = String::new();
+        let identified = self.identify_into(req, client_ip, Some(&mut shown));
+        (identified, shown)
+    }
+
+    fn identify_into(
+        &self,
+        req: &http::request::Parts,
+        client_ip: IpAddr,
+        mut shown: Option<&mut String>,
+    ) -> Identified {
         for (index, source) in self.sources.iter().enumerate() {
-            if let Some(mut found) = source.extract(req, client_ip) {
+            if let Some(mut found) = source.extract(req, client_ip, shown.as_deref_mut()) {
                 found.source = index;
                 return found;
             }
         }
-        let mut fallback = Identified::ip(client_ip);
+        let mut fallback = Identified::ip(client_ip, shown);
         fallback.source = usize::MAX;
         fallback
     }
@@ -339,6 +371,29 @@ mod tests {
 
     const PEER: &str = "203.0.113.7";
 
+    /// An identification with the value as logs show it, which the request path never asks for.
+    #[derive(Debug)]
+    struct Seen {
+        source: usize,
+        source_kind: &'static str,
+        key_part: String,
+        display: String,
+    }
+
+    impl Identity {
+        fn seen(&self, req: &http::request::Parts, client_ip: IpAddr) -> Seen {
+            let (id, display) = self.identify_shown(req, client_ip);
+            // The request path's identification is the same, only without the shown value.
+            assert_eq!(self.identify(req, client_ip), id);
+            Seen {
+                source: id.source,
+                source_kind: id.source_kind,
+                key_part: id.key_part,
+                display,
+            }
+        }
+    }
+
     fn peer() -> IpAddr {
         PEER.parse().unwrap()
     }
@@ -358,37 +413,37 @@ mod tests {
         }
     }
 
-    fn is_fallback(id: &Identified) -> bool {
+    fn is_fallback(id: &Seen) -> bool {
         id.source == usize::MAX && id.source_kind == "client_ip" && id.display == PEER
     }
 
     #[test]
     fn header_present_absent_empty() {
         let ident = one(Source::Header(HeaderName::from_static("x-user-id")));
-        let id = ident.identify(&parts("/", &[("x-user-id", b"alice")]), peer());
+        let id = ident.seen(&parts("/", &[("x-user-id", b"alice")]), peer());
         assert_eq!(id.source, 0);
         assert_eq!(id.source_kind, "header");
         assert_eq!(id.key_part, "header=alice");
         assert_eq!(id.display, "alice");
         // First value wins.
         let two = parts("/", &[("x-user-id", b"first"), ("x-user-id", b"second")]);
-        assert_eq!(ident.identify(&two, peer()).display, "first");
-        assert!(is_fallback(&ident.identify(&parts("/", &[]), peer())));
+        assert_eq!(ident.seen(&two, peer()).display, "first");
+        assert!(is_fallback(&ident.seen(&parts("/", &[]), peer())));
         assert!(is_fallback(
-            &ident.identify(&parts("/", &[("x-user-id", b"")]), peer())
+            &ident.seen(&parts("/", &[("x-user-id", b"")]), peer())
         ));
         // Unsafe values are hashed in both key and display.
-        let id = ident.identify(&parts("/", &[("x-user-id", b"a:b{c}")]), peer());
+        let id = ident.seen(&parts("/", &[("x-user-id", b"a:b{c}")]), peer());
         assert!(id.key_part.starts_with("header#"));
         assert!(id.display.starts_with("sha256:"));
-        let id = ident.identify(&parts("/", &[("x-user-id", b"caf\xc3\xa9")]), peer());
+        let id = ident.seen(&parts("/", &[("x-user-id", b"caf\xc3\xa9")]), peer());
         assert!(id.key_part.starts_with("header#"));
     }
 
     #[test]
     fn query_present_absent_empty_and_decoding() {
         let ident = one(Source::Query("user".into()));
-        let q = |uri: &str| ident.identify(&parts(uri, &[]), peer());
+        let q = |uri: &str| ident.seen(&parts(uri, &[]), peer());
         assert_eq!(q("/x?a=1&user=bob&user=eve").display, "bob");
         assert_eq!(q("/x?user=bob").key_part, "query=bob");
         assert!(is_fallback(&q("/x")));
@@ -427,7 +482,7 @@ mod tests {
         let ident = one(Source::Cookie("sid".into()));
         let c = |lines: &[&[u8]]| {
             let hs: Vec<(&str, &[u8])> = lines.iter().map(|l| ("cookie", *l)).collect();
-            ident.identify(&parts("/", &hs), peer())
+            ident.seen(&parts("/", &hs), peer())
         };
         assert_eq!(c(&[b"sid=abc"]).key_part, "cookie=abc");
         assert_eq!(c(&[b"a=1; sid=abc; b=2"]).display, "abc");
@@ -444,7 +499,7 @@ mod tests {
     #[test]
     fn bearer_is_always_hashed() {
         let ident = one(Source::Bearer);
-        let b = |v: &[u8]| ident.identify(&parts("/", &[("authorization", v)]), peer());
+        let b = |v: &[u8]| ident.seen(&parts("/", &[("authorization", v)]), peer());
         let id = b(b"Bearer abc");
         assert_eq!(id.source_kind, "bearer");
         // Even a short, safe token is never stored or shown raw.
@@ -457,7 +512,7 @@ mod tests {
         assert!(is_fallback(&b(b"Bearer")));
         assert!(is_fallback(&b(b"Bearer ")));
         assert!(is_fallback(&b(b"Bearerabc")));
-        assert!(is_fallback(&ident.identify(&parts("/", &[]), peer())));
+        assert!(is_fallback(&ident.seen(&parts("/", &[]), peer())));
     }
 
     #[test]
@@ -479,22 +534,21 @@ mod tests {
             .unwrap()
         };
         let auth = format!("Bearer {}", token(secret));
-        let id = ident.identify(&parts("/", &[("authorization", auth.as_bytes())]), peer());
+        let id = ident.seen(&parts("/", &[("authorization", auth.as_bytes())]), peer());
         assert_eq!(id.source_kind, "jwt");
         assert_eq!(id.key_part, "jwt=user-7");
         assert_eq!(id.display, "user-7");
         let forged = format!("Bearer {}", token(b"wrong"));
-        let id = ident.identify(&parts("/", &[("authorization", forged.as_bytes())]), peer());
+        let id = ident.seen(&parts("/", &[("authorization", forged.as_bytes())]), peer());
         assert!(is_fallback(&id));
-        assert!(is_fallback(&ident.identify(&parts("/", &[]), peer())));
+        assert!(is_fallback(&ident.seen(&parts("/", &[]), peer())));
         let junk = parts("/", &[("authorization", b"Bearer \xff\xfe")]);
-        assert!(is_fallback(&ident.identify(&junk, peer())));
+        assert!(is_fallback(&ident.seen(&junk, peer())));
     }
 
     #[test]
     fn path_segment_indexing() {
-        let seg =
-            |n: usize, uri: &str| one(Source::PathSegment(n)).identify(&parts(uri, &[]), peer());
+        let seg = |n: usize, uri: &str| one(Source::PathSegment(n)).seen(&parts(uri, &[]), peer());
         assert_eq!(seg(1, "/t/abc/x").display, "t");
         assert_eq!(seg(2, "/t/abc/x").display, "abc");
         assert_eq!(seg(3, "/t/abc/x?q=1").display, "x");
@@ -513,17 +567,17 @@ mod tests {
     #[test]
     fn client_ip_source_and_fallback() {
         let ident = one(Source::ClientIp);
-        let id = ident.identify(&parts("/", &[]), peer());
+        let id = ident.seen(&parts("/", &[]), peer());
         assert_eq!((id.source, id.source_kind), (0, "client_ip"));
         assert_eq!(id.key_part, format!("client_ip={PEER}"));
         let v6: IpAddr = "2001:db8::1".parse().unwrap();
-        let id = ident.identify(&parts("/", &[]), v6);
+        let id = ident.seen(&parts("/", &[]), v6);
         assert!(id.key_part.starts_with("client_ip#"));
         assert_eq!(id.display, "2001:db8::1");
         // Mapped IPv4 keys like plain IPv4.
         let mapped: IpAddr = "::ffff:203.0.113.7".parse().unwrap();
         assert_eq!(
-            ident.identify(&parts("/", &[]), mapped).key_part,
+            ident.seen(&parts("/", &[]), mapped).key_part,
             format!("client_ip={PEER}")
         );
     }
@@ -539,23 +593,23 @@ mod tests {
             ],
         };
         let all = parts("/?user=q", &[("x-api-key", b"k"), ("cookie", b"sid=c")]);
-        let id = ident.identify(&all, peer());
+        let id = ident.seen(&all, peer());
         assert_eq!(
             (id.source, id.source_kind, id.display.as_str()),
             (0, "header", "k")
         );
         let two = parts("/?user=q", &[("cookie", b"sid=c")]);
-        let id = ident.identify(&two, peer());
+        let id = ident.seen(&two, peer());
         assert_eq!(
             (id.source, id.source_kind, id.display.as_str()),
             (1, "cookie", "c")
         );
-        let id = ident.identify(&parts("/?user=q", &[("x-api-key", b"")]), peer());
+        let id = ident.seen(&parts("/?user=q", &[("x-api-key", b"")]), peer());
         assert_eq!(
             (id.source, id.source_kind, id.display.as_str()),
             (2, "query", "q")
         );
-        let id = ident.identify(&parts("/", &[]), peer());
+        let id = ident.seen(&parts("/", &[]), peer());
         assert!(is_fallback(&id));
         assert_eq!(id.key_part, format!("client_ip={PEER}"));
         // No sources at all also falls back.
@@ -563,14 +617,14 @@ mod tests {
             name: "empty".into(),
             sources: vec![],
         };
-        assert!(is_fallback(&empty.identify(&parts("/", &[]), peer())));
+        assert!(is_fallback(&empty.seen(&parts("/", &[]), peer())));
     }
 
     #[test]
     fn a_header_cannot_impersonate_an_ip() {
         let ident = one(Source::Header(HeaderName::from_static("x-api-key")));
-        let spoof = ident.identify(&parts("/", &[("x-api-key", PEER.as_bytes())]), peer());
-        let real = ident.identify(&parts("/", &[]), peer());
+        let spoof = ident.seen(&parts("/", &[("x-api-key", PEER.as_bytes())]), peer());
+        let real = ident.seen(&parts("/", &[]), peer());
         assert_ne!(spoof.key_part, real.key_part);
     }
 
@@ -578,13 +632,13 @@ mod tests {
     fn builtins() {
         let ip = builtin("client_ip").unwrap();
         assert_eq!(ip.name, "client_ip");
-        let id = ip.identify(&parts("/", &[("x-user-id", b"a")]), peer());
+        let id = ip.seen(&parts("/", &[("x-user-id", b"a")]), peer());
         assert_eq!((id.source, id.source_kind), (0, "client_ip"));
         let global = builtin("global").unwrap();
-        let id = global.identify(&parts("/", &[]), peer());
+        let id = global.seen(&parts("/", &[]), peer());
         assert_eq!((id.source_kind, id.key_part.as_str()), ("global", "*"));
         let other: IpAddr = "198.51.100.1".parse().unwrap();
-        assert_eq!(global.identify(&parts("/x", &[]), other).key_part, "*");
+        assert_eq!(global.seen(&parts("/x", &[]), other).key_part, "*");
         assert!(builtin("user").is_none());
     }
 

@@ -16,12 +16,11 @@
 //! so a tier with other limits never shares an entry) and all its store keys, and the clock is
 //! passed in by the caller so tests drive it.
 
-use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use hashbrown::hash_table::{Entry as Slot, HashTable};
 use tokio::time::Instant;
 
 use crate::config::{OnLimit, Route};
@@ -64,8 +63,9 @@ impl Entry {
     }
 }
 
-/// One independently locked part of the cache.
-type Shard = Mutex<HashMap<Box<str>, Entry>>;
+/// One independently locked part of the cache: a table the caller hashes for, so the key is
+/// hashed once per lookup (for the shard and the table alike).
+type Shard = Mutex<HashTable<(Box<str>, Entry)>>;
 
 pub struct DenyCache {
     shards: Box<[Shard]>,
@@ -84,8 +84,8 @@ pub fn cacheable(route: &Route) -> bool {
 
 /// The cache key of one decision: the route's identity and every store key, in order.
 pub fn key(route: &Route, keys: &[String]) -> String {
-    let mut out = String::with_capacity(keys.iter().map(|k| k.len() + 1).sum::<usize>() + 16);
-    let _ = write!(out, "{:x}", route as *const Route as usize);
+    let mut out = String::with_capacity(keys.iter().map(|k| k.len() + 1).sum::<usize>() + 20);
+    out.push_str(itoa::Buffer::new().format(route as *const Route as usize));
     for k in keys {
         out.push('\n');
         out.push_str(k);
@@ -96,7 +96,7 @@ pub fn key(route: &Route, keys: &[String]) -> String {
 impl DenyCache {
     pub fn new(capacity: usize) -> Self {
         DenyCache {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
             hasher: RandomState::new(),
             len: AtomicUsize::new(0),
             per_shard: capacity.div_ceil(SHARDS).max(1),
@@ -112,8 +112,12 @@ impl DenyCache {
         self.len.load(Ordering::Relaxed)
     }
 
-    fn shard(&self, key: &str) -> &Shard {
-        &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
+    /// The key's hash and its shard. The shard comes from bits the table does not use for
+    /// its buckets (the low ones) or its tags (the top seven), so the keys of one shard still
+    /// spread over that shard's table.
+    fn shard(&self, key: &str) -> (u64, &Shard) {
+        let hash = self.hasher.hash_one(key);
+        (hash, &self.shards[(hash >> 32) as usize % SHARDS])
     }
 
     /// The store's verdicts for a remembered denial, aged to `now`, or None when `key` is not
@@ -163,10 +167,14 @@ impl DenyCache {
         if self.is_empty() {
             return None;
         }
-        let mut shard = self.shard(key).lock().expect("deny cache poisoned");
-        let entry = shard.get_mut(key)?;
+        let (hash, shard) = self.shard(key);
+        let mut shard = shard.lock().expect("deny cache poisoned");
+        let Ok(mut found) = shard.find_entry(hash, |(k, _)| **k == *key) else {
+            return None;
+        };
+        let entry = &mut found.get_mut().1;
         if now >= entry.until {
-            shard.remove(key);
+            found.remove();
             self.len.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
@@ -191,10 +199,12 @@ impl DenyCache {
             return;
         }
         let until = asked_at + std::time::Duration::from_micros(wait as u64);
-        let mut shard = self.shard(&key).lock().expect("deny cache poisoned");
-        if shard.len() >= self.per_shard && !shard.contains_key(key.as_str()) {
+        let (hash, shard) = self.shard(&key);
+        let mut shard = shard.lock().expect("deny cache poisoned");
+        let same = |(k, _): &(Box<str>, Entry)| **k == *key;
+        if shard.len() >= self.per_shard && shard.find(hash, same).is_none() {
             let before = shard.len();
-            shard.retain(|_, e| e.until > asked_at);
+            shard.retain(|(_, e)| e.until > asked_at);
             self.len.fetch_sub(before - shard.len(), Ordering::Relaxed);
             if shard.len() >= self.per_shard {
                 return;
@@ -206,8 +216,12 @@ impl DenyCache {
             verdicts: verdicts.into(),
             rendered: None,
         };
-        if shard.insert(key.into_boxed_str(), entry).is_none() {
-            self.len.fetch_add(1, Ordering::Relaxed);
+        match shard.entry(hash, same, |(k, _)| self.hasher.hash_one(k)) {
+            Slot::Occupied(mut occupied) => occupied.get_mut().1 = entry,
+            Slot::Vacant(vacant) => {
+                vacant.insert((key.into_boxed_str(), entry));
+                self.len.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 }
@@ -378,6 +392,25 @@ mod tests {
         cache.remember(&a, key(&a, &store_keys), t0, &[denied(10)]);
         assert!(cache.get(&key(&a, &store_keys), t0).is_some());
         assert!(cache.get(&key(&tier, &store_keys), t0).is_none());
+    }
+
+    /// Two requests of one caller that were both denied by the store (they asked at the same
+    /// time) leave one entry, the later answer; the count that lets lookups skip every lock
+    /// goes back to zero when it expires.
+    #[test]
+    fn a_second_denial_of_the_same_caller_replaces_the_first() {
+        let cache = DenyCache::new(16);
+        let r = route(vec![limit("a", Algorithm::Gcra, false, OnLimit::Reject)]);
+        let t0 = Instant::now();
+        cache.remember(&r, keys(&r, "u"), t0, &[denied(10)]);
+        cache.remember(&r, keys(&r, "u"), t0, &[denied(3)]);
+        assert_eq!(cache.len(), 1);
+        let hit = cache.get(&keys(&r, "u"), t0).unwrap();
+        assert_eq!(hit[0].retry_after_us, 3_000_000);
+        assert!(cache
+            .get(&keys(&r, "u"), t0 + Duration::from_secs(3))
+            .is_none());
+        assert!(cache.is_empty());
     }
 
     #[test]
