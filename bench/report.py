@@ -3,9 +3,14 @@
 
 raw.tsv columns: scenario, server, requests, duration_us, p50_us, p99_us, non-2xx responses,
 socket errors, "<redis round trips> <commands run inside scripts> <requests tollgate counted>
-<tollgate CPU clock ticks> <Redis CPU microseconds>" (the last five only for tollgate).
+<tollgate CPU clock ticks> <Redis CPU microseconds>" (the last five only for tollgate), round.
+
+With several rounds (ROUNDS=N), the first table shows each server's median round (by
+requests/s) and each ratio as the median of the rounds' own ratios, with their range; the
+second table adds the rounds up.
 """
 
+import statistics
 import sys
 
 SCENARIOS = {
@@ -28,28 +33,51 @@ def main() -> None:
         for line in f:
             key, _, value = line.rstrip("\n").partition("=")
             meta[key] = value
-    rows = {}
+    rounds = {}  # (scenario, server) -> one dict per round, in file order
     order = []
     with open(raw_path) as f:
         for line in f:
-            s, server, req, dur, p50, p99, non2xx, errs, redis = line.rstrip("\n").split("\t")
+            fields = line.rstrip("\n").split("\t")
+            s, server, req, dur, p50, p99, non2xx, errs, redis = fields[:9]
+            round_no = fields[9] if len(fields) > 9 else "1"
             trips, inner, served, cpu, redis_cpu = (int(x) for x in redis.split())
             req, dur = int(req), int(dur)
-            rows[(s, server)] = {
-                "rps": req / (dur / 1e6) if dur else 0.0,
-                "req": req,
-                "p50": int(p50),
-                "p99": int(p99),
-                "non2xx": int(non2xx),
-                "errors": int(errs),
-                "trips": trips,
-                "inner": inner,
-                "served": served,
-                "cpu_ticks": cpu,
-                "redis_cpu_us": redis_cpu,
-            }
+            rounds.setdefault((s, server), []).append(
+                {
+                    "round": round_no,
+                    "rps": req / (dur / 1e6) if dur else 0.0,
+                    "req": req,
+                    "p50": int(p50),
+                    "p99": int(p99),
+                    "non2xx": int(non2xx),
+                    "errors": int(errs),
+                    "trips": trips,
+                    "inner": inner,
+                    "served": served,
+                    "cpu_ticks": cpu,
+                    "redis_cpu_us": redis_cpu,
+                }
+            )
             if s not in order:
                 order.append(s)
+    n_rounds = max((len(r) for r in rounds.values()), default=1)
+    # The median round of each server (the lower middle one for an even count).
+    rows = {
+        key: sorted(rs, key=lambda r: r["rps"])[(len(rs) - 1) // 2] for key, rs in rounds.items()
+    }
+
+    def ratio(s: str, server: str, field: str) -> str:
+        """tollgate's value over `server`'s in `field`, one ratio per round, as
+        "median" or, with several rounds, "median (min–max)"."""
+        mine = {r["round"]: r[field] for r in rounds.get((s, TOLLGATE), [])}
+        theirs = {r["round"]: r[field] for r in rounds.get((s, server), [])}
+        each = [mine[k] / theirs[k] for k in mine if theirs.get(k)]
+        if not each:
+            return ""
+        text = f"{statistics.median(each):.2f}×"
+        if len(each) > 1:
+            text += f" ({min(each):.2f}–{max(each):.2f})"
+        return text
 
     out = []
     out.append(f"# tollgate benchmark, {meta.get('date', '?')}")
@@ -59,6 +87,11 @@ def main() -> None:
         f"{meta.get('load_before')} before, {meta.get('load_after')} after (1/5/15 min)."
     )
     out.append(f"wrk {meta.get('wrk')}; {meta.get('versions')}.")
+    if n_rounds > 1:
+        out.append(
+            f"{n_rounds} rounds, interleaved: each server's row is its median round (by req/s); "
+            "each ratio is the median of the rounds' own ratios, with their range."
+        )
     out.append("")
     out.append(
         "| scenario | server | req/s | p50 | p99 | non-2xx | errors | tollgate req/s ÷ this | tollgate p99 ÷ this |"
@@ -70,14 +103,13 @@ def main() -> None:
             if rs != s:
                 continue
             share = f"{100 * r['non2xx'] / r['req']:.1f}%" if r["req"] else "-"
-            if base and server != TOLLGATE and r["rps"] and r["p99"]:
-                ratio = f"{base['rps'] / r['rps']:.2f}×"
-                p99_ratio = f"{base['p99'] / r['p99']:.2f}×"
+            if base and server != TOLLGATE:
+                rps_ratio, p99_ratio = ratio(s, server, "rps"), ratio(s, server, "p99")
             else:
-                ratio = p99_ratio = ""
+                rps_ratio = p99_ratio = ""
             out.append(
                 f"| {SCENARIOS.get(s, s)} | {server} | {r['rps']:,.0f} | {ms(r['p50'])} | "
-                f"{ms(r['p99'])} | {share} | {r['errors']} | {ratio} | {p99_ratio} |"
+                f"{ms(r['p99'])} | {share} | {r['errors']} | {rps_ratio} | {p99_ratio} |"
             )
     out.append("")
     out.append("Redis commands per request (INFO commandstats, reset before each measured run):")
@@ -87,7 +119,8 @@ def main() -> None:
     )
     out.append("|---|---|---:|---:|---:|---:|---:|")
     tick_us = 1e6 / int(meta.get("clk_tck", "100") or 100)
-    for (s, server), r in rows.items():
+    for (s, server), rs in rounds.items():
+        r = {k: sum(x[k] for x in rs) for k in ("trips", "inner", "served", "cpu_ticks", "redis_cpu_us")}
         n = r["served"]
         if not server.startswith(TOLLGATE) or not n:
             continue

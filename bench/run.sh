@@ -6,6 +6,8 @@
 #   DURATION=10s CONNECTIONS=50 THREADS=2 WARMUP=2s   wrk settings, the same for every server
 #   SCENARIOS="1 2 3 4"                               which scenarios to run
 #   PEERS="tollgate tollgate-log tollgate-coalesce nginx-limit_req haproxy nginx-proxy upstream"
+#   ROUNDS=1                                          measure every server this many times,
+#                                                     interleaved; the table shows medians
 #   IDLE_CONNS=10000                                  for the RSS measurement (0 skips it)
 #   PROFILE=1                                         perf record tollgate in scenarios 1 and 2
 #   NO_BUILD=1                                        use the existing target/release/tollgate
@@ -22,6 +24,7 @@ WARMUP=${WARMUP:-2s}
 SCENARIOS=${SCENARIOS:-"1 2 3 4"}
 PEERS=${PEERS:-"tollgate tollgate-log tollgate-coalesce nginx-limit_req haproxy nginx-proxy upstream"}
 IDLE_CONNS=${IDLE_CONNS:-10000}
+ROUNDS=${ROUNDS:-1}
 PROFILE=${PROFILE:-0}
 
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
@@ -265,48 +268,52 @@ field() { sed -n "s/.* $1=\([0-9-]*\).*/\1/p" <<<"$2"; }
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 log "load average before: $LOAD_BEFORE"
 
+# Rounds go round all servers of a scenario before the next round, so each round's ratios
+# compare measurements taken minutes apart at most, under much the same load.
 for s in $SCENARIOS; do
-  for peer in $PEERS; do
-    log "scenario $s ($(scenario_name "$s")): $peer"
-    run_wrk "$s" "$peer" "$WARMUP" >/dev/null
-    before=0 cpu_before=0 redis_cpu_before=0
-    if [[ $peer == tollgate* ]]; then
-      before=$(tollgate_requests "$peer")
-      cpu_before=$(cpu_ticks "$peer")
-      redis_cpu_before=$(redis_cpu_us)
-    fi
-    rcli config resetstat >/dev/null
-    perf_pid=""
-    if [ "$PROFILE" = 1 ] && [ "$peer" = tollgate ] && { [ "$s" = 1 ] || [ "$s" = 2 ]; }; then
-      perf record -e cpu-clock -F 999 -g -p "$TG_PID" -o "$WORK/perf-s$s.data" \
-        >/dev/null 2>&1 &
-      perf_pid=$!
-    fi
-    summary=$(run_wrk "$s" "$peer" "$DURATION")
-    if [ -n "$perf_pid" ]; then
-      kill -INT "$perf_pid" 2>/dev/null || true
-      wait "$perf_pid" 2>/dev/null || true
-    fi
-    trips=0 inner=0 served=0 cpu=0 redis_cpu=0
-    if [[ $peer == tollgate* ]]; then
-      # wrk counts only answers that arrived before it stopped; tollgate's own counter also
-      # has the requests that were in flight then, which Redis saw too.
-      sleep 0.5
-      read -r trips inner < <(redis_counts)
-      served=$(($(tollgate_requests "$peer") - before))
-      cpu=$(($(cpu_ticks "$peer") - cpu_before))
-      redis_cpu=$(($(redis_cpu_us) - redis_cpu_before))
-    fi
-    if [ -z "$summary" ]; then
-      log "wrk gave no summary for $peer in scenario $s"
-      continue
-    fi
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$s" "$peer" \
-      "$(field requests "$summary")" "$(field duration_us "$summary")" \
-      "$(field p50_us "$summary")" "$(field p99_us "$summary")" \
-      "$(field status_errors "$summary")" \
-      "$(($(field connect_errors "$summary") + $(field read_errors "$summary") + $(field write_errors "$summary") + $(field timeouts "$summary")))" \
-      "$trips $inner $served $cpu $redis_cpu" >>"$RAW"
+  for round in $(seq "$ROUNDS"); do
+    for peer in $PEERS; do
+      log "scenario $s ($(scenario_name "$s")), round $round/$ROUNDS: $peer"
+      run_wrk "$s" "$peer" "$WARMUP" >/dev/null
+      before=0 cpu_before=0 redis_cpu_before=0
+      if [[ $peer == tollgate* ]]; then
+        before=$(tollgate_requests "$peer")
+        cpu_before=$(cpu_ticks "$peer")
+        redis_cpu_before=$(redis_cpu_us)
+      fi
+      rcli config resetstat >/dev/null
+      perf_pid=""
+      if [ "$PROFILE" = 1 ] && [ "$peer" = tollgate ] && { [ "$s" = 1 ] || [ "$s" = 2 ]; }; then
+        perf record -e cpu-clock -F 999 -g -p "$TG_PID" -o "$WORK/perf-s$s.data" \
+          >/dev/null 2>&1 &
+        perf_pid=$!
+      fi
+      summary=$(run_wrk "$s" "$peer" "$DURATION")
+      if [ -n "$perf_pid" ]; then
+        kill -INT "$perf_pid" 2>/dev/null || true
+        wait "$perf_pid" 2>/dev/null || true
+      fi
+      trips=0 inner=0 served=0 cpu=0 redis_cpu=0
+      if [[ $peer == tollgate* ]]; then
+        # wrk counts only answers that arrived before it stopped; tollgate's own counter also
+        # has the requests that were in flight then, which Redis saw too.
+        sleep 0.5
+        read -r trips inner < <(redis_counts)
+        served=$(($(tollgate_requests "$peer") - before))
+        cpu=$(($(cpu_ticks "$peer") - cpu_before))
+        redis_cpu=$(($(redis_cpu_us) - redis_cpu_before))
+      fi
+      if [ -z "$summary" ]; then
+        log "wrk gave no summary for $peer in scenario $s"
+        continue
+      fi
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$s" "$peer" \
+        "$(field requests "$summary")" "$(field duration_us "$summary")" \
+        "$(field p50_us "$summary")" "$(field p99_us "$summary")" \
+        "$(field status_errors "$summary")" \
+        "$(($(field connect_errors "$summary") + $(field read_errors "$summary") + $(field write_errors "$summary") + $(field timeouts "$summary")))" \
+        "$trips $inner $served $cpu $redis_cpu" "$round" >>"$RAW"
+    done
   done
 done
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -350,6 +357,7 @@ META="$WORK/meta.env"
   echo "load_before=$LOAD_BEFORE"
   echo "load_after=$LOAD_AFTER"
   echo "wrk=-t$THREADS -c$CONNECTIONS -d$DURATION (warm-up $WARMUP)"
+  echo "rounds=$ROUNDS"
   echo "rss=$RSS_LINE"
   echo "tollgate_hwm_after_load_kb=$TG_RSS_AFTER_LOAD"
   echo "clk_tck=$(getconf CLK_TCK)"
