@@ -70,13 +70,17 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         .filter(|k| HOP_BY_HOP.contains(k))
         .cloned()
         .collect();
-    // Headers named in Connection are hop-by-hop for this message only.
+    // Headers named in Connection are hop-by-hop for this message only. `keep-alive`, the
+    // option nearly every HTTP/1.1 upstream sends, names a header removed below anyway: no
+    // need to build its name (an allocation) to remove it twice.
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .map(str::trim)
+        .filter(|t| !t.eq_ignore_ascii_case("keep-alive"))
+        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
         .collect();
     for name in named {
         if keep_upgrade && name == header::UPGRADE {
@@ -254,6 +258,27 @@ mod tests {
         let mut h = map(&[("x-kept", "yes"), ("host", "a")]);
         remove_hop_by_hop(&mut h, false);
         assert_eq!(names(&h), ["host", "x-kept"]);
+    }
+
+    /// The keep-alive option (any case, anywhere in the list) goes with its header; the other
+    /// options still name headers to remove.
+    #[test]
+    fn keep_alive_option_removes_its_header_and_others_named_beside_it() {
+        let mut h = map(&[
+            ("connection", "Keep-Alive"),
+            ("keep-alive", "timeout=5"),
+            ("x-kept", "yes"),
+        ]);
+        remove_hop_by_hop(&mut h, false);
+        assert_eq!(names(&h), ["x-kept"]);
+        let mut h = map(&[
+            ("connection", " x-hop ,KEEP-ALIVE, x-other"),
+            ("x-hop", "1"),
+            ("x-other", "2"),
+            ("x-kept", "yes"),
+        ]);
+        remove_hop_by_hop(&mut h, false);
+        assert_eq!(names(&h), ["x-kept"]);
     }
 
     #[test]
