@@ -37,7 +37,7 @@ pub fn key_part(raw: &[u8]) -> String {
 
 /// [`key_part`] appended to `out` (the request path writes it straight into the store key).
 pub fn push_key_part(raw: &[u8], out: &mut String) {
-    match readable(raw) {
+    match as_readable(raw) {
         Some(text) => {
             out.push('=');
             out.push_str(text);
@@ -47,7 +47,7 @@ pub fn push_key_part(raw: &[u8], out: &mut String) {
 }
 
 /// `raw` as text when [`is_readable`] (safe bytes are all ASCII, so it is valid UTF-8).
-fn readable(raw: &[u8]) -> Option<&str> {
+fn as_readable(raw: &[u8]) -> Option<&str> {
     if is_readable(raw) {
         std::str::from_utf8(raw).ok()
     } else {
@@ -96,7 +96,7 @@ fn shown_digest(digest: &[u8]) -> String {
 
 /// How a value is shown in logs and explanations: as is when short and safe, else hashed.
 pub fn display_value(raw: &[u8]) -> String {
-    match readable(raw) {
+    match as_readable(raw) {
         Some(text) => text.to_owned(),
         None => display_hash(raw),
     }

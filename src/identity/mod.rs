@@ -156,7 +156,8 @@ impl Identified {
     /// The key part is written once, into a string of its final size: this runs for every
     /// limited request.
     fn readable(kind: &'static str, value: &[u8], shown: Option<&mut String>) -> Self {
-        let mut key_part = String::with_capacity(kind.len() + 1 + value.len().min(64));
+        // Room for the readable form (up to 65 bytes) or the hashed one (44).
+        let mut key_part = String::with_capacity(kind.len() + 1 + value.len().clamp(43, 64));
         key_part.push_str(kind);
         key::push_key_part(value, &mut key_part);
         if let Some(shown) = shown {
@@ -170,14 +171,15 @@ impl Identified {
     }
 
     fn ip(ip: IpAddr, shown: Option<&mut String>) -> Self {
-        let text = ip.to_canonical().to_string();
-        let mut key_part = String::with_capacity(10 + 44);
+        let mut text = client_ip::IpText::default();
+        let text = text.write(ip.to_canonical());
+        let mut key_part = String::with_capacity("client_ip".len() + 44);
         key_part.push_str("client_ip");
         // IPv6 text contains `:`, so it is hashed like any other unsafe value.
         key::push_key_part(text.as_bytes(), &mut key_part);
         if let Some(shown) = shown {
             // Our own formatting of a parsed address: always safe to log as is.
-            *shown = text;
+            text.clone_into(shown);
         }
         Identified {
             source: 0,

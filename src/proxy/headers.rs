@@ -9,6 +9,8 @@ use std::net::IpAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
+use crate::identity::client_ip::IpText;
+
 /// Headers that are hop-by-hop whatever `Connection` says.
 const HOP_BY_HOP: [HeaderName; 7] = [
     header::CONNECTION,
@@ -122,7 +124,7 @@ pub fn add_forwarded(
     host: Option<&HeaderValue>,
     peer_is_trusted: bool,
 ) {
-    let mut peer_text = PeerText::default();
+    let mut peer_text = IpText::default();
     let peer = peer_text.write(peer.to_canonical());
     let mut chain: Option<String> = None;
     for value in headers.get_all(&X_FORWARDED_FOR) {
@@ -156,40 +158,6 @@ pub fn add_forwarded(
             }
             None => {
                 headers.remove(&X_FORWARDED_HOST);
-            }
-        }
-    }
-}
-
-/// An address as text without the formatting machinery for the common IPv4 case (this runs
-/// for every forwarded request); IPv6 goes through `Display`.
-#[derive(Default)]
-struct PeerText {
-    buf: [u8; 15],
-    v6: String,
-}
-
-impl PeerText {
-    fn write(&mut self, ip: IpAddr) -> &str {
-        match ip {
-            IpAddr::V4(v4) => {
-                let mut len = 0;
-                for (i, octet) in v4.octets().into_iter().enumerate() {
-                    if i > 0 {
-                        self.buf[len] = b'.';
-                        len += 1;
-                    }
-                    let mut digits = itoa::Buffer::new();
-                    let digits = digits.format(octet).as_bytes();
-                    self.buf[len..len + digits.len()].copy_from_slice(digits);
-                    len += digits.len();
-                }
-                // Only ASCII digits and dots were written.
-                std::str::from_utf8(&self.buf[..len]).unwrap_or_default()
-            }
-            IpAddr::V6(v6) => {
-                self.v6 = v6.to_string();
-                &self.v6
             }
         }
     }
@@ -301,22 +269,6 @@ mod tests {
         assert_eq!(h.get("upgrade").unwrap(), "websocket");
         assert_eq!(h.get("sec-websocket-key").unwrap(), "abc");
         assert!(!is_upgrade_request(&map(&[("upgrade", "websocket")])));
-    }
-
-    #[test]
-    fn peer_text_matches_display() {
-        for ip in [
-            "0.0.0.0",
-            "1.2.3.4",
-            "10.0.0.9",
-            "255.255.255.255",
-            "192.168.100.7",
-            "::1",
-            "2001:db8::8:800:200c:417a",
-        ] {
-            let ip: IpAddr = ip.parse().unwrap();
-            assert_eq!(PeerText::default().write(ip), ip.to_string());
-        }
     }
 
     #[test]
