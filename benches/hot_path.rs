@@ -122,7 +122,12 @@ fn key_building(c: &mut Criterion) {
             &format!("store keys ({n} limit{})", if n == 1 { "" } else { "s" }),
             |b| {
                 b.iter(|| {
-                    tollgate::throttle::keys::build(black_box(prefix), route, black_box(&parts), IP)
+                    tollgate::throttle::keys::build(
+                        black_box(prefix),
+                        &route.limits,
+                        black_box(&parts),
+                        IP,
+                    )
                 })
             },
         );

@@ -1,4 +1,5 @@
-//! The command line: `tollgate [run] --config FILE`, `tollgate check --config FILE`.
+//! The command line: `tollgate [run] --config FILE`, `tollgate check --config FILE`,
+//! `tollgate explain ...`, `tollgate limits get|reset ...`.
 
 use std::path::PathBuf;
 
@@ -25,6 +26,38 @@ pub enum Command {
     Check(CheckArgs),
     /// Show what tollgate would do with a request: route, identity, limits and store keys.
     Explain(ExplainArgs),
+    /// Read or reset one caller's limits ("someone is being blocked").
+    #[command(subcommand)]
+    Limits(LimitsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LimitsCommand {
+    /// What is left of each limit for the caller on the route (consumes nothing).
+    Get(LimitsArgs),
+    /// Give the caller its full quota back on every limit and tier of the route, on every
+    /// replica sharing the store.
+    Reset(LimitsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct LimitsArgs {
+    /// The configuration file.
+    #[arg(long, short = 'c', env = "TOLLGATE_CONFIG")]
+    pub config: PathBuf,
+    /// The route's name.
+    #[arg(long)]
+    pub route: String,
+    /// The value the caller presents for the route's key: an API key, a user id, a client IP...
+    #[arg(long)]
+    pub identity: String,
+    /// A running instance's admin listener, e.g. http://10.0.0.5:9901 (default: the config's
+    /// `admin` address). Used when limits live in memory; with Redis the store is read directly.
+    #[arg(long)]
+    pub admin: Option<String>,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -15,9 +15,17 @@
 //!    idle with nothing buffered (see `idle`); then it is shut down gracefully, which at that
 //!    moment just stops it, and taken apart: the socket and any unparsed bytes go back to 1.
 //!
-//! An upgrade (WebSocket) is done by hand at step 3: the request carries a
-//! [`crate::proxy::ClientUpgrade`], and once the 101 is written the socket (with any bytes read
-//! past the request) goes to the proxy's tunnel through it.
+//! An upgrade (WebSocket) is done by hand at step 3: the service readies the connection's
+//! [`Handoff`] for an upgrade request, and once the 101 is written the socket (with any bytes
+//! read past the request) goes through it to the tunnel (see `upgrade`).
+//!
+//! A TLS connection ([`serve_tls`]) is not parked: rustls may hold decrypted bytes that the
+//! socket's readiness would not show. After the handshake (bounded by `header_read_timeout`)
+//! its first bytes tell HTTP/1 from HTTP/2 as on a plain connection, and one hyper connection
+//! serves it for its whole life, upgrades done by hyper.
+//!
+//! Both kinds are served by the same hyper settings, made once by [`hyper_builders`]: the
+//! same head size limit (431), header read timeout and HTTP/2 limits over TLS as over TCP.
 //!
 //! Graceful shutdown is a [`CancellationToken`]: parked connections close, a serving HTTP/1
 //! connection finishes the request in progress and closes, HTTP/2 connections send GOAWAY.
@@ -27,23 +35,25 @@ use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::{pin, Pin};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::Poll;
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
+use crate::body::{with_guard, ProxyBody};
 use crate::idle::{Activity, IdleIo, RequestBody};
 use crate::metrics::Held;
-use crate::proxy::body::{with_guard, ProxyBody};
-use crate::proxy::{ClientUpgrade, ConnInfo, Proxy};
+use crate::proxy::{ConnInfo, Proxy};
+use crate::upgrade::{Handoff, Rewind};
 
 /// hyper answers 431 when the request head does not fit this buffer.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -56,9 +66,6 @@ const PARK_AFTER: Duration = Duration::from_millis(20);
 
 /// What the client sends first on an HTTP/2 connection with prior knowledge.
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-/// The client's socket after an upgrade, with the bytes read from it past the request.
-pub type Upgraded = Rewind<TcpStream>;
 
 /// The proxy as one connection sees it: each request (and its body) is marked in flight until
 /// its response body ends, which is what the idle timeout and parking wait for, and an upgrade
@@ -73,8 +80,8 @@ pub struct ConnectionService {
     proxy: Proxy,
     info: ConnInfo,
     activity: Arc<Activity>,
-    /// Upgrades are handed over by the connection loop (plain HTTP/1), not by hyper.
-    manual_upgrades: bool,
+    /// Set when upgrades are handed over by the connection loop (plain HTTP/1), not by hyper.
+    handoff: Option<Handoff>,
 }
 
 impl ConnectionService {
@@ -83,7 +90,7 @@ impl ConnectionService {
             proxy,
             info,
             activity,
-            manual_upgrades: false,
+            handoff: None,
         }
     }
 }
@@ -98,15 +105,8 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
         // runs: the connection must not be parked between the two.
         let in_flight = self.activity.start();
         let mut request = request.map(|body| RequestBody::new(body, &self.activity));
-        if self.manual_upgrades
-            && request
-                .extensions()
-                .get::<hyper::upgrade::OnUpgrade>()
-                .is_some()
-        {
-            let (handoff, client) = tokio::sync::oneshot::channel();
-            self.activity.set_handoff(handoff);
-            request.extensions_mut().insert(ClientUpgrade::new(client));
+        if let Some(handoff) = &self.handoff {
+            handoff.prepare(&mut request);
         }
         let proxy = self.proxy.clone();
         let activity = self.activity.clone();
@@ -139,21 +139,11 @@ impl Shared {
         config: &crate::config::Config,
         stop: CancellationToken,
     ) -> Arc<Shared> {
-        let mut h1 = http1::Builder::new();
-        // max_buf_size alone is checked only between reads, so a head that arrives whole in one
-        // read can pass it; max_header_size checks the parsed head.
-        h1.timer(TokioTimer::new())
-            .header_read_timeout(config.header_read_timeout)
-            .max_buf_size(MAX_HEAD_BYTES)
-            .max_header_size(MAX_HEAD_BYTES);
-        let mut h2 = http2::Builder::new(TokioExecutor::new());
-        h2.timer(TokioTimer::new())
-            .max_concurrent_streams(config.http2_max_concurrent_streams)
-            .max_header_list_size(MAX_HEAD_BYTES as u32);
+        let (http1, http2) = hyper_builders(config);
         Arc::new(Shared {
             proxy,
-            http1: h1,
-            http2: h2,
+            http1,
+            http2,
             idle_timeout: config.idle_timeout,
             header_read_timeout: config.header_read_timeout,
             stop,
@@ -161,11 +151,30 @@ impl Shared {
     }
 }
 
+/// hyper's HTTP/1 and HTTP/2 settings for every client connection, plain or TLS: the one place
+/// the limits hyper enforces are set.
+pub fn hyper_builders(
+    config: &crate::config::Config,
+) -> (http1::Builder, http2::Builder<TokioExecutor>) {
+    let mut h1 = http1::Builder::new();
+    // max_buf_size alone is checked only between reads, so a head that arrives whole in one
+    // read can pass it; max_header_size checks the parsed head.
+    h1.timer(TokioTimer::new())
+        .header_read_timeout(config.header_read_timeout)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .max_header_size(MAX_HEAD_BYTES);
+    let mut h2 = http2::Builder::new(TokioExecutor::new());
+    h2.timer(TokioTimer::new())
+        .max_concurrent_streams(config.http2_max_concurrent_streams)
+        .max_header_list_size(MAX_HEAD_BYTES as u32);
+    (h1, h2)
+}
+
 /// Serves one plain-TCP connection until it closes; see the module docs.
 pub async fn serve_plain(mut stream: TcpStream, info: ConnInfo, shared: Arc<Shared>) {
     let activity = Arc::new(Activity::default());
     let mut service = ConnectionService::new(shared.proxy.clone(), info, activity);
-    service.manual_upgrades = true;
+    service.handoff = Some(Handoff::default());
     let mut carried = Bytes::new();
     let mut first = true;
     loop {
@@ -194,7 +203,7 @@ pub async fn serve_plain(mut stream: TcpStream, info: ConnInfo, shared: Arc<Shar
                 Ok(Sniffed::Http1(read)) => carried = read,
                 Ok(Sniffed::Http2(read)) => {
                     let service = ConnectionService {
-                        manual_upgrades: false,
+                        handoff: None,
                         ..service
                     };
                     let serving = Box::pin(serve_h2(Rewind::new(read, stream), service, &shared));
@@ -258,28 +267,90 @@ async fn sniff(stream: &mut TcpStream, peeked: &[u8], bound: Duration) -> io::Re
     // A strict prefix so far: the socket stays readable while those bytes sit there, so take
     // them off and read until it is decided.
     let mut got = 0;
-    let decided = tokio::time::timeout(bound, async {
-        loop {
-            let n = stream.read(&mut buf[got..]).await?;
-            if n == 0 {
-                return Ok(None);
-            }
-            got += n;
-            if buf[..got] != H2_PREFACE[..got] {
-                return Ok(Some(false));
-            }
-            if got == H2_PREFACE.len() {
-                return Ok(Some(true));
-            }
-        }
-    })
-    .await;
+    let decided = tokio::time::timeout(bound, read_preface(stream, &mut buf, &mut got)).await;
     let read = Bytes::copy_from_slice(&buf[..got]);
     match decided {
         Ok(Ok(Some(true))) => Ok(Sniffed::Http2(read)),
         Ok(Ok(Some(false))) => Ok(Sniffed::Http1(read)),
         Ok(Ok(None)) | Err(_) => Ok(Sniffed::Closed),
         Ok(Err(e)) => Err(e),
+    }
+}
+
+/// Reads (into `buf`, counting in `got`) until the bytes differ from HTTP/2's preface
+/// (Some(false)), the preface is whole (Some(true)) or the input ends (None).
+async fn read_preface<T: AsyncRead + Unpin>(
+    io: &mut T,
+    buf: &mut [u8; H2_PREFACE.len()],
+    got: &mut usize,
+) -> io::Result<Option<bool>> {
+    loop {
+        let n = io.read(&mut buf[*got..]).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        *got += n;
+        if buf[..*got] != H2_PREFACE[..*got] {
+            return Ok(Some(false));
+        }
+        if *got == H2_PREFACE.len() {
+            return Ok(Some(true));
+        }
+    }
+}
+
+/// Serves one TLS connection until it closes; see the module docs.
+pub async fn serve_tls(
+    stream: TcpStream,
+    acceptor: TlsAcceptor,
+    info: ConnInfo,
+    shared: Arc<Shared>,
+) {
+    let peer = info.peer;
+    let activity = Arc::new(Activity::default());
+    let stream = IdleIo::new(stream, shared.idle_timeout, activity.clone());
+    let service = ConnectionService::new(shared.proxy.clone(), info, activity);
+    // The handshake runs in the connection's task so a slow client cannot hold up accepting;
+    // it is bounded like a request head.
+    let mut tls_stream =
+        match tokio::time::timeout(shared.header_read_timeout, acceptor.accept(stream)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, cause = %e, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "TLS handshake timed out");
+                return;
+            }
+        };
+    // HTTP/2 if the first bytes are its preface (as ALPN's h2 promises), whatever ALPN said.
+    // Bounded only by the idle timeout, like a connection waiting for its first request; a
+    // draining server stops waiting.
+    let mut buf = [0u8; H2_PREFACE.len()];
+    let mut got = 0;
+    let decided = tokio::select! {
+        decided = read_preface(&mut tls_stream, &mut buf, &mut got) => decided,
+        _ = shared.stop.cancelled() => return,
+    };
+    let is_h2 = match decided {
+        Ok(decided) => decided == Some(true),
+        Err(e) => {
+            tracing::debug!(%peer, cause = %e, "connection ended with an error");
+            return;
+        }
+    };
+    // At the end of input, hyper's HTTP/1 connection sees it and closes cleanly.
+    let io = TokioIo::new(Rewind::new(Bytes::copy_from_slice(&buf[..got]), tls_stream));
+    let served = if is_h2 {
+        let conn = pin!(shared.http2.serve_connection(io, service));
+        until_drained(conn, &shared.stop, |c| c.graceful_shutdown()).await
+    } else {
+        let conn = pin!(shared.http1.serve_connection(io, service).with_upgrades());
+        until_drained(conn, &shared.stop, |c| c.graceful_shutdown()).await
+    };
+    if let Err(e) = served {
+        tracing::debug!(%peer, cause = %e, "connection ended with an error");
     }
 }
 
@@ -402,7 +473,7 @@ async fn serve_http1(
     let parts = conn.into_parts();
     let (rest, mut stream) = parts.io.into_inner().into_inner().into_parts();
     let unparsed = join(parts.read_buf, rest);
-    let handoff = activity.take_handoff();
+    let handoff = service.handoff.as_ref().and_then(Handoff::take);
     if let Some(handoff) = handoff.filter(|_| activity.is_upgraded()) {
         let _ = handoff.send(Rewind::new(unparsed, stream));
         return None;
@@ -426,78 +497,6 @@ fn join(read_buf: Bytes, rest: Bytes) -> Bytes {
             all.extend_from_slice(&rest);
             all.freeze()
         }
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// A socket that first yields bytes already taken off it.
-    #[derive(Debug)]
-    pub struct Rewind<T> {
-        prefix: Bytes,
-        #[pin]
-        inner: T,
-    }
-}
-
-impl<T> Rewind<T> {
-    pub fn new(prefix: Bytes, inner: T) -> Self {
-        Rewind { prefix, inner }
-    }
-
-    /// The bytes not yet read, and the socket.
-    pub fn into_parts(self) -> (Bytes, T) {
-        (self.prefix, self.inner)
-    }
-}
-
-impl<T: AsyncRead> AsyncRead for Rewind<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.project();
-        if !this.prefix.is_empty() {
-            let n = this.prefix.len().min(buf.remaining());
-            buf.put_slice(&this.prefix[..n]);
-            this.prefix.advance(n);
-            if this.prefix.is_empty() {
-                // Drop the allocation now rather than with the connection.
-                *this.prefix = Bytes::new();
-            }
-            return Poll::Ready(Ok(()));
-        }
-        this.inner.poll_read(cx, buf)
-    }
-}
-
-impl<T: AsyncWrite> AsyncWrite for Rewind<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        self.project().inner.poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        self.project().inner.poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.project().inner.poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.project().inner.poll_shutdown(cx)
     }
 }
 
@@ -536,17 +535,5 @@ mod tests {
         // connection (and the HTTP/2 one) are boxed and exist only while serving.
         let size = std::mem::size_of_val(&task);
         assert!(size <= 768, "the connection future grew to {size} bytes");
-    }
-
-    #[tokio::test]
-    async fn rewind_yields_the_prefix_then_the_socket() {
-        let (mut client, server) = pair().await;
-        client.write_all(b" world").await.unwrap();
-        let mut io = Rewind::new(Bytes::from_static(b"hello"), server);
-        let mut got = vec![0u8; 11];
-        io.read_exact(&mut got).await.unwrap();
-        assert_eq!(got, b"hello world");
-        let (rest, _) = io.into_parts();
-        assert!(rest.is_empty());
     }
 }

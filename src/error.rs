@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use http::{header, HeaderValue, Response, StatusCode};
 
-use crate::proxy::body::{full, BoxError, ProxyBody};
+use crate::body::{full, BoxError, ProxyBody};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {

@@ -99,18 +99,18 @@ pub fn explain(config: &Config, parts: &Parts, peer: IpAddr) -> Explanation {
     };
     explanation.route = Some(route.clone());
     let applied = match tiers::select(&throttle.allow, route, parts, client_ip) {
-        tiers::Selected::Exempt => {
+        tiers::Selection::Exempt => {
             explanation.exempt = true;
             explanation.tier = Some("allow-list".into());
             return explanation;
         }
-        tiers::Selected::Limits(applied) => applied,
+        tiers::Selection::Limits(applied) => applied,
     };
-    if !Arc::ptr_eq(applied, route) {
+    if !std::ptr::eq(applied, &route.limits) {
         explanation.tier = route
             .overrides
             .iter()
-            .find(|t| Arc::ptr_eq(&t.route, applied))
+            .find(|t| std::ptr::eq(&t.limits, applied))
             .map(|t| t.name.clone());
     }
     let (store_keys, _) = keys::build(&throttle.key_prefix, applied, parts, client_ip);
@@ -225,6 +225,7 @@ impl Explanation {
                 "burst": l.limit.params.burst,
                 "cost": l.limit.params.cost,
                 "shadow": l.limit.shadow,
+                "block_for_seconds": l.limit.block_for.map(|d| d.as_secs_f64()),
                 "scope": if l.limit.scope == Scope::Local { "local" } else { "global" },
                 "key": l.key,
                 "identities": l.identities.iter().map(|(name, source, value)| json!({
@@ -276,6 +277,7 @@ pub async fn live(config: &Config, explanation: &mut Explanation) -> Result<(), 
                 key: &l.key,
                 params: l.limit.params,
                 shadow: l.limit.shadow,
+                block_us: l.limit.block_us(),
             }
         })
         .collect();

@@ -23,7 +23,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -32,10 +32,6 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
-
-/// Where an HTTP/1 connection's socket goes when a request upgrades it (see
-/// `proxy::ClientUpgrade`).
-pub type UpgradeHandoff = tokio::sync::oneshot::Sender<crate::conn::Upgraded>;
 
 /// What the service and the socket tell the connection about its requests.
 #[derive(Debug, Default)]
@@ -52,17 +48,15 @@ pub struct Activity {
     /// Requests (and request bodies) started on this connection so far: lets the connection
     /// tell "quiet since then" from "busy in between" without a timer per request.
     started: AtomicU64,
-    /// The socket's destination if the request in progress upgrades the connection.
-    handoff: Mutex<Option<UpgradeHandoff>>,
 }
 
 impl Activity {
     /// Counts a request as in flight until the returned guard is dropped (when the response
     /// body has ended or was abandoned).
-    pub fn start(self: &Arc<Self>) -> InFlight {
+    pub fn start(self: &Arc<Self>) -> RequestInFlight {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.started.fetch_add(1, Ordering::Relaxed);
-        InFlight(self.clone())
+        RequestInFlight(self.clone())
     }
 
     /// The connection was upgraded: the idle timeout no longer applies.
@@ -101,17 +95,6 @@ impl Activity {
         self.park.store(false, Ordering::Release);
     }
 
-    pub fn set_handoff(&self, handoff: UpgradeHandoff) {
-        *self.handoff.lock().unwrap_or_else(|e| e.into_inner()) = Some(handoff);
-    }
-
-    pub fn take_handoff(&self) -> Option<UpgradeHandoff> {
-        self.handoff
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-    }
-
     fn busy(&self) -> bool {
         self.in_flight.load(Ordering::Acquire) > 0 || self.upgraded.load(Ordering::Acquire)
     }
@@ -125,11 +108,11 @@ impl Activity {
     }
 }
 
-/// One request in flight; see [`Activity::start`].
+/// One request (or request body) in flight on a connection; see [`Activity::start`].
 #[derive(Debug)]
-pub struct InFlight(Arc<Activity>);
+pub struct RequestInFlight(Arc<Activity>);
 
-impl Drop for InFlight {
+impl Drop for RequestInFlight {
     fn drop(&mut self) {
         if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.0.read_since_idle.store(false, Ordering::Release);
@@ -142,7 +125,7 @@ impl Drop for InFlight {
 #[derive(Debug)]
 pub struct RequestBody {
     inner: Incoming,
-    guard: Option<InFlight>,
+    guard: Option<RequestInFlight>,
 }
 
 impl RequestBody {

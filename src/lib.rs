@@ -4,14 +4,18 @@
 //! forwards → the response streams back. [`config`] turns the YAML file into the runtime
 //! configuration everything else reads.
 
+pub mod admin;
+pub mod body;
 pub mod cli;
 pub mod config;
 pub mod conn;
 pub mod error;
 pub mod explain;
+pub mod grpc;
 pub mod identity;
 pub mod idle;
 pub mod limit;
+pub mod limits_cli;
 pub mod metrics;
 pub mod proxy;
 pub mod reload;
@@ -19,3 +23,4 @@ pub mod routing;
 pub mod server;
 pub mod throttle;
 pub mod tls;
+pub mod upgrade;

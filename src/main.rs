@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use tollgate::cli::{Cli, Command, ExplainArgs, LogFormat, RunArgs};
+use tollgate::cli::{Cli, Command, ExplainArgs, LimitsArgs, LimitsCommand, LogFormat, RunArgs};
 use tollgate::config;
 use tollgate::server::Server;
 
@@ -22,9 +22,31 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Check(args)) => check(&args.config),
         Some(Command::Explain(args)) => explain(args),
+        Some(Command::Limits(LimitsCommand::Get(args))) => {
+            limits(args, tollgate::limits_cli::Action::Get)
+        }
+        Some(Command::Limits(LimitsCommand::Reset(args))) => {
+            limits(args, tollgate::limits_cli::Action::Reset)
+        }
         Some(Command::Run(args)) => run(args),
         None => run(cli.run),
     }
+}
+
+/// The validated configuration, or exit code 2 with every problem printed.
+fn load_config(path: &std::path::Path) -> Result<config::Config, ExitCode> {
+    config::load(path).map_err(|errors| {
+        eprintln!("{errors}");
+        ExitCode::from(2)
+    })
+}
+
+/// A Tokio runtime, or exit code 1 with the reason printed.
+fn new_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Runtime::new().map_err(|e| {
+        eprintln!("tollgate: cannot start the runtime: {e}");
+        ExitCode::from(1)
+    })
 }
 
 fn check(path: &std::path::Path) -> ExitCode {
@@ -41,12 +63,9 @@ fn check(path: &std::path::Path) -> ExitCode {
 }
 
 fn explain(args: ExplainArgs) -> ExitCode {
-    let config = match config::load(&args.config) {
+    let config = match load_config(&args.config) {
         Ok(config) => config,
-        Err(errors) => {
-            eprintln!("{errors}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let described = tollgate::explain::Described {
         method: args.method,
@@ -63,12 +82,9 @@ fn explain(args: ExplainArgs) -> ExitCode {
     };
     let mut explanation = tollgate::explain::explain(&config, &parts, described.peer);
     if args.live {
-        let runtime = match tokio::runtime::Runtime::new() {
+        let runtime = match new_runtime() {
             Ok(rt) => rt,
-            Err(e) => {
-                eprintln!("tollgate: cannot start the runtime: {e}");
-                return ExitCode::from(1);
-            }
+            Err(code) => return code,
         };
         if let Err(e) = runtime.block_on(tollgate::explain::live(&config, &mut explanation)) {
             eprintln!("tollgate explain --live: {e}");
@@ -86,6 +102,39 @@ fn explain(args: ExplainArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+fn limits(args: LimitsArgs, action: tollgate::limits_cli::Action) -> ExitCode {
+    let config = match load_config(&args.config) {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    let runtime = match new_runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let answer = runtime.block_on(tollgate::limits_cli::run(
+        &config,
+        action,
+        &args.route,
+        &args.identity,
+        args.admin.as_deref(),
+    ));
+    let value = match answer {
+        Ok(value) => value,
+        Err(failure) => {
+            eprintln!("tollgate limits: {}", failure.message);
+            return ExitCode::from(if failure.usage { 2 } else { 1 });
+        }
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
+    } else if action == tollgate::limits_cli::Action::Get {
+        print!("{}", tollgate::throttle::caller::state_text(&value));
+    } else {
+        print!("{}", tollgate::throttle::caller::reset_text(&value));
+    }
+    ExitCode::SUCCESS
+}
+
 fn run(args: RunArgs) -> ExitCode {
     // Held to the end of `run`: dropping it writes out whatever lines are still queued.
     let _log_writer = init_logging(args.log_format);
@@ -93,19 +142,13 @@ fn run(args: RunArgs) -> ExitCode {
         eprintln!("tollgate: no configuration: pass --config FILE or set TOLLGATE_CONFIG");
         return ExitCode::from(2);
     };
-    let config = match config::load(&path) {
+    let config = match load_config(&path) {
         Ok(config) => Arc::new(config),
-        Err(errors) => {
-            eprintln!("{errors}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match new_runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("tollgate: cannot start the runtime: {e}");
-            return ExitCode::from(1);
-        }
+        Err(code) => return code,
     };
     runtime.block_on(async move {
         // Handlers first: a signal that arrives once the port answers must drain, not kill.

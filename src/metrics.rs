@@ -9,7 +9,9 @@
 use std::sync::Arc;
 
 use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
 
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
@@ -19,6 +21,9 @@ const BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
     5.0, 10.0, 30.0,
 ];
+
+/// Keys per local-first round: from one key to the local copies' cap.
+const KEY_BUCKETS: &[f64] = &[1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0];
 
 /// The route label of requests that matched no route.
 pub const UNROUTED: &str = "(none)";
@@ -61,6 +66,9 @@ pub struct RouteMetrics {
     pub limited: Counter,
     pub shadow_limited: Counter,
     pub store_error: Counter,
+    /// `cost_from_response` reports that were missing or malformed (the default cost was
+    /// charged instead), and settlements the store failed (see `throttle::settle`).
+    pub settlement: crate::throttle::settle::SettleMetrics,
     /// Upstream responses by status class: index 0 = 1xx ... 4 = 5xx.
     status_classes: [Counter; 5],
 }
@@ -80,6 +88,9 @@ impl Metrics {
     pub fn new() -> Arc<Metrics> {
         let recorder = PrometheusBuilder::new()
             .set_buckets(BUCKETS)
+            .and_then(|b| {
+                b.set_buckets_for_metric(Matcher::Full("tollgate_sync_keys".into()), KEY_BUCKETS)
+            })
             .expect("static buckets are valid")
             .build_recorder();
         let handle = recorder.handle();
@@ -165,6 +176,11 @@ impl Metrics {
             limited: requests("limited"),
             shadow_limited: requests("shadow_limited"),
             store_error: requests("store_error"),
+            settlement: crate::throttle::settle::SettleMetrics {
+                cost_report_invalid: self
+                    .route_counter("tollgate_cost_report_invalid_total", route),
+                failed: self.route_counter("tollgate_settlement_errors_total", route),
+            },
             status_classes: [
                 class("1xx"),
                 class("2xx"),
@@ -173,6 +189,52 @@ impl Metrics {
                 class("5xx"),
             ],
         }
+    }
+
+    /// The handles of local-first rounds (`sync: <duration>`) for the limits of `throttle`:
+    /// drift is counted per route (and tier), by the key name the limit stage knows it by,
+    /// and shown under the route's name.
+    pub fn sync(&self, throttle: &crate::config::Throttle) -> crate::throttle::sync::SyncMetrics {
+        let rounds = |result: &'static str| {
+            self.recorder.register_counter(
+                &Key::from_parts(
+                    "tollgate_sync_rounds_total",
+                    vec![Label::new("result", result)],
+                ),
+                &METADATA,
+            )
+        };
+        let mut drift = std::collections::HashMap::new();
+        for route in &throttle.routes {
+            let counter = self.route_counter("tollgate_sync_drift_total", &route.name);
+            drift.insert(route.limits.key_name.clone(), counter.clone());
+            for tier in &route.overrides {
+                drift.insert(tier.limits.key_name.clone(), counter.clone());
+            }
+        }
+        crate::throttle::sync::SyncMetrics {
+            rounds_ok: rounds("ok"),
+            rounds_error: rounds("error"),
+            keys: self
+                .recorder
+                .register_histogram(&Key::from_static_name("tollgate_sync_keys"), &METADATA),
+            round_seconds: self.recorder.register_histogram(
+                &Key::from_static_name("tollgate_sync_round_seconds"),
+                &METADATA,
+            ),
+            replicas: self
+                .recorder
+                .register_gauge(&Key::from_static_name("tollgate_sync_replicas"), &METADATA),
+            drift,
+        }
+    }
+
+    /// A counter labelled with the route only.
+    fn route_counter(&self, name: &'static str, route: &str) -> Counter {
+        self.recorder.register_counter(
+            &Key::from_parts(name, vec![Label::new("route", route.to_owned())]),
+            &METADATA,
+        )
     }
 
     pub fn reloaded(&self, ok: bool) {

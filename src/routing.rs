@@ -202,9 +202,7 @@ mod tests {
             path_prefix: prefix.map(Into::into),
             methods: methods.map(|m| m.to_vec()),
             host: host.map(Into::into),
-            limits: vec![],
-            policy: http::HeaderValue::from_static(""),
-            shared_key: true,
+            limits: crate::config::LimitSet::new(name, None, vec![], true),
             allow: Default::default(),
             overrides: vec![],
         })

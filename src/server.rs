@@ -3,28 +3,20 @@
 //! accepting at once, report not-ready, let in-flight requests and tunnels finish for up to
 //! `shutdown_timeout`, then return.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub use crate::admin::Health;
 use crate::config::Config;
 use crate::conn;
-use crate::idle;
 use crate::metrics::Held;
-use crate::proxy::body::{full, ProxyBody};
 use crate::proxy::{ConnInfo, Proxy};
 use crate::tls;
 
@@ -41,25 +33,6 @@ pub enum StartError {
         address: SocketAddr,
         message: String,
     },
-}
-
-/// What readiness depends on: not draining, and a store that answers unless `on_error`
-/// makes its absence harmless.
-pub struct Health {
-    draining: AtomicBool,
-    proxy: Proxy,
-}
-
-impl Health {
-    pub fn readiness(&self) -> Result<(), &'static str> {
-        if self.draining.load(Ordering::Acquire) {
-            Err("draining\n")
-        } else if !self.proxy.store_ready() {
-            Err("rate limit store unreachable (on_error: deny)\n")
-        } else {
-            Ok(())
-        }
-    }
 }
 
 struct BoundListener {
@@ -82,9 +55,11 @@ impl Server {
         let mut listeners = Vec::new();
         for spec in &config.listeners {
             let tls = match &spec.tls {
-                Some(files) => Some(tls::acceptor(files).map_err(|message| StartError::Tls {
-                    address: spec.address,
-                    message,
+                Some(files) => Some(tls::acceptor(&files.cert, &files.key).map_err(|message| {
+                    StartError::Tls {
+                        address: spec.address,
+                        message,
+                    }
                 })?),
                 None => None,
             };
@@ -107,10 +82,7 @@ impl Server {
         };
         let proxy = Proxy::new(config.clone());
         Ok(Server {
-            health: Arc::new(Health {
-                draining: AtomicBool::new(false),
-                proxy: proxy.clone(),
-            }),
+            health: Arc::new(Health::new(proxy.clone())),
             proxy,
             config,
             listeners,
@@ -159,36 +131,29 @@ impl Server {
             if let Ok(addr) = listener.local_addr() {
                 tracing::info!(address = %addr, "admin listening");
             }
-            tokio::spawn(serve_admin(listener, health.clone(), admin_stop.clone()))
+            tokio::spawn(crate::admin::serve(
+                listener,
+                health.clone(),
+                proxy.clone(),
+                admin_stop.clone(),
+            ))
         });
 
         let stop = CancellationToken::new();
         let shared = conn::Shared::new(proxy.clone(), &config, stop.clone());
-        // TLS connections keep hyper-util's HTTP/1-or-2 connection, with the same settings.
-        let mut tls_builder = auto::Builder::new(TokioExecutor::new());
-        tls_builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(config.header_read_timeout)
-            .max_buf_size(conn::MAX_HEAD_BYTES);
-        tls_builder
-            .http2()
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(config.http2_max_concurrent_streams)
-            .max_header_list_size(conn::MAX_HEAD_BYTES as u32);
         let connections = TaskTracker::new();
         let permits = Arc::new(Semaphore::new(config.max_connections));
         let accepting = futures_util::future::join_all(
             listeners
                 .into_iter()
-                .map(|l| accept_loop(l, &shared, &tls_builder, &connections, &permits)),
+                .map(|l| accept_loop(l, &shared, &connections, &permits)),
         );
         tokio::select! {
             _ = accepting => {}
             _ = shutdown => {}
         }
         // The listeners were owned by the accept loops, dropped above: no new connections.
-        health.draining.store(true, Ordering::Release);
+        health.drain();
         tracing::info!(timeout = ?config.shutdown_timeout, "shutting down: draining in-flight requests");
         stop.cancel();
         connections.close();
@@ -218,7 +183,6 @@ impl Server {
 async fn accept_loop(
     bound: BoundListener,
     shared: &Arc<conn::Shared>,
-    tls_builder: &auto::Builder<TokioExecutor>,
     connections: &TaskTracker,
     permits: &Arc<Semaphore>,
 ) {
@@ -251,92 +215,12 @@ async fn accept_loop(
                 });
             }
             Some(acceptor) => {
-                // TLS connections are not parked: rustls may hold decrypted bytes that the
-                // socket's readiness would not show. They are served by hyper-util's HTTP/1-or-2
-                // connection for their whole life.
-                let activity = Arc::new(idle::Activity::default());
-                let stream = idle::IdleIo::new(stream, shared.idle_timeout, activity.clone());
-                let service = conn::ConnectionService::new(shared.proxy.clone(), info, activity);
-                // The handshake runs in the connection's task so a slow client cannot hold up
-                // accepting; it is bounded like a request head.
-                let acceptor = acceptor.clone();
-                let builder = tls_builder.clone();
-                let shared = shared.clone();
+                let (acceptor, shared) = (acceptor.clone(), shared.clone());
                 connections.spawn(async move {
-                    let tls_stream = match tokio::time::timeout(
-                        shared.header_read_timeout,
-                        acceptor.accept(stream),
-                    )
-                    .await
-                    {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
-                            tracing::debug!(%peer, cause = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::debug!(%peer, "TLS handshake timed out");
-                            return;
-                        }
-                    };
-                    let conn =
-                        builder.serve_connection_with_upgrades(TokioIo::new(tls_stream), service);
-                    let conn = std::pin::pin!(conn);
-                    if let Err(e) =
-                        conn::until_drained(conn, &shared.stop, |c| c.graceful_shutdown()).await
-                    {
-                        tracing::debug!(%peer, cause = %e, "connection ended with an error");
-                    }
+                    conn::serve_tls(stream, acceptor, info, shared).await;
                     drop((open, permit));
                 });
             }
         }
     }
-}
-
-/// `/healthz`: the process is alive. `/readyz`: it should receive traffic (not draining, the
-/// store answers or does not matter). `/metrics`: Prometheus text format.
-async fn serve_admin(listener: TcpListener, health: Arc<Health>, stop: CancellationToken) {
-    loop {
-        let accepted: std::io::Result<(TcpStream, SocketAddr)> = tokio::select! {
-            r = listener.accept() => r,
-            _ = stop.cancelled() => return,
-        };
-        let Ok((stream, _)) = accepted else { continue };
-        let health = health.clone();
-        let service = service_fn(move |request: Request<Incoming>| {
-            let health = health.clone();
-            async move { Ok::<_, Infallible>(admin_response(&request, &health)) }
-        });
-        tokio::spawn(async move {
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
-}
-
-fn admin_response(request: &Request<Incoming>, health: &Health) -> Response<ProxyBody> {
-    if request.uri().path() == "/metrics" {
-        let mut response = Response::new(full(health.proxy.metrics().render()));
-        response.headers_mut().insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-        );
-        return response;
-    }
-    let (status, text) = match request.uri().path() {
-        "/healthz" => (StatusCode::OK, "ok\n"),
-        "/readyz" => match health.readiness() {
-            Ok(()) => (StatusCode::OK, "ready\n"),
-            Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
-        },
-        _ => (
-            StatusCode::NOT_FOUND,
-            "not found: try /healthz or /readyz\n",
-        ),
-    };
-    let mut response = Response::new(full(text));
-    *response.status_mut() = status;
-    response
 }

@@ -393,6 +393,11 @@ fn check_accepts_the_shipped_example_config() {
         "{stdout}"
     );
     assert!(stdout.contains("admin     http://0.0.0.0:9901"), "{stdout}");
+    // A local-first limit shows its bound as a function of R.
+    assert!(
+        stdout.contains("sync 100ms: admits at most 50 per window + (R - 1) with R replicas"),
+        "{stdout}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -133,6 +133,7 @@ fn checks_of<'a>(plan: &Plan, keys: &'a [Vec<String>]) -> Vec<Vec<Check<'a>>> {
                     key,
                     params: *p,
                     shadow: *shadow,
+                    block_us: 0,
                 })
                 .collect()
         })
@@ -166,6 +167,7 @@ async fn concurrent_requests_admit_exactly_the_limit_in_fewer_calls() {
                         key: &key,
                         params: p,
                         shadow: false,
+                        block_us: 0,
                     };
                     store.decide(&[check]).await.unwrap().allowed
                 })
@@ -201,6 +203,7 @@ async fn a_frozen_server_fails_every_queued_decision_in_time_and_limiting_resume
             key: &key,
             params: p,
             shadow: false,
+            block_us: 0,
         };
         let started = Instant::now();
         let result = store.decide(&[check]).await;

@@ -3,7 +3,9 @@
 //! Both stores are driven on one fake clock (ManualClock for memory, ScriptClock::Argv for
 //! Redis) with the same seeded pseudo-random sequence of times, costs, releases and refreshes,
 //! and every Decision is compared step by step. Lease ids are random per store, so leases are
-//! compared by key and params and mapped index by index.
+//! compared by key and params and mapped index by index. Settlements (refunds of earlier
+//! admissions, taken at the time the decision reported, and charges past the limit) are
+//! interleaved with the decisions, so settle.lua is held equal to algorithm::settle too.
 
 mod support;
 
@@ -13,7 +15,7 @@ use std::time::Duration;
 use support::{RedisServer, Rng};
 use tollgate::limit::memory::{ManualClock, MemoryStore};
 use tollgate::limit::redis_store::{RedisStore, ScriptClock};
-use tollgate::limit::{Algorithm, Check, Decision, Lease, Micros, Params};
+use tollgate::limit::{Algorithm, Check, Decision, Lease, Micros, Params, Settle, Settlement};
 
 /// A realistic clock magnitude, so double precision in Lua is exercised.
 const T0: Micros = 1_763_000_000_123_457;
@@ -22,6 +24,8 @@ struct Limit {
     key: String,
     params: Params,
     shadow: bool,
+    /// `block_for` (0: none).
+    block_us: Micros,
 }
 
 fn params(algorithm: Algorithm, limit: u64, period_us: Micros, burst: u64) -> Params {
@@ -55,6 +59,8 @@ async fn drive(redis: &RedisStore, name: &str, limits: &[Limit], seed: u64, step
         .unwrap();
     // (memory lease, redis lease) pairs still held
     let mut held: Vec<(Lease, Lease)> = Vec::new();
+    // (decision time, cost) of admissions not refunded yet
+    let mut taken: Vec<(Micros, u64)> = Vec::new();
     let mut admitted = 0;
     for step in 0..steps {
         now += match rng.below(10) {
@@ -80,6 +86,36 @@ async fn drive(redis: &RedisStore, name: &str, limits: &[Limit], seed: u64, step
                     .unwrap();
                 assert_eq!(a, b, "{name}: refresh differs at step {step}");
             }
+            2 | 3 => {
+                let op = if rng.below(2) == 0 && !taken.is_empty() {
+                    let (at, cost) = taken.remove(rng.below(taken.len() as u64) as usize);
+                    Settle::Refund {
+                        amount: match rng.below(3) {
+                            0 => cost + rng.below(3),
+                            _ => cost,
+                        },
+                        taken_at: at,
+                    }
+                } else {
+                    Settle::Charge {
+                        amount: match rng.below(4) {
+                            0 => max_cap * (2 + rng.below(5)),
+                            _ => rng.below(max_cap + 1),
+                        },
+                    }
+                };
+                let settlements: Vec<Settlement> = limits
+                    .iter()
+                    .filter(|l| l.params.algorithm != Algorithm::Concurrency)
+                    .map(|l| Settlement {
+                        key: l.key.clone(),
+                        params: l.params,
+                        op,
+                    })
+                    .collect();
+                memory.settle(&settlements);
+                redis.settle_at(&settlements, now).await.unwrap();
+            }
             _ => {}
         }
         let cost = match rng.below(10) {
@@ -94,6 +130,7 @@ async fn drive(redis: &RedisStore, name: &str, limits: &[Limit], seed: u64, step
                 key: &l.key,
                 params: Params { cost, ..l.params },
                 shadow: l.shadow,
+                block_us: l.block_us,
             })
             .collect();
         let m = memory.decide(&checks);
@@ -104,8 +141,10 @@ async fn drive(redis: &RedisStore, name: &str, limits: &[Limit], seed: u64, step
             "{name}: step {step} at t0+{} cost {cost}",
             now - T0
         );
+        assert_eq!(m.at, r.at, "{name}: decision time at step {step}");
         if m.allowed {
             admitted += 1;
+            taken.push((m.at, cost));
         }
         held.extend(m.leases.into_iter().zip(r.leases));
     }
@@ -136,8 +175,23 @@ async fn lua_script_and_memory_store_agree() {
                 key: format!("eq:{name}"),
                 params: params(algorithm, limit, period, burst),
                 shadow: false,
+                block_us: 0,
             }];
             drive(&redis, &name, &limits, 42 + i as u64, 400).await;
+            // The same with a penalty box (block_for) shorter and longer than the period.
+            if algorithm == Algorithm::Concurrency {
+                continue; // block_for is refused there
+            }
+            for block_us in [period / 3 + 7, 2 * period + 13] {
+                let name = format!("{name}+block{block_us}");
+                let limits = [Limit {
+                    key: format!("eq:{name}"),
+                    params: params(algorithm, limit, period, burst),
+                    shadow: false,
+                    block_us,
+                }];
+                drive(&redis, &name, &limits, 77 + i as u64, 300).await;
+            }
         }
     }
     let mixed = [
@@ -145,34 +199,51 @@ async fn lua_script_and_memory_store_agree() {
             key: "mix:fixed".into(),
             params: params(Algorithm::FixedWindow, 20, 10_000_000, 20),
             shadow: false,
+            block_us: 0,
         },
         Limit {
             key: "mix:bucket".into(),
             params: params(Algorithm::TokenBucket, 4, 1_000_000, 6),
             shadow: false,
+            block_us: 0,
         },
         Limit {
             key: "mix:log-shadow".into(),
             params: params(Algorithm::SlidingLog, 3, 1_000_000, 3),
             shadow: true,
+            block_us: 0,
         },
         Limit {
             key: "mix:conc".into(),
             params: params(Algorithm::Concurrency, 4, 2_000_000, 4),
             shadow: false,
+            block_us: 0,
         },
         Limit {
             key: "mix:gcra-shadow".into(),
             params: params(Algorithm::Gcra, 5, 1_000_000, 2),
             shadow: true,
+            block_us: 0,
         },
         Limit {
             key: "mix:window".into(),
             params: params(Algorithm::SlidingWindow, 8, 3_000_000, 8),
             shadow: false,
+            block_us: 0,
         },
     ];
     drive(&redis, "mixed", &mixed, 7, 600).await;
+    // Blocks on two of the enforcing limits, one blocked while the other still counts.
+    let mut blocked = mixed;
+    blocked[0].key = "blk:fixed".into();
+    blocked[1].key = "blk:bucket".into();
+    blocked[1].block_us = 1_500_007;
+    blocked[2].key = "blk:log-shadow".into();
+    blocked[3].key = "blk:conc".into();
+    blocked[4].key = "blk:gcra-shadow".into();
+    blocked[5].key = "blk:window".into();
+    blocked[5].block_us = 4_000_003;
+    drive(&redis, "mixed+blocks", &blocked, 11, 600).await;
 }
 
 /// A key rewritten by another algorithm (a reconfigured route) is idle in both stores.
@@ -192,6 +263,7 @@ async fn foreign_states_are_idle_in_both_stores() {
                     key: &key,
                     params: params(algorithm, 2, 1_000_000, 2),
                     shadow: false,
+                    block_us: 0,
                 };
                 let m = memory.decide(&[check]);
                 let r = redis.decide_at(&[check], T0).await.unwrap();
@@ -242,6 +314,7 @@ async fn states_keep_their_exact_layout() {
                 key: &key,
                 params: p,
                 shadow: false,
+                block_us: 0,
             };
             let d = redis.decide_at(&[check], now).await.unwrap();
             assert!(d.allowed, "{key}");
@@ -293,6 +366,7 @@ async fn states_keep_their_exact_layout() {
                         .collect();
                     assert_eq!(members, expected, "{key}");
                 }
+                State::Blocked { .. } => unreachable!("a limit's own key never holds a block"),
             }
             let pttl: i64 = client.pttl(&key).await.unwrap();
             let px = (step.ttl + 999) / 1000 + 3_600_000;
@@ -302,6 +376,50 @@ async fn states_keep_their_exact_layout() {
             );
         }
     }
+}
+
+/// A block marker (`block_for`) lives at `limit::block_key` of the limit's key, holds the
+/// block's end in decimal microseconds and expires after `block_for` in milliseconds, rounded
+/// up (plus the injected clock's hour of slack); a reset deletes it and so lifts the block.
+#[tokio::test]
+async fn block_markers_keep_their_exact_layout() {
+    use redis::AsyncCommands;
+
+    let server = RedisServer::start();
+    let redis =
+        RedisStore::connect_with_clock(&server.url(), Duration::from_secs(5), ScriptClock::Argv)
+            .await
+            .unwrap();
+    let mut client = server.client().await;
+    let key = "layout:{r}:login:alice";
+    let block_us = 3_000_001;
+    let check = Check {
+        key,
+        params: params(Algorithm::FixedWindow, 1, 60_000_000, 1),
+        shadow: false,
+        block_us,
+    };
+    assert!(redis.decide_at(&[check], T0).await.unwrap().allowed);
+    let denied = redis.decide_at(&[check], T0 + 10).await.unwrap();
+    assert!(!denied.allowed);
+    let marker = tollgate::limit::block_key(key);
+    let v: String = client.get(&marker).await.unwrap();
+    assert_eq!(v, (T0 + 10 + block_us).to_string());
+    let pttl: i64 = client.pttl(&marker).await.unwrap();
+    let px = (block_us + 999) / 1000 + 3_600_000;
+    assert!(pttl <= px && pttl > px - 5_000, "PTTL {pttl}, PX {px}");
+    // A denial while blocked does not extend the block.
+    redis.decide_at(&[check], T0 + 1_000_000).await.unwrap();
+    let v: String = client.get(&marker).await.unwrap();
+    assert_eq!(v, (T0 + 10 + block_us).to_string());
+    // Deleting the marker lifts the block (the window still counts its one request).
+    let _: i64 = client.del(&marker).await.unwrap();
+    let after = redis.decide_at(&[check], T0 + 2_000_000).await.unwrap();
+    let window_end = (T0 / 60_000_000 + 1) * 60_000_000;
+    assert_eq!(
+        after.verdicts[0].retry_after_us,
+        window_end - (T0 + 2_000_000)
+    );
 }
 
 /// Every member of the zset at `key` with its score, lowest score first.
@@ -317,4 +435,75 @@ async fn zset_with_scores(
         .query_async(client)
         .await
         .unwrap()
+}
+
+/// A local-first round (sync.lua) applies batched usage with the arithmetic of
+/// `algorithm::charge`: for the same usage sequences, the shared state it returns equals the
+/// state charged in memory, key by key and round by round (several keys per round).
+#[tokio::test]
+async fn sync_rounds_and_memory_charges_agree() {
+    use tollgate::limit::algorithm::{charge, State};
+    use tollgate::limit::local_first::SyncItem;
+
+    let server = RedisServer::start();
+    let redis =
+        RedisStore::connect_with_clock(&server.url(), Duration::from_secs(5), ScriptClock::Argv)
+            .await
+            .unwrap();
+    let configs = [(5, 1_000_000, 8), (7, 999_983, 3), (100, 60_000_000, 100)];
+    let mut rng = Rng(2024);
+    for (i, (limit, period, burst)) in configs.into_iter().enumerate() {
+        let algorithms = [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::TokenBucket,
+            Algorithm::Gcra,
+        ];
+        let limits: Vec<(String, Params)> = algorithms
+            .iter()
+            .map(|&algorithm| {
+                let burst = match algorithm {
+                    Algorithm::TokenBucket | Algorithm::Gcra => burst,
+                    _ => limit,
+                };
+                (
+                    format!("sync:{}#{i}", algorithm.name()),
+                    params(algorithm, limit, period, burst),
+                )
+            })
+            .collect();
+        let mut memory: Vec<Option<State>> = vec![None; limits.len()];
+        let mut now = T0;
+        for round in 1..300u64 {
+            now += (rng.next() % (period as u64 / 3 + 1)) as Micros;
+            let items: Vec<SyncItem> = limits
+                .iter()
+                .map(|(key, params)| SyncItem {
+                    key: key.clone(),
+                    params: *params,
+                    // Mostly small batches, some far over the limit, some empty (a refresh).
+                    amount: rng.next() % (2 * burst.max(limit) + 3),
+                })
+                .collect();
+            for (state, item) in memory.iter_mut().zip(&items) {
+                if item.amount > 0 {
+                    *state = charge(&item.params, state.as_ref(), now, item.amount)
+                        .filter(|(_, ttl)| *ttl > 0)
+                        .map(|(s, _)| s);
+                }
+            }
+            let (at, shared) = redis
+                .sync_round("replica-a", round, &items, Some(now))
+                .await
+                .unwrap();
+            assert_eq!(at, now);
+            assert_eq!(shared, memory, "config {i}, round {round}, at {now}");
+            // The same round again (its reply was lost): applied once only.
+            let (_, again) = redis
+                .sync_round("replica-a", round, &items, Some(now))
+                .await
+                .unwrap();
+            assert_eq!(again, memory, "config {i}, round {round} repeated");
+        }
+    }
 }

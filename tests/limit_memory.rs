@@ -27,6 +27,7 @@ async fn idle_keys_are_evicted_after_their_ttl() {
                 key,
                 params,
                 shadow: false,
+                block_us: 0,
             }])
             .await
             .unwrap();

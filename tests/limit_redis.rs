@@ -29,6 +29,7 @@ fn check(key: &str, params: Params) -> Check<'_> {
         key,
         params,
         shadow: false,
+        block_us: 0,
     }
 }
 

@@ -179,6 +179,103 @@ async fn websocket_over_tls_is_tunnelled() {
     ws.close(None).await.unwrap();
 }
 
+/// Sends `head` on a fresh HTTP/1.1 TLS connection and returns everything the proxy answers
+/// before it closes.
+async fn http11_over_tls(cert: &TestCert, port: u16, head: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tls = tls_connect(cert, port, &[b"http/1.1"]).await;
+    // The proxy may answer and close before it has read all of an oversized head.
+    let _ = tls.write_all(head).await;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        tls.read_to_end(&mut answer),
+    )
+    .await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test]
+async fn oversized_request_head_over_tls_is_431_and_the_proxy_serves_on() {
+    let (cert, _up, proxy) = tls_proxy().await;
+    let port = proxy.addr.port();
+    let big = "a".repeat(100 * 1024);
+    let head = format!("GET /echo HTTP/1.1\r\nhost: localhost\r\nx-big: {big}\r\n\r\n");
+    let answer = http11_over_tls(&cert, port, head.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+
+    let answer = http11_over_tls(
+        &cert,
+        port,
+        b"GET /echo HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+#[tokio::test]
+async fn oversized_request_headers_over_tls_h2_are_431_and_the_proxy_serves_on() {
+    let (cert, _up, proxy) = tls_proxy().await;
+    let port = proxy.addr.port();
+    let connector = HttpsConnectorBuilder::new()
+        .with_tls_config(client_config(&cert, &[]))
+        .https_only()
+        .enable_http2()
+        .build();
+    let client: Client<_, ClientBody> = Client::builder(TokioExecutor::new()).build(connector);
+    let mut request = get(&https_url(port, "/echo"));
+    request
+        .headers_mut()
+        .insert("x-big", "a".repeat(100 * 1024).parse().unwrap());
+    let refused = client
+        .request(request)
+        .await
+        .expect("an answer, not a reset");
+    assert_eq!(refused.status(), 431);
+
+    let response = client
+        .request(get(&https_url(port, "/echo")))
+        .await
+        .expect("h2 request over TLS");
+    assert_eq!(response.status(), 200);
+}
+
+#[tokio::test]
+async fn idle_tls_connections_close_at_once_when_the_server_drains() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (cert, _up, mut proxy) = tls_proxy().await;
+    let port = proxy.addr.port();
+    // One connection silent since its handshake, one idle after a keep-alive request.
+    let mut silent = tls_connect(&cert, port, &[b"http/1.1"]).await;
+    let mut kept = tls_connect(&cert, port, &[b"http/1.1"]).await;
+    kept.write_all(b"GET /echo HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = [0u8; 12];
+    kept.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+
+    proxy.shutdown();
+    // Well within the default shutdown_timeout: nothing is in flight, so nothing is waited for.
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        proxy.task.take().unwrap(),
+    )
+    .await
+    .expect("server exits at once")
+    .unwrap();
+    for (name, tls) in [("silent", &mut silent), ("kept alive", &mut kept)] {
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(
+            std::time::Duration::from_secs(1),
+            tls.read_to_end(&mut rest),
+        )
+        .await;
+        assert!(closed.is_ok(), "the {name} connection is closed");
+    }
+}
+
 #[tokio::test]
 async fn a_bad_key_file_is_a_tls_start_error() {
     let cert = make_cert();

@@ -5,6 +5,7 @@
 //! keys refused (`raw`), then validation into the runtime types below, which hold only values
 //! that work (parsed addresses, durations, sizes). The rest of the program never sees raw text.
 
+mod by_response;
 mod env;
 mod raw;
 mod redis_config;
@@ -18,13 +19,14 @@ use std::time::Duration;
 
 use http::uri::{Authority, Scheme};
 
+pub use by_response::{ByResponse, StatusSet};
 pub use env::substitute;
-use raw::{RawConfig, RawListen, RawListener, RawSize};
+use raw::{RawAdmin, RawConfig, RawListen, RawListener, RawSize};
 pub use redis_config::{RedisConfig, RedisMode, RedisTls, Secret};
 use spans::SpanIndex;
 pub use throttle::{
-    Allow, Limit, OnError, OnLimit, Override, ResponseConfig, Route, Scope, StoreConfig, Throttle,
-    DEFAULT_KEY_PREFIX,
+    Allow, Limit, LimitSet, OnError, OnLimit, Override, ResponseConfig, Route, Scope, StoreConfig,
+    Throttle, DEFAULT_KEY_PREFIX,
 };
 
 /// The validated configuration the proxy runs with.
@@ -33,6 +35,8 @@ pub struct Config {
     pub file: PathBuf,
     pub listeners: Vec<Listener>,
     pub admin: Option<SocketAddr>,
+    /// The bearer token the admin listener's mutating endpoints require (`admin.token_env`).
+    pub admin_token: Option<Secret>,
     pub upstream: Upstream,
     /// Requests with a larger body are answered 413 (`None`: no limit).
     pub max_request_body: Option<u64>,
@@ -95,8 +99,16 @@ impl Config {
         if let Some(admin) = self.admin {
             let _ = writeln!(
                 out,
-                "admin     http://{admin} (/healthz, /readyz, /metrics)"
+                "admin     http://{admin} (/healthz, /readyz, /metrics, /limits/top, /limits/state, /limits/reset)"
             );
+            let mutations = if self.admin_token.is_some() {
+                "need the bearer token from admin.token_env"
+            } else if admin.ip().is_loopback() {
+                "open (loopback listener, no token)"
+            } else {
+                "refused (no admin.token_env, and the listener is not loopback)"
+            };
+            let _ = writeln!(out, "          mutations (POST /limits/reset) {mutations}");
         }
         let _ = writeln!(
             out,
@@ -403,13 +415,35 @@ impl Validator<'_> {
         }
     }
 
+    /// `admin: ADDR` or `admin: {address, token_env}`; the token is read from the environment
+    /// now, and a variable that is unset or empty is an error (as for `secret_env`).
+    fn admin(&mut self, raw: Option<&RawAdmin>) -> (Option<SocketAddr>, Option<Secret>) {
+        match raw {
+            None => (None, None),
+            Some(RawAdmin::Address(a)) => (self.socket_addr("admin", a), None),
+            Some(RawAdmin::Full(full)) => {
+                let address = self.socket_addr("admin.address", &full.address);
+                let token = full.token_env.as_ref().and_then(|var| {
+                    match (self.env)(var).filter(|t| !t.trim().is_empty()) {
+                        Some(token) => Some(Secret(token.trim().to_owned())),
+                        None => {
+                            self.error(
+                                "admin.token_env",
+                                format!("environment variable `{var}` (the admin bearer token) is not set or empty"),
+                            );
+                            None
+                        }
+                    }
+                });
+                (address, token)
+            }
+        }
+    }
+
     fn config(&mut self, mut raw: RawConfig) -> Option<Config> {
         let throttle = self.throttle(&mut raw);
         let listeners = self.listeners(&raw.listen);
-        let admin = raw
-            .admin
-            .as_deref()
-            .and_then(|a| self.socket_addr("admin", a));
+        let (admin, admin_token) = self.admin(raw.admin.as_ref());
         let upstream = self.upstream(&raw.upstream);
         let max_request_body = raw
             .max_request_body
@@ -458,6 +492,7 @@ impl Validator<'_> {
             file: self.file.clone(),
             listeners: listeners?,
             admin,
+            admin_token,
             upstream: upstream?,
             max_request_body,
             header_read_timeout,
@@ -711,6 +746,41 @@ mod tests {
         assert!(all.contains("must not have a path"), "{all}");
         assert!(all.contains("use `preserve`"), "{all}");
         assert!(all.contains("t.yaml:3:8: admin:"), "{all}");
+    }
+
+    #[test]
+    fn admin_takes_an_address_or_a_map_with_a_token_from_the_environment() {
+        let plain = parse_ok(
+            "listen: 127.0.0.1:0\nupstream: { url: \"http://a:1\" }\nadmin: 127.0.0.1:9901\n",
+        );
+        assert_eq!(plain.admin.unwrap().to_string(), "127.0.0.1:9901");
+        assert!(plain.admin_token.is_none());
+        let text = "listen: 127.0.0.1:0\nupstream: { url: \"http://a:1\" }\nadmin:\n  address: 0.0.0.0:9901\n  token_env: ADMIN_TOKEN\n";
+        let full = parse(Path::new("t.yaml"), text, |name| {
+            (name == "ADMIN_TOKEN").then(|| "s3cret".to_string())
+        })
+        .unwrap();
+        assert_eq!(full.admin.unwrap().to_string(), "0.0.0.0:9901");
+        assert_eq!(full.admin_token, Some(Secret("s3cret".into())));
+        assert!(
+            full.summary().contains("need the bearer token"),
+            "{}",
+            full.summary()
+        );
+        for env in [None, Some(String::new())] {
+            let errors = parse(Path::new("t.yaml"), text, |_| env.clone())
+                .expect_err("a missing token is refused")
+                .0
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n");
+            assert!(
+                errors.contains("t.yaml:5:")
+                    && errors.contains("admin.token_env: environment variable `ADMIN_TOKEN`"),
+                "{errors}"
+            );
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@ use serde::Deserialize;
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     pub listen: RawListen,
-    pub admin: Option<String>,
+    pub admin: Option<RawAdmin>,
     pub upstream: RawUpstream,
     pub max_request_body: Option<RawSize>,
     pub header_read_timeout: Option<String>,
@@ -25,6 +25,21 @@ pub struct RawConfig {
     pub routes: Vec<RawRoute>,
     pub response: Option<RawResponse>,
     pub allow: Option<RawAllow>,
+}
+
+/// `admin: "addr"` or `admin: {address, token_env}`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawAdmin {
+    Address(String),
+    Full(RawAdminFull),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdminFull {
+    pub address: String,
+    pub token_env: Option<String>,
 }
 
 /// `listen: "addr"`, `listen: ["addr", ...]` or a list of `{address, tls}`.
@@ -283,6 +298,19 @@ pub struct RawLimit {
     pub max_delay: Option<String>,
     pub shadow: Option<bool>,
     pub lease_ttl: Option<String>,
+    pub count_statuses: Option<Vec<RawStatus>>,
+    pub cost_from_response: Option<String>,
+    pub block_for: Option<String>,
+    /// `exact` (the default) or a duration: local-first, shared in batches every interval.
+    pub sync: Option<String>,
+}
+
+/// One entry of `count_statuses`: a status code or a class such as `"5xx"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RawStatus {
+    Code(i64),
+    Class(String),
 }
 
 #[derive(Debug, Deserialize)]

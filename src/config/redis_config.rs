@@ -3,80 +3,13 @@
 //! CA, client certificate). Certificate files are read here, so a missing or unreadable file
 //! is a FILE:LINE:COL error at startup rather than a connection failure later.
 
-use std::fmt;
 use std::time::Duration;
 
 use super::raw::RawRedis;
 use super::Validator;
-
-/// A validated `store.redis` section.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RedisConfig {
-    pub mode: RedisMode,
-    /// ACL user for the data nodes (overrides one written in the URLs).
-    pub username: Option<String>,
-    /// Password for the data nodes (overrides one written in the URLs).
-    pub password: Option<Secret>,
-    /// Certificates for `rediss://` connections; `None` means the Mozilla root certificates built into the binary (webpki-roots) and no
-    /// client certificate.
-    pub tls: Option<RedisTls>,
-    /// Bounds connecting and every call.
-    pub timeout: Duration,
-    /// Send the decisions of concurrent requests together, in one script call (one server or
-    /// Sentinel only): see `limit::coalesce`.
-    pub coalesce: bool,
-}
-
-impl RedisConfig {
-    /// One server at `url`, no extra credentials or certificates (tests, simple setups).
-    pub fn standalone(url: impl Into<String>, timeout: Duration) -> RedisConfig {
-        RedisConfig {
-            mode: RedisMode::Standalone(url.into()),
-            username: None,
-            password: None,
-            tls: None,
-            timeout,
-            coalesce: false,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RedisMode {
-    /// `url`: one server (or a proxy in front of several).
-    Standalone(String),
-    /// `cluster`: seed nodes of a Redis Cluster; the client discovers the rest.
-    Cluster(Vec<String>),
-    /// `sentinel`: ask these Sentinels where the master called `master` is.
-    Sentinel { master: String, nodes: Vec<String> },
-}
-
-/// PEM bytes read from the files named in `store.redis.tls`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct RedisTls {
-    pub ca: Option<Vec<u8>>,
-    /// Client certificate chain and private key (mutual TLS).
-    pub client: Option<(Vec<u8>, Vec<u8>)>,
-}
-
-impl fmt::Debug for RedisTls {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisTls")
-            .field("ca", &self.ca.as_ref().map(|c| c.len()))
-            .field("client_certificate", &self.client.is_some())
-            .finish()
-    }
-}
-
-/// A password: compared in tests, never printed.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(pub String);
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(hidden)")
-    }
-}
+// What validation builds is the store's own connection settings type (the configuration
+// depends on the limit engine, never the other way round); config shows it under this name.
+pub use crate::limit::redis_settings::{RedisMode, RedisSettings as RedisConfig, RedisTls, Secret};
 
 fn scheme_ok(url: &str) -> bool {
     url.starts_with("redis://") || url.starts_with("rediss://")

@@ -44,14 +44,14 @@ impl Allow {
     }
 }
 
-/// A tier: callers whose `identity` value is one of `values` get `route` (same match, its own
-/// limits) instead of the default limits.
+/// A tier: callers whose `identity` value is one of `values` get `limits` (on the same route)
+/// instead of the route's default limits.
 #[derive(Debug, Clone)]
 pub struct Override {
     pub name: String,
     pub identity: Arc<Identity>,
     pub values: Vec<String>,
-    pub route: Arc<Route>,
+    pub limits: LimitSet,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,17 +80,86 @@ pub struct Route {
     pub methods: Option<Vec<Method>>,
     /// Lower-case host without port; `*.example.com` matches subdomains.
     pub host: Option<String>,
-    pub limits: Vec<Limit>,
-    /// True when every limit uses the same key, so the store key's hash tag can include the
-    /// identity (spreading a route over a cluster) instead of the route name alone.
-    pub shared_key: bool,
+    /// The default limits: what every caller gets unless a tier names it.
+    pub limits: LimitSet,
     /// Callers never limited on this route.
     pub allow: Allow,
     /// Tiers, tried in order before the default limits.
     pub overrides: Vec<Override>,
+}
+
+/// The limits one caller gets on a route (the route's own, or a tier's), with everything the
+/// limit stage needs to key, decide and describe them. Derefs to its limits.
+#[derive(Debug, Clone)]
+pub struct LimitSet {
+    /// The route's name as clients are told it (the limited response's body), a tier's too.
+    pub route: String,
+    /// The action in store keys: the route's name, or `route~tier` for a tier (`~` cannot
+    /// appear in a route name, so a tier's keys never meet another route's).
+    pub key_name: String,
+    pub limits: Vec<Limit>,
+    /// True when every limit uses the same key, so the store key's hash tag can include the
+    /// identity (spreading a route over a cluster) instead of the route name alone.
+    pub shared_key: bool,
     /// The `RateLimit-Policy` field value for `limits`, rendered once here rather than on
     /// every response.
     pub policy: http::HeaderValue,
+}
+
+impl LimitSet {
+    /// A route's own limits (`tier` None) or a tier's.
+    pub fn new(route: &str, tier: Option<&str>, limits: Vec<Limit>, shared_key: bool) -> Self {
+        LimitSet {
+            route: route.to_owned(),
+            key_name: match tier {
+                None => route.to_owned(),
+                Some(tier) => format!("{route}~{tier}"),
+            },
+            policy: policy_value(&limits),
+            limits,
+            shared_key,
+        }
+    }
+}
+
+impl std::ops::Deref for LimitSet {
+    type Target = [Limit];
+
+    fn deref(&self) -> &[Limit] {
+        &self.limits
+    }
+}
+
+impl<'a> IntoIterator for &'a LimitSet {
+    type Item = &'a Limit;
+    type IntoIter = std::slice::Iter<'a, Limit>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.limits.iter()
+    }
+}
+
+/// `RateLimit-Policy` for all of `limits`, e.g. `"login";q=5;w=60`: the quota and the window
+/// in whole seconds, rounded up like every seconds field tollgate sends.
+pub fn policy_value(limits: &[Limit]) -> http::HeaderValue {
+    let items: Vec<String> = limits
+        .iter()
+        .map(|l| match l.params.algorithm {
+            Algorithm::Concurrency => {
+                format!(
+                    "\"{}\";q={};qu=\"concurrent-requests\"",
+                    l.name, l.params.limit
+                )
+            }
+            _ => format!(
+                "\"{}\";q={};w={}",
+                l.name,
+                l.params.limit,
+                (l.params.period_us.max(0) as u64).div_ceil(1_000_000)
+            ),
+        })
+        .collect();
+    http::HeaderValue::from_str(&items.join(", ")).expect("policy names are plain ASCII")
 }
 
 #[derive(Debug, Clone)]
@@ -102,9 +171,23 @@ pub struct Limit {
     pub scope: Scope,
     pub on_limit: OnLimit,
     pub shadow: bool,
+    /// `count_statuses` or `cost_from_response`: settled after the response.
+    pub by_response: Option<super::ByResponse>,
+    /// `block_for`: once this limit denies a caller, every request of theirs on the route is
+    /// refused for this long (the penalty box, see `limit::algorithm::penalty_box`).
+    pub block_for: Option<Duration>,
+    /// `sync: <duration>`: decided locally and shared through Redis every interval
+    /// (`limit::local_first`); None is `sync: exact`, one atomic script call per request.
+    pub sync: Option<Duration>,
 }
 
 impl Limit {
+    /// `block_for` in microseconds, as the stores take it (0: none).
+    pub fn block_us(&self) -> crate::limit::Micros {
+        self.block_for
+            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+    }
+
     /// A one-line description for `check` and `explain`, e.g. `30 per 1m, burst 15, shadow`.
     pub fn describe(&self) -> String {
         let p = &self.params;
@@ -131,7 +214,35 @@ impl Limit {
         if self.scope == Scope::Local {
             text.push_str(", local");
         }
+        if let Some(by_response) = &self.by_response {
+            text.push_str(&format!(", {}", by_response.describe()));
+        }
+        if let Some(block_for) = self.block_for {
+            text.push_str(&format!(
+                ", block {} once denied",
+                humantime::format_duration(block_for)
+            ));
+        }
+        if let Some(sync) = self.sync {
+            text.push_str(&format!(", {}", self.sync_bound(sync)));
+        }
         text
+    }
+
+    /// For `check`: the bound of a local-first limit, as a function of R, the replicas alive
+    /// (see docs/algorithms.md, "Local-first limits").
+    pub fn sync_bound(&self, sync: Duration) -> String {
+        let p = &self.params;
+        let interval = humantime::format_duration(sync);
+        let quota = match p.algorithm {
+            Algorithm::TokenBucket | Algorithm::Gcra => format!("burst {} + refill", p.burst),
+            _ => format!("{} per window", p.limit),
+        };
+        format!(
+            "sync {interval}: admits at most {quota} + (R - 1) with R replicas; \
+             a replica holding all the traffic gets at least 1/R of what is left per {interval}; \
+             limit / R on each replica while Redis is down"
+        )
     }
 }
 
@@ -530,9 +641,7 @@ impl Validator<'_> {
             path_prefix: m.path_prefix.clone(),
             methods,
             host,
-            policy: crate::throttle::headers::policy_value(&limits),
-            limits,
-            shared_key,
+            limits: LimitSet::new(&raw.name, None, limits, shared_key),
             allow,
             overrides: Vec::new(),
         };
@@ -601,18 +710,7 @@ impl Validator<'_> {
                 name: tier.clone(),
                 identity,
                 values: raw_override.values.clone(),
-                route: Arc::new(Route {
-                    // `~` cannot appear in a route name: tier keys never meet another route's.
-                    name: format!("{}~{tier}", raw.name),
-                    path_prefix: route.path_prefix.clone(),
-                    methods: route.methods.clone(),
-                    host: route.host.clone(),
-                    policy: crate::throttle::headers::policy_value(&limits),
-                    limits,
-                    shared_key,
-                    allow: Allow::default(),
-                    overrides: Vec::new(),
-                }),
+                limits: LimitSet::new(&raw.name, Some(&tier), limits, shared_key),
             });
         }
         Some(route)
@@ -654,6 +752,15 @@ impl Validator<'_> {
                 );
             }
             limits.push(limit);
+        }
+        self.by_response_scopes(path, &limits);
+        if limits.windows(2).any(|w| w[0].sync != w[1].sync) {
+            // One decision covers every limit of a request, atomically: either in memory
+            // (local-first) or in one Redis script (exact), not both.
+            self.error(
+                &format!("{path}.limits"),
+                "every limit of a route (or tier) needs the same `sync`: exact, or one duration",
+            );
         }
         limits
     }
@@ -870,14 +977,87 @@ impl Validator<'_> {
                 OnLimit::Reject
             }
         };
+        let shadow = raw.shadow.unwrap_or(false);
+        let block_for = self.block_for(path, raw, algorithm, shadow, on_limit);
+        let by_response = self.by_response(path, raw, algorithm);
+        let sync = self.sync(path, raw, algorithm, scope, block_for.is_some());
         Some(Limit {
             name,
             params,
             key,
             scope,
             on_limit,
-            shadow: raw.shadow.unwrap_or(false),
+            shadow,
+            by_response,
+            block_for,
+            sync,
         })
+    }
+
+    /// `sync`: `exact` (None) or a duration, refused with the reason where local-first
+    /// counting could not keep its bound.
+    fn sync(
+        &mut self,
+        path: &str,
+        raw: &RawLimit,
+        algorithm: Algorithm,
+        scope: Scope,
+        blocks: bool,
+    ) -> Option<Duration> {
+        let text = raw.sync.as_deref()?.trim();
+        if text == "exact" {
+            return None;
+        }
+        let at = format!("{path}.sync");
+        let sync = self.duration(&at, Some(text), Duration::from_millis(100));
+        let refused = match algorithm {
+            Algorithm::SlidingLog => Some("sliding_log keeps one entry per request, which a batch of usage cannot merge: use `sync: exact`, or sliding_window for local-first counting"),
+            Algorithm::Concurrency => Some("a concurrency slot must be taken and given back atomically across replicas: use `sync: exact`"),
+            // Without store.redis every limit is local and `sync` has nothing to share with:
+            // accepted (it applies once the store is Redis), unless the limit says `local`.
+            _ if scope == Scope::Local && raw.scope.is_some() => Some("a local limit is already decided in memory and shared with no one: remove `sync`"),
+            _ if blocks => Some("a block (`block_for`) must be seen by every replica at once: use `sync: exact` with block_for"),
+            _ if sync < Duration::from_millis(10) => Some("must be at least 10ms (use `sync: exact` for a decision per request)"),
+            _ if sync > Duration::from_secs(60) => Some("must be at most 1m: the bound grows with the interval"),
+            _ => None,
+        };
+        if let Some(reason) = refused {
+            self.error(&at, reason);
+            return None;
+        }
+        Some(sync)
+    }
+
+    /// `block_for`, refused with the reason where a block could not mean what it says.
+    fn block_for(
+        &mut self,
+        path: &str,
+        raw: &RawLimit,
+        algorithm: Algorithm,
+        shadow: bool,
+        on_limit: OnLimit,
+    ) -> Option<Duration> {
+        let text = raw.block_for.as_deref()?;
+        let at = format!("{path}.block_for");
+        let block_for = self.duration(&at, Some(text), Duration::from_secs(1));
+        let refused = if shadow {
+            Some("a shadow limit never denies, so it cannot block anyone: remove `shadow: true` to enforce the limit, or remove `block_for`")
+        } else if algorithm == Algorithm::Concurrency {
+            Some("a concurrency limit denies only while its slots are taken, which says nothing about the caller's behaviour: use block_for on a rate limit")
+        } else if matches!(on_limit, OnLimit::Delay { .. }) {
+            Some("`on_limit: delay` makes a request over the limit wait instead of refusing it, and a block would start on the first one that has to wait: use `on_limit: reject` with block_for")
+        } else if block_for < Duration::from_secs(1) {
+            Some("must be at least 1s (Retry-After counts whole seconds)")
+        } else if block_for.as_micros() > algorithm::MAX_PRODUCT as u128 {
+            Some("is too long to count exactly in microseconds (keep it under 10 years)")
+        } else {
+            None
+        };
+        if let Some(reason) = refused {
+            self.error(&at, reason);
+            return None;
+        }
+        Some(block_for)
     }
 
     fn response(&mut self, raw: Option<&raw::RawResponse>) -> ResponseConfig {
@@ -968,7 +1148,7 @@ response: { status: 503, headers: [legacy] }\n");
             Some(&[Method::POST, Method::PUT][..])
         );
         assert_eq!(route.host.as_deref(), Some("api.example.com"));
-        assert!(!route.shared_key, "one limit is keyed by `global`");
+        assert!(!route.limits.shared_key, "one limit is keyed by `global`");
         let names: Vec<&str> = route.limits.iter().map(|l| l.name.as_str()).collect();
         assert_eq!(
             names,
@@ -1041,6 +1221,54 @@ routes:\n  - name: a\n    key: usr\n    limits:\n      - { algorithm: gcra, limi
     }
 
     #[test]
+    fn block_for_is_read_shown_and_refused_where_it_makes_no_sense() {
+        let c = ok("routes:\n  - name: login\n    limits:\n      - { algorithm: fixed_window, limit: 5, period: 1m, block_for: 10m }\n");
+        let limit = &c.throttle.routes[0].limits[0];
+        assert_eq!(limit.block_for, Some(Duration::from_secs(600)));
+        assert_eq!(limit.block_us(), 600_000_000);
+        assert_eq!(limit.describe(), "5 per 1m, local, block 10m once denied");
+
+        let all = errors("routes:\n  - name: a\n    limits:\n      - { algorithm: gcra, limit: 5, period: 1s, shadow: true, block_for: 1m }\n      - { algorithm: concurrency, limit: 2, block_for: 1m }\n      - { algorithm: token_bucket, limit: 5, period: 1s, on_limit: delay, max_delay: 1s, block_for: 1m }\n      - { algorithm: fixed_window, limit: 5, period: 1s, block_for: 500ms }\n      - { algorithm: fixed_window, limit: 5, period: 1s, block_for: soon }\n");
+        for expected in [
+            "t.yaml:6:75: routes[0].limits[0].block_for: a shadow limit never denies",
+            "t.yaml:7:56: routes[0].limits[1].block_for: a concurrency limit denies only while",
+            "t.yaml:8:101: routes[0].limits[2].block_for: `on_limit: delay` makes a request",
+            "t.yaml:9:69: routes[0].limits[3].block_for: must be at least 1s",
+            "t.yaml:10:69: routes[0].limits[4].block_for: `soon` is not a duration",
+        ] {
+            assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+        }
+        assert_eq!(all.lines().count(), 5, "one error per mistake:\n{all}");
+    }
+
+    #[test]
+    fn sync_is_read_shown_with_its_bound_and_refused_where_it_cannot_hold() {
+        let store = "store:\n  redis: { url: \"redis://127.0.0.1:1\" }\n";
+        let c = ok(&format!("{store}routes:\n  - name: api\n    limits:\n      - {{ algorithm: gcra, limit: 10, period: 1s, burst: 20, sync: 100ms }}\n  - name: exact\n    limits:\n      - {{ algorithm: fixed_window, limit: 5, period: 1m, sync: exact }}\n"));
+        let limit = &c.throttle.routes[0].limits[0];
+        assert_eq!(limit.sync, Some(Duration::from_millis(100)));
+        assert_eq!(
+            limit.describe(),
+            "10 per 1s, burst 20, sync 100ms: admits at most burst 20 + refill + (R - 1) with R replicas; \
+             a replica holding all the traffic gets at least 1/R of what is left per 100ms; \
+             limit / R on each replica while Redis is down"
+        );
+        assert_eq!(c.throttle.routes[1].limits[0].sync, None);
+
+        let all = errors(&format!("{store}routes:\n  - name: a\n    limits:\n      - {{ algorithm: sliding_log, limit: 5, period: 1s, sync: 100ms }}\n      - {{ algorithm: concurrency, limit: 2, sync: 100ms }}\n      - {{ algorithm: fixed_window, limit: 5, period: 1s, scope: local, sync: 100ms }}\n      - {{ algorithm: fixed_window, limit: 5, period: 1s, block_for: 1m, sync: 100ms }}\n      - {{ algorithm: token_bucket, limit: 5, period: 1s, sync: 1ms }}\n  - name: b\n    limits:\n      - {{ algorithm: fixed_window, limit: 5, period: 1s, sync: 100ms }}\n      - {{ algorithm: fixed_window, limit: 50, period: 1m }}\n"));
+        for expected in [
+            "routes[0].limits[0].sync: sliding_log keeps one entry per request",
+            "routes[0].limits[1].sync: a concurrency slot must be taken",
+            "routes[0].limits[2].sync: a local limit is already decided in memory",
+            "routes[0].limits[3].sync: a block (`block_for`) must be seen",
+            "routes[0].limits[4].sync: must be at least 10ms",
+            "routes[1].limits: every limit of a route (or tier) needs the same `sync`",
+        ] {
+            assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+        }
+    }
+
+    #[test]
     fn store_identity_and_response_mistakes_are_explained() {
         let all = errors(
             "store:\n  redis: { url: \"http://x\", key_prefix: \"a{b}\" }\n  on_error: ignore\nclient_ip: { trusted_proxies: [10.0.0.0/33] }\n",
@@ -1075,6 +1303,32 @@ routes:\n  - name: a\n    key: usr\n    limits:\n      - { algorithm: gcra, limi
         ] {
             assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
         }
+    }
+
+    #[test]
+    fn policy_lists_every_limit_in_structured_field_syntax() {
+        let c = ok("routes:\n  - name: r\n    limits:\n      - { algorithm: gcra, limit: 100, period: 60s, name: burst }\n      - { algorithm: fixed_window, limit: 1000, period: 1d, name: daily }\n      - { algorithm: concurrency, limit: 2, name: uploads }\n");
+        assert_eq!(
+            c.throttle.routes[0].limits.policy,
+            "\"burst\";q=100;w=60, \"daily\";q=1000;w=86400, \"uploads\";q=2;qu=\"concurrent-requests\""
+        );
+    }
+
+    #[test]
+    fn a_tier_keys_as_route_tilde_tier_and_shows_the_route() {
+        let c = ok("identities:\n  user:\n    - header: x-user\nroutes:\n  - name: api\n    key: user\n    overrides:\n      - { name: partner, values: [p], limits: [ { algorithm: fixed_window, limit: 5, period: 1m } ] }\n    limits:\n      - { algorithm: fixed_window, limit: 2, period: 1m }\n");
+        let route = &c.throttle.routes[0];
+        assert_eq!(
+            (route.limits.route.as_str(), route.limits.key_name.as_str()),
+            ("api", "api")
+        );
+        let tier = &route.overrides[0].limits;
+        assert_eq!(
+            (tier.route.as_str(), tier.key_name.as_str()),
+            ("api", "api~partner")
+        );
+        assert_eq!(tier.policy, "\"partner\";q=5;w=60");
+        assert!(tier.shared_key);
     }
 
     #[test]

@@ -238,6 +238,84 @@ impl Identity {
     }
 }
 
+impl Identity {
+    /// The key parts a caller presenting the raw value `raw` can have under this identity, one
+    /// per way it may have been identified (each source in order, then the client-IP fallback
+    /// when `raw` is an address), without duplicates. The same bytes the request path writes:
+    /// operators name a caller by value (`tollgate limits get`) and find its keys with these.
+    pub fn key_parts_for_value(&self, raw: &[u8]) -> Vec<String> {
+        let ip = std::str::from_utf8(raw)
+            .ok()
+            .and_then(|text| text.trim().parse::<IpAddr>().ok());
+        let mut parts: Vec<String> = Vec::new();
+        let mut add = |part: String| {
+            if !parts.contains(&part) {
+                parts.push(part);
+            }
+        };
+        for source in &self.sources {
+            let kind = source.kind();
+            match source {
+                Source::Header(_)
+                | Source::Query(_)
+                | Source::Cookie(_)
+                | Source::Jwt(_)
+                | Source::PathSegment(_) => {
+                    if !raw.is_empty() {
+                        add(Identified::readable(kind, raw, None).key_part);
+                    }
+                }
+                Source::Bearer => {
+                    if !raw.is_empty() {
+                        let mut part = kind.to_owned();
+                        key::push_hashed_forms(raw, &mut part, None);
+                        add(part);
+                    }
+                }
+                Source::ClientIp => {
+                    if let Some(ip) = ip {
+                        add(Identified::ip(ip, None).key_part);
+                    }
+                }
+                Source::Global => add(Identified::global(None).key_part),
+            }
+        }
+        let always_present = self
+            .sources
+            .iter()
+            .any(|s| matches!(s, Source::ClientIp | Source::Global));
+        if let (Some(ip), false) = (ip, always_present) {
+            add(Identified::ip(ip, None).key_part);
+        }
+        parts
+    }
+}
+
+/// How a key part (`header=alice`, `bearer#<digest>`, `*`) is shown in logs and `explain`:
+/// the source kind and the value (readable values as is, hashed ones as `sha256:<12 hex>` from
+/// the same digest). A client IPv6 address is kept hashed in keys, so it shows as a digest too.
+pub fn shown_from_key_part(part: &str) -> (&str, String) {
+    if part == "*" {
+        return ("global", "*".to_owned());
+    }
+    if let Some(at) = part.find('=') {
+        return (&part[..at], part[at + 1..].to_owned());
+    }
+    if let Some(at) = part.find('#') {
+        use base64::Engine as _;
+        let digest = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(&part[at + 1..]);
+        let shown = match digest {
+            Ok(digest) if digest.len() >= 6 => {
+                let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+                format!("sha256:{hex}")
+            }
+            _ => "sha256:?".to_owned(),
+        };
+        return (&part[..at], shown);
+    }
+    ("unknown", part.to_owned())
+}
+
 /// Built-in identities, always defined: "client_ip" ([ClientIp]) and "global" (one bucket for
 /// everyone: key_part "*", source_kind "global").
 pub fn builtin(name: &str) -> Option<Identity> {
@@ -258,7 +336,7 @@ fn non_empty(value: &[u8]) -> Option<&[u8]> {
 
 /// The decoded value of the first `name=...` pair (form rules: `+` is a space, `%XX` a byte).
 /// Decoding is to bytes, not lossy UTF-8, so distinct raw values stay distinct keys.
-fn query_param(query: &str, name: &str) -> Option<Vec<u8>> {
+pub(crate) fn query_param(query: &str, name: &str) -> Option<Vec<u8>> {
     query
         .split('&')
         .filter(|pair| !pair.is_empty())
@@ -363,6 +441,49 @@ mod is_value_tests {
         assert!(by(Source::PathSegment(2)).is_value(b"abc"));
         assert!(by(Source::ClientIp).is_value(b"10.0.0.1"));
         assert!(!by(Source::Global).is_value(b"*"));
+    }
+
+    #[test]
+    fn key_parts_for_a_value_match_what_requests_produce() {
+        let parts = http::Request::get("/t/abc")
+            .header("x-user", "alice")
+            .header("authorization", "Bearer secret-token")
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0;
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let one = |source: Source| Identity {
+            name: "x".into(),
+            sources: vec![source],
+        };
+        let header = one(Source::Header(http::HeaderName::from_static("x-user")));
+        assert_eq!(
+            header.key_parts_for_value(b"alice"),
+            vec![header.identify(&parts, ip).key_part]
+        );
+        let bearer = one(Source::Bearer);
+        assert_eq!(
+            bearer.key_parts_for_value(b"secret-token"),
+            vec![bearer.identify(&parts, ip).key_part]
+        );
+        // An address also names the client-IP fallback.
+        let by_ip = header.key_parts_for_value(b"10.0.0.1");
+        assert_eq!(by_ip.len(), 2);
+        assert_eq!(
+            by_ip[1],
+            one(Source::ClientIp).identify(&parts, ip).key_part
+        );
+        let bearer_part = bearer.identify(&parts, ip).key_part;
+        let (kind, shown) = shown_from_key_part(&bearer_part);
+        assert_eq!(
+            (kind, shown),
+            ("bearer", key::display_hash(b"secret-token"))
+        );
+        assert_eq!(
+            shown_from_key_part("header=alice"),
+            ("header", "alice".to_owned())
+        );
     }
 }
 

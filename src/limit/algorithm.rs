@@ -143,6 +143,8 @@ pub enum State {
     Gcra { tat: Micros },
     /// Leases in flight (expired ones are dropped on every check).
     Concurrency { leases: Vec<LeaseSlot> },
+    /// A block marker (`block_for`): the caller is refused until `until` (see [`penalty_box`]).
+    Blocked { until: Micros },
 }
 
 /// The outcome of one check: what to report, and what to store (for how long) if committed.
@@ -217,6 +219,45 @@ pub fn refresh(state: &mut State, lease: u64, params: &Params, now: Micros) -> O
         .find(|l| l.id == lease && l.expires_at > now)?;
     slot.expires_at = now + params.period_us;
     leases.iter().map(|l| l.expires_at - now).max()
+}
+
+/// `block_for` (the penalty box) applied to one limit's verdict; `decide.lua` mirrors it in its
+/// `@block` section.
+///
+/// `blocked_until` is the end of a block stored for this limit's key, if any. While it is in
+/// the future the limit denies whatever the algorithm said (the algorithm's state is not
+/// consumed: the decision is denied). Otherwise a denial by the algorithm itself starts a block
+/// of `block_us`: the returned end is to be stored (even though the decision is denied). A
+/// blocked verdict reports nothing left, and a retry (and reset) no earlier than the block's
+/// end, or later if the algorithm itself needs longer; a retry of -1 (never, at this cost)
+/// stays. `block_us <= 0` (no `block_for`) leaves the verdict alone.
+pub fn penalty_box(
+    verdict: Verdict,
+    blocked_until: Option<Micros>,
+    block_us: Micros,
+    now: Micros,
+) -> (Verdict, Option<Micros>) {
+    if block_us <= 0 {
+        return (verdict, None);
+    }
+    let (left, start) = match blocked_until {
+        Some(until) if until > now => (until - now, None),
+        _ if !verdict.allowed => (block_us, Some(now + block_us)),
+        _ => return (verdict, None),
+    };
+    let retry = if !verdict.allowed && verdict.retry_after_us < 0 {
+        -1
+    } else {
+        verdict.retry_after_us.max(left)
+    };
+    let blocked = Verdict {
+        allowed: false,
+        limit: verdict.limit,
+        remaining: 0,
+        reset_after_us: verdict.reset_after_us.max(left),
+        retry_after_us: retry,
+    };
+    (blocked, start)
 }
 
 /// Ceiling division for `a >= 0`, `b > 0` (same expression in Lua).
@@ -473,6 +514,253 @@ pub fn concurrency(
     )
 }
 
+/// What a settlement does to one limit once the response is known (see [`settle`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settle {
+    /// Give back `amount` units that the decision at `taken_at` (the store's clock) took: the
+    /// response did not count (`count_statuses`), or it cost less than was paid up front.
+    Refund { amount: u64, taken_at: Micros },
+    /// Take `amount` more units now, even past the limit: the response reported a cost above
+    /// what was paid up front (`cost_from_response`). The caller is then in debt and refused
+    /// until time has repaid it.
+    Charge { amount: u64 },
+}
+
+/// Units per period below which a sliding_window count must stay: with `current * period` at
+/// most 2^51, the check's sum of two products stays below [`MAX_SAFE`] (see [`params_fit`]).
+fn sliding_window_cap(period: Micros) -> i64 {
+    (MAX_SAFE / 4) / period
+}
+
+/// The token_bucket refill of [`token_bucket`], as a function for the settlements (the check
+/// keeps its own inline copy: same arithmetic).
+fn refill(p: &Params, state: Option<&State>, now: Micros) -> (i64, Micros) {
+    let (limit, period, burst) = (p.limit as i64, p.period_us, p.burst as i64);
+    let cap = burst * period;
+    match state {
+        Some(State::TokenBucket { scaled, updated_at }) => {
+            let elapsed = (now - *updated_at).max(0);
+            let missing = cap - *scaled;
+            let scaled = if missing <= 0 || elapsed >= ceil_div(missing, limit) {
+                cap
+            } else {
+                *scaled + elapsed * limit
+            };
+            (scaled, now.max(*updated_at))
+        }
+        _ => (cap, now),
+    }
+}
+
+/// Applies a settlement to one limit's state at `now`: the state to store and for how long
+/// (`<= 0`: delete it), or `None` when there is nothing to write (nothing left to give back,
+/// a state of another algorithm, or an algorithm the settlement does not apply to).
+///
+/// The same contract as [`check`] holds: a state past its TTL settles exactly like no state,
+/// so the stores may drop it early or keep it late. Every amount is capped so that the Lua
+/// mirror stays exact, and so is every debt (token_bucket: `MAX_PRODUCT` scaled tokens; gcra:
+/// a TAT `MAX_PRODUCT` µs ahead; fixed_window: `MAX_PRODUCT` units; sliding_window: 2^51 /
+/// period units), far beyond any real overdraft.
+pub fn settle(
+    p: &Params,
+    state: Option<&State>,
+    now: Micros,
+    op: Settle,
+) -> Option<(State, Micros)> {
+    match op {
+        Settle::Refund { amount, taken_at } => refund(p, state, now, taken_at, amount),
+        Settle::Charge { amount } => charge(p, state, now, amount),
+    }
+}
+
+/// Gives back `amount` units taken at `taken_at`, where the algorithm can tell them apart:
+/// fixed_window into the window they were taken from while it is current; sliding_window
+/// into the current or the previous window, whichever they were taken in; sliding_log by
+/// removing entries at `taken_at`; token_bucket as tokens (capped at the burst); gcra by
+/// moving the TAT back (never before now). Concurrency returns its slot by itself (release).
+pub fn refund(
+    p: &Params,
+    state: Option<&State>,
+    now: Micros,
+    taken_at: Micros,
+    amount: u64,
+) -> Option<(State, Micros)> {
+    let period = p.period_us;
+    let amount = amount.min(MAX_PRODUCT as u64) as i64;
+    match p.algorithm {
+        Algorithm::FixedWindow => {
+            let window = now / period;
+            let Some(State::FixedWindow { window: w, count }) = state else {
+                return None;
+            };
+            if *w != window || taken_at / period != window {
+                return None;
+            }
+            let count = (*count as i64 - amount).max(0);
+            Some((
+                State::FixedWindow {
+                    window,
+                    count: count as u64,
+                },
+                (window + 1) * period - now,
+            ))
+        }
+        Algorithm::SlidingWindow => {
+            let window = now / period;
+            let elapsed = now - window * period;
+            let (mut previous, mut current) = match state {
+                Some(State::SlidingWindow {
+                    window: w,
+                    current,
+                    previous,
+                }) if *w == window => (*previous as i64, *current as i64),
+                Some(State::SlidingWindow {
+                    window: w, current, ..
+                }) if *w == window - 1 => (*current as i64, 0),
+                _ => return None,
+            };
+            let taken = taken_at / period;
+            if taken == window {
+                current = (current - amount).max(0);
+            } else if taken == window - 1 {
+                previous = (previous - amount).max(0);
+            } else {
+                return None;
+            }
+            Some((
+                State::SlidingWindow {
+                    window,
+                    current: current as u64,
+                    previous: previous as u64,
+                },
+                2 * period - elapsed,
+            ))
+        }
+        Algorithm::SlidingLog => {
+            let Some(State::SlidingLog { entries }) = state else {
+                return None;
+            };
+            if taken_at <= now - period {
+                return None;
+            }
+            let mut entries = entries.clone();
+            let mut left = amount;
+            while left > 0 {
+                match entries.iter().rposition(|&t| t == taken_at) {
+                    Some(i) => {
+                        entries.remove(i);
+                        left -= 1;
+                    }
+                    None => break,
+                }
+            }
+            let ttl = entries.back().map_or(0, |&newest| newest + period - now);
+            Some((State::SlidingLog { entries }, ttl))
+        }
+        Algorithm::TokenBucket => {
+            let Some(State::TokenBucket { .. }) = state else {
+                return None;
+            };
+            let (limit, burst) = (p.limit as i64, p.burst as i64);
+            let cap = burst * period;
+            let (scaled, updated_at) = refill(p, state, now);
+            let back = amount.min(MAX_PRODUCT / period) * period;
+            let scaled = (scaled + back).min(cap);
+            Some((
+                State::TokenBucket { scaled, updated_at },
+                ceil_div(cap - scaled, limit),
+            ))
+        }
+        Algorithm::Gcra => {
+            let Some(State::Gcra { tat }) = state else {
+                return None;
+            };
+            let interval = period / p.limit as i64;
+            let tat = (*tat).max(now);
+            let tat = (tat - amount.min(MAX_PRODUCT / interval) * interval).max(now);
+            Some((State::Gcra { tat }, tat - now))
+        }
+        Algorithm::Concurrency => None,
+    }
+}
+
+/// Takes `amount` more units now, past the limit if need be (a debt, capped as [`settle`]
+/// says): fixed_window and sliding_window count them in the current window, token_bucket
+/// takes the tokens (the balance may go below zero), gcra moves the TAT forward. The next
+/// check then refuses until the debt is repaid by time, and its retry time is exactly when.
+pub fn charge(
+    p: &Params,
+    state: Option<&State>,
+    now: Micros,
+    amount: u64,
+) -> Option<(State, Micros)> {
+    let period = p.period_us;
+    let amount = amount.min(MAX_PRODUCT as u64) as i64;
+    match p.algorithm {
+        Algorithm::FixedWindow => {
+            let window = now / period;
+            let count = match state {
+                Some(State::FixedWindow { window: w, count }) if *w == window => *count as i64,
+                _ => 0,
+            };
+            let count = (count + amount).min(MAX_PRODUCT);
+            Some((
+                State::FixedWindow {
+                    window,
+                    count: count as u64,
+                },
+                (window + 1) * period - now,
+            ))
+        }
+        Algorithm::SlidingWindow => {
+            let window = now / period;
+            let elapsed = now - window * period;
+            let (previous, current) = match state {
+                Some(State::SlidingWindow {
+                    window: w,
+                    current,
+                    previous,
+                }) if *w == window => (*previous as i64, *current as i64),
+                Some(State::SlidingWindow {
+                    window: w, current, ..
+                }) if *w == window - 1 => (*current as i64, 0),
+                _ => (0, 0),
+            };
+            let cap = sliding_window_cap(period);
+            let current = (current + amount.min(cap)).min(cap);
+            Some((
+                State::SlidingWindow {
+                    window,
+                    current: current as u64,
+                    previous: previous as u64,
+                },
+                2 * period - elapsed,
+            ))
+        }
+        Algorithm::TokenBucket => {
+            let (limit, burst) = (p.limit as i64, p.burst as i64);
+            let cap = burst * period;
+            let (scaled, updated_at) = refill(p, state, now);
+            let take = amount.min(MAX_PRODUCT / period) * period;
+            let scaled = (scaled - take).max(-MAX_PRODUCT);
+            Some((
+                State::TokenBucket { scaled, updated_at },
+                ceil_div(cap - scaled, limit),
+            ))
+        }
+        Algorithm::Gcra => {
+            let interval = period / p.limit as i64;
+            let tat = match state {
+                Some(State::Gcra { tat }) => (*tat).max(now),
+                _ => now,
+            };
+            let tat = (tat + amount.min(MAX_PRODUCT / interval) * interval).min(now + MAX_PRODUCT);
+            Some((State::Gcra { tat }, tat - now))
+        }
+        Algorithm::SlidingLog | Algorithm::Concurrency => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -496,6 +784,60 @@ mod tests {
             burst,
             cost,
         }
+    }
+
+    fn verdict(allowed: bool, remaining: u64, reset: Micros, retry: Micros) -> Verdict {
+        Verdict {
+            allowed,
+            limit: 5,
+            remaining,
+            reset_after_us: reset,
+            retry_after_us: retry,
+        }
+    }
+
+    #[test]
+    fn a_denial_starts_a_block_that_denies_until_its_end() {
+        let block = 600 * SEC;
+        // No block_for: nothing changes.
+        let denied = verdict(false, 0, 30 * SEC, 10 * SEC);
+        assert_eq!(penalty_box(denied, None, 0, T0), (denied, None));
+        // Allowed and not blocked: nothing changes.
+        let allowed = verdict(true, 4, 60 * SEC, 0);
+        assert_eq!(penalty_box(allowed, None, block, T0), (allowed, None));
+        // A denial starts a block: retry and reset say when it ends.
+        assert_eq!(
+            penalty_box(denied, None, block, T0),
+            (verdict(false, 0, block, block), Some(T0 + block))
+        );
+        // While blocked, whatever the algorithm says, the limit denies until the end; the
+        // block is not extended.
+        let until = T0 + block;
+        assert_eq!(
+            penalty_box(allowed, Some(until), block, T0 + 100 * SEC),
+            (verdict(false, 0, 500 * SEC, 500 * SEC), None)
+        );
+        // An algorithm that needs longer than the block says so.
+        let long = verdict(false, 1, 900 * SEC, 700 * SEC);
+        assert_eq!(
+            penalty_box(long, Some(until), block, T0 + 100 * SEC),
+            (verdict(false, 0, 900 * SEC, 700 * SEC), None)
+        );
+        // Never (cost above capacity) stays never.
+        let never = verdict(false, 5, 0, -1);
+        assert_eq!(
+            penalty_box(never, None, block, T0),
+            (verdict(false, 0, block, -1), Some(T0 + block))
+        );
+        // A block that has ended is gone; only a new denial starts another.
+        assert_eq!(
+            penalty_box(allowed, Some(until), block, until),
+            (allowed, None)
+        );
+        assert_eq!(
+            penalty_box(denied, Some(until), block, until),
+            (verdict(false, 0, block, block), Some(until + block))
+        );
     }
 
     /// A one-key store: commits allowed steps, forgets states past their TTL.
@@ -957,6 +1299,200 @@ mod tests {
         assert_eq!(v.remaining, 2);
         assert!(k.hit(2, T0).allowed);
         assert_eq!(k.peek(6, T0).verdict.retry_after_us, -1);
+    }
+
+    // ---- settlements (refund / charge) ----
+
+    impl Key {
+        fn settle(&mut self, op: Settle, now: Micros) {
+            let live = self.live(now).cloned();
+            if let Some((state, ttl)) = settle(&self.p, live.as_ref(), now, op) {
+                self.state = (ttl > 0).then_some((state, now + ttl));
+            }
+        }
+    }
+
+    #[test]
+    fn fixed_window_refund_only_into_the_window_it_was_taken_from() {
+        let mut k = Key::new(params(Algorithm::FixedWindow, 2, 10 * SEC, 2, 1));
+        assert!(k.hit(1, T0 + SEC).allowed);
+        assert!(k.hit(1, T0 + SEC).allowed);
+        assert!(!k.hit(1, T0 + 2 * SEC).allowed);
+        k.settle(
+            Settle::Refund {
+                amount: 1,
+                taken_at: T0 + SEC,
+            },
+            T0 + 3 * SEC,
+        );
+        assert_eq!(k.peek(1, T0 + 3 * SEC).verdict.remaining, 0);
+        assert!(k.hit(1, T0 + 3 * SEC).allowed);
+        // Taken in the window before: nothing to give back in this one.
+        assert!(k.hit(2, T0 + 10 * SEC).allowed);
+        k.settle(
+            Settle::Refund {
+                amount: 2,
+                taken_at: T0 + 3 * SEC,
+            },
+            T0 + 11 * SEC,
+        );
+        assert!(!k.hit(1, T0 + 11 * SEC).allowed);
+    }
+
+    #[test]
+    fn fixed_window_charge_is_a_debt_until_the_window_ends() {
+        let mut k = Key::new(params(Algorithm::FixedWindow, 10, 10 * SEC, 10, 1));
+        assert!(k.hit(1, T0).allowed);
+        k.settle(Settle::Charge { amount: 25 }, T0 + SEC);
+        let v = k.hit(1, T0 + 2 * SEC);
+        assert!(!v.allowed);
+        assert_eq!((v.remaining, v.retry_after_us), (0, 8 * SEC));
+        k.assert_retry_exact(1, T0 + 2 * SEC);
+    }
+
+    #[test]
+    fn sliding_window_refund_reaches_the_previous_window() {
+        let mut k = Key::new(params(Algorithm::SlidingWindow, 4, 10 * SEC, 4, 1));
+        for _ in 0..4 {
+            assert!(k.hit(1, T0 + 9 * SEC).allowed);
+        }
+        // At 1 s into the next window previous weighs 3.6: nothing passes.
+        assert!(!k.hit(1, T0 + 11 * SEC).allowed);
+        k.settle(
+            Settle::Refund {
+                amount: 2,
+                taken_at: T0 + 9 * SEC,
+            },
+            T0 + 11 * SEC,
+        );
+        // 2 * 0.9 = 1.8: two more pass.
+        assert!(k.hit(1, T0 + 11 * SEC).allowed);
+        assert!(k.hit(1, T0 + 11 * SEC).allowed);
+        assert!(!k.hit(1, T0 + 11 * SEC).allowed);
+    }
+
+    #[test]
+    fn sliding_log_refund_removes_the_reserved_entries() {
+        let mut k = Key::new(params(Algorithm::SlidingLog, 3, 10 * SEC, 3, 1));
+        assert!(k.hit(2, T0).allowed);
+        assert!(k.hit(1, T0 + SEC).allowed);
+        k.settle(
+            Settle::Refund {
+                amount: 2,
+                taken_at: T0,
+            },
+            T0 + 2 * SEC,
+        );
+        match &k.state {
+            Some((State::SlidingLog { entries }, _)) => {
+                assert_eq!(entries.iter().copied().collect::<Vec<_>>(), vec![T0 + SEC])
+            }
+            other => panic!("unexpected state {other:?}"),
+        }
+        assert!(k.hit(2, T0 + 2 * SEC).allowed);
+        assert!(!k.hit(1, T0 + 2 * SEC).allowed);
+        // Past its period the entry is gone anyway: nothing to give back.
+        assert_eq!(
+            refund(&k.p, k.live(T0 + 13 * SEC), T0 + 13 * SEC, T0 + 2 * SEC, 1),
+            None
+        );
+    }
+
+    #[test]
+    fn token_bucket_debt_and_truthful_retry() {
+        // 10 tokens per second, burst 10.
+        let mut k = Key::new(params(Algorithm::TokenBucket, 10, SEC, 10, 1));
+        assert!(k.hit(1, T0).allowed);
+        // The response reports 35 tokens: 1 was paid up front, 34 charged: balance -25.
+        k.settle(Settle::Charge { amount: 34 }, T0);
+        let v = k.hit(1, T0);
+        assert!(!v.allowed);
+        assert_eq!(v.remaining, 0);
+        // Back to 1 token (26 tokens at 10/s) after 2.6 s.
+        assert_eq!(v.retry_after_us, 2_600_000);
+        k.assert_retry_exact(1, T0);
+        // Refunds are capped at the burst.
+        k.settle(
+            Settle::Refund {
+                amount: 1000,
+                taken_at: T0,
+            },
+            T0 + SEC,
+        );
+        assert_eq!(k.peek(1, T0 + SEC).verdict.remaining, 9);
+    }
+
+    #[test]
+    fn gcra_charge_pushes_the_tat_and_refund_pulls_it_back() {
+        // One per 100 ms, burst 5.
+        let mut k = Key::new(params(Algorithm::Gcra, 10, SEC, 5, 1));
+        assert!(k.hit(1, T0).allowed);
+        k.settle(Settle::Charge { amount: 9 }, T0);
+        // TAT = T0 + 1 s; a request needs TAT - 0.4 s <= now.
+        let v = k.hit(1, T0);
+        assert!(!v.allowed);
+        assert_eq!(v.retry_after_us, 600_000);
+        k.assert_retry_exact(1, T0);
+        k.settle(
+            Settle::Refund {
+                amount: 4,
+                taken_at: T0,
+            },
+            T0,
+        );
+        assert!(k.hit(1, T0 + 200_000).allowed);
+        // Never before now.
+        k.settle(
+            Settle::Refund {
+                amount: 100,
+                taken_at: T0,
+            },
+            T0 + 200_000,
+        );
+        assert_eq!(k.peek(1, T0 + 200_000).verdict.remaining, 4);
+    }
+
+    #[test]
+    fn settlements_skip_concurrency_foreign_and_idle_states() {
+        let p = params(Algorithm::Concurrency, 2, SEC, 2, 1);
+        let step = check(&p, None, T0, 1);
+        assert_eq!(
+            settle(&p, Some(&step.state), T0, Settle::Charge { amount: 1 }),
+            None
+        );
+        let tb = params(Algorithm::TokenBucket, 2, SEC, 2, 1);
+        let refund_idle = Settle::Refund {
+            amount: 1,
+            taken_at: T0,
+        };
+        assert_eq!(settle(&tb, None, T0, refund_idle), None);
+        assert_eq!(
+            settle(&tb, Some(&State::Gcra { tat: T0 }), T0, refund_idle),
+            None
+        );
+        let log = params(Algorithm::SlidingLog, 2, SEC, 2, 1);
+        assert_eq!(settle(&log, None, T0, Settle::Charge { amount: 1 }), None);
+    }
+
+    #[test]
+    fn debts_stay_within_exact_integers() {
+        for algorithm in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::TokenBucket,
+            Algorithm::Gcra,
+        ] {
+            let p = params(algorithm, 1000, 3_600 * SEC, 1000, 1);
+            let mut state = None;
+            for _ in 0..4 {
+                let (s, ttl) = charge(&p, state.as_ref(), T0, u64::MAX).unwrap();
+                assert!(ttl > 0 && T0 + ttl < MAX_SAFE, "{algorithm:?} ttl {ttl}");
+                state = Some(s);
+            }
+            let v = check(&p, state.as_ref(), T0, 0).verdict;
+            assert!(!v.allowed, "{algorithm:?}");
+            assert!(v.retry_after_us > 0 && T0 + v.retry_after_us < MAX_SAFE);
+        }
     }
 
     // ---- properties ----

@@ -24,7 +24,8 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use super::redis_store::RedisStore;
+use super::lua::split_batch_reply;
+use super::script_runner::ScriptRunner;
 use super::StoreError;
 
 /// Calls in flight at once. Two keep Redis busy while the next batch gathers; more would
@@ -37,7 +38,7 @@ pub const MAX_BATCH: usize = 64;
 /// their own timeout), so a stalled Redis cannot make memory grow.
 const QUEUE: usize = 1024;
 
-/// One decision waiting to be sent: its keys and its script arguments, seven per limit, as
+/// One decision waiting to be sent: its keys and its script arguments, those of each limit, as
 /// the single-decision script takes them.
 pub struct Pending {
     pub keys: Vec<String>,
@@ -51,11 +52,12 @@ pub struct Coalescer {
 }
 
 impl Coalescer {
-    /// Starts the sending task (needs a Tokio runtime). `store` sends the batches; it must not
-    /// hold this coalescer itself, or the task would keep its own queue open forever.
-    pub fn start(store: RedisStore) -> Coalescer {
+    /// Starts the sending task (needs a Tokio runtime), which sends the batches through
+    /// `runner`. The task holds the runner, never the store, so it ends when the store (the
+    /// owner of this coalescer) is dropped.
+    pub fn start(runner: Arc<ScriptRunner>) -> Coalescer {
         let (queue, waiting) = mpsc::channel(QUEUE);
-        tokio::spawn(gather(store, waiting));
+        tokio::spawn(gather(runner, waiting));
         Coalescer { queue }
     }
 
@@ -73,7 +75,7 @@ impl Coalescer {
 
 /// Takes a call slot, then everything queued (up to [`MAX_BATCH`]), and sends it; while both
 /// slots are busy, decisions pile up in the queue and form the next batch.
-async fn gather(store: RedisStore, mut waiting: mpsc::Receiver<Pending>) {
+async fn gather(runner: Arc<ScriptRunner>, mut waiting: mpsc::Receiver<Pending>) {
     let slots = Arc::new(Semaphore::new(CALLS_IN_FLIGHT));
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
@@ -96,10 +98,60 @@ async fn gather(store: RedisStore, mut waiting: mpsc::Receiver<Pending>) {
         if batch.is_empty() {
             continue;
         }
-        let store = store.clone();
+        let runner = runner.clone();
         tokio::spawn(async move {
-            store.send_batch(batch).await;
+            send_batch(&runner, batch).await;
             drop(slot);
         });
+    }
+}
+
+/// Sends the queued decisions of `batch` in one call and answers each of them: alone with the
+/// ordinary script, several with the batch form.
+async fn send_batch(runner: &ScriptRunner, batch: Vec<Pending>) {
+    let replies = if let [one] = batch.as_slice() {
+        let keys: Vec<&str> = one.keys.iter().map(String::as_str).collect();
+        let args = |command: &mut redis::Cmd| {
+            for value in &one.args {
+                command.arg(*value);
+            }
+        };
+        runner
+            .eval::<Vec<i64>>(&runner.scripts().decide, &keys, args)
+            .await
+            .map(|reply| vec![reply])
+    } else {
+        let keys: Vec<&str> = batch
+            .iter()
+            .flat_map(|p| p.keys.iter().map(String::as_str))
+            .collect();
+        let args = |command: &mut redis::Cmd| {
+            command.arg(batch.len());
+            for p in &batch {
+                command.arg(p.keys.len());
+                for value in &p.args {
+                    command.arg(*value);
+                }
+            }
+        };
+        runner
+            .eval::<Vec<i64>>(&runner.scripts().decide_batch, &keys, args)
+            .await
+            .and_then(|flat| {
+                split_batch_reply(batch.iter().map(|p| p.keys.len()), &flat)
+                    .map(|replies| replies.into_iter().map(<[i64]>::to_vec).collect())
+            })
+    };
+    match replies {
+        Ok(replies) => {
+            for (p, reply) in batch.into_iter().zip(replies) {
+                let _ = p.reply.send(Ok(reply));
+            }
+        }
+        Err(e) => {
+            for p in batch {
+                let _ = p.reply.send(Err(e.clone()));
+            }
+        }
     }
 }

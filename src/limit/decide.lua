@@ -6,12 +6,14 @@
 -- KEYS[i]  key of check i, used as given (the caller prefixes, escapes and hash-tags it).
 -- ARGV     [now_us]    only when built with ScriptClock::Argv (tests); otherwise the time is
 --                      read with TIME, the store's clock, never the proxy's.
---          then 7 values per check i, at base + 7 * (i - 1) + 1 .. + 7:
+--          then ARGS values per check i, at base + ARGS * (i - 1) + 1 .. + ARGS:
 --            algorithm code (1 fixed_window, 2 sliding_log, 3 sliding_window, 4 token_bucket,
 --                            5 gcra, 6 concurrency),
 --            limit, period_us, burst, cost, shadow (0/1),
---            lease id (decimal u64: kept as a string, it does not fit a double; 0 if unused)
--- Reply    {allowed, then per check: allowed, limit, remaining, reset_after_us, retry_after_us}
+--            lease id (decimal u64: kept as a string, it does not fit a double; 0 if unused),
+--            block_us (block_for in microseconds; 0 if none)
+-- Reply    {allowed, then per check: allowed, limit, remaining, reset_after_us, retry_after_us,
+--          then the time it decided at (what settle.lua's refunds name as their taken_at)}
 --
 -- Numbers are doubles: every intermediate is an integer below 2^53 as long as the params pass
 -- params_fit() (max(limit, burst, cost) * period_us <= 2^49), and every number sent back to
@@ -32,7 +34,8 @@
 -- Every key written expires after its TTL in milliseconds, rounded up (never 0); a state
 -- whose TTL is 0 is idle and its key is deleted instead.
 
--- (prelude.lua, prepended: CLOCK, now, base, TTL_SLACK_MS, format, floor, num, idiv)
+-- (prelude.lua, prepended: CLOCK, now, base, TTL_SLACK_MS, format, floor, num, idiv,
+-- token_refill)
 --
 -- Cost. Redis runs this whole file on every call: each `function` statement makes a new closure
 -- (and its upvalues) and each table constructor a new table, every time, all garbage for Lua's
@@ -46,6 +49,12 @@
 
 -- A peek (`tollgate explain --live`) runs the same arithmetic and writes nothing.
 local COMMIT = true -- @commit
+
+-- Values per check in ARGV (see the header); redis_store.rs's check_args sends them.
+local ARGS = 8
+
+-- limit::BLOCK_SUFFIX: a limit's block marker is its key followed by this (limit::block_key).
+local BLOCK_SUFFIX = ':block'
 
 -- algorithm::check: one limit for one request. Each branch mirrors the algorithm.rs function
 -- it is named after and returns as it does: the verdict (allowed, limit, remaining, reset,
@@ -119,24 +128,9 @@ local function check(key, code, limit, period, burst, cost, lease, write)
   elseif code == 4 then
     -- token_bucket
     local cap = burst * period
-    local scaled, updated_at = cap, now
-    local stored, at
-    if v then
-      stored, at = string.match(v, '^4 (%-?%d+) (%-?%d+)$')
-    end
-    if stored then
-      stored, at = stored + 0, at + 0
-      -- A clock that stepped back refills nothing (and must not refill twice later).
-      local elapsed = math.max(now - at, 0)
-      updated_at = math.max(now, at)
-      local missing = cap - stored
-      -- Comparing against the time to full first keeps `elapsed * limit` bounded.
-      -- (idiv(a + b - 1, b) is algorithm.rs's ceil_div(a, b).)
-      if missing <= 0 or elapsed >= idiv(missing + limit - 1, limit) then
-        scaled = cap
-      else
-        scaled = stored + elapsed * limit
-      end
+    local scaled, updated_at = token_refill(v, now, limit, cap)
+    if not scaled then
+      scaled, updated_at = cap, now
     end
     local retry = -1
     local allowed = cost <= burst and scaled >= cost * period
@@ -348,21 +342,21 @@ local function check(key, code, limit, period, burst, cost, lease, write)
   end
 end
 
--- One request's decision: its n checks are KEYS[k0 + 1 ..], their seven values each from
+-- One request's decision: its n checks are KEYS[k0 + 1 ..], their ARGS values each from
 -- ARGV[a0 + 1]. Returns the reply of the single form, or nil and a message.
 local function decide(k0, a0, n)
   -- No check, nothing to deny (the reply below is allocated for at least one).
   if n == 0 then
-    return { 1 }
+    return { 1, now }
   end
   -- The reply, allocated for one check: filling preallocated slots costs far less than
   -- growing a table. Likewise the writes to commit: key, state and TTL of each, three slots
   -- apiece.
-  local reply = { 0, 0, 0, 0, 0, 0 }
+  local reply = { 0, 0, 0, 0, 0, 0, 0 }
   local writes, nwrites = { false, false, false }, 0
   local allowed = true
   for i = 1, n do
-    local a = a0 + 7 * (i - 1)
+    local a = a0 + ARGS * (i - 1)
     local key = KEYS[k0 + i]
     local ok, limit, remaining, reset, retry, ttl, state = check(
       key,
@@ -377,6 +371,34 @@ local function decide(k0, a0, n)
     if ok == nil then
       return nil, 'decide.lua: unknown algorithm code ' .. tostring(ARGV[a + 1])
     end
+    -- @block begin: block_for (the penalty box), as algorithm::penalty_box. While the
+    -- marker's end (store-clock microseconds) is ahead, this limit denies; otherwise a denial
+    -- by the limit itself starts a block, written even though the decision is denied.
+    local block = ARGV[a + 8] + 0
+    if block > 0 then
+      local marker = key .. BLOCK_SUFFIX
+      local left, start = 0, nil
+      local stored = tonumber(redis.pcall('GET', marker))
+      if stored and stored > now then
+        left = stored - now
+      elseif not ok then
+        left, start = block, now + block
+      end
+      if left > 0 then
+        if ok then
+          retry = 0
+        end
+        if ok or retry >= 0 then
+          retry = math.max(retry, left)
+        end
+        ok, remaining, reset, state = false, 0, math.max(reset, left), nil
+        if COMMIT and start then
+          -- The TTL in milliseconds, rounded up (ceil_div(block, 1000)).
+          redis.call('SET', marker, num(start), 'PX', num(idiv(block + 999, 1000) + TTL_SLACK_MS))
+        end
+      end
+    end
+    -- @block end
     -- As algorithm::verdict: remaining is never negative, retry is 0 when allowed.
     local r = 5 * (i - 1) + 1
     if ok then
@@ -404,6 +426,7 @@ local function decide(k0, a0, n)
     reply[r + 5] = retry
   end
 
+  reply[5 * n + 2] = now
   if allowed then
     reply[1] = 1
     for w = 1, nwrites, 3 do
@@ -425,7 +448,7 @@ end
 -- decisions, one after another on the one reading of the clock above, each all-or-nothing
 -- over its own checks, exactly as if they had come in separate calls in this order.
 -- ARGV after the time: the number of decisions, then per decision its number of checks and
--- its seven values per check. KEYS: every decision's keys in order. Reply: the single
+-- its ARGS values per check. KEYS: every decision's keys in order. Reply: the single
 -- form's replies, one after another.
 local BATCH = false -- @batch
 
@@ -449,6 +472,6 @@ for _ = 1, tonumber(ARGV[a]) do
     out[size + j] = reply[j]
   end
   size = size + #reply
-  k, a = k + n, a + 1 + 7 * n
+  k, a = k + n, a + 1 + ARGS * n
 end
 return out

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::algorithm::{self, Algorithm, Micros, State};
-use super::{new_lease_id, Check, Decision, Lease};
+use super::{new_lease_id, Check, Decision, Lease, Settlement};
 
 const SHARDS: usize = 16;
 
@@ -113,7 +113,7 @@ impl MemoryStore {
     }
 
     /// Locks the shards of `keys` in ascending order (the deadlock-free order).
-    fn lock_keys<'a>(&'a self, keys: impl Iterator<Item = &'a str>) -> Locked<'a> {
+    fn lock_keys<'k>(&self, keys: impl Iterator<Item = &'k str>) -> Locked<'_> {
         let mut idx: Vec<usize> = keys.map(|k| self.shard_of(k)).collect();
         idx.sort_unstable();
         idx.dedup();
@@ -125,11 +125,24 @@ impl MemoryStore {
         }
     }
 
+    /// Locks the shards of `checks`' keys and of their block markers (`block_for`, entries of
+    /// their own, see [`block_markers`]); returns the markers with the lock.
+    fn lock_checks(&self, checks: &[Check<'_>]) -> (Vec<Option<String>>, Locked<'_>) {
+        let markers = block_markers(checks);
+        let locked = self.lock_keys(
+            checks
+                .iter()
+                .map(|c| c.key)
+                .chain(markers.iter().flatten().map(String::as_str)),
+        );
+        (markers, locked)
+    }
+
     /// See [`super::Store::decide`].
     pub fn decide(&self, checks: &[Check<'_>]) -> Decision {
-        let mut locked = self.lock_keys(checks.iter().map(|c| c.key));
+        let (markers, mut locked) = self.lock_checks(checks);
         let now = self.inner.clock.now_us();
-        let steps: Vec<_> = checks
+        let mut steps: Vec<_> = checks
             .iter()
             .map(|c| {
                 let lease = if c.params.algorithm == Algorithm::Concurrency {
@@ -141,6 +154,22 @@ impl MemoryStore {
                 (algorithm::check(&c.params, state, now, lease), lease)
             })
             .collect();
+        for ((step, _), (c, marker)) in steps.iter_mut().zip(checks.iter().zip(&markers)) {
+            let Some(marker) = marker else { continue };
+            let blocked_until = locked.blocked_until(marker, now);
+            let (verdict, start) =
+                algorithm::penalty_box(step.verdict, blocked_until, c.block_us, now);
+            step.verdict = verdict;
+            if let Some(until) = start {
+                locked.shard(marker).insert(
+                    marker.clone(),
+                    Entry {
+                        state: State::Blocked { until },
+                        expires_at: until,
+                    },
+                );
+            }
+        }
         let allowed = steps
             .iter()
             .zip(checks)
@@ -176,7 +205,46 @@ impl MemoryStore {
             allowed,
             verdicts: steps.iter().map(|(s, _)| s.verdict).collect(),
             leases,
+            at: now,
         }
+    }
+
+    /// What [`MemoryStore::decide`] would answer now, writing nothing: the in-memory twin of
+    /// [`super::redis_store::RedisStore::peek`] (`tollgate limits get`, `/limits/state`).
+    pub fn peek(&self, checks: &[Check<'_>]) -> Decision {
+        let (markers, mut locked) = self.lock_checks(checks);
+        let now = self.inner.clock.now_us();
+        let verdicts: Vec<_> = checks
+            .iter()
+            .zip(&markers)
+            .map(|(c, marker)| {
+                let verdict = algorithm::check(&c.params, locked.live(c.key, now), now, 0).verdict;
+                // A running block shows as it would answer; a block this peek would start is
+                // not started (nothing is written).
+                let blocked_until = marker.as_deref().and_then(|m| locked.blocked_until(m, now));
+                match blocked_until {
+                    Some(_) => algorithm::penalty_box(verdict, blocked_until, c.block_us, now).0,
+                    None => verdict,
+                }
+            })
+            .collect();
+        Decision {
+            allowed: verdicts
+                .iter()
+                .zip(checks)
+                .all(|(v, c)| c.shadow || v.allowed),
+            verdicts,
+            leases: Vec::new(),
+            at: now,
+        }
+    }
+
+    /// Forgets the state of `keys` (an operator's reset); returns how many existed.
+    pub fn remove(&self, keys: &[&str]) -> usize {
+        let mut locked = self.lock_keys(keys.iter().copied());
+        keys.iter()
+            .filter(|k| locked.shard(k).remove(**k).is_some())
+            .count()
     }
 
     /// See [`super::Store::release`].
@@ -189,6 +257,28 @@ impl MemoryStore {
                 if matches!(&entry.state, State::Concurrency { leases } if leases.is_empty()) {
                     map.remove(&lease.key);
                 }
+            }
+        }
+    }
+
+    /// See [`super::Store::settle`].
+    pub fn settle(&self, settlements: &[Settlement]) {
+        let mut locked = self.lock_keys(settlements.iter().map(|s| s.key.as_str()));
+        let now = self.inner.clock.now_us();
+        for s in settlements {
+            let state = locked.live(&s.key, now);
+            let Some((state, ttl)) = algorithm::settle(&s.params, state, now, s.op) else {
+                continue;
+            };
+            let map = locked.shard(&s.key);
+            if ttl > 0 {
+                let entry = Entry {
+                    state,
+                    expires_at: now + ttl,
+                };
+                map.insert(s.key.clone(), entry);
+            } else {
+                map.remove(&s.key);
             }
         }
     }
@@ -256,7 +346,24 @@ struct Locked<'a> {
     guards: Vec<MutexGuard<'a, Shard>>,
 }
 
+/// The block marker (`block_for`) of each check that has one: an entry of its own, locked
+/// with the decision.
+fn block_markers(checks: &[Check<'_>]) -> Vec<Option<String>> {
+    checks
+        .iter()
+        .map(|c| (c.block_us > 0).then(|| super::block_key(c.key)))
+        .collect()
+}
+
 impl Locked<'_> {
+    /// When the block at `marker` ends, if one is running.
+    fn blocked_until(&mut self, marker: &str, now: Micros) -> Option<Micros> {
+        match self.live(marker, now) {
+            Some(State::Blocked { until }) => Some(*until),
+            _ => None,
+        }
+    }
+
     fn shard(&mut self, key: &str) -> &mut Shard {
         let i = self.store.shard_of(key);
         let pos = self
@@ -305,11 +412,13 @@ mod tests {
             key: "wide",
             params: p(Algorithm::FixedWindow, 10, 10 * SEC),
             shadow: false,
+            block_us: 0,
         };
         let narrow = Check {
             key: "narrow",
             params: p(Algorithm::TokenBucket, 1, 10 * SEC),
             shadow: false,
+            block_us: 0,
         };
         assert!(s.decide(&[wide, narrow]).allowed);
         let d = s.decide(&[wide, narrow]);
@@ -325,11 +434,13 @@ mod tests {
             key: "e",
             params: p(Algorithm::FixedWindow, 10, 10 * SEC),
             shadow: false,
+            block_us: 0,
         };
         let shadow = Check {
             key: "s",
             params: p(Algorithm::FixedWindow, 1, 10 * SEC),
             shadow: true,
+            block_us: 0,
         };
         let d = s.decide(&[enforce, shadow]);
         assert!(d.allowed && d.verdicts[1].allowed && d.verdicts[1].remaining == 0);
@@ -345,6 +456,7 @@ mod tests {
             key: "c",
             params: p(Algorithm::Concurrency, 1, 30 * SEC),
             shadow: false,
+            block_us: 0,
         };
         let d = s.decide(&[c]);
         assert!(d.allowed);
@@ -361,6 +473,25 @@ mod tests {
     }
 
     #[test]
+    fn peek_consumes_nothing_and_remove_gives_the_quota_back() {
+        let (s, _) = store();
+        let c = Check {
+            key: "k",
+            params: p(Algorithm::FixedWindow, 3, 10 * SEC),
+            shadow: false,
+            block_us: 0,
+        };
+        assert_eq!(s.peek(&[c]).verdicts[0].remaining, 2);
+        assert!(s.is_empty());
+        s.decide(&[c]);
+        s.decide(&[c]);
+        assert_eq!(s.peek(&[c]).verdicts[0].remaining, 0);
+        assert_eq!(s.peek(&[c]).verdicts[0].remaining, 0);
+        assert_eq!(s.remove(&["k", "other"]), 1);
+        assert_eq!(s.peek(&[c]).verdicts[0].remaining, 2);
+    }
+
+    #[test]
     fn idle_keys_are_evicted() {
         let (s, clock) = store();
         for (i, a) in Algorithm::ALL.into_iter().enumerate() {
@@ -373,6 +504,7 @@ mod tests {
                 key: &key,
                 params,
                 shadow: false,
+                block_us: 0,
             };
             assert!(s.decide(&[check]).allowed);
         }
@@ -393,6 +525,7 @@ mod tests {
             key: "k",
             params: p(Algorithm::Gcra, 10, 10 * SEC),
             shadow: false,
+            block_us: 0,
         };
         s.decide(&[check]);
         let task = s.spawn_sweeper(Duration::from_millis(10));

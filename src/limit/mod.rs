@@ -8,8 +8,12 @@
 
 pub mod algorithm;
 mod coalesce;
+pub mod local_first;
+mod lua;
 pub mod memory;
+pub mod redis_settings;
 pub mod redis_store;
+mod script_runner;
 mod sentinel;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,7 +22,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sha2::{Digest, Sha256};
 
-pub use algorithm::{params_fit, Algorithm, Micros, Params, Verdict, MAX_SAFE};
+pub use algorithm::{params_fit, Algorithm, Micros, Params, Settle, Verdict, MAX_SAFE};
 
 /// One limit to check for one request.
 #[derive(Clone, Copy, Debug)]
@@ -28,6 +32,30 @@ pub struct Check<'a> {
     pub params: Params,
     /// Checked and reported, never denies; consumed only if it would have allowed.
     pub shadow: bool,
+    /// `block_for` in microseconds (0: none): a denial by this limit blocks the key for that
+    /// long (see [`algorithm::penalty_box`]; the marker lives at [`block_key`]).
+    pub block_us: Micros,
+}
+
+/// What [`block_key`] appends to a limit's store key (`decide.lua` appends the same string;
+/// a unit test holds the two equal).
+pub const BLOCK_SUFFIX: &str = ":block";
+
+/// The key of the block marker (`block_for`, the penalty box) of the limit stored at `key`.
+///
+/// Contract: this is the ONLY derivation of a block marker's key, in every store (the memory
+/// store calls it, `decide.lua` appends the same [`BLOCK_SUFFIX`]); deleting
+/// `block_key(key)` lifts a block, which is how a reset of a caller's limit must do it. The
+/// marker holds the block's end (store-clock microseconds, decimal) and expires with it. The
+/// suffix is appended, so the key keeps the limit key's Redis Cluster hash tag (the first
+/// `{...}`) and lives in the same slot, which the one-script decision needs; and no limit key
+/// ends with it (policy names and identity parts never contain `:`, see throttle::keys), so a
+/// marker never collides with a limit's state.
+pub fn block_key(key: &str) -> String {
+    let mut marker = String::with_capacity(key.len() + BLOCK_SUFFIX.len());
+    marker.push_str(key);
+    marker.push_str(BLOCK_SUFFIX);
+    marker
 }
 
 /// The outcome of one atomic decision over several limits.
@@ -39,6 +67,18 @@ pub struct Decision {
     pub verdicts: Vec<Verdict>,
     /// Concurrency leases taken (only when allowed); hand them back to [`Store::release`].
     pub leases: Vec<Lease>,
+    /// The store's clock when it decided: what a later [`Store::settle`] refund names as the
+    /// time its units were taken (0 when no store decided).
+    pub at: Micros,
+}
+
+/// One settlement for one limit after the response is known (see [`algorithm::settle`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settlement {
+    /// The key the decision used, as given to [`Check::key`].
+    pub key: String,
+    pub params: Params,
+    pub op: Settle,
 }
 
 /// A concurrency slot held by a request in flight.
@@ -87,6 +127,18 @@ impl Store {
                 Ok(())
             }
             Store::Redis(r) => r.release(leases).await,
+        }
+    }
+
+    /// Applies settlements (refunds and charges after the response), atomically, in one
+    /// round trip for Redis.
+    pub async fn settle(&self, settlements: &[Settlement]) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(m) => {
+                m.settle(settlements);
+                Ok(())
+            }
+            Store::Redis(r) => r.settle(settlements).await,
         }
     }
 

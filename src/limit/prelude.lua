@@ -59,3 +59,28 @@ local function idiv(a, b)
   end
   return q
 end
+
+-- token_bucket's refill, as algorithm::token_bucket computes it: from a stored state string
+-- `v` ('4 <scaled> <at>'), the scaled tokens at `now` (capped at `cap` = burst * period) and
+-- the time they are counted at; nil when no token_bucket state is stored. decide.lua and
+-- settle.lua both read the bucket through this one function.
+local function token_refill(v, now, limit, cap)
+  local stored, at
+  if v then
+    stored, at = string.match(v, '^4 (%-?%d+) (%-?%d+)$')
+  end
+  if not stored then
+    return nil
+  end
+  stored, at = stored + 0, at + 0
+  -- A clock that stepped back refills nothing (and must not refill twice later).
+  local elapsed = math.max(now - at, 0)
+  local updated_at = math.max(now, at)
+  local missing = cap - stored
+  -- Comparing against the time to full first keeps `elapsed * limit` bounded.
+  -- (idiv(a + b - 1, b) is algorithm.rs's ceil_div(a, b).)
+  if missing <= 0 or elapsed >= idiv(missing + limit - 1, limit) then
+    return cap, updated_at
+  end
+  return stored + elapsed * limit, updated_at
+end

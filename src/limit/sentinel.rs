@@ -19,7 +19,7 @@ use redis::{
 };
 use tokio::sync::Mutex;
 
-use crate::config::RedisConfig;
+use super::redis_settings::RedisSettings;
 
 /// Pause between rediscovery attempts while no Sentinel names a reachable master.
 const RETRY: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(1));
@@ -38,7 +38,7 @@ impl SentinelMaster {
     pub(crate) async fn connect(
         master: &str,
         nodes: &[String],
-        config: &RedisConfig,
+        config: &RedisSettings,
     ) -> RedisResult<Arc<SentinelMaster>> {
         let mut addrs = Vec::new();
         let mut sentinel_auth = None;

@@ -3,7 +3,6 @@
 //! own module.
 
 mod access_log;
-pub mod body;
 pub mod headers;
 pub mod upstream;
 
@@ -16,37 +15,21 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Uri, Version};
-use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
+use crate::body::{self, LimitedBody, ProxyBody};
+use crate::config::LimitSet;
 use crate::config::{Config, HostMode};
 use crate::error::ProxyError;
 use crate::identity;
-use crate::metrics::{Metrics, RouteMetrics};
+use crate::limit::Verdict;
+use crate::metrics::{Held, Metrics, RouteMetrics};
 use crate::routing;
-use crate::throttle::{self, Checked, Decided, Throttler};
+use crate::throttle::headers::{self as limit_headers, Rendered};
+use crate::throttle::{AdmitReason, LimitOutcome, LimitStage};
 use access_log::AccessLog;
-use body::{LimitedBody, ProxyBody};
 use upstream::UpstreamClient;
-
-/// The client side of an upgrade on a connection the server upgrades by hand (plain
-/// HTTP/1, see `conn`): the socket arrives here once the 101 has been written. Requests
-/// without it are upgraded by hyper (`hyper::upgrade::on`).
-#[derive(Clone)]
-pub struct ClientUpgrade(Arc<std::sync::Mutex<Option<HandedOver>>>);
-
-type HandedOver = tokio::sync::oneshot::Receiver<crate::conn::Upgraded>;
-
-impl ClientUpgrade {
-    pub fn new(handed_over: HandedOver) -> Self {
-        ClientUpgrade(Arc::new(std::sync::Mutex::new(Some(handed_over))))
-    }
-
-    fn take(&self) -> Option<HandedOver> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
-    }
-}
 
 /// What the server knows about the connection a request came in on.
 #[derive(Debug, Clone, Copy)]
@@ -74,7 +57,7 @@ struct Inner {
 struct Runtime {
     config: Arc<Config>,
     upstream: UpstreamClient,
-    throttler: Throttler,
+    limits: LimitStage,
     /// One per route, in route order.
     route_metrics: Vec<RouteMetrics>,
     unrouted_metrics: RouteMetrics,
@@ -86,7 +69,12 @@ impl Runtime {
             Some(p) if p.config.upstream == config.upstream => p.upstream.clone(),
             _ => UpstreamClient::new(&config.upstream),
         };
-        let throttler = Throttler::new(config.throttle.clone(), previous.map(|p| &p.throttler));
+        // Registered whether or not a limit is local-first, so the dashboard's panels always
+        // have their series.
+        let sync_metrics = metrics.sync(&config.throttle);
+        let limits = LimitStage::new(config.throttle.clone(), previous.map(|p| &p.limits), || {
+            sync_metrics
+        });
         let route_metrics = config
             .throttle
             .routes
@@ -95,27 +83,11 @@ impl Runtime {
             .collect();
         Runtime {
             upstream,
-            throttler,
+            limits,
             route_metrics,
             unrouted_metrics: metrics.route(crate::metrics::UNROUTED),
             config,
         }
-    }
-}
-
-/// Decrements the in-flight gauge however the request ends (including the client leaving).
-struct InFlight(Arc<Metrics>);
-
-impl InFlight {
-    fn start(metrics: &Arc<Metrics>) -> InFlight {
-        metrics.inflight.increment(1.0);
-        InFlight(metrics.clone())
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.inflight.decrement(1.0);
     }
 }
 
@@ -177,12 +149,18 @@ impl Proxy {
         );
     }
 
+    /// The stores, deny cache and top-offenders sketch of the running configuration, for the
+    /// admin endpoints.
+    pub fn throttle_control(&self) -> crate::throttle::caller::Control {
+        self.inner.runtime.load().limits.control()
+    }
+
     /// Whether this instance should receive traffic as far as the store is concerned: a store
     /// that cannot be reached matters only when `on_error: deny` would refuse everything.
     pub fn store_ready(&self) -> bool {
         let runtime = self.inner.runtime.load();
-        let throttler = &runtime.throttler;
-        throttler.store_ready() || throttler.on_error() != crate::config::OnError::Deny
+        let limits = &runtime.limits;
+        limits.store_ready() || limits.on_error() != crate::config::OnError::Deny
     }
 
     /// Handles one request, in order: route → identify → limit → forward → respond. Never
@@ -193,11 +171,14 @@ impl Proxy {
         B::Error: Into<body::BoxError>,
     {
         let started = Instant::now();
-        let _inflight = InFlight::start(&self.inner.metrics);
+        // Counts the request in flight however it ends (including the client leaving).
+        let _inflight = Held::new(&self.inner.metrics.inflight);
         let runtime = self.inner.runtime.load_full();
         let config = &runtime.config;
         let (parts, body) = request.into_parts();
         let mut log = AccessLog::new(&parts, started, config.access_log);
+        // tollgate's own answers to a gRPC call are sent as gRPC (see `grpc`).
+        let grpc = crate::grpc::is_grpc(&parts.headers);
 
         // Route.
         let route_index = routing::position(&config.throttle.routes, &parts);
@@ -207,7 +188,10 @@ impl Proxy {
         };
 
         // Identify and limit.
-        let admission = match route_index.map(|i| &config.throttle.routes[i]) {
+        let render = |set: &LimitSet, verdicts: &[Verdict]| {
+            limit_headers::render_limited(&config.throttle.response, set, verdicts)
+        };
+        let outcome = match route_index.map(|i| &config.throttle.routes[i]) {
             None => None,
             Some(route) => {
                 log.route = Some(route.clone());
@@ -216,63 +200,60 @@ impl Proxy {
                     &parts.headers,
                     &config.throttle.trusted_proxies,
                 );
-                let checked = runtime.throttler.check(route, &parts, client_ip).await;
+                let outcome = runtime.limits.check(route, &parts, client_ip, render).await;
                 self.inner
                     .metrics
                     .limit_check_duration
                     .record(started.elapsed().as_secs_f64());
-                match checked {
-                    Checked::Admit(admission) => {
-                        log.identity = admission.identity;
-                        Some(admission)
-                    }
-                    Checked::Reject {
-                        response,
-                        store_unavailable,
-                        store_error,
-                        identity,
-                    } => {
-                        log.identity = identity;
-                        if store_error && !store_unavailable {
-                            // Limited by the on_error: local fallback: still a store error.
-                            self.inner.metrics.store_errors.increment(1);
-                        }
-                        log.decision = if store_unavailable {
-                            self.inner.metrics.store_errors.increment(1);
-                            metrics.store_error.increment(1);
-                            "store_error"
-                        } else {
-                            metrics.limited.increment(1);
-                            "limited"
-                        };
-                        log.finish(response.status().as_u16(), None);
-                        return response;
-                    }
-                }
+                log.identity = outcome.identity();
+                Some(outcome)
             }
         };
-        match admission.as_ref().map(|a| a.decided) {
-            None | Some(Decided::Allowed) => metrics.allowed.increment(1),
-            Some(Decided::Exempt) => {
-                log.decision = "exempt";
-                metrics.allowed.increment(1);
+
+        // Count, as soon as it is decided (a client that leaves while the upstream answers
+        // was still admitted).
+        let counted = Counted::of(outcome.as_ref());
+        counted.record(&self.inner.metrics, metrics);
+        log.decision = counted.decision();
+        let admitted = match outcome {
+            None => None,
+            Some(LimitOutcome::Admitted {
+                set,
+                verdicts,
+                leases,
+                mut settlement,
+                ..
+            }) => {
+                if let Some(settlement) = settlement.as_mut() {
+                    settlement.count_in(&metrics.settlement);
+                }
+                Some((set, verdicts, leases, settlement))
             }
-            Some(Decided::ShadowLimited) => {
-                log.decision = "shadow_limited";
-                metrics.shadow_limited.increment(1);
+            Some(LimitOutcome::Limited { set, verdicts, .. }) => {
+                return refuse(limited_response(render(set, &verdicts)), &log, grpc, true);
             }
-            Some(Decided::StoreError | Decided::LocalFallback) => {
-                log.decision = "store_error";
-                self.inner.metrics.store_errors.increment(1);
-                metrics.store_error.increment(1);
+            Some(LimitOutcome::LimitedFromCache { rendered, .. }) => {
+                return refuse(limited_response(rendered), &log, grpc, true);
             }
-        }
+            Some(LimitOutcome::StoreUnavailable { .. }) => {
+                return refuse(
+                    ProxyError::StoreUnavailable.into_response(),
+                    &log,
+                    grpc,
+                    false,
+                );
+            }
+        };
 
         // Forward.
         let peer_is_trusted = config.throttle.trusted_proxies.contains(conn.peer.ip());
         let request = Request::from_parts(parts, body);
         let upstream_started = Instant::now();
-        let mut response = match self.forward(&runtime, request, conn, peer_is_trusted).await {
+        let forwarded = self.forward(&runtime, request, conn, peer_is_trusted).await;
+        // False when tollgate answered itself (an error on the way): such an answer settles
+        // nothing and is translated for gRPC clients.
+        let from_upstream = forwarded.is_ok();
+        let mut response = match forwarded {
             Ok(response) => {
                 let elapsed = upstream_started.elapsed();
                 self.inner
@@ -302,24 +283,31 @@ impl Proxy {
         };
 
         // Respond.
-        if let Some(admission) = admission {
-            if !admission.verdicts.is_empty() {
-                throttle::headers::add_fields(
+        if let Some((set, verdicts, leases, settlement)) = admitted {
+            if let Some(settlement) = settlement {
+                // count_statuses settles on this head, cost_from_response at the body's end.
+                response = settlement.on_response(response, from_upstream);
+            }
+            if !verdicts.is_empty() {
+                limit_headers::add_fields(
                     response.headers_mut(),
                     &config.throttle.response,
-                    &admission.route.limits,
-                    &admission.route.policy,
-                    &admission.verdicts,
+                    set,
+                    &verdicts,
                     false,
                 );
             }
-            if let Some(leases) = admission.leases {
+            if let Some(leases) = leases {
                 // The slots are held until the response body is done (or the client leaves).
                 let (parts, body) = response.into_parts();
                 response = Response::from_parts(parts, body::with_guard(body, leases));
             }
         }
         log.finish(response.status().as_u16(), log.upstream);
+        if grpc && !from_upstream {
+            // After the log, which keeps the HTTP status tollgate chose.
+            response = crate::grpc::translate(response, false);
+        }
         response
     }
 
@@ -353,14 +341,7 @@ impl Proxy {
                 "protocol upgrades need an HTTP/1.1 upstream",
             ));
         }
-        let handed_over = request
-            .extensions_mut()
-            .remove::<ClientUpgrade>()
-            .and_then(|u| u.take());
-        let client_upgrade = upgrade.then(|| match handed_over {
-            Some(handed_over) => ClientSide::HandedOver(handed_over),
-            None => ClientSide::Hyper(hyper::upgrade::on(&mut request)),
-        });
+        let client_upgrade = crate::upgrade::client_side(&mut request, upgrade);
 
         let (mut parts, incoming) = request.into_parts();
         let client_host = parts.headers.get(header::HOST).cloned().or_else(|| {
@@ -417,10 +398,7 @@ impl Proxy {
 
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
             if let Some(client_upgrade) = client_upgrade {
-                let upstream_upgrade = hyper::upgrade::on(&mut response);
-                self.inner.tunnels.spawn(async move {
-                    tunnel(client_upgrade, upstream_upgrade).await;
-                });
+                crate::upgrade::spawn_tunnel(&self.inner.tunnels, client_upgrade, &mut response);
             }
             let (parts, _) = response.into_parts();
             return Ok(Response::from_parts(parts, body::empty()));
@@ -432,41 +410,96 @@ impl Proxy {
     }
 }
 
-/// Where the client's side of a tunnel comes from.
-enum ClientSide {
-    /// hyper upgrades the connection (TLS and HTTP/2 listeners' connections).
-    Hyper(hyper::upgrade::OnUpgrade),
-    /// The server hands the socket over itself (plain HTTP/1, see `conn`).
-    HandedOver(HandedOver),
+/// How a request is counted, worked out once from the limit stage's outcome (None: no route
+/// matched): the access log's `decision` and the counters that go up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Counted {
+    /// Forwarded within its limits, or no route matched.
+    Allowed,
+    /// Forwarded unlimited: on an allow-list.
+    Exempt,
+    /// Forwarded, though a shadow limit would have denied it.
+    ShadowLimited,
+    /// The store failed: forwarded (`on_error: allow` or `local`) or refused with 503.
+    StoreError,
+    /// Refused: over a limit.
+    Limited,
+    /// Refused: over a limit the in-memory fallback decided because the store failed.
+    LimitedByFallback,
 }
 
-/// Copies bytes both ways between an upgraded client and upstream until either side closes.
-async fn tunnel(client: ClientSide, upstream: hyper::upgrade::OnUpgrade) {
-    match client {
-        ClientSide::Hyper(client) => match tokio::try_join!(client, upstream) {
-            Ok((client, upstream)) => copy_both_ways(TokioIo::new(client), upstream).await,
-            Err(e) => tracing::debug!(cause = %e, "upgrade did not complete"),
-        },
-        ClientSide::HandedOver(client) => {
-            let client = async { client.await.map_err(|_| "the client connection ended") };
-            let upstream = async { upstream.await.map_err(|_| "the upstream did not upgrade") };
-            match tokio::try_join!(client, upstream) {
-                Ok((client, upstream)) => copy_both_ways(client, upstream).await,
-                Err(cause) => tracing::debug!(cause, "upgrade did not complete"),
+impl Counted {
+    fn of(outcome: Option<&LimitOutcome<'_>>) -> Counted {
+        match outcome {
+            None => Counted::Allowed,
+            Some(LimitOutcome::Admitted { reason, .. }) => match reason {
+                AdmitReason::Allowed => Counted::Allowed,
+                AdmitReason::Exempt => Counted::Exempt,
+                AdmitReason::ShadowLimited => Counted::ShadowLimited,
+                AdmitReason::StoreError | AdmitReason::LocalFallback => Counted::StoreError,
+            },
+            Some(LimitOutcome::Limited {
+                local_fallback: true,
+                ..
+            }) => Counted::LimitedByFallback,
+            Some(LimitOutcome::Limited { .. } | LimitOutcome::LimitedFromCache { .. }) => {
+                Counted::Limited
+            }
+            Some(LimitOutcome::StoreUnavailable { .. }) => Counted::StoreError,
+        }
+    }
+
+    /// The access log's `decision` field.
+    fn decision(self) -> &'static str {
+        match self {
+            Counted::Allowed => "allowed",
+            Counted::Exempt => "exempt",
+            Counted::ShadowLimited => "shadow_limited",
+            Counted::StoreError => "store_error",
+            Counted::Limited | Counted::LimitedByFallback => "limited",
+        }
+    }
+
+    /// Store errors count twice: once in total and once on the route they hit.
+    fn record(self, global: &Metrics, route: &RouteMetrics) {
+        match self {
+            Counted::Allowed | Counted::Exempt => route.allowed.increment(1),
+            Counted::ShadowLimited => route.shadow_limited.increment(1),
+            Counted::StoreError => {
+                global.store_errors.increment(1);
+                route.store_error.increment(1);
+            }
+            Counted::Limited => route.limited.increment(1),
+            Counted::LimitedByFallback => {
+                global.store_errors.increment(1);
+                route.limited.increment(1);
             }
         }
     }
 }
 
-async fn copy_both_ways<C>(mut client: C, upstream: hyper::upgrade::Upgraded)
-where
-    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    let mut upstream = TokioIo::new(upstream);
-    match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-        Ok((up, down)) => tracing::debug!(bytes_up = up, bytes_down = down, "tunnel closed"),
-        Err(e) => tracing::debug!(cause = %e, "tunnel ended with an error"),
+/// Answers a request the limit stage refused, without forwarding it. The access log keeps
+/// the HTTP status tollgate chose; a gRPC call then gets the answer as a trailers-only gRPC
+/// response (see `grpc`), RESOURCE_EXHAUSTED when `limited`.
+fn refuse(
+    response: Response<ProxyBody>,
+    log: &AccessLog,
+    grpc: bool,
+    limited: bool,
+) -> Response<ProxyBody> {
+    log.finish(response.status().as_u16(), None);
+    if grpc {
+        return crate::grpc::translate(response, limited);
     }
+    response
+}
+
+/// A limited response as the client receives it.
+fn limited_response(rendered: Rendered) -> Response<ProxyBody> {
+    let mut response = Response::new(body::full(rendered.body));
+    *response.status_mut() = rendered.status;
+    *response.headers_mut() = rendered.headers;
+    response
 }
 
 fn content_length<B>(request: &Request<B>) -> Option<u64> {
@@ -496,4 +529,108 @@ fn upstream_uri(uri: &Uri, upstream: &crate::config::Upstream) -> Result<Uri, Pr
         .path_and_query(path_and_query)
         .build()
         .map_err(|_| ProxyError::BadRequest("the request target cannot be forwarded"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn admitted(set: &LimitSet, reason: AdmitReason) -> LimitOutcome<'_> {
+        LimitOutcome::Admitted {
+            set,
+            identity: "header",
+            verdicts: Vec::new(),
+            reason,
+            leases: None,
+            settlement: None,
+        }
+    }
+
+    fn limited(set: &LimitSet, local_fallback: bool) -> LimitOutcome<'_> {
+        LimitOutcome::Limited {
+            set,
+            identity: "header",
+            verdicts: Vec::new(),
+            local_fallback,
+        }
+    }
+
+    /// Each outcome maps to one access-log decision and one set of counters, as they always
+    /// were: store errors also count in total, a fallback's denial is limited and an error.
+    #[test]
+    fn each_outcome_is_counted_once_as_it_always_was() {
+        let set = LimitSet::new("api", None, Vec::new(), true);
+        let cached = LimitOutcome::LimitedFromCache {
+            identity: "header",
+            rendered: Rendered {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                headers: Default::default(),
+                body: Bytes::new(),
+            },
+        };
+        let cases = [
+            (None, "allowed", "allowed", 0),
+            (
+                Some(admitted(&set, AdmitReason::Allowed)),
+                "allowed",
+                "allowed",
+                0,
+            ),
+            (
+                Some(admitted(&set, AdmitReason::Exempt)),
+                "exempt",
+                "allowed",
+                0,
+            ),
+            (
+                Some(admitted(&set, AdmitReason::ShadowLimited)),
+                "shadow_limited",
+                "shadow_limited",
+                0,
+            ),
+            (
+                Some(admitted(&set, AdmitReason::StoreError)),
+                "store_error",
+                "store_error",
+                1,
+            ),
+            (
+                Some(admitted(&set, AdmitReason::LocalFallback)),
+                "store_error",
+                "store_error",
+                1,
+            ),
+            (Some(limited(&set, false)), "limited", "limited", 0),
+            (Some(limited(&set, true)), "limited", "limited", 1),
+            (Some(cached), "limited", "limited", 0),
+            (
+                Some(LimitOutcome::StoreUnavailable { identity: "header" }),
+                "store_error",
+                "store_error",
+                1,
+            ),
+        ];
+        for (outcome, decision, counter, store_errors) in cases {
+            let counted = Counted::of(outcome.as_ref());
+            assert_eq!(counted.decision(), decision, "{counted:?}");
+            let metrics = Metrics::new();
+            counted.record(&metrics, &metrics.route("api"));
+            let text = metrics.render();
+            let line = format!("tollgate_requests_total{{route=\"api\",decision=\"{counter}\"}} 1");
+            assert!(
+                text.contains(&line),
+                "{counted:?}: missing {line:?} in\n{text}"
+            );
+            let counted_requests = text
+                .lines()
+                .filter(|l| l.starts_with("tollgate_requests_total") && !l.ends_with(" 0"))
+                .count();
+            assert_eq!(counted_requests, 1, "{counted:?}: counted once in\n{text}");
+            let errors = format!("tollgate_store_errors_total {store_errors}");
+            assert!(
+                text.contains(&errors),
+                "{counted:?}: missing {errors:?} in\n{text}"
+            );
+        }
+    }
 }

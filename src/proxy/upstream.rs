@@ -14,9 +14,9 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use crate::body::ProxyBody;
 use crate::config::Upstream;
 use crate::error::ProxyError;
-use crate::proxy::body::ProxyBody;
 
 #[derive(Clone)]
 pub struct UpstreamClient {

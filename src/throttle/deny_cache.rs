@@ -12,8 +12,8 @@
 //! means "wait", not 429). Shadow limits never deny, so they never make an entry.
 //!
 //! The cache is bounded: past its capacity new denials are simply not remembered (the store
-//! keeps deciding them). Entries are keyed by the route (the very `Route` the limits came from,
-//! so a tier with other limits never shares an entry) and all its store keys, and the clock is
+//! keeps deciding them). Entries are keyed by the limit set (the very `LimitSet` the limits came
+//! from, so a tier with other limits never shares an entry) and all its store keys, and the clock is
 //! passed in by the caller so tests drive it.
 
 use std::hash::{BuildHasher, RandomState};
@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use hashbrown::hash_table::{Entry as Slot, HashTable};
 use tokio::time::Instant;
 
-use crate::config::{OnLimit, Route};
+use crate::config::{LimitSet, OnLimit};
 use crate::limit::algorithm::{Algorithm, Verdict};
 use crate::throttle::headers::{self, Rendered};
 
@@ -75,17 +75,19 @@ pub struct DenyCache {
     per_shard: usize,
 }
 
-/// Whether denials on `route` may be remembered at all (see the module docs).
-pub fn cacheable(route: &Route) -> bool {
-    route.limits.iter().all(|l| {
+/// Whether denials under `set` may be remembered at all (see the module docs).
+pub fn cacheable(set: &LimitSet) -> bool {
+    set.iter().all(|l| {
         l.params.algorithm != Algorithm::Concurrency && matches!(l.on_limit, OnLimit::Reject)
+            // A settlement can give units back before the retry time the denial named.
+            && l.by_response.is_none()
     })
 }
 
-/// The cache key of one decision: the route's identity and every store key, in order.
-pub fn key(route: &Route, keys: &[String]) -> String {
+/// The cache key of one decision: the limit set's identity and every store key, in order.
+pub fn key(set: &LimitSet, keys: &[String]) -> String {
     let mut out = String::with_capacity(keys.iter().map(|k| k.len() + 1).sum::<usize>() + 20);
-    out.push_str(itoa::Buffer::new().format(route as *const Route as usize));
+    out.push_str(itoa::Buffer::new().format(set as *const LimitSet as usize));
     for k in keys {
         out.push('\n');
         out.push_str(k);
@@ -182,9 +184,19 @@ impl DenyCache {
         Some(f(entry, elapsed))
     }
 
-    pub fn remember(&self, route: &Route, key: String, asked_at: Instant, verdicts: &[Verdict]) {
+    /// Forgets every remembered denial: after an operator's reset the store decides again
+    /// (entries only ever save a round trip, so dropping them all is always safe).
+    pub fn clear(&self) {
+        for shard in &self.shards {
+            let mut shard = shard.lock().expect("deny cache poisoned");
+            self.len.fetch_sub(shard.len(), Ordering::Relaxed);
+            shard.clear();
+        }
+    }
+
+    pub fn remember(&self, set: &LimitSet, key: String, asked_at: Instant, verdicts: &[Verdict]) {
         let mut wait: Option<i64> = None;
-        for (limit, verdict) in route.limits.iter().zip(verdicts) {
+        for (limit, verdict) in set.iter().zip(verdicts) {
             if verdict.allowed || limit.shadow {
                 continue;
             }
@@ -195,7 +207,7 @@ impl DenyCache {
             wait = Some(wait.map_or(verdict.retry_after_us, |w| w.min(verdict.retry_after_us)));
         }
         let Some(wait) = wait else { return };
-        if verdicts.len() != route.limits.len() {
+        if verdicts.len() != set.len() {
             return;
         }
         let until = asked_at + std::time::Duration::from_micros(wait as u64);
@@ -248,21 +260,15 @@ mod tests {
             scope: Scope::Global,
             on_limit,
             shadow,
+            by_response: None,
+            block_for: None,
+            sync: None,
         }
     }
 
-    fn route(limits: Vec<Limit>) -> Arc<Route> {
-        Arc::new(Route {
-            name: "r".into(),
-            path_prefix: None,
-            methods: None,
-            host: None,
-            policy: crate::throttle::headers::policy_value(&limits),
-            limits,
-            shared_key: true,
-            allow: Default::default(),
-            overrides: Vec::new(),
-        })
+    /// Boxed: the cache tells limit sets apart by address.
+    fn route(limits: Vec<Limit>) -> Box<LimitSet> {
+        Box::new(LimitSet::new("r", None, limits, true))
     }
 
     fn denied(retry_s: i64) -> Verdict {
@@ -285,7 +291,7 @@ mod tests {
         }
     }
 
-    fn keys(r: &Route, user: &str) -> String {
+    fn keys(r: &LimitSet, user: &str) -> String {
         key(r, &[format!("p{{r|{user}}}:a")])
     }
 
@@ -453,9 +459,7 @@ mod tests {
             ietf: true,
             legacy: true,
         };
-        let render = |verdicts: &[Verdict]| {
-            headers::render_limited(&config, &r.name, &r.limits, &r.policy, verdicts)
-        };
+        let render = |verdicts: &[Verdict]| headers::render_limited(&config, &r, verdicts);
         let t0 = Instant::now();
         // Retry after 10.5 s on one limit, 3.25 s on the other (reset twice as far).
         let mut first = denied(10);

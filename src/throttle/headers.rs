@@ -7,11 +7,10 @@
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Response, StatusCode};
+use http::StatusCode;
 
-use crate::config::{Limit, ResponseConfig};
-use crate::limit::algorithm::{Algorithm, Verdict};
-use crate::proxy::body::{full, ProxyBody};
+use crate::config::{Limit, LimitSet, ResponseConfig};
+use crate::limit::algorithm::Verdict;
 
 pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -31,28 +30,6 @@ pub fn ceil_secs(micros: i64) -> u64 {
 /// `Retry-After` seconds: rounded up and at least 1.
 pub fn retry_after_secs(micros: i64) -> u64 {
     ceil_secs(micros).max(1)
-}
-
-/// `RateLimit-Policy` for all the route's limits, e.g. `"login";q=5;w=60`.
-pub fn policy_value(limits: &[Limit]) -> HeaderValue {
-    let items: Vec<String> = limits
-        .iter()
-        .map(|l| match l.params.algorithm {
-            Algorithm::Concurrency => {
-                format!(
-                    "\"{}\";q={};qu=\"concurrent-requests\"",
-                    l.name, l.params.limit
-                )
-            }
-            _ => format!(
-                "\"{}\";q={};w={}",
-                l.name,
-                l.params.limit,
-                ceil_secs(l.params.period_us)
-            ),
-        })
-        .collect();
-    HeaderValue::from_str(&items.join(", ")).expect("policy names are plain ASCII")
 }
 
 /// Which limit the `RateLimit` field reports: on a denial the enforcing limit the client must
@@ -84,20 +61,19 @@ fn seconds_until_more(verdict: &Verdict) -> i64 {
     }
 }
 
-/// Adds the configured rate-limit fields to `headers` (`force_ietf` on limited responses);
-/// `policy` is [`policy_value`] of `limits`, rendered once per route.
+/// Adds the configured rate-limit fields for `set` to `headers` (`force_ietf` on limited
+/// responses).
 pub fn add_fields(
     headers: &mut HeaderMap,
     config: &ResponseConfig,
-    limits: &[Limit],
-    policy: &HeaderValue,
+    set: &LimitSet,
     verdicts: &[Verdict],
     force_ietf: bool,
 ) {
-    let Some(i) = reported(limits, verdicts) else {
+    let Some(i) = reported(set, verdicts) else {
         return;
     };
-    let (limit, verdict) = (&limits[i], &verdicts[i]);
+    let (limit, verdict) = (&set[i], &verdicts[i]);
     let t = if verdict.allowed {
         ceil_secs(seconds_until_more(verdict))
     } else if verdict.retry_after_us < 0 {
@@ -106,7 +82,7 @@ pub fn add_fields(
         retry_after_secs(verdict.retry_after_us)
     };
     if config.ietf || force_ietf {
-        headers.insert(&RATELIMIT_POLICY, policy.clone());
+        headers.insert(&RATELIMIT_POLICY, set.policy.clone());
         // `"name";r=<remaining>;t=<seconds>`, written without the formatting machinery: this
         // runs for every response on a limited route.
         let (mut remaining, mut seconds) = (itoa::Buffer::new(), itoa::Buffer::new());
@@ -143,8 +119,9 @@ struct Problem<'a> {
     violated: Vec<&'a str>,
 }
 
-/// A limited response before it becomes a `Response`: what the deny cache keeps, so a flood
-/// of denials for one caller renders it once per second rather than once per request.
+/// A limited response before it becomes a `Response` (the proxy makes it one): what the deny
+/// cache keeps, so a flood of denials for one caller renders it once per second rather than
+/// once per request.
 #[derive(Clone)]
 pub struct Rendered {
     pub status: StatusCode,
@@ -152,37 +129,12 @@ pub struct Rendered {
     pub body: Bytes,
 }
 
-impl Rendered {
-    pub fn into_response(self) -> Response<ProxyBody> {
-        let mut response = Response::new(full(self.body));
-        *response.status_mut() = self.status;
-        *response.headers_mut() = self.headers;
-        response
-    }
-}
-
 /// The answer to a limited request: the configured status, `Retry-After`, the rate-limit
-/// fields and an `application/problem+json` body naming the violated policies.
-pub fn limited_response(
-    config: &ResponseConfig,
-    route: &str,
-    limits: &[Limit],
-    policy: &HeaderValue,
-    verdicts: &[Verdict],
-) -> Response<ProxyBody> {
-    render_limited(config, route, limits, policy, verdicts).into_response()
-}
-
-/// [`limited_response`], not yet a `Response`. Besides the limits' names and counts (fixed for
-/// one caller's denial) it depends only on the whole seconds of each verdict's retry and reset
-/// times, which is what [`seconds`] lists.
-pub fn render_limited(
-    config: &ResponseConfig,
-    route: &str,
-    limits: &[Limit],
-    policy: &HeaderValue,
-    verdicts: &[Verdict],
-) -> Rendered {
+/// fields and an `application/problem+json` body naming the violated policies. Besides the
+/// limits' names and counts (fixed for one caller's denial) it depends only on the whole
+/// seconds of each verdict's retry and reset times, which is what [`seconds`] lists.
+pub fn render_limited(config: &ResponseConfig, set: &LimitSet, verdicts: &[Verdict]) -> Rendered {
+    let limits: &[Limit] = set;
     let violated: Vec<&str> = limits
         .iter()
         .zip(verdicts)
@@ -202,8 +154,8 @@ pub fn render_limited(
         .iter()
         .zip(verdicts)
         .any(|(l, v)| !v.allowed && !l.shadow && v.retry_after_us < 0);
-    // A tier's route is named `route~tier` internally; the client knows the route.
-    let route = route.split('~').next().unwrap_or(route);
+    // A tier's limits carry the route's name: the client knows the route, not the tier.
+    let route = &set.route;
     let detail = if never {
         format!("The request exceeds what route `{route}` can ever admit at once.")
     } else {
@@ -232,7 +184,7 @@ pub fn render_limited(
             HeaderValue::from(retry_after_secs(wait)),
         );
     }
-    add_fields(&mut headers, config, limits, policy, verdicts, true);
+    add_fields(&mut headers, config, set, verdicts, true);
     Rendered {
         status: config.status,
         headers,
@@ -257,7 +209,7 @@ pub const DEFAULT_STATUS: StatusCode = StatusCode::TOO_MANY_REQUESTS;
 mod tests {
     use super::*;
     use crate::config::{OnLimit, Scope};
-    use crate::limit::algorithm::Params;
+    use crate::limit::algorithm::{Algorithm, Params};
 
     fn limit(name: &str, algorithm: Algorithm, limit: u64, period_s: i64) -> Limit {
         Limit {
@@ -273,7 +225,14 @@ mod tests {
             scope: Scope::Local,
             on_limit: OnLimit::Reject,
             shadow: false,
+            by_response: None,
+            block_for: None,
+            sync: None,
         }
+    }
+
+    fn set(limits: Vec<Limit>) -> LimitSet {
+        LimitSet::new("r", None, limits, true)
     }
 
     fn verdict(allowed: bool, limit: u64, remaining: u64, reset: i64, retry: i64) -> Verdict {
@@ -305,50 +264,23 @@ mod tests {
     }
 
     #[test]
-    fn policy_lists_every_limit_in_structured_field_syntax() {
-        let limits = [
-            limit("burst", Algorithm::Gcra, 100, 60),
-            limit("daily", Algorithm::FixedWindow, 1000, 86_400),
-            limit("uploads", Algorithm::Concurrency, 2, 60),
-        ];
-        assert_eq!(
-            policy_value(&limits),
-            "\"burst\";q=100;w=60, \"daily\";q=1000;w=86400, \"uploads\";q=2;qu=\"concurrent-requests\""
-        );
-    }
-
-    #[test]
     fn allowed_reports_the_limit_nearest_exhaustion() {
-        let limits = [
+        let limits = set(vec![
             limit("a", Algorithm::FixedWindow, 100, 60),
             limit("b", Algorithm::FixedWindow, 10, 60),
-        ];
+        ]);
         let verdicts = [
             verdict(true, 100, 50, 30_000_000, 0),
             verdict(true, 10, 2, 4_200_000, 0),
         ];
         let mut h = HeaderMap::new();
-        add_fields(
-            &mut h,
-            &config(true, true),
-            &limits,
-            &policy_value(&limits),
-            &verdicts,
-            false,
-        );
+        add_fields(&mut h, &config(true, true), &limits, &verdicts, false);
         assert_eq!(h["ratelimit"], "\"b\";r=2;t=5");
         assert_eq!(h["x-ratelimit-limit"], "10");
         assert_eq!(h["x-ratelimit-remaining"], "2");
         assert_eq!(h["x-ratelimit-reset"], "5");
         let mut h = HeaderMap::new();
-        add_fields(
-            &mut h,
-            &config(false, false),
-            &limits,
-            &policy_value(&limits),
-            &verdicts,
-            false,
-        );
+        add_fields(&mut h, &config(false, false), &limits, &verdicts, false);
         assert!(
             h.is_empty(),
             "headers: [] sends nothing on allowed responses"
@@ -357,23 +289,17 @@ mod tests {
 
     #[test]
     fn limited_response_is_a_problem_with_truthful_retry_after() {
-        let limits = [
+        let limits = set(vec![
             limit("short", Algorithm::SlidingLog, 5, 60),
             limit("long", Algorithm::FixedWindow, 100, 3600),
-        ];
+        ]);
         let verdicts = [
             verdict(false, 5, 0, 59_000_000, 2_100_000),
             verdict(false, 100, 0, 3_000_000_000, 9_000_000),
         ];
-        let response = limited_response(
-            &config(false, false),
-            "reply",
-            &limits,
-            &policy_value(&limits),
-            &verdicts,
-        );
-        assert_eq!(response.status(), 429);
-        let h = response.headers();
+        let rendered = render_limited(&config(false, false), &limits, &verdicts);
+        assert_eq!(rendered.status, 429);
+        let h = &rendered.headers;
         assert_eq!(h["retry-after"], "9");
         assert_eq!(h["ratelimit"], "\"long\";r=0;t=9");
         assert_eq!(h["content-type"], "application/problem+json");
@@ -385,19 +311,13 @@ mod tests {
     fn shadow_limits_are_not_violations() {
         let mut shadow = limit("shadow", Algorithm::FixedWindow, 1, 60);
         shadow.shadow = true;
-        let limits = [shadow, limit("real", Algorithm::FixedWindow, 5, 60)];
+        let limits = set(vec![shadow, limit("real", Algorithm::FixedWindow, 5, 60)]);
         let verdicts = [
             verdict(false, 1, 0, 1, 60_000_000),
             verdict(false, 5, 0, 1, 1_000_000),
         ];
         assert_eq!(reported(&limits, &verdicts), Some(1));
-        let response = limited_response(
-            &config(true, false),
-            "r",
-            &limits,
-            &policy_value(&limits),
-            &verdicts,
-        );
-        assert_eq!(response.headers()["retry-after"], "1");
+        let rendered = render_limited(&config(true, false), &limits, &verdicts);
+        assert_eq!(rendered.headers["retry-after"], "1");
     }
 }

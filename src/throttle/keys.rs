@@ -12,63 +12,142 @@ use std::sync::Arc;
 
 use http::request::Parts;
 
-use crate::config::Route;
+use crate::config::LimitSet;
 use crate::identity::Identity;
 
-/// One key per limit of `route`, in order, and the kind of source that identified the caller
+/// One key per limit of `set`, in order, and the kind of source that identified the caller
 /// for the first limit (for the access log: never the value itself).
 ///
 /// This runs for every limited request, so each key is written once into a string of the
 /// right size (no intermediate parts, joins or format machinery).
 pub fn build(
     prefix: &str,
-    route: &Route,
+    set: &LimitSet,
     request: &Parts,
     client_ip: IpAddr,
 ) -> (Vec<String>, &'static str) {
     let mut identities = Identities {
         // Identify each distinct identity once per request (JWT verification is not free);
         // only worth remembering when more than one list of identities is written.
-        memo: !route.shared_key && route.limits.len() > 1,
+        memo: !set.shared_key && set.len() > 1,
         seen: Vec::new(),
         first_kind: None,
         request,
         client_ip,
     };
-    let mut keys = Vec::with_capacity(route.limits.len());
-    if route.shared_key {
+    let mut keys = Vec::with_capacity(set.len());
+    if set.shared_key {
         let mut identity = String::new();
-        if let Some(first) = route.limits.first() {
+        if let Some(first) = set.first() {
             identities.write(&first.key, &mut identity);
         }
-        for l in &route.limits {
-            let mut key = String::with_capacity(
-                prefix.len() + route.name.len() + identity.len() + l.name.len() + 4,
-            );
-            key.push_str(prefix);
-            key.push('{');
-            key.push_str(&route.name);
-            key.push('|');
-            key.push_str(&identity);
-            key.push_str("}:");
-            key.push_str(&l.name);
-            keys.push(key);
+        for l in set.iter() {
+            keys.push(shared_key(prefix, &set.key_name, &identity, &l.name));
         }
     } else {
-        for l in &route.limits {
-            let mut key =
-                String::with_capacity(prefix.len() + route.name.len() + l.name.len() + 72);
-            key.push_str(prefix);
-            key.push('{');
-            key.push_str(&route.name);
-            key.push_str("}:");
-            key.push_str(&l.name);
-            key.push(':');
+        for l in set.iter() {
+            let mut key = own_key_head(prefix, &set.key_name, &l.name);
             identities.write(&l.key, &mut key);
             keys.push(key);
         }
     }
     (keys, identities.first_kind.unwrap_or("none"))
+}
+
+/// The key of limit `limit` when all of a set's limits share the caller's identity:
+/// `<prefix>{<key_name>|<identity>}:<limit>`.
+fn shared_key(prefix: &str, key_name: &str, identity: &str, limit: &str) -> String {
+    let mut key =
+        String::with_capacity(prefix.len() + key_name.len() + identity.len() + limit.len() + 4);
+    key.push_str(prefix);
+    key.push('{');
+    key.push_str(key_name);
+    key.push('|');
+    key.push_str(identity);
+    key.push_str("}:");
+    key.push_str(limit);
+    key
+}
+
+/// `<prefix>{<key_name>}:<limit>:`, the identity to be appended (room reserved for it).
+fn own_key_head(prefix: &str, key_name: &str, limit: &str) -> String {
+    let mut key = String::with_capacity(prefix.len() + key_name.len() + limit.len() + 72);
+    key.push_str(prefix);
+    key.push('{');
+    key.push_str(key_name);
+    key.push_str("}:");
+    key.push_str(limit);
+    key.push(':');
+    key
+}
+
+/// The store keys a caller presenting the raw identity value `raw` has under `set` (a route's
+/// own limits or a tier's), per limit in order: one candidate per way the caller may have been
+/// identified (see [`Identity::key_parts_for_value`]; usually one). Byte for byte the keys
+/// [`build`] writes for a request that carries that value, built from the value instead of a
+/// request (for the admin endpoints and `tollgate limits`). A key made of several identities
+/// takes the value for each of them.
+pub fn for_value(prefix: &str, set: &LimitSet, raw: &[u8]) -> Vec<Vec<String>> {
+    let parts_of = |identities: &[Arc<Identity>]| -> Vec<String> {
+        let mut joined = vec![String::new()];
+        for (i, identity) in identities.iter().enumerate() {
+            let parts = identity.key_parts_for_value(raw);
+            joined = joined
+                .iter()
+                .flat_map(|head| {
+                    parts.iter().map(move |part| {
+                        let mut out = head.clone();
+                        if i > 0 {
+                            out.push('|');
+                        }
+                        out.push_str(part);
+                        out
+                    })
+                })
+                .collect();
+        }
+        joined
+    };
+    if set.shared_key {
+        let identities = set.first().map(|l| parts_of(&l.key)).unwrap_or_default();
+        set.iter()
+            .map(|l| {
+                identities
+                    .iter()
+                    .map(|identity| shared_key(prefix, &set.key_name, identity, &l.name))
+                    .collect()
+            })
+            .collect()
+    } else {
+        set.iter()
+            .map(|l| {
+                parts_of(&l.key)
+                    .iter()
+                    .map(|identity| {
+                        let mut key = own_key_head(prefix, &set.key_name, &l.name);
+                        key.push_str(identity);
+                        key
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// The identity part of `key`, the first key [`build`] wrote for `set` (`header=alice`,
+/// `bearer#<digest>`, `*`, or several joined by `|`): what the top-offenders sketch counts.
+pub fn identity_of<'k>(prefix: &str, set: &LimitSet, key: &'k str) -> Option<&'k str> {
+    let rest = key.strip_prefix(prefix)?.strip_prefix('{')?;
+    let rest = rest.strip_prefix(set.key_name.as_str())?;
+    if set.shared_key {
+        let rest = rest.strip_prefix('|')?;
+        rest.find("}:").map(|end| &rest[..end])
+    } else {
+        let first = set.first()?;
+        rest.strip_prefix("}:")?
+            .strip_prefix(first.name.as_str())?
+            .strip_prefix(':')
+    }
 }
 
 struct Identities<'a> {
@@ -98,5 +177,109 @@ impl Identities<'_> {
                 self.seen.push((ptr, identified.key_part));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    /// Store keys are what shared state is found by: their text must never change between
+    /// versions (a changed key silently resets every caller's count). A tier keys under
+    /// `route~tier`, apart from the route's default limits and from every other route.
+    #[test]
+    fn route_and_tier_keys_keep_their_exact_text() {
+        let config = crate::config::parse(
+            Path::new("t.yaml"),
+            "listen: 127.0.0.1:8080\nupstream: { url: http://127.0.0.1:3000 }\n\
+identities:\n  user:\n    - header: x-user\n\
+routes:\n  - name: api\n    key: user\n    overrides:\n      - { name: partner, values: [p], limits: [ { algorithm: fixed_window, limit: 5, period: 1m } ] }\n    limits:\n      - { algorithm: fixed_window, limit: 2, period: 1m }\n      - { algorithm: fixed_window, limit: 9, period: 1h, key: global, name: all }\n",
+            |_| None,
+        )
+        .unwrap();
+        let route = &config.throttle.routes[0];
+        let request = http::Request::get("/api/x")
+            .header("x-user", "alice")
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0;
+        let ip = IpAddr::from([192, 0, 2, 1]);
+        let (keys, kind) = build("tollgate:", &route.limits, &request, ip);
+        assert_eq!(
+            keys,
+            [
+                "tollgate:{api}:api-fixed_window-1:header=alice",
+                "tollgate:{api}:all:*"
+            ]
+        );
+        assert_eq!(kind, "header");
+        let (keys, _) = build("tollgate:", &route.overrides[0].limits, &request, ip);
+        assert_eq!(keys, ["tollgate:{api~partner|header=alice}:partner"]);
+    }
+
+    fn routes(yaml: &str) -> Vec<Arc<crate::config::Route>> {
+        let text = format!("listen: 127.0.0.1:0\nupstream: {{ url: \"http://a:1\" }}\n{yaml}");
+        crate::config::parse(Path::new("t.yaml"), &text, |_| None)
+            .unwrap()
+            .throttle
+            .routes
+    }
+
+    fn request(headers: &[(&str, &str)]) -> Parts {
+        let mut builder = http::Request::get("/api/x");
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(()).unwrap().into_parts().0
+    }
+
+    /// The keys built from a value are the very bytes a request with that value gets.
+    #[test]
+    fn keys_from_a_value_are_the_keys_of_a_request() {
+        let ip: IpAddr = "10.1.2.3".parse().unwrap();
+        let yaml = concat!(
+            "identities:\n  user: [ { header: X-User } ]\n  tok: [ { bearer: {} } ]\n",
+            "routes:\n  - name: shared\n    key: user\n    limits:\n",
+            "      - { algorithm: fixed_window, limit: 5, period: 1m }\n",
+            "      - { algorithm: gcra, limit: 9, period: 1m, name: g }\n",
+            "  - name: own\n    key: tok\n    limits:\n",
+            "      - { algorithm: token_bucket, limit: 5, period: 1m }\n",
+            "      - { algorithm: fixed_window, limit: 100, period: 1m, key: global }\n",
+        );
+        let routes = routes(yaml);
+        let shared = &routes[0].limits;
+        assert!(shared.shared_key);
+        let (keys, _) = build("tg:", shared, &request(&[("x-user", "alice b")]), ip);
+        let from_value = for_value("tg:", shared, b"alice b");
+        assert_eq!(
+            from_value,
+            keys.iter().map(|k| vec![k.clone()]).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            identity_of("tg:", shared, &keys[0]),
+            Some(crate::identity::key::key_part(b"alice b").as_str())
+                .map(|p| format!("header{p}"))
+                .as_deref()
+        );
+        let own = &routes[1].limits;
+        assert!(!own.shared_key);
+        let (keys, _) = build(
+            "tg:",
+            own,
+            &request(&[("authorization", "Bearer s3cret")]),
+            ip,
+        );
+        let from_value = for_value("tg:", own, b"s3cret");
+        assert_eq!(from_value[0], vec![keys[0].clone()]);
+        assert_eq!(from_value[1], vec![keys[1].clone()]);
+        assert!(identity_of("tg:", own, &keys[0])
+            .unwrap()
+            .starts_with("bearer#"));
+        // An address names the client-IP fallback's key too.
+        let (keys, _) = build("tg:", shared, &request(&[]), ip);
+        assert!(for_value("tg:", shared, b"10.1.2.3")[0].contains(&keys[0]));
     }
 }

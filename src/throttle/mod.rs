@@ -1,7 +1,8 @@
 //! The limit stage of the request path: for a request that matched a route, work out each
 //! limit's store key from the caller's identity, ask the store(s) in one atomic step, and
-//! return either an admission (with the verdicts for response headers and any concurrency
-//! leases to hold) or the limited response.
+//! return the outcome ([`LimitOutcome`]): admitted (with the verdicts for response headers and
+//! any concurrency leases to hold) or limited (with what the limited response is rendered
+//! from). Responses are built by the proxy, from the outcome; this stage builds none.
 //!
 //! Store faults are decided by `on_error`, at once while the circuit breaker ([`breaker`]) is
 //! open; `on_limit: delay` waits here, in per-key order, for a request that would fit within
@@ -10,11 +11,15 @@
 //! upstream request.
 
 mod breaker;
+pub mod caller;
 pub mod deny_cache;
 pub mod headers;
 pub mod keys;
 mod lease;
+pub mod offenders;
 mod queue;
+pub mod settle;
+pub mod sync;
 pub(crate) mod tiers;
 
 use std::net::IpAddr;
@@ -23,28 +28,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::request::Parts;
-use http::Response;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use crate::config::{OnError, OnLimit, RedisConfig, Route, Scope, StoreConfig, Throttle};
+use crate::config::{LimitSet, OnError, OnLimit, RedisConfig, Route, Scope, StoreConfig, Throttle};
 use crate::limit::algorithm::Verdict;
 use crate::limit::memory::MemoryStore;
 use crate::limit::redis_store::RedisStore;
 use crate::limit::{Check, Decision, Store, StoreError};
-use crate::proxy::body::ProxyBody;
 pub use lease::LeaseGuard;
 
 /// How often idle in-memory keys are swept away.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
-/// How often a store marked down is probed for its return.
+/// How often the store is checked (for its loss while up, for its return while down).
 const HEALTH_PROBE_EVERY: Duration = Duration::from_millis(500);
 /// Backoff bounds while the first Redis connection cannot be made.
 const CONNECT_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
 
-/// How a request that passed was decided, for logs and metrics.
+/// Why a request was let through, for logs and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decided {
+pub enum AdmitReason {
+    /// Within every limit.
     Allowed,
     /// A shadow limit would have denied it.
     ShadowLimited,
@@ -56,63 +60,114 @@ pub enum Decided {
     Exempt,
 }
 
-/// A request that may go on to the upstream.
-pub struct Admission {
-    pub route: Arc<Route>,
-    /// The kind of source that identified the caller ("header", "jwt", ...).
-    pub identity: &'static str,
-    pub verdicts: Vec<Verdict>,
-    pub decided: Decided,
-    /// Concurrency slots held until the response body ends.
-    pub leases: Option<LeaseGuard>,
-}
-
-pub enum Checked {
-    Admit(Admission),
-    /// Limited (429) or refused because the store is down (`on_error: deny`, 503).
-    Reject {
-        response: Response<ProxyBody>,
-        /// True when the store's failure (not a limit) refused the request.
-        store_unavailable: bool,
-        /// True when the store had failed and the in-memory fallback limited the request.
-        store_error: bool,
-        /// The kind of source that identified the caller.
+/// What the limit stage decided for one request. Each outcome carries the kind of source that
+/// identified the caller ("header", "jwt", ..., "allow_list"), for the access log.
+pub enum LimitOutcome<'a> {
+    /// The request may go on to the upstream.
+    Admitted {
+        /// The limits that applied (the route's own for an exempt caller).
+        set: &'a LimitSet,
         identity: &'static str,
+        /// For the response's rate-limit fields; empty when no store answered.
+        verdicts: Vec<Verdict>,
+        reason: AdmitReason,
+        /// Concurrency slots held until the response body ends.
+        leases: Option<LeaseGuard>,
+        /// Units to settle once the response is known (`count_statuses`,
+        /// `cost_from_response`): the proxy hands it the response head.
+        settlement: Option<settle::Obligation>,
     },
+    /// Over a limit: the limited response is rendered from `set` and `verdicts`.
+    Limited {
+        set: &'a LimitSet,
+        identity: &'static str,
+        verdicts: Vec<Verdict>,
+        /// True when the store had failed and the in-memory fallback (`on_error: local`)
+        /// limited the request: still a store error.
+        local_fallback: bool,
+    },
+    /// Over a limit the store gave a moment ago: answered from the deny cache, already
+    /// rendered.
+    LimitedFromCache {
+        identity: &'static str,
+        rendered: headers::Rendered,
+    },
+    /// The store failed and `on_error: deny` refuses the request (503).
+    StoreUnavailable { identity: &'static str },
 }
 
-/// Owns the stores and decides for every request.
-pub struct Throttler {
+impl LimitOutcome<'_> {
+    /// The kind of source that identified the caller.
+    pub fn identity(&self) -> &'static str {
+        match self {
+            LimitOutcome::Admitted { identity, .. }
+            | LimitOutcome::Limited { identity, .. }
+            | LimitOutcome::LimitedFromCache { identity, .. }
+            | LimitOutcome::StoreUnavailable { identity } => identity,
+        }
+    }
+}
+
+/// The limit stage: owns the stores and decides for every request.
+pub struct LimitStage {
     config: Throttle,
     memory: Store,
     redis: Option<Arc<OnceCell<Store>>>,
     store_up: Arc<AtomicBool>,
     /// Stops waiting on a failing Redis: `on_error` applies at once until a probe answers.
-    /// Shared with the throttlers of later reloads, like the connection it guards.
+    /// Shared with the limit stages of later reloads, like the connection it guards.
     breaker: Arc<breaker::Breaker>,
     queues: queue::KeyedQueues,
     /// Requests the store denied a moment ago, answered here until their retry time.
-    denials: deny_cache::DenyCache,
+    denials: Arc<deny_cache::DenyCache>,
+    /// Who is denied most (the admin's `/limits/top`); carried over reloads.
+    offenders: Arc<offenders::Offenders>,
+    /// Local-first limits (`sync: <duration>`): their engine and rounds, when any limit has
+    /// one and the store is Redis. Carried over reloads that keep the store and the interval,
+    /// with the usage not sent yet.
+    local_first: Option<Arc<sync::Sync>>,
 }
 
-impl Throttler {
+impl LimitStage {
     /// Builds the stores. Redis is connected in the background, so tollgate starts (and
     /// applies `on_error`) even while Redis is not there yet.
     ///
     /// On a reload, `previous` hands over its stores when the store settings did not change:
     /// the same memory state and the same Redis connection, so limits that did not change
     /// keep counting where they were.
-    pub fn new(config: Throttle, previous: Option<&Throttler>) -> Self {
+    pub fn new(
+        config: Throttle,
+        previous: Option<&LimitStage>,
+        sync_metrics: impl FnOnce() -> sync::SyncMetrics,
+    ) -> Self {
         if let Some(previous) = previous.filter(|p| p.config.store == config.store) {
-            return Throttler {
+            // Limits may have changed: remembered denials do not carry over.
+            let denials = caller::new_deny_cache(&previous.redis, &config.key_prefix);
+            let interval = sync::interval(&config);
+            let local_first = match (&previous.local_first, &previous.redis, interval) {
+                (Some(kept), _, Some(interval))
+                    if kept.engine.interval_us() == interval.as_micros() as i64 =>
+                {
+                    Some(kept.clone())
+                }
+                (_, Some(cell), Some(interval)) => Some(Arc::new(sync::start(
+                    interval,
+                    &config.key_prefix,
+                    cell.clone(),
+                    sync_metrics(),
+                ))),
+                _ => None,
+            };
+            return LimitStage {
                 config,
                 memory: previous.memory.clone(),
                 redis: previous.redis.clone(),
                 store_up: previous.store_up.clone(),
                 breaker: previous.breaker.clone(),
                 queues: queue::KeyedQueues::default(),
-                // Limits may have changed: remembered denials do not carry over.
-                denials: deny_cache::DenyCache::new(deny_cache::DEFAULT_CAPACITY),
+                denials,
+                offenders: previous.offenders.clone(),
+                local_first,
             };
         }
         let memory = MemoryStore::new();
@@ -145,14 +200,26 @@ impl Throttler {
                 Some(cell)
             }
         };
-        Throttler {
+        let denials = caller::new_deny_cache(&redis, &config.key_prefix);
+        let local_first = match (&redis, sync::interval(&config)) {
+            (Some(cell), Some(interval)) => Some(Arc::new(sync::start(
+                interval,
+                &config.key_prefix,
+                cell.clone(),
+                sync_metrics(),
+            ))),
+            _ => None,
+        };
+        LimitStage {
             config,
             memory: Store::Memory(memory),
             redis,
             store_up,
             breaker,
             queues: queue::KeyedQueues::default(),
-            denials: deny_cache::DenyCache::new(deny_cache::DEFAULT_CAPACITY),
+            denials,
+            offenders: Arc::new(offenders::Offenders::default()),
+            local_first,
         }
     }
 
@@ -172,62 +239,62 @@ impl Throttler {
         self.config.on_error
     }
 
-    /// Decides `request` against `route`.
-    pub async fn check(&self, route: &Arc<Route>, request: &Parts, client_ip: IpAddr) -> Checked {
-        let route = match tiers::select(&self.config.allow, route, request, client_ip) {
-            tiers::Selected::Exempt => {
-                return Checked::Admit(Admission {
-                    route: route.clone(),
+    /// Decides `request` against `route`. A caller the deny cache answers gets its limited
+    /// response from `render` (see [`headers::render_limited`]), which runs at most once a
+    /// second per caller there; every other outcome is left to the caller to render.
+    pub async fn check<'a>(
+        &self,
+        route: &'a Route,
+        request: &Parts,
+        client_ip: IpAddr,
+        render: impl FnOnce(&LimitSet, &[Verdict]) -> headers::Rendered,
+    ) -> LimitOutcome<'a> {
+        let set = match tiers::select(&self.config.allow, route, request, client_ip) {
+            tiers::Selection::Exempt => {
+                return LimitOutcome::Admitted {
+                    set: &route.limits,
                     identity: "allow_list",
                     verdicts: Vec::new(),
-                    decided: Decided::Exempt,
+                    reason: AdmitReason::Exempt,
                     leases: None,
-                })
+                    settlement: None,
+                }
             }
-            tiers::Selected::Limits(route) => route,
+            tiers::Selection::Limits(set) => set,
         };
-        let (keys, identity) = keys::build(&self.config.key_prefix, route, request, client_ip);
+        let (keys, identity) = keys::build(&self.config.key_prefix, set, request, client_ip);
 
         // A caller known to be over a limit the shared store decides is answered from memory
         // until the retry time the store gave (see deny_cache for why that never admits more).
         let cache_denials = self.redis.is_some()
-            && route.limits.iter().all(|l| l.scope == Scope::Global)
-            && deny_cache::cacheable(route);
+            && set
+                .iter()
+                .all(|l| l.scope == Scope::Global && l.sync.is_none())
+            && deny_cache::cacheable(set);
         if cache_denials && !self.denials.is_empty() {
-            let key = deny_cache::key(route, &keys);
-            let hit = self.denials.respond(&key, Instant::now(), |verdicts| {
-                headers::render_limited(
-                    &self.config.response,
-                    &route.name,
-                    &route.limits,
-                    &route.policy,
-                    verdicts,
-                )
-            });
+            let key = deny_cache::key(set, &keys);
+            let hit = self
+                .denials
+                .respond(&key, Instant::now(), |verdicts| render(set, verdicts));
             if let Some(rendered) = hit {
-                return Checked::Reject {
-                    response: rendered.into_response(),
-                    store_unavailable: false,
-                    store_error: false,
-                    identity,
-                };
+                self.record_denial(set, &keys);
+                return LimitOutcome::LimitedFromCache { identity, rendered };
             }
         }
-        let checks: Vec<Check<'_>> = route
-            .limits
+        let checks: Vec<Check<'_>> = set
             .iter()
             .zip(&keys)
             .map(|(limit, key)| Check {
                 key,
                 params: limit.params,
                 shadow: limit.shadow,
+                block_us: limit.block_us(),
             })
             .collect();
 
         // Delay mode keeps arrival order per key: every request of such a route takes its turn
         // in a per-key queue before deciding, bounded by the route's smallest max_delay.
-        let deadline = route
-            .limits
+        let deadline = set
             .iter()
             .filter_map(|l| match l.on_limit {
                 OnLimit::Delay { max_delay } => Some(max_delay),
@@ -243,43 +310,32 @@ impl Throttler {
         };
         loop {
             let asked_at = Instant::now();
-            let (decision, decided) = match self.decide(route, &checks).await {
-                Ok(pair) => pair,
-                Err(response) => {
-                    return Checked::Reject {
-                        response,
-                        store_unavailable: true,
-                        store_error: true,
-                        identity,
-                    }
-                }
+            let Some((decision, reason)) = self.decide(set, &checks).await else {
+                return LimitOutcome::StoreUnavailable { identity };
             };
             if decision.allowed {
                 drop(turn);
-                return Checked::Admit(self.admission(route, identity, decision, decided));
+                let store = self.deciding_store(set, reason);
+                let settlement = settle::Obligation::new(set, &keys, &decision, store);
+                return self.admitted(set, identity, decision, reason, settlement);
             }
-            let wait = match (deadline, &turn, delay_for(route, &decision.verdicts)) {
+            let wait = match (deadline, &turn, delay_for(set, &decision.verdicts)) {
                 (Some(deadline), Some(_), Some(wait)) if Instant::now() + wait <= deadline => wait,
                 _ => {
-                    if cache_denials && decided == Decided::Allowed {
+                    if cache_denials && reason == AdmitReason::Allowed {
                         self.denials.remember(
-                            route,
-                            deny_cache::key(route, &keys),
+                            set,
+                            deny_cache::key(set, &keys),
                             asked_at,
                             &decision.verdicts,
                         );
                     }
-                    return Checked::Reject {
-                        response: headers::limited_response(
-                            &self.config.response,
-                            &route.name,
-                            &route.limits,
-                            &route.policy,
-                            &decision.verdicts,
-                        ),
-                        store_unavailable: false,
-                        store_error: decided == Decided::LocalFallback,
+                    self.record_denial(set, &keys);
+                    return LimitOutcome::Limited {
+                        set,
                         identity,
+                        verdicts: decision.verdicts,
+                        local_fallback: reason == AdmitReason::LocalFallback,
                     };
                 }
             };
@@ -287,42 +343,54 @@ impl Throttler {
         }
     }
 
-    fn admission(
+    fn admitted<'a>(
         &self,
-        route: &Arc<Route>,
+        set: &'a LimitSet,
         identity: &'static str,
         decision: Decision,
-        decided: Decided,
-    ) -> Admission {
-        let decided = if decided == Decided::Allowed && decision.verdicts.iter().any(|v| !v.allowed)
-        {
-            tracing::info!(route = %route.name, "shadow limit exceeded (request forwarded)");
-            Decided::ShadowLimited
-        } else {
-            decided
-        };
+        reason: AdmitReason,
+        settlement: Option<settle::Obligation>,
+    ) -> LimitOutcome<'a> {
+        let reason =
+            if reason == AdmitReason::Allowed && decision.verdicts.iter().any(|v| !v.allowed) {
+                tracing::info!(route = %set.key_name, "shadow limit exceeded (request forwarded)");
+                AdmitReason::ShadowLimited
+            } else {
+                reason
+            };
         let leases = (!decision.leases.is_empty()).then(|| {
             // Leases live where they were taken: memory for local limits and the on_error:
             // local fallback, Redis for global limits that Redis decided.
             let mut stores = Vec::new();
-            if decided == Decided::LocalFallback
-                || route.limits.iter().any(|l| l.scope == Scope::Local)
-            {
+            if reason == AdmitReason::LocalFallback || set.iter().any(|l| l.scope == Scope::Local) {
                 stores.push(self.memory.clone());
             }
-            if decided != Decided::LocalFallback
-                && route.limits.iter().any(|l| l.scope == Scope::Global)
+            if reason != AdmitReason::LocalFallback && set.iter().any(|l| l.scope == Scope::Global)
             {
                 stores.extend(self.global_store());
             }
             LeaseGuard::new(stores, decision.leases)
         });
-        Admission {
-            route: route.clone(),
+        LimitOutcome::Admitted {
+            set,
             identity,
             verdicts: decision.verdicts,
-            decided,
+            reason,
             leases,
+            settlement,
+        }
+    }
+
+    /// The store that decided a set's limits (where settlements go); none when no store did
+    /// (`on_error: allow` let the request through).
+    fn deciding_store(&self, set: &LimitSet, reason: AdmitReason) -> Option<Store> {
+        match reason {
+            AdmitReason::StoreError | AdmitReason::Exempt => None,
+            AdmitReason::LocalFallback => Some(self.memory.clone()),
+            _ if self.redis.is_none() || set.iter().all(|l| l.scope == Scope::Local) => {
+                Some(self.memory.clone())
+            }
+            _ => self.global_store(),
         }
     }
 
@@ -330,23 +398,33 @@ impl Throttler {
         self.redis.as_ref().and_then(|cell| cell.get().cloned())
     }
 
-    /// One atomic decision over all limits of the route, with `on_error` applied.
+    /// One atomic decision over all limits of the set, with `on_error` applied: how it was
+    /// decided (`Allowed` when the store answered, whether it admitted or not), or None when
+    /// the store failed and `on_error: deny` refuses.
     async fn decide(
         &self,
-        route: &Route,
+        set: &LimitSet,
         checks: &[Check<'_>],
-    ) -> Result<(Decision, Decided), Response<ProxyBody>> {
-        let all_local = route.limits.iter().all(|l| l.scope == Scope::Local);
+    ) -> Option<(Decision, AdmitReason)> {
+        let all_local = set.iter().all(|l| l.scope == Scope::Local);
         if all_local || self.redis.is_none() {
-            return Ok((
+            return Some((
                 self.memory
                     .decide(checks)
                     .await
                     .expect("memory store cannot fail"),
-                Decided::Allowed,
+                AdmitReason::Allowed,
             ));
         }
-        let all_global = route.limits.iter().all(|l| l.scope == Scope::Global);
+        // Local-first limits (every limit of the set has the same `sync`, see config) are
+        // decided on the local copies: never waiting on Redis.
+        if let Some(local_first) = &self.local_first {
+            if set.iter().all(|l| l.sync.is_some()) {
+                let decision = local_first.engine.decide(&set.key_name, checks);
+                return Some((decision, AdmitReason::Allowed));
+            }
+        }
+        let all_global = set.iter().all(|l| l.scope == Scope::Global);
         if all_global {
             return self.decide_global(checks).await;
         }
@@ -354,7 +432,7 @@ impl Throttler {
         // ones. A global denial after a local admission leaves the local units spent; the docs
         // say so.
         let (local_idx, global_idx): (Vec<usize>, Vec<usize>) =
-            (0..checks.len()).partition(|&i| route.limits[i].scope == Scope::Local);
+            (0..checks.len()).partition(|&i| set[i].scope == Scope::Local);
         let pick = |idx: &[usize]| idx.iter().map(|&i| checks[i]).collect::<Vec<_>>();
         let local = self
             .memory
@@ -377,22 +455,20 @@ impl Throttler {
                     retry_after_us: 0,
                 });
             }
-            return Ok((
+            return Some((
                 Decision {
                     allowed: false,
                     verdicts: verdicts.into_iter().map(Option::unwrap).collect(),
                     leases: vec![],
+                    at: local.at,
                 },
-                Decided::Allowed,
+                AdmitReason::Allowed,
             ));
         }
-        let (global, decided) = match self.decide_global(&pick(&global_idx)).await {
-            Ok(pair) => pair,
-            Err(response) => {
-                // Refused (on_error: deny): hand back the local slots taken a moment ago.
-                let _ = self.memory.release(&local.leases).await;
-                return Err(response);
-            }
+        let Some((global, reason)) = self.decide_global(&pick(&global_idx)).await else {
+            // Refused (on_error: deny): hand back the local slots taken a moment ago.
+            let _ = self.memory.release(&local.leases).await;
+            return None;
         };
         if !global.allowed {
             let _ = self.memory.release(&local.leases).await;
@@ -402,20 +478,18 @@ impl Throttler {
         }
         let mut leases = local.leases;
         leases.extend(global.leases);
-        Ok((
+        Some((
             Decision {
                 allowed: global.allowed,
                 verdicts: verdicts.into_iter().map(Option::unwrap).collect(),
                 leases,
+                at: global.at,
             },
-            decided,
+            reason,
         ))
     }
 
-    async fn decide_global(
-        &self,
-        checks: &[Check<'_>],
-    ) -> Result<(Decision, Decided), Response<ProxyBody>> {
+    async fn decide_global(&self, checks: &[Check<'_>]) -> Option<(Decision, AdmitReason)> {
         let result = match (self.global_store(), self.breaker.permit()) {
             (None, _) => Err(StoreError::Protocol("not connected yet".into())),
             (Some(_), breaker::Permit::Refuse) => Err(StoreError::CircuitOpen),
@@ -437,30 +511,29 @@ impl Throttler {
                 if !self.store_up.swap(true, Ordering::Relaxed) {
                     tracing::info!("rate limit store is back");
                 }
-                Ok((decision, Decided::Allowed))
+                Some((decision, AdmitReason::Allowed))
             }
             Err(error) => {
                 if self.store_up.swap(false, Ordering::Relaxed) {
                     tracing::error!(cause = %error, on_error = ?self.config.on_error, "rate limit store failed; applying on_error until it answers again");
                 }
                 match self.config.on_error {
-                    OnError::Allow => Ok((
+                    OnError::Allow => Some((
                         Decision {
                             allowed: true,
                             verdicts: vec![],
                             leases: vec![],
+                            at: 0,
                         },
-                        Decided::StoreError,
+                        AdmitReason::StoreError,
                     )),
-                    OnError::Deny => {
-                        Err(crate::error::ProxyError::StoreUnavailable.into_response())
-                    }
-                    OnError::Local => Ok((
+                    OnError::Deny => None,
+                    OnError::Local => Some((
                         self.memory
                             .decide(checks)
                             .await
                             .expect("memory store cannot fail"),
-                        Decided::LocalFallback,
+                        AdmitReason::LocalFallback,
                     )),
                 }
             }
@@ -469,9 +542,9 @@ impl Throttler {
 }
 
 /// How long to wait before deciding again, if every violated limit is in delay mode.
-fn delay_for(route: &Route, verdicts: &[Verdict]) -> Option<Duration> {
+fn delay_for(set: &LimitSet, verdicts: &[Verdict]) -> Option<Duration> {
     let mut retry = 0i64;
-    for (limit, verdict) in route.limits.iter().zip(verdicts) {
+    for (limit, verdict) in set.iter().zip(verdicts) {
         if verdict.allowed || limit.shadow {
             continue;
         }
@@ -511,8 +584,11 @@ async fn connect_redis(
             }
         }
     };
-    // Requests mark the store down when it fails them; while it is down, look for its return
-    // here, so /readyz recovers even when no traffic arrives (an unready pod gets none).
+    // Check the store in the background whether or not traffic flows: while it is down, for
+    // its return (an unready pod gets no traffic to find out), and while it is up, for its
+    // loss (a quiet pod would otherwise report ready while it would refuse every request with
+    // `on_error: deny`). One PING per tick, bounded by the store timeout; requests still mark
+    // it down the moment one fails. Each transition is logged once, by whoever sees it first.
     let alive = Arc::downgrade(&cell);
     drop(cell);
     let mut tick = tokio::time::interval(HEALTH_PROBE_EVERY);
@@ -520,15 +596,24 @@ async fn connect_redis(
     loop {
         tick.tick().await;
         if alive.strong_count() == 0 {
-            return; // Every throttler using this store is gone (a reload replaced it).
+            return; // Every limit stage using this store is gone (a reload replaced it).
         }
-        let down = !up.load(Ordering::Relaxed) || breaker.is_open();
-        if down && redis.ping().await.is_ok() {
-            // Close the breaker too: readiness waits on both, and nothing else would close it
-            // without a request.
-            breaker.success();
-            if !up.swap(true, Ordering::Relaxed) {
-                tracing::info!("rate limit store is back");
+        match redis.ping().await {
+            Ok(()) => {
+                let down = !up.load(Ordering::Relaxed) || breaker.is_open();
+                if down {
+                    // Close the breaker too: readiness waits on both, and nothing else would
+                    // close it without a request.
+                    breaker.success();
+                    if !up.swap(true, Ordering::Relaxed) {
+                        tracing::info!("rate limit store is back");
+                    }
+                }
+            }
+            Err(error) => {
+                if up.swap(false, Ordering::Relaxed) {
+                    tracing::error!(cause = %error, "rate limit store stopped answering its health check; applying on_error until it answers again");
+                }
             }
         }
     }

@@ -4,27 +4,27 @@
 //! ten times the quota), without a route of their own.
 
 use std::net::IpAddr;
-use std::sync::Arc;
 
 use http::request::Parts;
 
-use crate::config::{Allow, Route};
+use crate::config::{Allow, LimitSet, Route};
 
-pub enum Selected<'a> {
+/// Which limits apply to a caller on a route.
+pub enum Selection<'a> {
     /// On an allow-list: forwarded without any limit.
     Exempt,
     /// The limits to apply: the route's own, or a tier's.
-    Limits(&'a Arc<Route>),
+    Limits(&'a LimitSet),
 }
 
 pub fn select<'a>(
     global: &Allow,
-    route: &'a Arc<Route>,
+    route: &'a Route,
     request: &Parts,
     client_ip: IpAddr,
-) -> Selected<'a> {
+) -> Selection<'a> {
     if allowed(global, request, client_ip) || allowed(&route.allow, request, client_ip) {
-        return Selected::Exempt;
+        return Selection::Exempt;
     }
     for tier in &route.overrides {
         let identified = tier.identity.identify(request, client_ip);
@@ -33,10 +33,10 @@ pub fn select<'a>(
             .iter()
             .any(|v| identified.is_value(v.as_bytes()))
         {
-            return Selected::Limits(&tier.route);
+            return Selection::Limits(&tier.limits);
         }
     }
-    Selected::Limits(route)
+    Selection::Limits(&route.limits)
 }
 
 fn allowed(allow: &Allow, request: &Parts, client_ip: IpAddr) -> bool {

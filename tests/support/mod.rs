@@ -2,6 +2,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod cluster;
+pub mod grpc;
 pub mod proxy;
 pub mod redis;
 pub mod rng;

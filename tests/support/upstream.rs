@@ -1,7 +1,7 @@
 //! A real HTTP upstream for tests (HTTP/1.1 and h2c on one port), with endpoints that make the
 //! proxy's behaviour observable: echo what arrived, hash an upload, stream a download, hold a
 //! stream open, delay the head, answer before reading the whole upload, answer with hop-by-hop junk,
-//! echo a WebSocket, send trailers.
+//! echo a WebSocket, send trailers, answer a given status with a given cost report (`/respond`).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -167,6 +167,37 @@ async fn handle(mut req: Request<Incoming>, state: Upstream) -> Response<Body> {
             let ms: u64 = q.get("ms").and_then(|s| s.parse().ok()).unwrap_or(1000);
             tokio::time::sleep(Duration::from_millis(ms)).await;
             Response::new(full("slept"))
+        }
+        "/respond" => {
+            // `?status=401&ms=100&cost=35&trailer=20&hold=1`: after `ms`, answer `status` with
+            // `x-tokens-used: <cost>` in the head and/or `x-tokens-used: <trailer>` as a
+            // trailer (values sent as given, so a test can send malformed ones).
+            let ms: u64 = q.get("ms").and_then(|s| s.parse().ok()).unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            let status: u16 = q.get("status").and_then(|s| s.parse().ok()).unwrap_or(200);
+            // With `hold=1` the body stops after its first chunk until `release` is notified.
+            let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(2);
+            let hold = q.contains_key("hold").then(|| state.release.clone());
+            let trailer = q.get("trailer").cloned();
+            tokio::spawn(async move {
+                let first = Frame::data(Bytes::from(format!("status {status}")));
+                let _ = tx.send(Ok(first)).await;
+                if let Some(release) = hold {
+                    release.notified().await;
+                }
+                if let Some(value) = trailer {
+                    let mut trailers = HeaderMap::new();
+                    trailers.insert("x-tokens-used", value.parse().unwrap());
+                    let _ = tx.send(Ok(Frame::trailers(trailers))).await;
+                }
+            });
+            let mut response = Response::builder().status(status);
+            if let Some(value) = q.get("cost") {
+                response = response.header("x-tokens-used", value.as_str());
+            }
+            response
+                .body(BodyExt::boxed(StreamBody::new(tokio_stream_from(rx))))
+                .unwrap()
         }
         "/hop" => Response::builder()
             .header("connection", "x-internal, keep-alive")

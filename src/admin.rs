@@ -1,0 +1,466 @@
+//! The admin listener: health, readiness and metrics for the platform, and the operators'
+//! endpoints for "someone is being blocked": who is denied most (`GET /limits/top`), one
+//! caller's state (`GET /limits/state`) and its reset (`POST /limits/reset`).
+//!
+//! Reads are open to whoever reaches the listener (keep it off public interfaces). A mutation
+//! needs `Authorization: Bearer <token>` when `admin.token_env` names a token; without one,
+//! mutations are allowed only on a loopback listener, where only this host can call. Refused
+//! mutations are answered 403 whether the token is missing or wrong: the caller is not allowed
+//! to do this, and a 401 would invite a credential prompt that this API does not have. The
+//! token is compared in constant time. Every mutation, allowed or refused, is logged (target
+//! `tollgate::admin`) with the peer address, the route, the identity as logs show it, and the
+//! result.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use http::header::{ACCEPT, ALLOW, AUTHORIZATION, CONTENT_TYPE};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+use crate::body::{full, ProxyBody};
+use crate::config::Secret;
+use crate::identity::key;
+use crate::proxy::Proxy;
+use crate::throttle::caller::{self, CallerError};
+use crate::throttle::offenders;
+
+/// What readiness depends on: not draining, and a store that answers unless `on_error`
+/// makes its absence harmless. Lives here, beside `/readyz`, so that the server (which drains
+/// it) imports the admin listener and not the other way round.
+pub struct Health {
+    draining: AtomicBool,
+    proxy: Proxy,
+}
+
+impl Health {
+    pub fn new(proxy: Proxy) -> Self {
+        Health {
+            draining: AtomicBool::new(false),
+            proxy,
+        }
+    }
+
+    /// From now on, not ready: the server is shutting down.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    pub fn readiness(&self) -> Result<(), &'static str> {
+        if self.draining.load(Ordering::Acquire) {
+            Err("draining\n")
+        } else if !self.proxy.store_ready() {
+            Err("rate limit store unreachable (on_error: deny)\n")
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Callers per route `/limits/top` lists unless `?k=` says otherwise.
+pub const DEFAULT_TOP: usize = 10;
+
+/// `/healthz`: the process is alive. `/readyz`: it should receive traffic (not draining, the
+/// store answers or does not matter). `/metrics`: Prometheus text format. `/limits/*`: see the
+/// module docs.
+pub async fn serve(
+    listener: TcpListener,
+    health: Arc<Health>,
+    proxy: Proxy,
+    stop: CancellationToken,
+) {
+    let loopback = listener
+        .local_addr()
+        .map(|a| a.ip().is_loopback())
+        .unwrap_or(false);
+    loop {
+        let accepted: std::io::Result<(TcpStream, SocketAddr)> = tokio::select! {
+            r = listener.accept() => r,
+            _ = stop.cancelled() => return,
+        };
+        let Ok((stream, peer)) = accepted else {
+            continue;
+        };
+        let health = health.clone();
+        let proxy = proxy.clone();
+        let service = service_fn(move |request: Request<Incoming>| {
+            let health = health.clone();
+            let proxy = proxy.clone();
+            async move {
+                let caller = Caller { peer, loopback };
+                Ok::<_, Infallible>(respond(&request, &health, &proxy, caller).await)
+            }
+        });
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// Who is calling the admin listener.
+#[derive(Clone, Copy)]
+struct Caller {
+    peer: SocketAddr,
+    /// The listener is on a loopback address.
+    loopback: bool,
+}
+
+async fn respond<B>(
+    request: &Request<B>,
+    health: &Health,
+    proxy: &Proxy,
+    caller: Caller,
+) -> Response<ProxyBody> {
+    match request.uri().path() {
+        "/limits/top" => only(request, Method::GET, || top(request, proxy)),
+        "/limits/state" => match allowed(request, Method::GET) {
+            Some(refused) => refused,
+            None => state(request, proxy).await,
+        },
+        "/limits/reset" => match allowed(request, Method::POST) {
+            Some(refused) => refused,
+            None => reset(request, proxy, caller).await,
+        },
+        _ => health_response(request, health, proxy),
+    }
+}
+
+/// The endpoints that existed before the operators' ones, unchanged.
+fn health_response<B>(request: &Request<B>, health: &Health, proxy: &Proxy) -> Response<ProxyBody> {
+    if request.uri().path() == "/metrics" {
+        let mut response = Response::new(full(proxy.metrics().render()));
+        response.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        );
+        return response;
+    }
+    let (status, text) = match request.uri().path() {
+        "/healthz" => (StatusCode::OK, "ok\n"),
+        "/readyz" => match health.readiness() {
+            Ok(()) => (StatusCode::OK, "ready\n"),
+            Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+        },
+        _ => (
+            StatusCode::NOT_FOUND,
+            "not found: try /healthz or /readyz\n",
+        ),
+    };
+    let mut response = Response::new(full(text));
+    *response.status_mut() = status;
+    response
+}
+
+fn allowed<B>(request: &Request<B>, method: Method) -> Option<Response<ProxyBody>> {
+    if request.method() == method || (method == Method::GET && request.method() == Method::HEAD) {
+        return None;
+    }
+    let mut response = json_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &json!({ "error": format!("use {method}") }),
+    );
+    response.headers_mut().insert(
+        ALLOW,
+        HeaderValue::from_str(method.as_str()).expect("a method"),
+    );
+    Some(response)
+}
+
+fn only<B>(
+    request: &Request<B>,
+    method: Method,
+    then: impl FnOnce() -> Response<ProxyBody>,
+) -> Response<ProxyBody> {
+    allowed(request, method).unwrap_or_else(then)
+}
+
+fn json_response(status: StatusCode, value: &Value) -> Response<ProxyBody> {
+    let mut text = serde_json::to_string_pretty(value).expect("JSON");
+    text.push('\n');
+    let mut response = Response::new(full(text));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn text_response(status: StatusCode, text: String) -> Response<ProxyBody> {
+    let mut response = Response::new(full(text));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response<ProxyBody> {
+    json_response(status, &json!({ "error": message.into() }))
+}
+
+/// A query parameter, decoded (form rules), or None when absent.
+fn param<B>(request: &Request<B>, name: &str) -> Option<Vec<u8>> {
+    crate::identity::query_param(request.uri().query()?, name)
+}
+
+/// `?format=text`, or a client that accepts text/plain and not JSON.
+fn wants_text<B>(request: &Request<B>) -> bool {
+    if let Some(format) = param(request, "format") {
+        return format == b"text";
+    }
+    request
+        .headers()
+        .get(ACCEPT)
+        .and_then(|a| a.to_str().ok())
+        .is_some_and(|a| a.contains("text/plain") && !a.contains("json"))
+}
+
+fn top<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
+    let k = match param(request, "k") {
+        None => DEFAULT_TOP,
+        Some(text) => match std::str::from_utf8(&text)
+            .ok()
+            .and_then(|t| t.parse::<usize>().ok())
+        {
+            Some(k) if k >= 1 => k.min(offenders::CAPACITY),
+            _ => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "k must be a whole number of at least 1",
+                )
+            }
+        },
+    };
+    let control = proxy.throttle_control();
+    let routes = control.offenders().map(|o| o.top(k)).unwrap_or_default();
+    let routes: Vec<Value> = routes
+        .into_iter()
+        .map(|(route, top)| {
+            let callers: Vec<Value> = top
+                .into_iter()
+                .map(|o| {
+                    let (source, identity) = shown(&o.item);
+                    json!({ "identity": identity, "source": source, "count": o.count, "error": o.error })
+                })
+                .collect();
+            json!({ "route": route, "top": callers })
+        })
+        .collect();
+    let body = json!({
+        "window_seconds": offenders::WINDOWS as u64 * offenders::WINDOW_MS / 1000,
+        "k": k,
+        "routes": routes,
+    });
+    if wants_text(request) {
+        return text_response(StatusCode::OK, top_text(&body));
+    }
+    json_response(StatusCode::OK, &body)
+}
+
+/// An identity part of a key (`header=alice`, or several joined by `|`) as logs show it:
+/// (source kinds, values).
+fn shown(item: &str) -> (String, String) {
+    let (sources, values): (Vec<String>, Vec<String>) = item
+        .split('|')
+        .map(|part| {
+            let (kind, value) = crate::identity::shown_from_key_part(part);
+            (kind.to_owned(), value)
+        })
+        .unzip();
+    (sources.join("+"), values.join("|"))
+}
+
+fn top_text(body: &Value) -> String {
+    let mut out = format!(
+        "denied most in the last {}s (counts are upper bounds; ± is how much they may overcount)\n",
+        body["window_seconds"]
+    );
+    let routes = body["routes"].as_array().cloned().unwrap_or_default();
+    if routes.is_empty() {
+        out.push_str("nobody was denied\n");
+    }
+    for route in routes {
+        out.push_str(&format!(
+            "route {}\n",
+            route["route"].as_str().unwrap_or("?")
+        ));
+        for caller in route["top"].as_array().into_iter().flatten() {
+            out.push_str(&format!(
+                "  {:>8}  {} ({}){}\n",
+                caller["count"],
+                caller["identity"].as_str().unwrap_or("?"),
+                caller["source"].as_str().unwrap_or("?"),
+                match caller["error"].as_u64() {
+                    Some(0) | None => String::new(),
+                    Some(e) => format!(" ±{e}"),
+                }
+            ));
+        }
+    }
+    out
+}
+
+/// `route` and `identity` from the query, or why the request is a bad one (400).
+fn route_and_identity<B>(request: &Request<B>) -> Result<(String, Vec<u8>), String> {
+    let route = param(request, "route").filter(|r| !r.is_empty());
+    let identity = param(request, "identity").filter(|i| !i.is_empty());
+    match (route, identity) {
+        (Some(route), Some(identity)) => {
+            Ok((String::from_utf8_lossy(&route).into_owned(), identity))
+        }
+        (route, _) => Err(format!(
+            "missing query parameter `{}`: write ?route=ROUTE&identity=VALUE",
+            if route.is_none() { "route" } else { "identity" }
+        )),
+    }
+}
+
+fn caller_error(e: CallerError) -> Response<ProxyBody> {
+    let status = match e {
+        CallerError::UnknownRoute { .. } => StatusCode::NOT_FOUND,
+        CallerError::EmptyIdentity => StatusCode::BAD_REQUEST,
+        CallerError::Store(_) | CallerError::NotConnected => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    error(status, e.to_string())
+}
+
+async fn state<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
+    let (route, identity) = match route_and_identity(request) {
+        Ok(pair) => pair,
+        Err(why) => return error(StatusCode::BAD_REQUEST, why),
+    };
+    match proxy.throttle_control().state(&route, &identity).await {
+        Ok(state) if wants_text(request) => {
+            text_response(StatusCode::OK, caller::state_text(&state))
+        }
+        Ok(state) => json_response(StatusCode::OK, &state),
+        Err(e) => caller_error(e),
+    }
+}
+
+async fn reset<B>(request: &Request<B>, proxy: &Proxy, caller: Caller) -> Response<ProxyBody> {
+    let (route, identity) = match route_and_identity(request) {
+        Ok(pair) => pair,
+        Err(why) => return error(StatusCode::BAD_REQUEST, why),
+    };
+    let shown = key::display_value(&identity);
+    let token = proxy.config().admin_token.clone();
+    if let Err(why) = authorize(request, token.as_ref(), caller.loopback) {
+        tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action = "reset", route, identity = shown, result = "refused", why, "admin mutation refused");
+        return error(StatusCode::FORBIDDEN, why);
+    }
+    match proxy.throttle_control().reset(&route, &identity).await {
+        Ok(done) => {
+            tracing::info!(target: "tollgate::admin", peer = %caller.peer, action = "reset", route, identity = shown, result = "ok", deleted = done["deleted"].as_u64().unwrap_or(0), "admin mutation");
+            if wants_text(request) {
+                return text_response(StatusCode::OK, caller::reset_text(&done));
+            }
+            json_response(StatusCode::OK, &done)
+        }
+        Err(e) => {
+            tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action = "reset", route, identity = shown, result = "failed", cause = %e, "admin mutation failed");
+            caller_error(e)
+        }
+    }
+}
+
+/// Whether a mutation may proceed (see the module docs), or why not.
+fn authorize<B>(
+    request: &Request<B>,
+    token: Option<&Secret>,
+    loopback: bool,
+) -> Result<(), &'static str> {
+    let Some(token) = token else {
+        return if loopback {
+            Ok(())
+        } else {
+            Err("mutations are refused: the admin listener is not on a loopback address and no admin.token_env is configured")
+        };
+    };
+    let given = request
+        .headers()
+        .get(AUTHORIZATION)
+        .map(|v| v.as_bytes().trim_ascii())
+        .and_then(|v| {
+            let (scheme, rest) = v.split_at_checked(7)?;
+            scheme
+                .eq_ignore_ascii_case(b"bearer ")
+                .then(|| rest.trim_ascii())
+        });
+    match given {
+        None => Err("missing `Authorization: Bearer <token>` (the token from admin.token_env)"),
+        Some(given) if same_secret(given, token.0.as_bytes()) => Ok(()),
+        Some(_) => Err("wrong admin token"),
+    }
+}
+
+/// Compares in constant time: both sides are hashed first (so neither length nor the first
+/// differing byte shows in the time taken), then every byte of the digests is compared.
+fn same_secret(given: &[u8], expected: &[u8]) -> bool {
+    let (a, b) = (Sha256::digest(given), Sha256::digest(expected));
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |diff, (x, y)| diff | (x ^ y))
+        == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_auth(value: Option<&str>) -> Request<()> {
+        let mut builder = Request::post("/limits/reset?route=a&identity=b");
+        if let Some(value) = value {
+            builder = builder.header(AUTHORIZATION, value);
+        }
+        builder.body(()).unwrap()
+    }
+
+    #[test]
+    fn mutations_need_the_token_or_a_loopback_listener() {
+        let token = Secret("s3cret".into());
+        assert!(authorize(&with_auth(Some("Bearer s3cret")), Some(&token), false).is_ok());
+        assert!(authorize(&with_auth(Some("bearer  s3cret ")), Some(&token), false).is_ok());
+        assert_eq!(
+            authorize(&with_auth(Some("Bearer s3cre")), Some(&token), true),
+            Err("wrong admin token")
+        );
+        assert!(authorize(&with_auth(None), Some(&token), true).is_err());
+        assert!(authorize(&with_auth(Some("Basic czNjcmV0")), Some(&token), true).is_err());
+        assert!(authorize(&with_auth(None), None, true).is_ok());
+        assert!(authorize(&with_auth(Some("Bearer s3cret")), None, false).is_err());
+    }
+
+    #[test]
+    fn secrets_compare_by_content() {
+        assert!(same_secret(b"abc", b"abc"));
+        assert!(!same_secret(b"abc", b"abd"));
+        assert!(!same_secret(b"abc", b"abcd"));
+        assert!(!same_secret(b"", b"a"));
+    }
+
+    #[test]
+    fn shown_identities_keep_hashes_hashed() {
+        assert_eq!(shown("header=alice"), ("header".into(), "alice".into()));
+        let (source, identity) = shown(&format!("bearer{}", key::hashed_part(b"tok")));
+        assert_eq!(
+            (source.as_str(), identity),
+            ("bearer", key::display_hash(b"tok"))
+        );
+        assert_eq!(
+            shown("header=a|client_ip=10.0.0.1"),
+            ("header+client_ip".into(), "a|10.0.0.1".into())
+        );
+    }
+}

@@ -1,0 +1,762 @@
+//! Local-first limits (`sync: <duration>`): decided in this process's memory, on a local copy
+//! of each key's shared state, and shared through Redis in batches (see `throttle::sync`), so
+//! no request waits on Redis.
+//!
+//! Every interval has two phases on the store's clock, the same for every replica: at each
+//! tick `t_k` (a multiple of the interval) a *write* sends each key's usage since the last
+//! write (`sync.lua` charges it with the arithmetic of [`algorithm::charge`]); 3/4 of an interval
+//! later a *read* fetches the shared states, which then hold every replica's usage up to
+//! `t_k` (the view `V_k`). The local copy is the view plus this replica's usage since.
+//! A write whose reply is lost is sent again as it was (same round number: Redis applies a
+//! round once), and usage admitted meanwhile waits for the next: nothing is lost or counted
+//! twice.
+//!
+//! The bound: each replica's admissions in the interval `[t_k, t_k+1)` are capped to its
+//! share `a_k = ceil(A_k / R)`: `A_k` is what the local copy (the latest view plus this
+//! replica's own usage since) admits at `t_k`, less `(R − 1) × a'` for every interval since the
+//! view was complete, where `a'` is the largest share any replica had (one with no usage of its
+//! own): the most the other replicas can have spent unseen; plus what the limit surely refills
+//! over the interval ([`share`]). So all replicas together admit at most `A_k + R − 1`
+//! in an interval, and the `R − 1` is taken off the next share. While the views are stale
+//! (Redis slow or down), each replica decides alone with limit ÷ R ([`divided`]).
+//! docs/algorithms.md ("Local-first limits") states the bounds.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::algorithm::{self, Algorithm, Micros, Params, State, Verdict};
+use super::memory::Clock;
+use super::{Check, Decision};
+
+/// The most keys kept; a new key past it is refused until the next read drops idle keys
+/// (fail safe: it cannot over-admit).
+pub const MAX_KEYS: usize = 100_000;
+/// A view older than this many intervals is stale: decide on limit ÷ R.
+pub const STALE_AFTER_INTERVALS: i64 = 3;
+
+/// One key's local copy.
+#[derive(Debug, Clone)]
+struct Entry {
+    /// The route (its key name) whose drift this key's counts.
+    route: Arc<str>,
+    params: Params,
+    /// The latest view (None: idle, or never read).
+    view: Option<State>,
+    /// What decisions run on: the view plus this replica's usage since it was complete.
+    local: Option<State>,
+    /// The copy used while the views are stale (limit ÷ R).
+    divided: Option<State>,
+    /// Units admitted here not sent yet.
+    pending: u64,
+    /// Units sent in the write not acknowledged yet.
+    in_flight: u64,
+    /// Units admitted here in the current interval, against `share`.
+    admitted: u64,
+    /// This replica's share of the current interval.
+    share: u64,
+    /// The largest share any replica can have in the current interval: the share of one with
+    /// no usage of its own since the view (what `unseen` grows by, per other replica).
+    others_share: u64,
+    /// The most the other replicas may have spent since the view was complete ((R − 1) × the
+    /// shares of those intervals).
+    unseen: u64,
+    /// Decided since the last read (so the next read keeps the key).
+    touched: bool,
+    /// What the last view held beyond the limit (drift is counted once, as it grows).
+    over_seen: u64,
+}
+
+impl Entry {
+    fn new(route: &str, params: Params, now: Micros, interval_us: Micros, replicas: u64) -> Entry {
+        Entry {
+            route: Arc::from(route),
+            params,
+            view: None,
+            local: None,
+            divided: None,
+            pending: 0,
+            in_flight: 0,
+            admitted: 0,
+            share: share(&params, None, 0, now, interval_us, replicas),
+            others_share: share(&params, None, 0, now, interval_us, replicas),
+            unseen: 0,
+            touched: true,
+            over_seen: 0,
+        }
+    }
+}
+
+/// One key's usage to send in a round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncItem {
+    pub key: String,
+    pub params: Params,
+    /// Units admitted here since the last write (0: only read the state).
+    pub amount: u64,
+}
+
+/// The local-first engine of one limit stage. Clone is cheap: clones share the keys.
+#[derive(Clone)]
+pub struct LocalFirst {
+    inner: Arc<Mutex<Inner>>,
+    clock: Arc<dyn Clock>,
+    interval_us: Micros,
+}
+
+struct Inner {
+    keys: HashMap<String, Entry>,
+    /// The store's clock minus the local clock, as measured at the last read.
+    offset: Micros,
+    /// Local time of the last successful read (of the engine's start before the first).
+    synced_at: Micros,
+    /// The replicas alive (at least 1), from the heartbeat.
+    replicas: u64,
+    /// Units admitted beyond the limit, as the reads found them in the shared states, per
+    /// route, not yet taken by [`LocalFirst::take_drift`].
+    drift: HashMap<Arc<str>, u64>,
+    /// The number of the last write started.
+    round: u64,
+    /// The write sent and not acknowledged: sent again, as it was, until it is (so Redis can
+    /// tell a repeat from new usage).
+    unacked: Option<(u64, Vec<SyncItem>)>,
+}
+
+impl LocalFirst {
+    pub fn new(clock: Arc<dyn Clock>, interval_us: Micros) -> LocalFirst {
+        LocalFirst {
+            inner: Arc::new(Mutex::new(Inner {
+                keys: HashMap::new(),
+                offset: 0,
+                // The copies start as good as Redis's idle state; reads must follow.
+                synced_at: clock.now_us(),
+                replicas: 1,
+                drift: HashMap::new(),
+                round: 0,
+                unacked: None,
+            })),
+            clock,
+            interval_us: interval_us.max(1),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn interval_us(&self) -> Micros {
+        self.interval_us
+    }
+
+    /// The store's clock, estimated as the local clock plus the offset of the last read.
+    pub fn store_now(&self) -> Micros {
+        self.clock.now_us() + self.lock().offset
+    }
+
+    /// Sets R, the number of replicas alive (at least 1).
+    pub fn set_replicas(&self, replicas: u64) {
+        self.lock().replicas = replicas.max(1);
+    }
+
+    pub fn replicas(&self) -> u64 {
+        self.lock().replicas
+    }
+
+    /// Units admitted beyond the limit found by the reads since the last call, per route
+    /// (for the metric).
+    pub fn take_drift(&self) -> Vec<(String, u64)> {
+        self.lock()
+            .drift
+            .drain()
+            .map(|(route, units)| (route.to_string(), units))
+            .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// True while the view is fresh (a read succeeded within a few intervals).
+    pub fn fresh(&self) -> bool {
+        let inner = self.lock();
+        self.is_fresh(&inner, self.clock.now_us())
+    }
+
+    fn is_fresh(&self, inner: &Inner, local_now: Micros) -> bool {
+        local_now - inner.synced_at <= STALE_AFTER_INTERVALS * self.interval_us
+    }
+
+    /// Decides all `checks` of `route` (its key name) atomically on the local copies:
+    /// consumes from them only if no enforcing limit denies. Never waits on Redis.
+    pub fn decide(&self, route: &str, checks: &[Check<'_>]) -> Decision {
+        let local_now = self.clock.now_us();
+        let mut inner = self.lock();
+        let now = local_now + inner.offset;
+        let fresh = self.is_fresh(&inner, local_now);
+        let replicas = inner.replicas;
+        let interval = self.interval_us;
+        let until_tick = interval - now.rem_euclid(interval);
+        let mut steps = Vec::with_capacity(checks.len());
+        let mut allowed = true;
+        for check in checks {
+            let full = inner.keys.len() >= MAX_KEYS && !inner.keys.contains_key(check.key);
+            let entry = if full {
+                None
+            } else {
+                let entry = inner
+                    .keys
+                    .entry(check.key.to_string())
+                    .or_insert_with(|| Entry::new(route, check.params, now, interval, replicas));
+                if entry.params != check.params {
+                    // A reload changed the limit: start over from the next view.
+                    *entry = Entry::new(route, check.params, now, interval, replicas);
+                }
+                Some(entry)
+            };
+            let (verdict, state) = match entry {
+                Some(entry) if fresh => {
+                    let step = algorithm::check(&check.params, entry.local.as_ref(), now, 0);
+                    let over_share = entry.admitted + check.params.cost > entry.share;
+                    let verdict = if step.verdict.allowed && over_share {
+                        // This replica spent its share of the interval: the next may give more.
+                        Verdict {
+                            allowed: false,
+                            remaining: 0,
+                            retry_after_us: until_tick.max(1),
+                            ..step.verdict
+                        }
+                    } else if !step.verdict.allowed && step.verdict.retry_after_us > 0 {
+                        // The units come back then, but this replica's share counts them only
+                        // from the tick after: a lone client retrying at Retry-After must pass.
+                        let back = now + step.verdict.retry_after_us;
+                        let tick_after = back - back.rem_euclid(interval) + interval;
+                        Verdict {
+                            retry_after_us: tick_after - now,
+                            ..step.verdict
+                        }
+                    } else {
+                        step.verdict
+                    };
+                    (verdict, Some(step.state))
+                }
+                Some(entry) => {
+                    let params = divided(&check.params, replicas);
+                    let step = algorithm::check(&params, entry.divided.as_ref(), now, 0);
+                    (step.verdict, Some(step.state))
+                }
+                None => {
+                    let step = algorithm::check(&check.params, None, now, 0);
+                    let verdict = Verdict {
+                        allowed: false,
+                        remaining: 0,
+                        retry_after_us: until_tick.max(1),
+                        ..step.verdict
+                    };
+                    (verdict, None)
+                }
+            };
+            if !verdict.allowed && !check.shadow {
+                allowed = false;
+            }
+            steps.push((verdict, state));
+        }
+        for (check, (verdict, state)) in checks.iter().zip(&steps) {
+            let Some(entry) = inner.keys.get_mut(check.key) else {
+                continue;
+            };
+            entry.touched = true;
+            // A shadow limit that would have denied consumes nothing.
+            if !allowed || !verdict.allowed {
+                continue;
+            }
+            entry.pending += check.params.cost;
+            entry.admitted += check.params.cost;
+            if fresh {
+                entry.local = state.clone();
+            } else {
+                entry.divided = state.clone();
+                // Keep the copy in step too, for when the views are fresh again.
+                entry.local =
+                    algorithm::charge(&check.params, entry.local.as_ref(), now, check.params.cost)
+                        .map(|(s, _)| s);
+            }
+        }
+        Decision {
+            allowed,
+            verdicts: steps.into_iter().map(|(v, _)| v).collect(),
+            leases: Vec::new(),
+            at: now,
+        }
+    }
+
+    /// The tick `t_k`: starts the interval's shares and returns the write, its number and each
+    /// key's usage not sent yet (moved to in flight). A write not acknowledged yet is returned
+    /// again, unchanged, until it is; usage admitted meanwhile waits for the next.
+    pub fn tick(&self) -> (u64, Vec<SyncItem>) {
+        let mut inner = self.lock();
+        let now = self.clock.now_us() + inner.offset;
+        let replicas = inner.replicas;
+        for entry in inner.keys.values_mut() {
+            // Every other replica may have spent its whole share of the interval that ended,
+            // unseen; this one's own usage is in the local copy.
+            entry.unseen = entry
+                .unseen
+                .saturating_add(entry.others_share.saturating_mul(replicas - 1));
+            entry.share = share(
+                &entry.params,
+                entry.local.as_ref(),
+                entry.unseen,
+                now,
+                self.interval_us,
+                replicas,
+            );
+            entry.others_share = share(
+                &entry.params,
+                entry.view.as_ref(),
+                entry.unseen,
+                now,
+                self.interval_us,
+                replicas,
+            )
+            .max(entry.share);
+            entry.admitted = 0;
+        }
+        if let Some((round, batch)) = &inner.unacked {
+            return (*round, batch.clone());
+        }
+        let mut batch = Vec::new();
+        for (key, entry) in inner.keys.iter_mut() {
+            if entry.pending == 0 {
+                continue;
+            }
+            entry.in_flight += entry.pending;
+            batch.push(SyncItem {
+                key: key.clone(),
+                params: entry.params,
+                amount: entry.pending,
+            });
+            entry.pending = 0;
+        }
+        inner.round += 1;
+        let round = inner.round;
+        inner.unacked = Some((round, batch.clone()));
+        (round, batch)
+    }
+
+    /// A write was acknowledged: its usage is in the shared states.
+    pub fn written(&self, round: u64) {
+        let mut inner = self.lock();
+        let Some((sent, batch)) = inner.unacked.take() else {
+            return;
+        };
+        if sent != round {
+            inner.unacked = Some((sent, batch));
+            return;
+        }
+        for item in &batch {
+            if let Some(entry) = inner.keys.get_mut(&item.key) {
+                entry.in_flight -= item.amount.min(entry.in_flight);
+            }
+        }
+    }
+
+    /// The read, 3/4 of an interval after the tick: every key, to fetch its view.
+    pub fn read_batch(&self) -> Vec<SyncItem> {
+        let inner = self.lock();
+        inner
+            .keys
+            .iter()
+            .map(|(key, entry)| SyncItem {
+                key: key.clone(),
+                params: entry.params,
+                amount: 0,
+            })
+            .collect()
+    }
+
+    /// A read succeeded: `states[i]` is the shared state of `batch[i]`, complete up to the
+    /// last tick (every replica's write of it was applied), `store_now` the store's clock when
+    /// read, `latency_us` the read's duration. Replaces each view, applies again on top this
+    /// replica's usage since the tick, and drops keys that went idle.
+    pub fn read_done(
+        &self,
+        batch: &[SyncItem],
+        states: Vec<Option<State>>,
+        store_now: Micros,
+        latency_us: Micros,
+    ) {
+        let local_now = self.clock.now_us();
+        let mut inner = self.lock();
+        // The reply was made about half a round trip ago.
+        inner.offset = store_now + latency_us / 2 - local_now;
+        inner.synced_at = local_now;
+        let now = local_now + inner.offset;
+        let replicas = inner.replicas;
+        let unacked = inner.unacked.is_some();
+        // Borrow the fields apart (keys and drift at once).
+        let inner = &mut *inner;
+        let mut read = std::collections::HashSet::with_capacity(batch.len());
+        for (item, view) in batch.iter().zip(states) {
+            read.insert(item.key.as_str());
+            let Some(entry) = inner.keys.get_mut(&item.key) else {
+                continue;
+            };
+            if entry.params != item.params {
+                continue; // Reconfigured while the read was in flight.
+            }
+            let over = over_limit(&item.params, view.as_ref(), store_now);
+            if over > entry.over_seen {
+                *inner.drift.entry(entry.route.clone()).or_default() += over - entry.over_seen;
+            }
+            entry.over_seen = over;
+            // Usage not in the view: admitted since the tick, and the write if unacknowledged.
+            let unseen_own = entry.pending + if unacked { entry.in_flight } else { 0 };
+            entry.local = if unseen_own > 0 {
+                algorithm::charge(&entry.params, view.as_ref(), now, unseen_own).map(|(s, _)| s)
+            } else {
+                view.clone()
+            };
+            // The view holds every write up to the last tick; unseen are only the current
+            // interval's shares, at most R × this one. What the view admits beyond them is
+            // shared out now rather than at the next tick (a key first seen late in the last
+            // interval would otherwise wait a whole interval).
+            let set_aside = entry.others_share.saturating_mul(replicas);
+            let mine = available(&entry.params, entry.local.as_ref(), now);
+            entry.share += mine.saturating_sub(set_aside).div_ceil(replicas);
+            let anyone = available(&entry.params, view.as_ref(), now);
+            entry.others_share += anyone.saturating_sub(set_aside).div_ceil(replicas);
+            entry.others_share = entry.others_share.max(entry.share);
+            entry.view = view;
+            entry.unseen = 0;
+            entry.divided = None;
+        }
+        // Idle keys (not touched since the last read, nothing to send) whose state is full
+        // again are dropped: a new copy starts from the same idle state.
+        let interval = self.interval_us;
+        inner.keys.retain(|key, entry| {
+            let keep = !read.contains(key.as_str())
+                || entry.touched
+                || entry.pending > 0
+                || entry.in_flight > 0
+                || available(&entry.params, entry.view.as_ref(), now + interval)
+                    < capacity(&entry.params);
+            entry.touched = false;
+            keep
+        });
+    }
+}
+
+/// The most units `params` admit from idle (burst for token_bucket and gcra, limit otherwise).
+pub fn capacity(params: &Params) -> u64 {
+    match params.algorithm {
+        Algorithm::TokenBucket | Algorithm::Gcra => params.burst,
+        _ => params.limit,
+    }
+}
+
+/// The units `state` admits at `now` (one unit at a time).
+pub fn available(params: &Params, state: Option<&State>, now: Micros) -> u64 {
+    let unit = Params { cost: 1, ..*params };
+    let verdict = algorithm::check(&unit, state, now, 0).verdict;
+    if verdict.allowed {
+        verdict.remaining + 1
+    } else {
+        0
+    }
+}
+
+/// The units the limit surely refills (or frees, for windows) over `span` µs after `now`.
+pub fn refill(params: &Params, now: Micros, span: Micros) -> u64 {
+    let period = params.period_us.max(1);
+    match params.algorithm {
+        // A new window frees the whole limit at once.
+        Algorithm::FixedWindow => {
+            let windows = (now + span) / period - now / period;
+            params.limit.saturating_mul(windows.max(0) as u64)
+        }
+        // The others refill (or forget the previous window) limit per period, evenly; rounded
+        // down, so a share never counts a unit that is not there yet.
+        _ => {
+            let units = params.limit as i128 * span.max(0) as i128;
+            (units / period as i128) as u64
+        }
+    }
+}
+
+/// One replica's share of the interval starting at `now` (a tick): `ceil(A / R)` where `A`
+/// is what the local copy `state` (the view plus this replica's own usage since) admits at
+/// `now`, less `unseen` (what the other replicas may have spent since the view was complete),
+/// plus what the limit surely refills over the interval.
+pub fn share(
+    params: &Params,
+    state: Option<&State>,
+    unseen: u64,
+    now: Micros,
+    interval_us: Micros,
+    replicas: u64,
+) -> u64 {
+    let total = available(params, state, now)
+        .saturating_sub(unseen)
+        .saturating_add(refill(params, now, interval_us));
+    total.div_ceil(replicas.max(1))
+}
+
+/// The limit divided among `replicas` (limit ÷ R, burst ÷ R, each at least 1): what each
+/// replica enforces alone while the shared state is stale.
+pub fn divided(params: &Params, replicas: u64) -> Params {
+    let r = replicas.max(1);
+    let mut p = Params {
+        limit: (params.limit / r).max(1),
+        burst: (params.burst / r).max(1),
+        ..*params
+    };
+    if p.algorithm == Algorithm::Gcra && p.period_us < p.limit as i64 {
+        p.limit = p.period_us.max(1) as u64;
+    }
+    if !algorithm::params_fit(&p) {
+        return *params;
+    }
+    p
+}
+
+/// Units the shared state holds beyond what the limit admits (drift found at a round).
+pub fn over_limit(params: &Params, state: Option<&State>, now: Micros) -> u64 {
+    match (params.algorithm, state) {
+        (Algorithm::FixedWindow, Some(State::FixedWindow { window, count }))
+            if *window == now / params.period_us =>
+        {
+            count.saturating_sub(params.limit)
+        }
+        (Algorithm::TokenBucket, Some(State::TokenBucket { scaled, .. })) if *scaled < 0 => {
+            ((-*scaled) as u64).div_ceil(params.period_us as u64)
+        }
+        (Algorithm::Gcra, Some(State::Gcra { tat })) => {
+            let interval = (params.period_us / params.limit as i64).max(1);
+            let dvt = interval * params.burst as i64;
+            let over = *tat - now - dvt;
+            if over > 0 {
+                (over as u64).div_ceil(interval as u64)
+            } else {
+                0
+            }
+        }
+        (
+            Algorithm::SlidingWindow,
+            Some(State::SlidingWindow {
+                window, current, ..
+            }),
+        ) if *window == now / params.period_us => current.saturating_sub(params.limit),
+        _ => 0,
+    }
+}
+
+/// The over-admission bound of one local-first limit, in units, on top of what the shared
+/// state admits over the same time: the rounding of the R shares of each view (R − 1), as
+/// long as every replica's write reaches Redis within 3/4 of an interval and R is right.
+pub fn over_bound(replicas: u64) -> u64 {
+    replicas.max(1) - 1
+}
+
+/// The under-admission bound per interval: a replica holding all the traffic gets only its
+/// share, so up to (R − 1) / R of what the interval admits is left unused until the next read
+/// shows the others idle.
+pub fn under_bound(params: &Params, replicas: u64, interval_us: Micros) -> u64 {
+    let r = replicas.max(1);
+    let per_interval = capacity(params).saturating_add(refill_rate_bound(params, interval_us));
+    per_interval * (r - 1) / r
+}
+
+fn refill_rate_bound(params: &Params, span: Micros) -> u64 {
+    let units = params.limit as i128 * span.max(0) as i128;
+    let period = params.period_us.max(1) as i128;
+    ((units + period - 1) / period) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::memory::ManualClock;
+
+    const SECOND: Micros = 1_000_000;
+
+    fn params(algorithm: Algorithm, limit: u64, period_us: Micros) -> Params {
+        Params {
+            algorithm,
+            limit,
+            period_us,
+            burst: limit,
+            cost: 1,
+        }
+    }
+
+    fn check(key: &str, p: Params) -> Check<'_> {
+        Check {
+            key,
+            params: p,
+            shadow: false,
+            block_us: 0,
+        }
+    }
+
+    fn admitted(engine: &LocalFirst, key: &str, p: Params, tries: usize) -> usize {
+        (0..tries)
+            .filter(|_| engine.decide("r", &[check(key, p)]).allowed)
+            .count()
+    }
+
+    #[test]
+    fn a_share_is_the_part_of_what_is_left_plus_the_refill() {
+        let p = params(Algorithm::FixedWindow, 100, 60 * SECOND);
+        // Idle, no window boundary within the interval: ceil(100 / 4).
+        assert_eq!(share(&p, None, 0, SECOND, 100_000, 4), 25);
+        assert_eq!(share(&p, None, 0, SECOND, 100_000, 3), 34);
+        // What all may have spent unseen is taken off.
+        assert_eq!(share(&p, None, 40, SECOND, 100_000, 4), 15);
+        assert_eq!(share(&p, None, 400, SECOND, 100_000, 4), 0);
+        // A boundary within the interval frees a whole limit more.
+        assert_eq!(share(&p, None, 0, 60 * SECOND - 50_000, 100_000, 4), 50);
+        let tb = params(Algorithm::TokenBucket, 10, SECOND);
+        let empty = State::TokenBucket {
+            scaled: 0,
+            updated_at: 0,
+        };
+        // Empty bucket: 10/s over 200 ms refills 2, shared by 2.
+        assert_eq!(share(&tb, Some(&empty), 0, 0, 200_000, 2), 1);
+    }
+
+    #[test]
+    fn divided_limits_are_at_least_one() {
+        let p = params(Algorithm::TokenBucket, 10, SECOND);
+        assert_eq!(divided(&p, 4).limit, 2);
+        assert_eq!(divided(&p, 4).burst, 2);
+        assert_eq!(divided(&p, 40).limit, 1);
+        assert_eq!(divided(&p, 0).limit, 10);
+    }
+
+    #[test]
+    fn bounds_grow_with_replicas() {
+        let p = params(Algorithm::FixedWindow, 100, 60 * SECOND);
+        assert_eq!(over_bound(1), 0);
+        assert_eq!(over_bound(4), 3);
+        assert_eq!(under_bound(&p, 1, 100_000), 0);
+        assert_eq!(under_bound(&p, 4, 100_000), 75);
+    }
+
+    #[test]
+    fn replicas_admit_their_share_of_one_view_per_interval() {
+        let clock = Arc::new(ManualClock::new(10 * SECOND));
+        let engine = LocalFirst::new(clock.clone(), 100_000);
+        engine.set_replicas(4);
+        let p = params(Algorithm::FixedWindow, 100, 60 * SECOND);
+        assert_eq!(admitted(&engine, "k", p, 200), 25);
+        let denied = engine.decide("r", &[check("k", p)]);
+        assert!(!denied.allowed);
+        assert!(denied.verdicts[0].retry_after_us > 0);
+        // The tick: the next share is taken from the idle view less what all 4 may have spent
+        // (4 × 25 = 100): nothing, until a read shows what is left.
+        let (round, batch) = engine.tick();
+        assert_eq!(batch[0].amount, 25);
+        engine.written(round);
+        assert_eq!(admitted(&engine, "k", p, 200), 0);
+        // The read: all 4 wrote 20 (80), so 20 are left: the next interval's share is 5.
+        let view = State::FixedWindow {
+            window: 0,
+            count: 80,
+        };
+        engine.read_done(&engine.read_batch(), vec![Some(view)], 10 * SECOND, 0);
+        // The others may still take their largest share of this interval (7 each, from the
+        // idle view less 3 × 25): nothing is left to raise this one's.
+        assert_eq!(admitted(&engine, "k", p, 200), 0);
+        let (round, _) = engine.tick();
+        engine.written(round);
+        // The next tick: 20 left less what the 3 others may have taken unseen (3 × 7): none.
+        assert_eq!(admitted(&engine, "k", p, 200), 0);
+        engine.read_done(
+            &engine.read_batch(),
+            vec![Some(State::FixedWindow {
+                window: 0,
+                count: 80,
+            })],
+            10 * SECOND,
+            0,
+        );
+        assert_eq!(admitted(&engine, "k", p, 200), 5);
+        // The next tick takes off what all 4 may have spent since the view (4 × 5): nothing
+        // is left until the next read.
+        let (round, batch) = engine.tick();
+        assert_eq!(batch[0].amount, 5);
+        engine.written(round);
+        assert_eq!(admitted(&engine, "k", p, 200), 0);
+    }
+
+    #[test]
+    fn a_lost_write_is_sent_again_as_it_was_and_the_view_counts_it_once() {
+        let clock = Arc::new(ManualClock::new(10 * SECOND));
+        let engine = LocalFirst::new(clock.clone(), 100_000);
+        let p = params(Algorithm::FixedWindow, 100, 60 * SECOND);
+        let view = |count| vec![Some(State::FixedWindow { window: 0, count })];
+        assert_eq!(admitted(&engine, "k", p, 10), 10);
+        let (round, batch) = engine.tick();
+        assert_eq!(batch[0].amount, 10);
+        // The write's reply is lost, though Redis applied it: the read shows the 10.
+        engine.read_done(&engine.read_batch(), view(10), 10 * SECOND, 0);
+        // Admitted meanwhile: waits for the next write.
+        assert_eq!(admitted(&engine, "k", p, 5), 5);
+        let (again, batch) = engine.tick();
+        assert_eq!(
+            again, round,
+            "an unacknowledged write is sent again as it was"
+        );
+        assert_eq!(batch[0].amount, 10);
+        engine.written(round);
+        // Redis skipped the repeat: still 10.
+        engine.read_done(&engine.read_batch(), view(10), 10 * SECOND, 0);
+        let (next, batch) = engine.tick();
+        assert_eq!(next, round + 1);
+        assert_eq!(batch[0].amount, 5);
+        engine.written(next);
+        // Alone (R = 1), reads showing what was written: the limit is reached, not passed.
+        let mut written = 15;
+        let mut total = 15;
+        for _ in 0..8 {
+            clock.advance(50_000);
+            engine.read_done(&engine.read_batch(), view(written), clock.now_us(), 0);
+            total += admitted(&engine, "k", p, 200);
+            clock.advance(50_000);
+            let (round, batch) = engine.tick();
+            written += batch.iter().map(|i| i.amount).sum::<u64>();
+            engine.written(round);
+        }
+        assert_eq!(total, 100);
+        assert_eq!(written, 100);
+    }
+
+    #[test]
+    fn a_stale_view_divides_the_limit() {
+        let clock = Arc::new(ManualClock::new(10 * SECOND));
+        let engine = LocalFirst::new(clock.clone(), 100_000);
+        engine.set_replicas(4);
+        let p = params(Algorithm::FixedWindow, 100, 60 * SECOND);
+        clock.advance(STALE_AFTER_INTERVALS * 100_000 + 1);
+        assert!(!engine.fresh());
+        assert_eq!(admitted(&engine, "k", p, 200), 25);
+        // The usage is kept for when Redis answers again.
+        assert_eq!(engine.tick().1[0].amount, 25);
+    }
+
+    #[test]
+    fn drift_counts_what_the_shared_state_holds_over_the_limit() {
+        let p = params(Algorithm::FixedWindow, 100, 60 * SECOND);
+        let s = State::FixedWindow {
+            window: 0,
+            count: 103,
+        };
+        assert_eq!(over_limit(&p, Some(&s), SECOND), 3);
+        let g = params(Algorithm::Gcra, 10, SECOND);
+        assert_eq!(over_limit(&g, Some(&State::Gcra { tat: SECOND }), 0), 0);
+        assert_eq!(over_limit(&g, Some(&State::Gcra { tat: 1_200_000 }), 0), 2);
+    }
+}

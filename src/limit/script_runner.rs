@@ -1,0 +1,324 @@
+//! Runs the Lua scripts on Redis: the connection (one server, a Redis Cluster or a
+//! Sentinel-managed master), the scripts loaded for it, the timeout bounding every call, and
+//! `EVALSHA` with its `NOSCRIPT` fallback to `EVAL`.
+//!
+//! The store and the coalescer both send script calls through one shared runner: the store
+//! owns the runner (and the coalescer, if any), the coalescer holds only a handle to the
+//! runner. Neither owns the other, so dropping the store closes the coalescer's queue and ends
+//! its task, whatever the order they were made in.
+//!
+//! Each deployment keeps one multiplexed connection per node shared by all requests: concurrent
+//! calls pipeline on it instead of waiting for a pool slot. Every call is bounded by the
+//! configured timeout so a stuck Redis surfaces as [`StoreError::Timeout`] instead of stalling
+//! the proxy.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::{
+    ClientTlsConfig, ConnectionInfo, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisError,
+    RedisResult, Script, ServerErrorKind, TlsCertificates,
+};
+
+use super::lua::{
+    decide_batch_script_source, decide_script_source, heartbeat_script_source, peek_script_source,
+    refresh_script_source, release_script_source, settle_script_source, sync_script_source,
+    ScriptClock,
+};
+use super::redis_settings::{RedisMode, RedisSettings};
+use super::sentinel::SentinelMaster;
+use super::StoreError;
+
+/// Reconnection backoff bounds (before jitter): limiting resumes well within a second of
+/// Redis coming back.
+const RECONNECT_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(50), Duration::from_millis(300));
+/// Commands buffered towards Redis before callers wait (inside their timeout): bounded, so a
+/// stalled Redis cannot make memory grow.
+const PIPELINE_BUFFER: usize = 256;
+
+/// A Lua script, run by hash (`EVALSHA`) and, on a node that has not cached it yet, by source.
+pub struct LuaScript {
+    hash: String,
+    source: String,
+}
+
+impl LuaScript {
+    fn new(source: String) -> LuaScript {
+        LuaScript {
+            hash: Script::new(&source).get_hash().to_string(),
+            source,
+        }
+    }
+}
+
+/// The scripts the store runs, each in the variant for the store's clock.
+pub struct Scripts {
+    pub decide: LuaScript,
+    /// `decide.lua` in its batch form (several requests' decisions in one call).
+    pub decide_batch: LuaScript,
+    pub peek: LuaScript,
+    pub release: LuaScript,
+    pub refresh: LuaScript,
+    /// `settle.lua`: refunds and charges after the response.
+    pub settle: LuaScript,
+    /// `sync.lua`: one round of local-first limits.
+    pub sync: LuaScript,
+    /// `heartbeat.lua`: the replicas alive, for local-first limits.
+    pub heartbeat: LuaScript,
+}
+
+impl Scripts {
+    fn new(clock: ScriptClock) -> Scripts {
+        Scripts {
+            decide: LuaScript::new(decide_script_source(clock)),
+            decide_batch: LuaScript::new(decide_batch_script_source(clock)),
+            peek: LuaScript::new(peek_script_source()),
+            release: LuaScript::new(release_script_source()),
+            refresh: LuaScript::new(refresh_script_source(clock)),
+            settle: LuaScript::new(settle_script_source(clock)),
+            sync: LuaScript::new(sync_script_source(clock)),
+            heartbeat: LuaScript::new(heartbeat_script_source()),
+        }
+    }
+}
+
+/// The connection(s), by deployment. Each holds one multiplexed connection per node that all
+/// requests share: concurrent decisions pipeline on it instead of waiting for a pool slot.
+enum Conn {
+    /// One server; reconnects by itself.
+    Standalone(ConnectionManager),
+    /// Redis Cluster: routes each script by its keys' slot, follows MOVED/ASK and refreshes the
+    /// slot map when a node fails or a replica is promoted.
+    Cluster(ClusterConnection),
+    /// The master named by the Sentinels, rediscovered after connection loss or `READONLY`.
+    Sentinel(Arc<SentinelMaster>),
+}
+
+/// The connection, the scripts and the timeout: what every script call needs.
+pub struct ScriptRunner {
+    conn: Conn,
+    timeout: Duration,
+    scripts: Scripts,
+}
+
+impl ScriptRunner {
+    /// Connects to the deployment `settings` describes, with the scripts in their variant for
+    /// `clock`. Connecting is bounded by the timeout; the scripts are not loaded yet (see
+    /// [`ScriptRunner::preload`]).
+    pub async fn connect(
+        settings: &RedisSettings,
+        clock: ScriptClock,
+    ) -> Result<ScriptRunner, StoreError> {
+        // rediss:// needs the process-wide rustls provider (ring), as the listeners do.
+        crate::tls::install_crypto_provider();
+        let timeout = settings.timeout;
+        let connecting = async {
+            Ok::<_, RedisError>(match &settings.mode {
+                RedisMode::Standalone(url) => {
+                    let client = standalone_client(url, settings)?;
+                    // Reconnection backoff is capped low: callers never wait on it (every call
+                    // is bounded by `timeout` and the breaker stops calls while Redis is away),
+                    // and a long sleep between attempts would delay limiting by that much
+                    // after Redis returns.
+                    let manager = ConnectionManagerConfig::new()
+                        .set_response_timeout(Some(timeout))
+                        .set_connection_timeout(Some(timeout))
+                        .set_min_delay(RECONNECT_BACKOFF.0)
+                        .set_max_delay(RECONNECT_BACKOFF.1)
+                        .set_pipeline_buffer_size(PIPELINE_BUFFER);
+                    Conn::Standalone(ConnectionManager::new_with_config(client, manager).await?)
+                }
+                RedisMode::Cluster(nodes) => {
+                    let client = cluster_client(nodes, settings)?;
+                    Conn::Cluster(client.get_async_connection().await?)
+                }
+                RedisMode::Sentinel { master, nodes } => {
+                    Conn::Sentinel(SentinelMaster::connect(master, nodes, settings).await?)
+                }
+            })
+        };
+        let conn = tokio::time::timeout(timeout, connecting)
+            .await
+            .map_err(|_| StoreError::Timeout(timeout))?
+            .map_err(|e| map_err(e, timeout))?;
+        Ok(ScriptRunner {
+            conn,
+            timeout,
+            scripts: Scripts::new(clock),
+        })
+    }
+
+    /// True on a Redis Cluster, where one script call takes keys of one slot only.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.conn, Conn::Cluster(_))
+    }
+
+    /// The scripts, each in the variant for the clock connected with.
+    pub fn scripts(&self) -> &Scripts {
+        &self.scripts
+    }
+
+    /// The bound on every call.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// `SCRIPT LOAD` of `scripts` on every node (every primary at least), so the first calls
+    /// need no fallback. Best effort: a node that missed it (down now, added or restarted
+    /// later) answers `NOSCRIPT` once and gets the script through `EVAL` then.
+    pub async fn preload(&self, scripts: &[&LuaScript]) {
+        for script in scripts {
+            let mut load = redis::cmd("SCRIPT");
+            load.arg("LOAD").arg(&script.source);
+            let loaded = match &self.conn {
+                Conn::Cluster(cluster) => {
+                    let mut cluster = cluster.clone();
+                    let everywhere = RoutingInfo::MultiNode((
+                        MultipleNodeRoutingInfo::AllNodes,
+                        Some(ResponsePolicy::AllSucceeded),
+                    ));
+                    let primaries = RoutingInfo::MultiNode((
+                        MultipleNodeRoutingInfo::AllMasters,
+                        Some(ResponsePolicy::AllSucceeded),
+                    ));
+                    match self
+                        .bounded(cluster.route_command(load.clone(), everywhere))
+                        .await
+                    {
+                        Ok(_) => Ok(()),
+                        Err(_) => self
+                            .bounded(cluster.route_command(load, primaries))
+                            .await
+                            .map(drop),
+                    }
+                }
+                _ => self.query::<String>(&load).await.map(drop),
+            };
+            if let Err(e) = loaded {
+                tracing::warn!(cause = %e, "could not preload a Lua script; nodes without it get it on first use");
+            }
+        }
+    }
+
+    /// Runs `script` in ONE round trip: `EVALSHA`, and only if this node does not have the
+    /// script cached (`NOSCRIPT`: a restarted node, a promoted replica, a node added later),
+    /// one `EVAL` with the source, which also caches it there. The fallback is done here
+    /// rather than by `Script::invoke_async` because that one sends `SCRIPT LOAD`, which a
+    /// cluster connection fans out to every node and which then fails while any node is down.
+    /// The whole call, fallback included, is bounded by the timeout.
+    pub async fn eval<T: FromRedisValue>(
+        &self,
+        script: &LuaScript,
+        keys: &[&str],
+        args: impl Fn(&mut redis::Cmd),
+    ) -> Result<T, StoreError> {
+        // Sized for the decide script (up to 8 arguments per key) so building it reallocates
+        // nothing.
+        let data = 64 + keys.iter().map(|k| k.len() + 64).sum::<usize>();
+        let command = |name: &str, first: &str| {
+            let mut c = redis::Cmd::with_capacity(3 + 9 * keys.len(), data + first.len());
+            c.arg(name).arg(first).arg(keys.len()).arg(keys);
+            args(&mut c);
+            c
+        };
+        let call = async {
+            match self.query_raw(&command("EVALSHA", &script.hash)).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    self.query_raw(&command("EVAL", &script.source)).await
+                }
+                other => other,
+            }
+        };
+        self.bounded(call).await
+    }
+
+    /// One command, bounded by the timeout.
+    pub async fn query<T: FromRedisValue>(&self, command: &redis::Cmd) -> Result<T, StoreError> {
+        self.bounded(self.query_raw(command)).await
+    }
+
+    async fn query_raw<T: FromRedisValue>(&self, command: &redis::Cmd) -> RedisResult<T> {
+        match &self.conn {
+            Conn::Standalone(c) => command.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => command.query_async(&mut c.clone()).await,
+            Conn::Sentinel(s) => s.query(command).await,
+        }
+    }
+
+    async fn bounded<T>(
+        &self,
+        call: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(result) => result.map_err(|e| map_err(e, self.timeout)),
+            Err(_) => {
+                // A master that stopped answering (frozen, partitioned) never errors by itself:
+                // ask the Sentinels whether it was replaced.
+                if let Conn::Sentinel(s) = &self.conn {
+                    s.rediscover_from(s.generation());
+                }
+                Err(StoreError::Timeout(self.timeout))
+            }
+        }
+    }
+}
+
+/// TLS certificates for redis-rs, if `store.redis.tls` named any.
+fn certificates(settings: &RedisSettings) -> Option<TlsCertificates> {
+    settings.tls.as_ref().map(|tls| TlsCertificates {
+        client_tls: tls.client.as_ref().map(|(cert, key)| ClientTlsConfig {
+            client_cert: cert.clone(),
+            client_key: key.clone(),
+        }),
+        root_cert: tls.ca.clone(),
+    })
+}
+
+/// `url`'s connection info with the configured ACL user/password put in.
+fn connection_info(url: &str, settings: &RedisSettings) -> RedisResult<ConnectionInfo> {
+    let info = url.into_connection_info()?;
+    let mut redis = info.redis_settings().clone();
+    if let Some(user) = &settings.username {
+        redis = redis.set_username(user);
+    }
+    if let Some(password) = &settings.password {
+        redis = redis.set_password(&password.0);
+    }
+    Ok(info.set_redis_settings(redis))
+}
+
+fn standalone_client(url: &str, settings: &RedisSettings) -> RedisResult<redis::Client> {
+    let info = connection_info(url, settings)?;
+    match certificates(settings) {
+        Some(certs) => redis::Client::build_with_tls(info, certs),
+        None => redis::Client::open(info),
+    }
+}
+
+fn cluster_client(nodes: &[String], settings: &RedisSettings) -> RedisResult<ClusterClient> {
+    let infos = nodes
+        .iter()
+        .map(|n| connection_info(n, settings))
+        .collect::<RedisResult<Vec<_>>>()?;
+    let mut builder = ClusterClientBuilder::new(infos)
+        .connection_timeout(settings.timeout)
+        .response_timeout(settings.timeout);
+    if let Some(certs) = certificates(settings) {
+        builder = builder.certs(certs);
+    }
+    builder.build()
+}
+
+/// The connection's own response timeout may fire first: it is the same timeout.
+fn map_err(e: redis::RedisError, timeout: Duration) -> StoreError {
+    if e.is_timeout() {
+        StoreError::Timeout(timeout)
+    } else {
+        StoreError::Redis(e)
+    }
+}

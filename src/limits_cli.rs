@@ -1,0 +1,200 @@
+//! `tollgate limits get|reset`: one caller's state and its reset from the command line.
+//!
+//! With a Redis store the command talks to Redis directly (the same keys, peek and reset as the
+//! admin endpoints; every replica's deny cache follows the reset generation), so it works with
+//! no instance reachable. With a memory store the state lives inside each running instance, so
+//! the command asks an instance's admin listener (the config's `admin` address, or `--admin`),
+//! with the bearer token from the config's `admin.token_env` for a reset.
+
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+use crate::config::{Config, StoreConfig};
+use crate::throttle::caller::{CallerError, Control};
+
+/// How long the command waits for an admin listener.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Get,
+    Reset,
+}
+
+/// Why the command failed; `usage` errors (an unknown route, a bad argument) exit 2, the rest 1.
+#[derive(Debug)]
+pub struct Failure {
+    pub message: String,
+    pub usage: bool,
+}
+
+impl Failure {
+    fn usage(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            usage: true,
+        }
+    }
+
+    fn other(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            usage: false,
+        }
+    }
+}
+
+impl From<CallerError> for Failure {
+    fn from(e: CallerError) -> Failure {
+        match e {
+            CallerError::UnknownRoute { .. } | CallerError::EmptyIdentity => {
+                Failure::usage(e.to_string())
+            }
+            _ => Failure::other(e.to_string()),
+        }
+    }
+}
+
+/// Runs the action and returns its JSON answer (the admin endpoint's, byte for byte in content).
+pub async fn run(
+    config: &Config,
+    action: Action,
+    route: &str,
+    identity: &str,
+    admin: Option<&str>,
+) -> Result<Value, Failure> {
+    match (&config.throttle.store, admin) {
+        (StoreConfig::Redis(redis), None) => {
+            let mut redis = redis.clone();
+            // A one-off command-line call: give a slow link more than the proxy's budget.
+            redis.timeout = redis.timeout.max(Duration::from_secs(2));
+            let store = crate::limit::redis_store::RedisStore::open(&redis)
+                .await
+                .map_err(|e| Failure::other(format!("cannot reach the store: {e}")))?;
+            let control =
+                Control::direct(config.throttle.clone(), crate::limit::Store::Redis(store));
+            Ok(match action {
+                Action::Get => control.state(route, identity.as_bytes()).await?,
+                Action::Reset => control.reset(route, identity.as_bytes()).await?,
+            })
+        }
+        (_, admin) => {
+            let base = match admin {
+                Some(url) => url.trim_end_matches('/').to_owned(),
+                None => match config.admin {
+                    Some(address) => format!("http://{}", reachable(address)),
+                    None => {
+                        return Err(Failure::usage(
+                            "limits live in each instance's memory and the configuration has no `admin` listener: pass --admin URL",
+                        ))
+                    }
+                },
+            };
+            through_admin(config, action, &base, route, identity).await
+        }
+    }
+}
+
+/// An address to connect to for a listener bound to `address` (an unspecified address
+/// listens on loopback too).
+fn reachable(address: std::net::SocketAddr) -> std::net::SocketAddr {
+    let mut address = address;
+    if address.ip().is_unspecified() {
+        address.set_ip(match address {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    address
+}
+
+async fn through_admin(
+    config: &Config,
+    action: Action,
+    base: &str,
+    route: &str,
+    identity: &str,
+) -> Result<Value, Failure> {
+    let (method, path) = match action {
+        Action::Get => (http::Method::GET, "/limits/state"),
+        Action::Reset => (http::Method::POST, "/limits/reset"),
+    };
+    let url = format!(
+        "{base}{path}?route={}&identity={}",
+        encode(route),
+        encode(identity)
+    );
+    let mut request = http::Request::builder().method(method).uri(&url);
+    if let (Action::Reset, Some(token)) = (action, &config.admin_token) {
+        request = request.header(http::header::AUTHORIZATION, format!("Bearer {}", token.0));
+    }
+    let request = request
+        .body(Empty::<bytes::Bytes>::new())
+        .map_err(|e| Failure::usage(format!("`{url}` is not a usable URL: {e}")))?;
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let exchange = async {
+        let response = client.request(request).await.map_err(|e| e.to_string())?;
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok::<_, String>((status, body))
+    };
+    let (status, body) = tokio::time::timeout(ADMIN_TIMEOUT, exchange)
+        .await
+        .map_err(|_| Failure::other(format!("{base} did not answer within {ADMIN_TIMEOUT:?}")))?
+        .map_err(|e| Failure::other(format!("cannot reach the admin listener {base}: {e}")))?;
+    let value: Value = serde_json::from_slice(&body).map_err(|_| {
+        Failure::other(format!(
+            "{base} answered {status} with something that is not JSON: {}",
+            String::from_utf8_lossy(&body).trim()
+        ))
+    })?;
+    if status.is_success() {
+        return Ok(value);
+    }
+    let message = format!(
+        "{base} answered {status}: {}",
+        value["error"].as_str().unwrap_or("(no reason given)")
+    );
+    Err(match status.as_u16() {
+        400 | 404 => Failure::usage(message),
+        _ => Failure::other(message),
+    })
+}
+
+/// Percent-encodes a query value (everything but unreserved characters).
+fn encode(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_values_round_trip_through_the_admin_decoder() {
+        for value in ["alice", "a b+c&d=e", "10.0.0.1", "ü/%"] {
+            let query = format!("identity={}", encode(value));
+            assert_eq!(
+                crate::identity::query_param(&query, "identity").unwrap(),
+                value.as_bytes()
+            );
+        }
+    }
+}

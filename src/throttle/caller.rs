@@ -1,0 +1,434 @@
+//! One caller, named by an operator: read its state and reset it ("I'm being blocked").
+//!
+//! An operator knows a caller by the value it presents (an API key, a user id, an address),
+//! not by store keys, so the keys are rebuilt from the route and that value exactly as the
+//! request path builds them ([`keys::for_value`]): the route's own limits and every tier whose
+//! values include it. State is read without consuming (the `peek` of either store, as
+//! `explain --live` reads it); a reset deletes the keys of every limit, whatever the
+//! algorithm, in memory and in Redis.
+//!
+//! Every replica also remembers recent denials in its deny cache ([`super::deny_cache`]),
+//! which would keep refusing the caller until the retry time. A reset therefore bumps a reset
+//! generation in Redis (`<key_prefix>resets`), and every replica watches it while its deny
+//! cache holds anything, clearing the cache when it moves. Chosen over Redis pub/sub because it
+//! runs on the store's own connection whatever the deployment (one server, Cluster, Sentinel:
+//! no subscriber connection to follow through failovers, and a replica that was disconnected
+//! cannot miss a message), and it costs one `GET` per [`WATCH_EVERY`] while someone is being
+//! denied, one a second otherwise. The replica that serves the reset clears its own cache at once; the others
+//! within [`WATCH_EVERY`].
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::sync::OnceCell;
+
+use super::deny_cache::DenyCache;
+use super::offenders::Offenders;
+use super::{keys, LimitStage};
+use crate::config::{Limit, LimitSet, Scope, StoreConfig, Throttle};
+use crate::identity::key;
+use crate::limit::{Check, Store, StoreError};
+
+/// How often a replica with remembered denials looks at the reset generation.
+pub const WATCH_EVERY: Duration = Duration::from_millis(50);
+/// Ticks of [`WATCH_EVERY`] between looks while nothing is remembered (once a second).
+const IDLE_WATCH_TICKS: u32 = 20;
+
+/// The key holding the reset generation: outside every limit's key space (those all have a
+/// `{` right after the prefix).
+pub fn generation_key(prefix: &str) -> String {
+    format!("{prefix}resets")
+}
+
+/// Why a caller's state could not be read or reset.
+#[derive(Debug, thiserror::Error)]
+pub enum CallerError {
+    #[error("no route named `{route}` (routes: {known})")]
+    UnknownRoute { route: String, known: String },
+    #[error("the identity value is empty")]
+    EmptyIdentity,
+    #[error("the store failed: {0}")]
+    Store(#[from] StoreError),
+    #[error("the store is not connected yet")]
+    NotConnected,
+}
+
+/// What the operators' endpoints work on: the stores, the deny cache and the top-offenders
+/// sketch of the running configuration (or, for `tollgate limits` against Redis, the store
+/// alone).
+#[derive(Clone)]
+pub struct Control {
+    pub throttle: Throttle,
+    memory: Store,
+    redis: Option<Arc<OnceCell<Store>>>,
+    denials: Option<Arc<DenyCache>>,
+    offenders: Option<Arc<Offenders>>,
+}
+
+/// The limits a caller is subject to on a route: the route's own, or a tier's.
+struct Target<'a> {
+    tier: Option<String>,
+    set: &'a LimitSet,
+    /// Per limit, the candidate keys (usually one).
+    keys: Vec<Vec<String>>,
+}
+
+impl LimitStage {
+    /// The handle the admin endpoints use.
+    pub fn control(&self) -> Control {
+        Control {
+            throttle: self.config.clone(),
+            memory: self.memory.clone(),
+            redis: self.redis.clone(),
+            denials: Some(self.denials.clone()),
+            offenders: Some(self.offenders.clone()),
+        }
+    }
+
+    /// Counts a denial under `set` (keyed `keys`) in the top-offenders sketch, under the
+    /// route's name (a tier's denials count for its route).
+    pub(super) fn record_denial(&self, set: &LimitSet, keys: &[String]) {
+        if let Some(item) = keys
+            .first()
+            .and_then(|k| keys::identity_of(&self.config.key_prefix, set, k))
+        {
+            self.offenders.record(&set.route, item);
+        }
+    }
+}
+
+/// A throttler's deny cache, watched for resets when the store is Redis.
+pub(super) fn new_deny_cache(redis: &Option<Arc<OnceCell<Store>>>, prefix: &str) -> Arc<DenyCache> {
+    let denials = Arc::new(DenyCache::new(super::deny_cache::DEFAULT_CAPACITY));
+    if let Some(redis) = redis {
+        watch_resets(redis, &denials, prefix);
+    }
+    denials
+}
+
+/// Starts the watch on the reset generation for `denials` (see the module docs). It ends when
+/// the throttler owning `denials` is gone.
+fn watch_resets(redis: &Arc<OnceCell<Store>>, denials: &Arc<DenyCache>, prefix: &str) {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return;
+    }
+    let redis: Weak<OnceCell<Store>> = Arc::downgrade(redis);
+    let denials: Weak<DenyCache> = Arc::downgrade(denials);
+    let key = generation_key(prefix);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(WATCH_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The generation last seen. It is followed once a second while nothing is remembered
+        // too, so that a denial remembered later is judged against a recent value (a reset
+        // before that denial was remembered must not clear it, nor be missed after it).
+        let mut last: Option<Option<u64>> = None;
+        let mut idle_ticks = 0u32;
+        let mut clear_again = false;
+        loop {
+            tick.tick().await;
+            let Some(denials) = denials.upgrade() else {
+                return;
+            };
+            // Until a first value was read (Redis may still be connecting) every tick reads:
+            // a denial remembered before that would have no value to be judged against, and
+            // a reset in between would go unnoticed.
+            if denials.is_empty() && !clear_again && last.is_some() {
+                idle_ticks += 1;
+                if idle_ticks < IDLE_WATCH_TICKS {
+                    continue;
+                }
+            }
+            idle_ticks = 0;
+            let Some(Store::Redis(store)) = redis.upgrade().and_then(|c| c.get().cloned()) else {
+                continue;
+            };
+            let Ok(generation) = store
+                .command::<Option<u64>>(redis::cmd("GET").arg(&key))
+                .await
+            else {
+                continue;
+            };
+            if clear_again {
+                // A decision asked just before the reset may have been remembered after the
+                // first clearing: clear once more, a tick later.
+                denials.clear();
+                clear_again = false;
+            }
+            if last.is_some_and(|seen| seen != generation) {
+                denials.clear();
+                clear_again = true;
+            }
+            last = Some(generation);
+        }
+    });
+}
+
+impl Control {
+    /// For `tollgate limits` against Redis: no deny cache or sketch of its own.
+    pub fn direct(throttle: Throttle, redis: Store) -> Control {
+        Control {
+            throttle,
+            memory: Store::Memory(crate::limit::memory::MemoryStore::new()),
+            redis: Some(Arc::new(OnceCell::new_with(Some(redis)))),
+            denials: None,
+            offenders: None,
+        }
+    }
+
+    pub fn offenders(&self) -> Option<&Offenders> {
+        self.offenders.as_deref()
+    }
+
+    /// Whether limits live in this process only (then only a running instance knows them).
+    pub fn memory_only(&self) -> bool {
+        self.throttle.store == StoreConfig::Memory
+    }
+
+    fn targets(&self, route: &str, raw: &[u8]) -> Result<Vec<Target<'_>>, CallerError> {
+        if raw.is_empty() {
+            return Err(CallerError::EmptyIdentity);
+        }
+        let Some(found) = self.throttle.routes.iter().find(|r| r.name == route) else {
+            return Err(CallerError::UnknownRoute {
+                route: route.to_owned(),
+                known: self
+                    .throttle
+                    .routes
+                    .iter()
+                    .map(|r| r.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        };
+        let prefix = &self.throttle.key_prefix;
+        let mut targets = vec![Target {
+            tier: None,
+            set: &found.limits,
+            keys: keys::for_value(prefix, &found.limits, raw),
+        }];
+        for tier in &found.overrides {
+            if tier.values.iter().any(|v| v.as_bytes() == raw) {
+                targets.push(Target {
+                    tier: Some(tier.name.clone()),
+                    set: &tier.limits,
+                    keys: keys::for_value(prefix, &tier.limits, raw),
+                });
+            }
+        }
+        Ok(targets)
+    }
+
+    /// The store a limit lives in: memory for local limits and without Redis.
+    fn store_for(&self, limit: &Limit) -> Result<Store, CallerError> {
+        match (&self.redis, limit.scope) {
+            (Some(cell), Scope::Global) => cell.get().cloned().ok_or(CallerError::NotConnected),
+            _ => Ok(self.memory.clone()),
+        }
+    }
+
+    /// Per limit (and tier), what is left, read without consuming. JSON, as the admin
+    /// endpoint and `tollgate limits get --json` print it.
+    pub async fn state(&self, route: &str, raw: &[u8]) -> Result<Value, CallerError> {
+        let mut limits = Vec::new();
+        for target in self.targets(route, raw)? {
+            for (limit, candidates) in target.set.iter().zip(&target.keys) {
+                let store = self.store_for(limit)?;
+                for store_key in candidates {
+                    if self.offenders.is_none() && limit.scope == Scope::Local {
+                        // Read straight from Redis (the CLI): a local limit lives in each
+                        // proxy's memory, out of reach from here.
+                        limits.push(json!({
+                            "tier": target.tier,
+                            "limit_name": limit.name,
+                            "algorithm": limit.params.algorithm.name(),
+                            "scope": "local",
+                            "key": store_key,
+                            "unknown": "a local limit lives in each proxy's memory: ask an instance's admin listener (--admin URL)",
+                        }));
+                        continue;
+                    }
+                    let check = Check {
+                        key: store_key,
+                        params: limit.params,
+                        shadow: limit.shadow,
+                        block_us: limit.block_us(),
+                    };
+                    let decision = match &store {
+                        Store::Memory(m) => m.peek(&[check]),
+                        Store::Redis(r) => r.peek(&[check]).await?,
+                    };
+                    let v = decision.verdicts[0];
+                    let identity = identity_part(target.set, store_key);
+                    let source = identity
+                        .split('|')
+                        .map(|part| crate::identity::shown_from_key_part(part).0)
+                        .collect::<Vec<_>>()
+                        .join("+");
+                    limits.push(json!({
+                        "tier": target.tier,
+                        "limit_name": limit.name,
+                        "algorithm": limit.params.algorithm.name(),
+                        "scope": if limit.scope == Scope::Local { "local" } else { "global" },
+                        "source": source,
+                        "key": store_key,
+                        "shared_by_everyone": everyones(identity),
+                        "allowed": v.allowed,
+                        "limit": v.limit,
+                        "remaining": v.remaining,
+                        "reset_after_seconds": v.reset_after_us.max(0) as f64 / 1e6,
+                        "retry_after_seconds": if v.allowed { None } else { Some(v.retry_after_us as f64 / 1e6) },
+                    }));
+                }
+            }
+        }
+        Ok(json!({
+            "route": route,
+            "identity": key::display_value(raw),
+            "limits": limits,
+        }))
+    }
+
+    /// Deletes the caller's state for every limit and tier, in memory and in Redis, and lifts
+    /// remembered denials (here at once, on the other replicas through the reset
+    /// generation). Returns what was done, as JSON.
+    pub async fn reset(&self, route: &str, raw: &[u8]) -> Result<Value, CallerError> {
+        let targets = self.targets(route, raw)?;
+        // A counter every caller shares (a limit keyed `global`) is not this caller's state:
+        // resetting it would reset everyone. It is left alone, and listed as kept.
+        let (mut kept, mut all): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
+        for target in &targets {
+            for k in target.keys.iter().flatten() {
+                if everyones(identity_part(target.set, k)) {
+                    kept.push(k);
+                } else {
+                    all.push(k);
+                }
+            }
+        }
+        // A running penalty box (`block_for`) is the caller's state too: its marker goes with
+        // the limit's own key (same hash tag, so the same DEL below).
+        let markers: Vec<String> = all.iter().map(|k| crate::limit::block_key(k)).collect();
+        let doomed: Vec<&str> = all
+            .iter()
+            .copied()
+            .chain(markers.iter().map(String::as_str))
+            .collect();
+        let mut deleted = 0u64;
+        if let Store::Memory(m) = &self.memory {
+            deleted += m.remove(&doomed) as u64;
+        }
+        if let Some(cell) = &self.redis {
+            let Some(Store::Redis(redis)) = cell.get() else {
+                return Err(CallerError::NotConnected);
+            };
+            // One DEL per hash tag: the keys of one decision share it (one Cluster slot).
+            let mut by_tag: Vec<(&str, Vec<&str>)> = Vec::new();
+            for &k in &doomed {
+                let tag = k
+                    .find('{')
+                    .and_then(|open| k[open..].find('}').map(|close| &k[open..open + close]))
+                    .unwrap_or(k);
+                match by_tag.iter_mut().find(|(t, _)| *t == tag) {
+                    Some((_, keys)) => keys.push(k),
+                    None => by_tag.push((tag, vec![k])),
+                }
+            }
+            for (_, keys) in by_tag {
+                deleted += redis.command::<u64>(redis::cmd("DEL").arg(keys)).await?;
+            }
+            redis
+                .command::<u64>(redis::cmd("INCR").arg(generation_key(&self.throttle.key_prefix)))
+                .await?;
+        }
+        if let Some(denials) = &self.denials {
+            denials.clear();
+        }
+        Ok(json!({
+            "route": route,
+            "identity": key::display_value(raw),
+            "reset": true,
+            "keys": all,
+            "deleted": deleted,
+            "kept_shared_by_everyone": kept,
+        }))
+    }
+}
+
+/// The identity part of one of `set`'s keys, whichever limit's (`header=alice`, `*`,
+/// several joined by `|`): identity parts hold no `:`, `{` or `}` (see [`keys`]).
+fn identity_part<'k>(set: &LimitSet, key: &'k str) -> &'k str {
+    if set.shared_key {
+        // <prefix>{<key_name>|<identity>}:<limit>
+        let inner = &key[key.find('{').map_or(0, |i| i + 1)..];
+        let end = inner.find("}:").unwrap_or(inner.len());
+        let start = inner[..end].find('|').map_or(end, |i| i + 1);
+        &inner[start..end]
+    } else {
+        // <prefix>{<key_name>}:<limit>:<identity>
+        key.rsplit(':').next().unwrap_or_default()
+    }
+}
+
+/// Whether a key's identity part is the one every caller shares (`global`).
+fn everyones(identity: &str) -> bool {
+    identity.split('|').all(|part| part == "*")
+}
+
+/// `state`'s JSON as text, one line per limit (the CLI's and the endpoint's text form).
+pub fn state_text(state: &Value) -> String {
+    let mut out = format!(
+        "route     {}\nidentity  {}\n",
+        state["route"].as_str().unwrap_or("?"),
+        state["identity"].as_str().unwrap_or("?")
+    );
+    for l in state["limits"].as_array().into_iter().flatten() {
+        let tier = l["tier"]
+            .as_str()
+            .map(|t| format!(" (tier {t})"))
+            .unwrap_or_default();
+        if let Some(why) = l["unknown"].as_str() {
+            out.push_str(&format!(
+                "limit     {}{tier} ({} local)\n  key       {}\n  now       unknown: {why}\n",
+                l["limit_name"].as_str().unwrap_or("?"),
+                l["algorithm"].as_str().unwrap_or("?"),
+                l["key"].as_str().unwrap_or("?"),
+            ));
+            continue;
+        }
+        out.push_str(&format!(
+            "limit     {}{tier} ({} {}, by {})\n  key       {}\n  now       {} {} of {} left, full again in {}{}\n",
+            l["limit_name"].as_str().unwrap_or("?"),
+            l["algorithm"].as_str().unwrap_or("?"),
+            l["scope"].as_str().unwrap_or("?"),
+            l["source"].as_str().unwrap_or("?"),
+            l["key"].as_str().unwrap_or("?"),
+            if l["allowed"].as_bool() == Some(true) { "would pass:" } else { "LIMITED:" },
+            l["remaining"],
+            l["limit"],
+            duration(l["reset_after_seconds"].as_f64().unwrap_or(0.0)),
+            match l["retry_after_seconds"].as_f64() {
+                Some(s) if s < 0.0 => ", and can never pass at this cost".to_owned(),
+                Some(s) => format!(", retry after {}", duration(s)),
+                None => String::new(),
+            }
+        ));
+    }
+    out
+}
+
+/// Seconds as a person reads them, to the millisecond (`29s 200ms`).
+fn duration(seconds: f64) -> String {
+    let millis = (seconds.max(0.0) * 1000.0).round() as u64;
+    humantime::format_duration(Duration::from_millis(millis)).to_string()
+}
+
+/// `reset`'s JSON as text.
+pub fn reset_text(reset: &Value) -> String {
+    format!(
+        "reset     route {} identity {}: {} key(s) deleted\n",
+        reset["route"].as_str().unwrap_or("?"),
+        reset["identity"].as_str().unwrap_or("?"),
+        reset["deleted"]
+    )
+}

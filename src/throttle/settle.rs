@@ -1,0 +1,335 @@
+//! Settling limits that see the response (`count_statuses`, `cost_from_response`).
+//!
+//! The decision before forwarding takes each limit's configured cost as usual, so concurrent
+//! requests cannot overshoot: a burst of wrong passwords against `limit: 5` admits five,
+//! because the reservations of the five in flight block the rest. The admission then carries
+//! an [`Obligation`], like the concurrency `LeaseGuard`, that settles those units once the
+//! response is known:
+//!
+//! - `count_statuses`: on the response head, a status that does not count gets its units
+//!   back; so does a request whose upstream failed (tollgate answered 502/504 itself) or whose
+//!   client left before a head arrived (the obligation is dropped unsettled).
+//! - `cost_from_response`: when the response body ends (or the client leaves mid-body), the
+//!   reported cost is settled against the configured cost paid up front: the difference is
+//!   charged (the balance may go below zero) or given back. The trailer of that name wins
+//!   over the header; a missing or malformed report charges the configured cost (nothing to
+//!   settle) and is counted in `tollgate_cost_report_invalid_total`.
+//!
+//! Settlements go to the store that decided, off the response's path: the memory store
+//! settles in place (no I/O), Redis in a spawned task of one round trip bounded by the store
+//! timeout. A failed settlement is logged and counted (`tollgate_settlement_errors_total`);
+//! it never holds up a client.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, Response};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use metrics::Counter;
+
+use crate::body::{BoxError, ProxyBody};
+use crate::config::{ByResponse, LimitSet};
+use crate::limit::{Decision, Micros, Params, Settle, Settlement, Store};
+
+/// Per-route counters of settlements.
+#[derive(Clone)]
+pub struct SettleMetrics {
+    /// `cost_from_response` reports missing or malformed (the configured cost stood).
+    pub cost_report_invalid: Counter,
+    /// Settlements the store failed.
+    pub failed: Counter,
+}
+
+/// What an admitted request owes the limits that see its response. Dropped unsettled (the
+/// client left before a head, or the request never reached a response), it gives every
+/// reservation back. It owns what it needs of the limit set (the response body outlives the
+/// request's borrow of the configuration).
+pub struct Obligation {
+    /// The set's store-key name (`route~tier` for a tier), for logs.
+    route: String,
+    /// The store that decided (and holds the units).
+    store: Store,
+    /// The store's clock at the decision.
+    at: Micros,
+    /// The limits that see the response and took units.
+    limits: Vec<Owed>,
+    metrics: Option<SettleMetrics>,
+}
+
+/// One limit's part of an [`Obligation`].
+struct Owed {
+    params: Params,
+    by_response: ByResponse,
+    /// Its store key, as the decision used it.
+    key: String,
+}
+
+impl Obligation {
+    /// The obligation of an admitted decision, if any of the route's limits sees the
+    /// response and took units (a shadow limit that would have denied took none).
+    pub fn new(
+        set: &LimitSet,
+        keys: &[String],
+        decision: &Decision,
+        store: Option<Store>,
+    ) -> Option<Obligation> {
+        let store = store?;
+        let limits: Vec<Owed> = set
+            .iter()
+            .zip(keys)
+            .zip(&decision.verdicts)
+            .filter(|((_, _), verdict)| verdict.allowed)
+            .filter_map(|((limit, key), _)| {
+                Some(Owed {
+                    params: limit.params,
+                    by_response: limit.by_response.clone()?,
+                    key: key.clone(),
+                })
+            })
+            .collect();
+        (!limits.is_empty()).then(|| Obligation {
+            route: set.key_name.clone(),
+            store,
+            at: decision.at,
+            limits,
+            metrics: None,
+        })
+    }
+
+    /// Counts this obligation's failures (and invalid reports) in the route's metrics.
+    pub fn count_in(&mut self, metrics: &SettleMetrics) {
+        self.metrics = Some(metrics.clone());
+    }
+
+    fn refund(&self, owed: &Owed) -> Settlement {
+        Settlement {
+            key: owed.key.clone(),
+            params: owed.params,
+            op: Settle::Refund {
+                amount: owed.params.cost,
+                taken_at: self.at,
+            },
+        }
+    }
+
+    /// Settles what the response head decides; returns the response, its body wrapped when a
+    /// `cost_from_response` limit waits for the end of it. `from_upstream` is false when
+    /// tollgate answered itself (the upstream failed, or the request was refused).
+    pub fn on_response(
+        mut self,
+        response: Response<ProxyBody>,
+        from_upstream: bool,
+    ) -> Response<ProxyBody> {
+        if !from_upstream {
+            return response; // dropped: everything is given back
+        }
+        let status = response.status().as_u16();
+        let limits = std::mem::take(&mut self.limits);
+        let mut refunds = Vec::new();
+        let mut costs = Vec::new();
+        for owed in limits {
+            match &owed.by_response {
+                ByResponse::CountStatuses(set) if !set.contains(status) => {
+                    refunds.push(self.refund(&owed));
+                }
+                ByResponse::CostFromResponse(header) => {
+                    let reported = reported_cost(response.headers(), header);
+                    costs.push(CostReport {
+                        params: owed.params,
+                        key: owed.key,
+                        header: header.clone(),
+                        reported,
+                    });
+                }
+                _ => {} // a status that counts: the units stay taken
+            }
+        }
+        submit(&self.store, refunds, &self.route, self.metrics.as_ref());
+        if costs.is_empty() {
+            return response;
+        }
+        let (parts, body) = response.into_parts();
+        let body = CostBody {
+            inner: body,
+            settler: Some(CostSettler {
+                obligation: self,
+                costs,
+            }),
+        };
+        Response::from_parts(parts, body.boxed_unsync())
+    }
+}
+
+impl Drop for Obligation {
+    fn drop(&mut self) {
+        let refunds: Vec<Settlement> = self.limits.iter().map(|owed| self.refund(owed)).collect();
+        submit(&self.store, refunds, &self.route, self.metrics.as_ref());
+    }
+}
+
+/// A reported cost: a plain non-negative integer, nothing else.
+fn reported_cost(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
+    headers.get(name)?.to_str().ok()?.trim().parse().ok()
+}
+
+/// One `cost_from_response` limit waiting for the end of the body.
+struct CostReport {
+    params: Params,
+    key: String,
+    header: HeaderName,
+    /// From the head; replaced by the trailer of the same name if one comes.
+    reported: Option<u64>,
+}
+
+struct CostSettler {
+    /// Its limits are settled (taken); kept for the store, the time and the metrics.
+    obligation: Obligation,
+    costs: Vec<CostReport>,
+}
+
+impl CostSettler {
+    fn trailers(&mut self, trailers: &HeaderMap) {
+        for cost in &mut self.costs {
+            if trailers.contains_key(&cost.header) {
+                cost.reported = reported_cost(trailers, &cost.header);
+            }
+        }
+    }
+}
+
+impl Drop for CostSettler {
+    fn drop(&mut self) {
+        let o = &self.obligation;
+        let mut settlements = Vec::new();
+        for cost in &self.costs {
+            let params = cost.params;
+            let Some(reported) = cost.reported else {
+                tracing::debug!(route = %o.route, header = %cost.header, "no valid cost report: the configured cost stands");
+                if let Some(m) = &o.metrics {
+                    m.cost_report_invalid.increment(1);
+                }
+                continue;
+            };
+            let op = if reported > params.cost {
+                Settle::Charge {
+                    amount: reported - params.cost,
+                }
+            } else if reported < params.cost {
+                Settle::Refund {
+                    amount: params.cost - reported,
+                    taken_at: o.at,
+                }
+            } else {
+                continue;
+            };
+            settlements.push(Settlement {
+                key: cost.key.clone(),
+                params,
+                op,
+            });
+        }
+        submit(&o.store, settlements, &o.route, o.metrics.as_ref());
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// Passes the response body through, noting the cost trailer; settles when the body ends,
+    /// fails, or is dropped (the client left: the header's report, or the configured cost).
+    struct CostBody {
+        #[pin]
+        inner: ProxyBody,
+        settler: Option<CostSettler>,
+    }
+}
+
+impl Body for CostBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        let polled = this.inner.poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(trailers), Some(settler)) =
+                    (frame.trailers_ref(), this.settler.as_mut())
+                {
+                    settler.trailers(trailers);
+                }
+            }
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => {
+                this.settler.take();
+            }
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Hands settlements to the store: in place for memory, in a spawned task for Redis (bounded
+/// by the store's timeout), logged and counted if it fails.
+fn submit(
+    store: &Store,
+    settlements: Vec<Settlement>,
+    route: &str,
+    metrics: Option<&SettleMetrics>,
+) {
+    if settlements.is_empty() {
+        return;
+    }
+    match store {
+        Store::Memory(memory) => memory.settle(&settlements),
+        Store::Redis(_) => {
+            let Ok(handle) = tokio::runtime::Handle::try_current() else {
+                return;
+            };
+            let store = store.clone();
+            let route = route.to_string();
+            let failed = metrics.map(|m| m.failed.clone());
+            handle.spawn(async move {
+                if let Err(e) = store.settle(&settlements).await {
+                    tracing::warn!(route, cause = %e, "could not settle a limit after the response: the units stay as the decision left them");
+                    if let Some(failed) = failed {
+                        failed.increment(1);
+                    }
+                }
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_is_a_plain_non_negative_integer() {
+        let name = HeaderName::from_static("x-tokens-used");
+        let report = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(&name, value.parse().unwrap());
+            reported_cost(&headers, &name)
+        };
+        assert_eq!(report("35"), Some(35));
+        assert_eq!(report(" 7 "), Some(7));
+        assert_eq!(report("0"), Some(0));
+        assert_eq!(report("-3"), None);
+        assert_eq!(report("1.5"), None);
+        assert_eq!(report("lots"), None);
+        assert_eq!(report("99999999999999999999999"), None);
+        assert_eq!(reported_cost(&HeaderMap::new(), &name), None);
+    }
+}

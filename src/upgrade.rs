@@ -1,0 +1,231 @@
+//! Protocol upgrades (WebSocket and the like): from the 101 to the tunnel.
+//!
+//! The proxy forwards an upgrade request like any other; when the upstream answers 101, the
+//! client's connection and the upstream's become one byte tunnel ([`spawn_tunnel`]), tracked
+//! by the proxy so that shutdown waits for it.
+//!
+//! The client's side comes from one of two places ([`ClientSide`]):
+//!
+//! - TLS and HTTP/2 connections are upgraded by hyper (`hyper::upgrade::on`).
+//! - Plain HTTP/1 connections are served by `conn` one cycle at a time and taken apart between
+//!   cycles, which hyper's own upgrade machinery does not allow. There the connection hands the
+//!   socket over by hand: the service marks an upgrade request with a [`Handoff`] slot and
+//!   puts a [`ClientUpgrade`] on the request; once hyper has written the 101, the connection
+//!   takes its socket back from hyper and sends it, with any bytes read past the request
+//!   ([`Rewind`]), through the slot to the tunnel.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes};
+use http::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+use tokio_util::task::TaskTracker;
+
+/// A plain client socket after an upgrade, with the bytes read from it past the request.
+pub type Upgraded = Rewind<TcpStream>;
+
+/// Where a plain HTTP/1 connection's socket goes if the request in progress upgrades it. One
+/// per connection, shared by the service (which fills it) and the connection loop (which
+/// takes it once hyper has let go of the socket).
+#[derive(Clone, Default)]
+pub struct Handoff(Arc<Mutex<Option<oneshot::Sender<Upgraded>>>>);
+
+impl Handoff {
+    /// If hyper marked `request` as asking for an upgrade, gets ready to hand the socket over
+    /// and puts the receiving end on the request as a [`ClientUpgrade`] for the proxy.
+    pub fn prepare<B>(&self, request: &mut Request<B>) {
+        if request
+            .extensions()
+            .get::<hyper::upgrade::OnUpgrade>()
+            .is_none()
+        {
+            return;
+        }
+        let (handoff, client) = oneshot::channel();
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(handoff);
+        request.extensions_mut().insert(ClientUpgrade::new(client));
+    }
+
+    /// The socket's destination, if a request got ready to upgrade; empty afterwards.
+    pub fn take(&self) -> Option<oneshot::Sender<Upgraded>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+/// The client side of an upgrade on a connection the server upgrades by hand (plain
+/// HTTP/1): the socket arrives here once the 101 has been written. Requests without it are
+/// upgraded by hyper.
+#[derive(Clone)]
+pub struct ClientUpgrade(Arc<Mutex<Option<HandedOver>>>);
+
+type HandedOver = oneshot::Receiver<Upgraded>;
+
+impl ClientUpgrade {
+    fn new(handed_over: HandedOver) -> Self {
+        ClientUpgrade(Arc::new(Mutex::new(Some(handed_over))))
+    }
+
+    fn take(&self) -> Option<HandedOver> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+/// Where the client's side of a tunnel comes from.
+pub enum ClientSide {
+    /// hyper upgrades the connection (TLS and HTTP/2 listeners' connections).
+    Hyper(hyper::upgrade::OnUpgrade),
+    /// The server hands the socket over itself (plain HTTP/1, see `conn`).
+    HandedOver(HandedOver),
+}
+
+/// Takes the client's side of an upgrade off the request before it is forwarded: None unless
+/// `upgrade` (the request asks for one the proxy forwards).
+pub fn client_side<B>(request: &mut Request<B>, upgrade: bool) -> Option<ClientSide> {
+    let handed_over = request
+        .extensions_mut()
+        .remove::<ClientUpgrade>()
+        .and_then(|u| u.take());
+    upgrade.then(|| match handed_over {
+        Some(handed_over) => ClientSide::HandedOver(handed_over),
+        None => ClientSide::Hyper(hyper::upgrade::on(request)),
+    })
+}
+
+/// On the upstream's 101: joins the client and the upstream in a tunnel that runs until either
+/// side closes, tracked by `tunnels`.
+pub fn spawn_tunnel<B>(tunnels: &TaskTracker, client: ClientSide, response: &mut Response<B>) {
+    let upstream = hyper::upgrade::on(response);
+    tunnels.spawn(async move {
+        tunnel(client, upstream).await;
+    });
+}
+
+/// Copies bytes both ways between an upgraded client and upstream until either side closes.
+async fn tunnel(client: ClientSide, upstream: hyper::upgrade::OnUpgrade) {
+    match client {
+        ClientSide::Hyper(client) => match tokio::try_join!(client, upstream) {
+            Ok((client, upstream)) => copy_both_ways(TokioIo::new(client), upstream).await,
+            Err(e) => tracing::debug!(cause = %e, "upgrade did not complete"),
+        },
+        ClientSide::HandedOver(client) => {
+            let client = async { client.await.map_err(|_| "the client connection ended") };
+            let upstream = async { upstream.await.map_err(|_| "the upstream did not upgrade") };
+            match tokio::try_join!(client, upstream) {
+                Ok((client, upstream)) => copy_both_ways(client, upstream).await,
+                Err(cause) => tracing::debug!(cause, "upgrade did not complete"),
+            }
+        }
+    }
+}
+
+async fn copy_both_ways<C>(mut client: C, upstream: hyper::upgrade::Upgraded)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut upstream = TokioIo::new(upstream);
+    match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+        Ok((up, down)) => tracing::debug!(bytes_up = up, bytes_down = down, "tunnel closed"),
+        Err(e) => tracing::debug!(cause = %e, "tunnel ended with an error"),
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A socket that first yields bytes already taken off it.
+    #[derive(Debug)]
+    pub struct Rewind<T> {
+        prefix: Bytes,
+        #[pin]
+        inner: T,
+    }
+}
+
+impl<T> Rewind<T> {
+    pub fn new(prefix: Bytes, inner: T) -> Self {
+        Rewind { prefix, inner }
+    }
+
+    /// The bytes not yet read, and the socket.
+    pub fn into_parts(self) -> (Bytes, T) {
+        (self.prefix, self.inner)
+    }
+}
+
+impl<T: AsyncRead> AsyncRead for Rewind<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.project();
+        if !this.prefix.is_empty() {
+            let n = this.prefix.len().min(buf.remaining());
+            buf.put_slice(&this.prefix[..n]);
+            this.prefix.advance(n);
+            if this.prefix.is_empty() {
+                // Drop the allocation now rather than with the connection.
+                *this.prefix = Bytes::new();
+            }
+            return Poll::Ready(Ok(()));
+        }
+        this.inner.poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite> AsyncWrite for Rewind<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.project().inner.poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.project().inner.poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.project().inner.poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.project().inner.poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    #[tokio::test]
+    async fn rewind_yields_the_prefix_then_the_socket() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        client.write_all(b" world").await.unwrap();
+        let mut io = Rewind::new(Bytes::from_static(b"hello"), server);
+        let mut got = vec![0u8; 11];
+        io.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, b"hello world");
+        let (rest, _) = io.into_parts();
+        assert!(rest.is_empty());
+    }
+}

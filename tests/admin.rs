@@ -1,0 +1,700 @@
+//! The operators' admin endpoints end to end, on real proxies and a real Redis: who is denied
+//! most (`/limits/top`), one caller's state (`/limits/state`) and its reset
+//! (`POST /limits/reset`, on every replica at once, deny caches included), the bearer token
+//! that guards mutations, and `tollgate limits get|reset` against Redis and against a running
+//! instance.
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use http::{Request, StatusCode};
+use serde_json::Value;
+use support::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+
+fn redis_store(redis: &RedisServer, prefix: &str) -> String {
+    format!(
+        "store:\n  redis:\n    url: {}\n    key_prefix: \"{prefix}\"\n    timeout: 500ms\n  on_error: deny\n",
+        redis.url()
+    )
+}
+
+/// A route `api` keyed by the `x-user` header with `limits` (YAML list items), behind `store`.
+fn config(up: &Upstream, admin: &str, store: &str, limits: &str) -> String {
+    config_for(
+        &up.url(),
+        &format!(
+            "admin: {admin}\n{store}identities:\n  user:\n    - header: x-user\nroutes:\n  - name: api\n    match: {{ path_prefix: / }}\n    key: user\n    limits:\n{limits}"
+        ),
+    )
+}
+
+async fn start(yaml: String) -> ProxyHandle {
+    let proxy = proxy(yaml).start().await;
+    // Redis connects in the background.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy
+}
+
+async fn call(proxy: &ProxyHandle, user: &str) -> StatusCode {
+    let request = Request::get(proxy.url("/api/x"))
+        .header("x-user", user)
+        .body(body(""))
+        .unwrap();
+    http1_client().request(request).await.unwrap().status()
+}
+
+/// The admin listener's address to connect to (one bound to 0.0.0.0 answers on loopback).
+fn admin_url(proxy: &ProxyHandle, path_and_query: &str) -> String {
+    let port = proxy.admin.expect("admin listener").port();
+    format!("http://127.0.0.1:{port}{path_and_query}")
+}
+
+async fn admin(
+    proxy: &ProxyHandle,
+    method: &str,
+    path_and_query: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, String) {
+    let mut request = Request::builder()
+        .method(method)
+        .uri(admin_url(proxy, path_and_query));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = http1_client()
+        .request(request.body(body("")).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    (status, text(response).await)
+}
+
+async fn admin_json(
+    proxy: &ProxyHandle,
+    method: &str,
+    path_and_query: &str,
+) -> (StatusCode, Value) {
+    let (status, text) = admin(proxy, method, path_and_query, &[]).await;
+    let value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    (status, value)
+}
+
+/// (identity, count, error) per caller listed for route `api`.
+fn listed(top: &Value) -> Vec<(String, u64, u64)> {
+    let routes = top["routes"].as_array().unwrap();
+    let api = routes
+        .iter()
+        .find(|r| r["route"] == "api")
+        .expect("route api listed");
+    api["top"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["identity"].as_str().unwrap().to_owned(),
+                c["count"].as_u64().unwrap(),
+                c["error"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn top_lists_the_callers_denied_most_in_order_in_bounded_memory() {
+    let redis = RedisServer::start();
+    let up = upstream().start().await;
+    // The first limit is per user (what the list names); the second, shared by everyone,
+    // denies every request after the first, so each distinct caller costs one request.
+    let limits = "      - { algorithm: fixed_window, limit: 1000, period: 1m, name: per-user }\n      - { algorithm: fixed_window, limit: 1, period: 1m, key: global, name: everyone }\n";
+    let proxy = start(config(
+        &up,
+        "127.0.0.1:0",
+        &redis_store(&redis, "top:"),
+        limits,
+    ))
+    .await;
+    assert_eq!(call(&proxy, "warmup").await, StatusCode::OK);
+    // Three callers at different rates, interleaved; most of these denials come from the
+    // deny cache, and count all the same.
+    for i in 0..30 {
+        for (user, every) in [("alice", 1), ("bob", 3), ("carol", 2)] {
+            if i % every == 0 {
+                assert_eq!(call(&proxy, user).await, StatusCode::TOO_MANY_REQUESTS);
+            }
+        }
+    }
+    let (status, top) = admin_json(&proxy, "GET", "/limits/top").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        listed(&top),
+        vec![
+            ("alice".to_owned(), 30, 0),
+            ("carol".to_owned(), 15, 0),
+            ("bob".to_owned(), 10, 0)
+        ]
+    );
+    assert_eq!(top["window_seconds"], 60);
+
+    // The text form, by parameter and by Accept.
+    let (status, text) = admin(&proxy, "GET", "/limits/top?format=text", &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    let alice = text.find("alice (header)").expect(&text);
+    let carol = text.find("carol (header)").expect(&text);
+    assert!(alice < carol && text.contains("route api"), "{text}");
+    let (_, by_accept) = admin(&proxy, "GET", "/limits/top", &[("accept", "text/plain")]).await;
+    assert_eq!(by_accept, text);
+
+    // Many distinct callers: the sketch keeps its fixed size (see the unit tests); the heavy
+    // three stay on top and the answer holds at most k.
+    for i in 0..400 {
+        let _ = call(&proxy, &format!("one-off-{i}")).await;
+    }
+    let (_, top) = admin_json(&proxy, "GET", "/limits/top?k=3").await;
+    let names: Vec<String> = listed(&top).into_iter().map(|(n, _, _)| n).collect();
+    assert_eq!(names, ["alice", "carol", "bob"]);
+    let (_, top) = admin_json(&proxy, "GET", "/limits/top").await;
+    assert_eq!(listed(&top).len(), 10);
+    let (status, _) = admin_json(&proxy, "GET", "/limits/top?k=nope").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    // No identity ever becomes a metric label.
+    let (_, metrics) = admin(&proxy, "GET", "/metrics", &[]).await;
+    assert!(
+        !metrics.contains("alice") && !metrics.contains("one-off"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_reset_lifts_a_denial_on_both_replicas_at_once() {
+    let redis = RedisServer::start();
+    let up = upstream().start().await;
+    let limits = "      - { algorithm: fixed_window, limit: 2, period: 1m, name: per-user }\n";
+    let yaml = config(&up, "127.0.0.1:0", &redis_store(&redis, "rs:"), limits);
+    let a = start(yaml.clone()).await;
+    let b = start(yaml).await;
+    assert_eq!(call(&a, "alice").await, StatusCode::OK);
+    assert_eq!(call(&b, "alice").await, StatusCode::OK);
+    assert_eq!(call(&b, "bob").await, StatusCode::OK);
+    // Denied on both, and remembered in both deny caches.
+    for _ in 0..3 {
+        assert_eq!(call(&a, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(call(&b, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let (status, state) = admin_json(&a, "GET", "/limits/state?route=api&identity=alice").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(state["limits"][0]["allowed"], false);
+    assert_eq!(state["limits"][0]["remaining"], 0);
+
+    let (status, done) = admin_json(&a, "POST", "/limits/reset?route=api&identity=alice").await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert_eq!(done["deleted"], 1);
+    assert_eq!(done["keys"][0], "rs:{api|header=alice}:per-user");
+    // The full quota is back, read on the other replica.
+    let (_, state) = admin_json(&b, "GET", "/limits/state?route=api&identity=alice").await;
+    assert_eq!(state["limits"][0]["allowed"], true);
+    assert_eq!(state["limits"][0]["remaining"], 1);
+
+    // The replica that served the reset admits at once; the other within its watch interval.
+    assert_eq!(call(&a, "alice").await, StatusCode::OK);
+    let started = Instant::now();
+    loop {
+        match call(&b, "alice").await {
+            StatusCode::OK => break,
+            status => {
+                assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+                assert!(
+                    started.elapsed() < Duration::from_millis(300),
+                    "replica b still refuses alice {:?} after the reset",
+                    started.elapsed()
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+    // Exactly the quota: two requests, then denied again on both.
+    assert_eq!(call(&a, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(call(&b, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+    // Others are untouched: bob had one of two left.
+    assert_eq!(call(&a, "bob").await, StatusCode::OK);
+    assert_eq!(call(&a, "bob").await, StatusCode::TOO_MANY_REQUESTS);
+
+    // Unknown routes and missing parameters are explained.
+    let (status, error) = admin_json(&a, "POST", "/limits/reset?route=nope&identity=alice").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(
+        error["error"]
+            .as_str()
+            .unwrap()
+            .contains("no route named `nope`"),
+        "{error}"
+    );
+    let (status, error) = admin_json(&a, "GET", "/limits/state?route=api").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        error["error"].as_str().unwrap().contains("`identity`"),
+        "{error}"
+    );
+    let (status, _) = admin_json(&a, "GET", "/limits/reset?route=api&identity=alice").await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    // The old endpoints answer as before.
+    assert_eq!(
+        admin(&a, "GET", "/healthz", &[]).await,
+        (StatusCode::OK, "ok\n".into())
+    );
+    assert_eq!(
+        admin(&a, "GET", "/readyz", &[]).await,
+        (StatusCode::OK, "ready\n".into())
+    );
+}
+
+/// Every algorithm on one route, and a tier: two requests taken, then the state as
+/// `explain --live` reads it (what would be left after one more request).
+const EVERY_ALGORITHM: &str = "      - { algorithm: fixed_window, limit: 5, period: 1m, name: fw }\n      - { algorithm: sliding_log, limit: 5, period: 1m, name: sl }\n      - { algorithm: sliding_window, limit: 5, period: 1m, name: sw }\n      - { algorithm: token_bucket, limit: 5, period: 1h, burst: 5, name: tb }\n      - { algorithm: gcra, limit: 5, period: 1h, burst: 5, name: gc }\n      - { algorithm: concurrency, limit: 5, name: cc }\n    overrides:\n      - name: gold\n        values: [vip]\n        limits:\n          - { algorithm: fixed_window, limit: 50, period: 1m, name: gold-fw }\n";
+
+async fn state_and_reset_for_every_algorithm(store: &str) {
+    let up = upstream().start().await;
+    let proxy = start(config(&up, "127.0.0.1:0", store, EVERY_ALGORITHM)).await;
+    for _ in 0..2 {
+        assert_eq!(call(&proxy, "alice").await, StatusCode::OK);
+    }
+    assert_eq!(call(&proxy, "vip").await, StatusCode::OK);
+    let remaining = |state: &Value| -> Vec<(String, u64)> {
+        state["limits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                (
+                    l["limit_name"].as_str().unwrap().to_owned(),
+                    l["remaining"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let (status, state) = admin_json(&proxy, "GET", "/limits/state?route=api&identity=alice").await;
+    assert_eq!(status, StatusCode::OK);
+    let after_two: Vec<(String, u64)> = ["fw", "sl", "sw", "tb", "gc"]
+        .iter()
+        .map(|n| (n.to_string(), 2))
+        .chain([("cc".to_string(), 4)])
+        .collect();
+    assert_eq!(remaining(&state), after_two, "{state}");
+    // A value named by a tier also shows the tier's limits.
+    let (_, state) = admin_json(&proxy, "GET", "/limits/state?route=api&identity=vip").await;
+    let vip = remaining(&state);
+    assert_eq!(vip.len(), 7, "{state}");
+    assert_eq!(vip[6], ("gold-fw".to_string(), 48));
+    assert_eq!(state["limits"][6]["tier"], "gold");
+    // Text form.
+    let (_, text) = admin(
+        &proxy,
+        "GET",
+        "/limits/state?route=api&identity=alice&format=text",
+        &[],
+    )
+    .await;
+    assert!(text.contains("limit     fw (fixed_window "), "{text}");
+    assert!(text.contains(", by header)\n  key       "), "{text}");
+    assert!(text.contains("would pass: 2 of 5 left"), "{text}");
+
+    for who in ["alice", "vip"] {
+        let (status, _) = admin_json(
+            &proxy,
+            "POST",
+            &format!("/limits/reset?route=api&identity={who}"),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let (_, state) = admin_json(&proxy, "GET", "/limits/state?route=api&identity=alice").await;
+    let full: Vec<(String, u64)> = ["fw", "sl", "sw", "tb", "gc", "cc"]
+        .iter()
+        .map(|n| (n.to_string(), 4))
+        .collect();
+    assert_eq!(remaining(&state), full, "{state}");
+    let (_, state) = admin_json(&proxy, "GET", "/limits/state?route=api&identity=vip").await;
+    assert_eq!(remaining(&state)[6], ("gold-fw".to_string(), 49));
+}
+
+#[tokio::test]
+async fn state_and_reset_cover_every_algorithm_and_tiers_in_redis() {
+    let redis = RedisServer::start();
+    state_and_reset_for_every_algorithm(&redis_store(&redis, "alg:")).await;
+}
+
+#[tokio::test]
+async fn state_and_reset_cover_every_algorithm_and_tiers_in_memory() {
+    state_and_reset_for_every_algorithm("").await;
+}
+
+#[tokio::test]
+async fn mutations_need_the_token_on_a_listener_that_is_not_loopback() {
+    let up = upstream().start().await;
+    let limits = "      - { algorithm: fixed_window, limit: 1, period: 1m }\n";
+    // SAFETY (edition 2021: safe): only this test reads this variable.
+    std::env::set_var("TOLLGATE_TEST_ADMIN_TOKEN", "let-me-in");
+    let guarded = start(config(
+        &up,
+        "{ address: \"0.0.0.0:0\", token_env: TOLLGATE_TEST_ADMIN_TOKEN }",
+        "",
+        limits,
+    ))
+    .await;
+    assert_eq!(call(&guarded, "alice").await, StatusCode::OK);
+    assert_eq!(call(&guarded, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+    let reset = "/limits/reset?route=api&identity=alice";
+    let (status, text) = admin(&guarded, "POST", reset, &[]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{text}");
+    assert!(text.contains("missing `Authorization: Bearer"), "{text}");
+    let (status, text) = admin(
+        &guarded,
+        "POST",
+        reset,
+        &[("authorization", "Bearer let-me-out")],
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(text.contains("wrong admin token"), "{text}");
+    // Reads need no token; the refused resets changed nothing.
+    assert_eq!(call(&guarded, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+    let (status, _) = admin(
+        &guarded,
+        "GET",
+        "/limits/state?route=api&identity=alice",
+        &[],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = admin(
+        &guarded,
+        "POST",
+        reset,
+        &[("authorization", "Bearer let-me-in")],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(call(&guarded, "alice").await, StatusCode::OK);
+
+    // Not loopback and no token configured: mutations are off.
+    let open = start(config(&up, "0.0.0.0:0", "", limits)).await;
+    let (status, text) = admin(
+        &open,
+        "POST",
+        reset,
+        &[("authorization", "Bearer let-me-in")],
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(text.contains("not on a loopback address"), "{text}");
+}
+
+fn write_config(dir: &tempfile::TempDir, yaml: &str) -> PathBuf {
+    let path = dir.path().join("tollgate.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+async fn cli(args: &[&str]) -> (i32, String, String) {
+    let output = tokio::process::Command::new(BIN)
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8(output.stdout).unwrap(),
+        String::from_utf8(output.stderr).unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn the_limits_command_reads_and_resets_through_redis() {
+    let redis = RedisServer::start();
+    let up = upstream().start().await;
+    let limits = "      - { algorithm: gcra, limit: 2, period: 1m, burst: 2, name: per-user }\n";
+    let yaml = config(&up, "127.0.0.1:0", &redis_store(&redis, "cli:"), limits);
+    let running = start(yaml.clone()).await;
+    for _ in 0..2 {
+        assert_eq!(call(&running, "alice").await, StatusCode::OK);
+    }
+    assert_eq!(call(&running, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    // No admin listener in the file: the command talks to Redis alone.
+    let file = write_config(&dir, &yaml.replace("admin: 127.0.0.1:0\n", ""));
+    let file = file.to_str().unwrap();
+    let (code, out, err) = cli(&[
+        "limits",
+        "get",
+        "--config",
+        file,
+        "--route",
+        "api",
+        "--identity",
+        "alice",
+    ])
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("identity  alice"), "{out}");
+    assert!(
+        out.contains("limit     per-user (gcra global, by header)"),
+        "{out}"
+    );
+    assert!(out.contains("LIMITED: 0 of 2 left"), "{out}");
+    let (code, out, err) = cli(&[
+        "limits",
+        "reset",
+        "-c",
+        file,
+        "--route",
+        "api",
+        "--identity",
+        "alice",
+        "--json",
+    ])
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let done: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(done["deleted"], 1);
+    // The running instance, whose deny cache held the denial, admits again.
+    let started = Instant::now();
+    while call(&running, "alice").await != StatusCode::OK {
+        assert!(
+            started.elapsed() < Duration::from_millis(300),
+            "still refused"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (code, _, err) = cli(&[
+        "limits",
+        "get",
+        "-c",
+        file,
+        "--route",
+        "nope",
+        "--identity",
+        "alice",
+    ])
+    .await;
+    assert_eq!(code, 2);
+    assert!(err.contains("no route named `nope`"), "{err}");
+}
+
+#[tokio::test]
+async fn the_limits_command_goes_through_a_running_instance_for_a_memory_store() {
+    let up = upstream().start().await;
+    let limits = "      - { algorithm: sliding_window, limit: 1, period: 1m, name: per-user }\n";
+    let running = start(config(&up, "127.0.0.1:0", "", limits)).await;
+    assert_eq!(call(&running, "a b").await, StatusCode::OK);
+    assert_eq!(call(&running, "a b").await, StatusCode::TOO_MANY_REQUESTS);
+
+    // The file names the instance's admin address, as a deployment's file would.
+    let dir = tempfile::tempdir().unwrap();
+    let admin_addr = running.admin.unwrap().to_string();
+    let file = write_config(&dir, &config(&up, &admin_addr, "", limits));
+    let file = file.to_str().unwrap();
+    let (code, out, err) = cli(&[
+        "limits",
+        "get",
+        "-c",
+        file,
+        "--route",
+        "api",
+        "--identity",
+        "a b",
+        "--json",
+    ])
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let state: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(state["limits"][0]["allowed"], false);
+    // A value that is not key-safe is shown hashed, as in the logs.
+    assert!(
+        state["identity"].as_str().unwrap().starts_with("sha256:"),
+        "{state}"
+    );
+    let (code, out, err) = cli(&[
+        "limits",
+        "reset",
+        "-c",
+        file,
+        "--route",
+        "api",
+        "--identity",
+        "a b",
+    ])
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("1 key(s) deleted"), "{out}");
+    assert_eq!(call(&running, "a b").await, StatusCode::OK);
+
+    // --admin overrides the file; a listener that is not there is a failure (exit 1).
+    let (code, _, err) = cli(&[
+        "limits",
+        "get",
+        "-c",
+        file,
+        "--route",
+        "api",
+        "--identity",
+        "x",
+        "--admin",
+        "http://127.0.0.1:1",
+    ])
+    .await;
+    assert_eq!(code, 1);
+    assert!(err.contains("cannot reach the admin listener"), "{err}");
+    let (code, _, err) = cli(&[
+        "limits",
+        "reset",
+        "-c",
+        file,
+        "--route",
+        "nope",
+        "--identity",
+        "x",
+    ])
+    .await;
+    assert_eq!(code, 2, "{err}");
+}
+
+/// On a Redis Cluster a reset deletes keys slot by slot (the keys of one decision share a hash
+/// tag) and the reset generation reaches the other replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_works_on_a_cluster_across_slots_and_replicas() {
+    let cluster = tokio::task::block_in_place(RedisCluster::start);
+    let up = upstream().start().await;
+    let store = format!(
+        "store:\n  redis:\n    cluster: [{}]\n    key_prefix: \"cl:\"\n    timeout: 2s\n  on_error: deny\n",
+        cluster.urls().join(", ")
+    );
+    let limits = "      - { algorithm: token_bucket, limit: 2, period: 1h, burst: 2, name: per-user }\n      - { algorithm: fixed_window, limit: 1000, period: 1h, key: global, name: everyone }\n";
+    let yaml = config(&up, "127.0.0.1:0", &store, limits);
+    let a = start(yaml.clone()).await;
+    let b = start(yaml).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for user in ["alice", "x}{evil"] {
+        assert_eq!(call(&a, user).await, StatusCode::OK);
+        assert_eq!(call(&b, user).await, StatusCode::OK);
+        assert_eq!(call(&a, user).await, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(call(&b, user).await, StatusCode::TOO_MANY_REQUESTS);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for user in ["alice", "x%7D%7Bevil"] {
+        let (status, done) = admin_json(
+            &a,
+            "POST",
+            &format!("/limits/reset?route=api&identity={user}"),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{done}");
+        // The per-user bucket (the global counter is everyone's and not the caller's: it is
+        // not a key of this value).
+        assert_eq!(done["deleted"], 1, "{done}");
+        assert_eq!(
+            done["kept_shared_by_everyone"][0], "cl:{api}:everyone:*",
+            "{done}"
+        );
+    }
+    for user in ["alice", "x}{evil"] {
+        let started = Instant::now();
+        while call(&b, user).await != StatusCode::OK {
+            assert!(
+                started.elapsed() < Duration::from_millis(300),
+                "{user} still refused on b"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(call(&a, user).await, StatusCode::OK);
+        assert_eq!(call(&a, user).await, StatusCode::TOO_MANY_REQUESTS);
+    }
+}
+
+/// A caller in the penalty box (`block_for`) on `a` and `b` (two replicas on one Redis, or
+/// the same memory-store proxy twice): state shows the block, a reset lifts it on both at
+/// once, and the caller then gets exactly its quota again.
+async fn a_reset_lifts_a_penalty_box(a: &ProxyHandle, b: &ProxyHandle) {
+    assert_eq!(call(a, "alice").await, StatusCode::OK);
+    // The denial starts a 10-minute block, far past the fixed window's own reset.
+    assert_eq!(call(a, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(call(b, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+    let (status, state) = admin_json(b, "GET", "/limits/state?route=api&identity=alice").await;
+    assert_eq!(status, StatusCode::OK, "{state}");
+    assert_eq!(state["limits"][0]["allowed"], false, "{state}");
+    let retry = state["limits"][0]["retry_after_seconds"].as_f64().unwrap();
+    assert!(retry > 590.0 && retry <= 600.0, "the block's end: {state}");
+
+    let (status, done) = admin_json(a, "POST", "/limits/reset?route=api&identity=alice").await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    // The window's count and the block marker.
+    assert_eq!(done["deleted"], 2, "{done}");
+    let (_, state) = admin_json(b, "GET", "/limits/state?route=api&identity=alice").await;
+    assert_eq!(state["limits"][0]["allowed"], true, "{state}");
+    assert_eq!(state["limits"][0]["remaining"], 0, "{state}");
+
+    // The replica that served the reset admits at once; the other within its watch interval.
+    let started = Instant::now();
+    let mut admitted = 0;
+    for proxy in [b, a] {
+        loop {
+            match call(proxy, "alice").await {
+                StatusCode::OK => {
+                    admitted += 1;
+                    break;
+                }
+                status => {
+                    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+                    // Once one replica admitted her, the quota of 1 is spent: the other must
+                    // refuse, and that is the block starting again.
+                    if admitted == 1 {
+                        break;
+                    }
+                    assert!(
+                        started.elapsed() < Duration::from_millis(300),
+                        "alice still blocked {:?} after the reset",
+                        started.elapsed()
+                    );
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+    }
+    assert_eq!(admitted, 1, "exactly the quota of 1 after the reset");
+    assert_eq!(call(a, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(call(b, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+    // Bob was never blocked.
+    assert_eq!(call(b, "bob").await, StatusCode::OK);
+}
+
+const BLOCKING_LIMIT: &str =
+    "      - { algorithm: fixed_window, limit: 1, period: 1m, block_for: 10m, name: per-user }\n";
+
+#[tokio::test]
+async fn a_reset_lifts_a_penalty_box_on_both_replicas_at_once() {
+    let redis = RedisServer::start();
+    let up = upstream().start().await;
+    let yaml = config(
+        &up,
+        "127.0.0.1:0",
+        &redis_store(&redis, "pb:"),
+        BLOCKING_LIMIT,
+    );
+    let a = start(yaml.clone()).await;
+    let b = start(yaml).await;
+    a_reset_lifts_a_penalty_box(&a, &b).await;
+}
+
+#[tokio::test]
+async fn a_reset_lifts_a_penalty_box_in_memory() {
+    let up = upstream().start().await;
+    let a = start(config(&up, "127.0.0.1:0", "", BLOCKING_LIMIT)).await;
+    a_reset_lifts_a_penalty_box(&a, &a).await;
+}

@@ -1,0 +1,432 @@
+//! Limits that see the response, through real proxies, a real upstream and a real Redis:
+//! `count_statuses` (only failed logins use a login limit, exactly, even in a burst and across
+//! two proxies) and `cost_from_response` (a token budget charged what the upstream reports in
+//! a header or a trailer, with the refusals and Retry-After the arithmetic predicts).
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use support::*;
+
+/// The store section: memory, or a Redis server.
+fn store(redis: Option<&RedisServer>) -> String {
+    match redis {
+        None => String::new(),
+        Some(redis) => format!(
+            "store:\n  redis:\n    url: {}\n    timeout: 500ms\n  on_error: deny\n",
+            redis.url()
+        ),
+    }
+}
+
+const LOGIN: &str = "admin: 127.0.0.1:0\nidentities:\n  user: [{ header: x-user }]\nroutes:\n  - name: login\n    match: { path_prefix: /respond }\n    key: user\n    limits:\n      - { algorithm: fixed_window, limit: 5, period: 1h, count_statuses: [401] }\n";
+
+/// Sends one request and reads the whole body; returns the status and the headers.
+async fn send(addr: SocketAddr, path: &str, user: &str) -> (StatusCode, http::HeaderMap) {
+    let request = Request::get(format!("http://{addr}{path}"))
+        .header("x-user", user)
+        .body(body(""))
+        .unwrap();
+    let response = http1_client().request(request).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let _ = response.into_body().collect().await;
+    (status, headers)
+}
+
+/// 100 concurrent failed logins spread over `proxies`: the statuses the clients saw.
+async fn burst(proxies: &[SocketAddr], user: &str) -> Vec<StatusCode> {
+    let tasks: Vec<_> = (0..100)
+        .map(|i| {
+            let addr = proxies[i % proxies.len()];
+            let user = user.to_string();
+            tokio::spawn(async move { send(addr, "/respond?status=401&ms=300", &user).await.0 })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.push(task.await.unwrap());
+    }
+    statuses
+}
+
+fn count(statuses: &[StatusCode], status: u16) -> usize {
+    statuses.iter().filter(|s| s.as_u16() == status).count()
+}
+
+/// A burst of failed logins admits exactly the limit (reservations block the rest); then
+/// successful logins never use the limit, and failures are counted again.
+async fn failed_logins(redis: Option<&RedisServer>, proxies: usize) {
+    let up = upstream().start().await;
+    let yaml = config_for(&up.url(), &format!("{}{LOGIN}", store(redis)));
+    let mut handles = Vec::new();
+    for _ in 0..proxies {
+        let handle = proxy(yaml.clone()).start().await;
+        wait_ready(&handle).await;
+        handles.push(handle);
+    }
+    let addrs: Vec<SocketAddr> = handles.iter().map(|h| h.addr).collect();
+    let statuses = burst(&addrs, "mallory").await;
+    assert_eq!(count(&statuses, 401), 5, "{statuses:?}");
+    assert_eq!(count(&statuses, 429), 95, "{statuses:?}");
+    assert_eq!(
+        up.request_count(),
+        5,
+        "exactly the limit reaches the upstream"
+    );
+
+    // Successful logins never use the limit: twenty pass, and then five failures still do.
+    for i in 0..20 {
+        let (status, _) = send(addrs[i % addrs.len()], "/respond?status=200", "alice").await;
+        assert_eq!(status, StatusCode::OK, "success {i}");
+    }
+    for i in 0..5 {
+        let (status, _) = send(addrs[i % addrs.len()], "/respond?status=401", "alice").await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "failure {i}");
+    }
+    let (status, headers) = send(addrs[0], "/respond?status=401", "alice").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(headers.contains_key("retry-after"));
+    assert_eq!(up.request_count(), 5 + 25);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_logins_memory() {
+    failed_logins(None, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_logins_redis() {
+    let redis = RedisServer::start();
+    failed_logins(Some(&redis), 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_logins_two_proxies_on_one_redis() {
+    let redis = RedisServer::start();
+    failed_logins(Some(&redis), 2).await;
+}
+
+/// A request the upstream cannot serve (tollgate answers 502) gets its reservation back, and
+/// a status class counts every status in it.
+#[tokio::test]
+async fn upstream_failures_refund_and_classes_count() {
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let yaml = config_for(&dead, "routes:\n  - name: api\n    match: { path_prefix: / }\n    limits:\n      - { algorithm: token_bucket, limit: 2, period: 1h, count_statuses: [\"5xx\"] }\n");
+    let proxy = proxy(yaml).start().await;
+    for i in 0..10 {
+        let (status, _) = send(proxy.addr, "/x", "u").await;
+        assert_eq!(
+            status,
+            StatusCode::BAD_GATEWAY,
+            "request {i}: tollgate's own 502 is refunded"
+        );
+    }
+
+    let up = upstream().start().await;
+    let yaml = config_for(&up.url(), "routes:\n  - name: api\n    match: { path_prefix: / }\n    limits:\n      - { algorithm: token_bucket, limit: 2, period: 1h, count_statuses: [\"5xx\"] }\n");
+    let proxy = support::proxy(yaml).start().await;
+    for _ in 0..5 {
+        assert_eq!(send(proxy.addr, "/respond?status=404", "u").await.0, 404);
+    }
+    assert_eq!(send(proxy.addr, "/respond?status=503", "u").await.0, 503);
+    assert_eq!(send(proxy.addr, "/respond?status=500", "u").await.0, 500);
+    assert_eq!(send(proxy.addr, "/respond?status=200", "u").await.0, 429);
+}
+
+const BUDGET: &str = "admin: 127.0.0.1:0\nidentities:\n  user: [{ header: x-user }]\nroutes:\n  - name: llm\n    match: { path_prefix: /respond }\n    key: user\n    limits:\n      - { algorithm: token_bucket, limit: 10, period: 10s, burst: 10, cost_from_response: X-Tokens-Used }\n";
+
+/// Sends one request over h2c (so the upstream's trailers come through) and reads the body.
+async fn send_h2(addr: SocketAddr, path: &str, user: &str) -> (StatusCode, http::HeaderMap) {
+    let request = Request::get(format!("http://{addr}{path}"))
+        .version(http::Version::HTTP_2)
+        .header("x-user", user)
+        .header("te", "trailers")
+        .body(body(""))
+        .unwrap();
+    let response = h2c_client().request(request).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let _ = response.into_body().collect().await.unwrap();
+    (status, headers)
+}
+
+/// Waits until the settlement (spawned for Redis) has landed: the next decision must see it.
+async fn settled() {
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+/// A token budget of 10 tokens, refilled at one per second: what the upstream reports is
+/// charged, the balance goes below zero, and the refusals say exactly when it is repaid.
+async fn token_budget(redis: Option<&RedisServer>) {
+    let up = upstream().start().await;
+    let yaml = config_for(
+        &up.url(),
+        &format!("  http2: true\n{}{BUDGET}", store(redis)),
+    );
+    let proxy = proxy(yaml).start().await;
+    wait_ready(&proxy).await;
+
+    // Header report 35: 1 paid up front, 34 charged: balance -25, back to 1 token in 26 s.
+    let (status, _) = send_h2(proxy.addr, "/respond?cost=35", "a").await;
+    assert_eq!(status, StatusCode::OK);
+    settled().await;
+    let (status, headers) = send_h2(proxy.addr, "/respond?cost=1", "a").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(headers["retry-after"], "26");
+    assert!(
+        headers["ratelimit"]
+            .to_str()
+            .unwrap()
+            .starts_with("\"llm\";r=0;t="),
+        "{headers:?}"
+    );
+
+    // The trailer wins over the header: 20 charged, not 5: balance -10, 11 s to repay.
+    let (status, _) = send_h2(proxy.addr, "/respond?cost=5&trailer=20", "b").await;
+    assert_eq!(status, StatusCode::OK);
+    settled().await;
+    let (status, headers) = send_h2(proxy.addr, "/respond?cost=1", "b").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(headers["retry-after"], "11");
+
+    // A malformed report charges the configured cost (1) and is counted: 9 left, then 8.
+    let (status, _) = send_h2(proxy.addr, "/respond?cost=lots", "c").await;
+    assert_eq!(status, StatusCode::OK);
+    settled().await;
+    let (status, headers) = send_h2(proxy.addr, "/respond?cost=1", "c").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        headers["ratelimit"]
+            .to_str()
+            .unwrap()
+            .starts_with("\"llm\";r=8;"),
+        "{headers:?}"
+    );
+    let metrics = metrics(proxy.admin.unwrap()).await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "tollgate_cost_report_invalid_total{route=\"llm\"} 1"),
+        "{metrics}"
+    );
+
+    // A report below the cost paid up front gives the difference back: zero-cost calls
+    // never run the budget down.
+    for i in 0..15 {
+        let (status, _) = send_h2(proxy.addr, "/respond?cost=0", "d").await;
+        assert_eq!(status, StatusCode::OK, "free call {i}");
+        settled().await;
+    }
+    assert_eq!(
+        up.request_count(),
+        1 + 1 + 2 + 15,
+        "refusals never reach the upstream"
+    );
+}
+
+/// Redis connects in the background: wait until the proxy says it is ready.
+async fn wait_ready(proxy: &ProxyHandle) {
+    let admin = proxy.admin.expect("an admin listener");
+    for _ in 0..100 {
+        let response = http1_client()
+            .request(get(&format!("http://{admin}/readyz")))
+            .await
+            .unwrap();
+        if response.status() == StatusCode::OK {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the proxy never became ready");
+}
+
+async fn metrics(admin: SocketAddr) -> String {
+    let response = http1_client()
+        .request(get(&format!("http://{admin}/metrics")))
+        .await
+        .unwrap();
+    text(response).await
+}
+
+#[tokio::test]
+async fn token_budget_memory() {
+    token_budget(None).await;
+}
+
+#[tokio::test]
+async fn token_budget_redis() {
+    let redis = RedisServer::start();
+    token_budget(Some(&redis)).await;
+}
+
+/// A client that leaves before the response head gives its reservation back.
+#[tokio::test]
+async fn a_client_that_leaves_before_the_head_is_refunded() {
+    let up = upstream().start().await;
+    let yaml = config_for(&up.url(), "routes:\n  - name: login\n    match: { path_prefix: / }\n    limits:\n      - { algorithm: sliding_log, limit: 1, period: 1h, count_statuses: [401] }\n");
+    let proxy = proxy(yaml).start().await;
+    let gone = tokio::time::timeout(
+        Duration::from_millis(200),
+        send(proxy.addr, "/respond?status=401&ms=600", "u"),
+    )
+    .await;
+    assert!(gone.is_err(), "the client gave up first");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(send(proxy.addr, "/respond?status=401", "u").await.0, 401);
+    assert_eq!(send(proxy.addr, "/respond?status=401", "u").await.0, 429);
+}
+
+/// What cannot work is refused with the position of the value and the reason.
+#[test]
+fn check_refuses_what_cannot_work() {
+    let cases = [
+        (
+            "{ algorithm: fixed_window, limit: 5, period: 1m, count_statuses: [401, 99, \"6xx\"] }",
+            vec![
+                "test.yaml:8:80: routes[0].limits[0].count_statuses[1]",
+                "limits[0].count_statuses[1]: 99 is not an HTTP status",
+                "limits[0].count_statuses[2]: `6xx` is not a status or class",
+                "100–599",
+            ],
+        ),
+        (
+            "{ algorithm: concurrency, limit: 5, count_statuses: [401] }",
+            vec!["already return their slot"],
+        ),
+        (
+            "{ algorithm: sliding_log, limit: 5, period: 1m, cost_from_response: x-tokens }",
+            vec!["limits[0].cost_from_response: sliding_log stores one entry per unit"],
+        ),
+        (
+            "{ algorithm: concurrency, limit: 5, cost_from_response: x-tokens }",
+            vec!["not units used"],
+        ),
+        (
+            "{ algorithm: gcra, limit: 5, period: 1m, cost_from_response: \"bad header\" }",
+            vec!["not a valid header or trailer name"],
+        ),
+        (
+            "{ algorithm: gcra, limit: 5, period: 1m, cost_from_response: x, count_statuses: [401] }",
+            vec!["not both"],
+        ),
+    ];
+    for (limit, expected) in cases {
+        let yaml = format!("listen: 127.0.0.1:0\nupstream:\n  url: http://127.0.0.1:1\nroutes:\n  - name: api\n    match: {{ path_prefix: / }}\n    limits:\n      - {limit}\n");
+        let error = tollgate::config::parse(std::path::Path::new("test.yaml"), &yaml, |_| None)
+            .err()
+            .unwrap_or_else(|| panic!("accepted: {limit}"))
+            .to_string();
+        for text in expected {
+            assert!(error.contains(text), "`{text}` not in:\n{error}");
+        }
+    }
+    // The summary `check` prints shows them.
+    let yaml = "listen: 127.0.0.1:0\nupstream:\n  url: http://127.0.0.1:1\nroutes:\n  - name: api\n    match: { path_prefix: / }\n    limits:\n      - { algorithm: fixed_window, limit: 5, period: 1m, count_statuses: [401, \"5XX\"] }\n      - { algorithm: token_bucket, limit: 5, period: 1m, cost_from_response: X-Tokens-Used }\n";
+    let config =
+        tollgate::config::parse(std::path::Path::new("test.yaml"), yaml, |_| None).unwrap();
+    let summary = config.summary();
+    assert!(
+        summary.contains("fixed_window 5 per 1m, local, counts only 401, 5xx"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("cost from response `x-tokens-used`"),
+        "{summary}"
+    );
+}
+
+/// A streamed answer: the trailer at its end is charged once it arrives; a client that leaves
+/// mid-body is charged the header's report.
+#[tokio::test]
+async fn streamed_budget_settles_at_the_end_or_when_the_client_leaves() {
+    let up = upstream().start().await;
+    let yaml = config_for(&up.url(), &format!("  http2: true\n{BUDGET}"));
+    let proxy = proxy(yaml).start().await;
+
+    // Streamed to the end: nothing is charged until the trailer (15) arrives.
+    let request = Request::get(proxy.url("/respond?hold=1&trailer=15"))
+        .version(http::Version::HTTP_2)
+        .header("x-user", "f")
+        .header("te", "trailers")
+        .body(body(""))
+        .unwrap();
+    let response = h2c_client().request(request).await.unwrap();
+    let mut answer = response.into_body();
+    assert!(answer.frame().await.unwrap().unwrap().is_data());
+    let (status, headers) = send_h2(proxy.addr, "/respond?cost=1", "f").await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "only the up-front cost is taken so far"
+    );
+    assert!(
+        headers["ratelimit"]
+            .to_str()
+            .unwrap()
+            .starts_with("\"llm\";r=8;"),
+        "{headers:?}"
+    );
+    up.release.notify_one();
+    let rest = answer.collect().await.unwrap();
+    assert_eq!(rest.trailers().unwrap()["x-tokens-used"], "15");
+    settled().await;
+    // 10 - 1 - 1 - 14 = -6: 7 s until one token.
+    let (status, headers) = send_h2(proxy.addr, "/respond?cost=1", "f").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(headers["retry-after"], "7");
+
+    // Left mid-body (last: its upstream stream is never released): the header said 30:
+    // balance 10 - 30 = -20, 21 s to repay.
+    let request = Request::get(proxy.url("/respond?cost=30&hold=1"))
+        .version(http::Version::HTTP_2)
+        .header("x-user", "e")
+        .body(body(""))
+        .unwrap();
+    let response = h2c_client().request(request).await.unwrap();
+    let mut answer = response.into_body();
+    let first = answer.frame().await.unwrap().unwrap();
+    assert!(first.is_data());
+    drop(answer);
+    settled().await;
+    let (status, headers) = send_h2(proxy.addr, "/respond?cost=1", "e").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(headers["retry-after"], "21");
+}
+
+/// A settlement the store cannot take is logged and counted, and never holds up the client:
+/// the response arrives while Redis is frozen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_settlement_is_counted_and_never_holds_up_the_client() {
+    let redis = RedisServer::start();
+    let up = upstream().start().await;
+    let yaml = config_for(&up.url(), &format!("admin: 127.0.0.1:0\nstore:\n  redis:\n    url: {}\n    timeout: 100ms\n  on_error: allow\nroutes:\n  - name: login\n    match: {{ path_prefix: / }}\n    limits:\n      - {{ algorithm: fixed_window, limit: 5, period: 1h, count_statuses: [401] }}\n", redis.url()));
+    let proxy = proxy(yaml).start().await;
+    wait_ready(&proxy).await;
+    // Warm up: both scripts loaded into Redis, so the decision below is quick.
+    assert_eq!(send(proxy.addr, "/respond?status=401", "w").await.0, 401);
+    assert_eq!(send(proxy.addr, "/respond?status=200", "w").await.0, 200);
+    let answer = tokio::spawn(send(proxy.addr, "/respond?status=200&ms=300", "u"));
+    // Decided by now; the refund of the 200 finds Redis frozen.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    redis.pause();
+    let started = std::time::Instant::now();
+    assert_eq!(answer.await.unwrap().0, StatusCode::OK);
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "the client waited for the store"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis.resume();
+    let metrics = metrics(proxy.admin.unwrap()).await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "tollgate_settlement_errors_total{route=\"login\"} 1"),
+        "{metrics}"
+    );
+}
