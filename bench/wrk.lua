@@ -1,5 +1,6 @@
 -- wrk script shared by every server under test, so each one gets exactly the same requests.
 -- SCENARIO (environment) picks the traffic:
+--   plain    GET /plain/ rotating X-User-Id over 1,000 users (no route, no limit: proxying only)
 --   allowed  GET /allowed/ rotating X-User-Id over 1,000 users (a limit that never trips)
 --   flood    GET /over/ as one user far over its limit (1 request a minute)
 --   mixed    rotating over 1,000 users; users 900..999 (10%) go to /over/, the rest /allowed/
@@ -27,7 +28,9 @@ function init(args)
   else
     for i = 0, users - 1 do
       local path = "/allowed/"
-      if scenario == "mixed" and i >= 900 then
+      if scenario == "plain" then
+        path = "/plain/"
+      elseif scenario == "mixed" and i >= 900 then
         path = "/over/"
       elseif scenario == "multi" then
         path = "/multi/"

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# bench/ab.sh: two tollgate builds (A and B) side by side on one path, interleaved, with nginx
+# (proxy_pass and limit_req) as the yardstick: the before/after of one change in one run.
+#
+#   bench/ab.sh OLD_BINARY NEW_BINARY
+#
+# Knobs: DURATION=8s CONNECTIONS=50 THREADS=2 ROUNDS=3 SCENARIO=plain|allowed|allowed-sync
+# (plain: no route matches; allowed: one exact gcra limit; allowed-sync: the same, sync 100ms).
+# Prints per server and round: req/s and CPU µs per request (user+sys of the process and its
+# children from /proc, divided by the requests wrk completed), Redis CPU µs per request.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+A=${1:?usage: bench/ab.sh OLD_BINARY NEW_BINARY}
+B=${2:?usage: bench/ab.sh OLD_BINARY NEW_BINARY}
+DURATION=${DURATION:-8s}
+CONNECTIONS=${CONNECTIONS:-50}
+THREADS=${THREADS:-2}
+ROUNDS=${ROUNDS:-3}
+SCENARIO=${SCENARIO:-plain}
+
+WORK=$(mktemp -d)
+# shellcheck source=bench/lib.sh
+. "$HERE/lib.sh"
+CLEANUP_DIR="$WORK"
+need_tools nginx wrk
+T=$WORK
+UP_PORT=$(free_port)
+REDIS_PORT=$(free_port)
+A_PORT=$(free_port)
+B_PORT=$(free_port)
+NG_PORT=$(free_port)
+upstream_conf "$T" "$UP_PORT"
+cat >"$T/nginx.conf" <<EOF
+$NGINX_USER
+worker_processes 2;
+pid $T/nginx.pid;
+error_log $T/nginx.err warn;
+events { worker_connections 10000; }
+http {
+  access_log off;
+  client_body_temp_path $T/n-body; proxy_temp_path $T/n-proxy; fastcgi_temp_path $T/n-fcgi;
+  uwsgi_temp_path $T/n-uwsgi; scgi_temp_path $T/n-scgi;
+  keepalive_requests 10000000;
+  upstream up { server 127.0.0.1:$UP_PORT; keepalive 128; keepalive_requests 10000000; }
+  proxy_http_version 1.1;
+  proxy_set_header Connection "";
+  limit_req_zone \$http_x_user_id zone=allowed:16m rate=100000r/s;
+  server {
+    listen 127.0.0.1:$NG_PORT;
+    location /allowed/ { limit_req zone=allowed burst=100000 nodelay; proxy_pass http://up; }
+    location / { proxy_pass http://up; }
+  }
+}
+EOF
+sync_line=""
+[ "$SCENARIO" = allowed-sync ] && sync_line=", sync: 100ms"
+for side in a b; do
+  port=$A_PORT
+  [ $side = b ] && port=$B_PORT
+  cat >"$T/$side.yaml" <<EOF
+listen: 127.0.0.1:$port
+upstream: { url: "http://127.0.0.1:$UP_PORT", timeout: 10s }
+access_log: false
+max_connections: 20000
+header_read_timeout: 60s
+store:
+  redis: { url: "redis://127.0.0.1:$REDIS_PORT", key_prefix: "$side:", timeout: 1s }
+  on_error: deny
+identities:
+  user: [ { header: X-User-Id } ]
+routes:
+  - name: allowed
+    match: { path_prefix: /allowed/ }
+    key: user
+    limits:
+      - { algorithm: gcra, limit: 100000, period: 1s, burst: 100000$sync_line }
+EOF
+done
+nginx -p "$T" -c "$T/upstream.conf" -g 'daemon off;' >"$T/up.log" 2>&1 &
+PIDS+=($!)
+redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no --dir "$T" >"$T/redis.log" 2>&1 &
+PIDS+=($!)
+wait_port "$UP_PORT"
+wait_port "$REDIS_PORT"
+"$A" --config "$T/a.yaml" >"$T/a.log" 2>&1 &
+A_PID=$!
+PIDS+=($!)
+"$B" --config "$T/b.yaml" >"$T/b.log" 2>&1 &
+B_PID=$!
+PIDS+=($!)
+nginx -p "$T" -c "$T/nginx.conf" -g 'daemon off;' >"$T/ng.log" 2>&1 &
+NG_PID=$!
+PIDS+=($!)
+for p in "$A_PORT" "$B_PORT" "$NG_PORT"; do wait_port "$p"; done
+sleep 1
+
+# CPU clock ticks used so far by a process and all its descendants.
+tree_ticks() {
+  local pid=$1 total=0 child
+  total=$(awk '{ print $14 + $15 }' "/proc/$pid/stat" 2>/dev/null || echo 0)
+  for child in $(cat "/proc/$pid/task/"*/children 2>/dev/null); do
+    total=$((total + $(tree_ticks "$child")))
+  done
+  echo "$total"
+}
+redis_cpu_us() {
+  redis-cli -p "$REDIS_PORT" info cpu | tr -d '\r' |
+    awk -F: '/^used_cpu_(sys|user):/ { s += $2 } END { printf "%d\n", s * 1000000 }'
+}
+path=/plain/
+[ "$SCENARIO" != plain ] && path=/allowed/
+cat >"$T/ab.lua" <<EOF
+local n = 0
+request = function()
+  n = n + 1
+  return wrk.format("GET", "$path" .. (n % 1000), { ["X-User-Id"] = "u" .. (n % 1000) })
+end
+done = function(summary, latency, requests)
+  io.write(string.format("RESULT %d %d %d %d\n", summary.requests, summary.duration,
+    latency:percentile(50), latency:percentile(99)))
+end
+EOF
+TCK=$(getconf CLK_TCK)
+printf '%-8s %5s %9s %8s %8s %10s %10s\n' server round req/s p50_us p99_us cpu_us/req redis_us/req
+for round in $(seq "$ROUNDS"); do
+  for side in nginx a b; do
+    case $side in nginx) port=$NG_PORT pid=$NG_PID ;; a) port=$A_PORT pid=$A_PID ;; b) port=$B_PORT pid=$B_PID ;; esac
+    wrk -t"$THREADS" -c"$CONNECTIONS" -d2s -s "$T/ab.lua" "http://127.0.0.1:$port" >/dev/null
+    c0=$(tree_ticks "$pid")
+    r0=$(redis_cpu_us)
+    line=$(wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" -s "$T/ab.lua" "http://127.0.0.1:$port" | grep '^RESULT')
+    c1=$(tree_ticks "$pid")
+    r1=$(redis_cpu_us)
+    read -r _ req dur p50 p99 <<<"$line"
+    awk -v s="$side" -v r="$round" -v req="$req" -v dur="$dur" -v p50="$p50" -v p99="$p99" \
+      -v cpu=$((c1 - c0)) -v tck="$TCK" -v rcpu=$((r1 - r0)) 'BEGIN {
+        printf "%-8s %5d %9.0f %8d %8d %10.1f %10.1f\n", s, r, req / (dur / 1e6), p50, p99,
+          cpu * 1e6 / tck / req, (s == "nginx" ? 0 : rcpu / req) }'
+  done
+done
