@@ -24,3 +24,4 @@ pub mod server;
 pub mod throttle;
 pub mod tls;
 pub mod upgrade;
+pub mod workers;

@@ -41,12 +41,18 @@ fn load_config(path: &std::path::Path) -> Result<config::Config, ExitCode> {
     })
 }
 
-/// A Tokio runtime, or exit code 1 with the reason printed.
+/// The main thread's runtime, or exit code 1 with the reason printed. It runs the commands and,
+/// for `run`, what is not a client connection (the admin listener, reloads, the store's
+/// connections and background rounds): requests are served on threads of their own
+/// (`tollgate::workers`), so one thread is enough here.
 fn new_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
-    tokio::runtime::Runtime::new().map_err(|e| {
-        eprintln!("tollgate: cannot start the runtime: {e}");
-        ExitCode::from(1)
-    })
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("tollgate: cannot start the runtime: {e}");
+            ExitCode::from(1)
+        })
 }
 
 fn check(path: &std::path::Path) -> ExitCode {

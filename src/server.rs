@@ -19,6 +19,7 @@ use crate::conn;
 use crate::metrics::Held;
 use crate::proxy::{ConnInfo, Proxy};
 use crate::tls;
+use crate::workers::Workers;
 
 /// Why the server could not start (exit code 1).
 #[derive(Debug, thiserror::Error)]
@@ -33,10 +34,19 @@ pub enum StartError {
         address: SocketAddr,
         message: String,
     },
+    #[error("cannot start the serving threads: {0}")]
+    Workers(std::io::Error),
 }
 
 struct BoundListener {
     listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+}
+
+/// One serving thread's copy of a listener: the same socket (a duplicated descriptor),
+/// registered with that thread's reactor when its accept loop starts.
+struct ListenerCopy {
+    listener: std::net::TcpListener,
     tls: Option<TlsAcceptor>,
 }
 
@@ -47,6 +57,7 @@ pub struct Server {
     listeners: Vec<BoundListener>,
     admin: Option<TcpListener>,
     health: Arc<Health>,
+    workers: Workers,
 }
 
 impl Server {
@@ -81,12 +92,14 @@ impl Server {
             None => None,
         };
         let proxy = Proxy::new(config.clone());
+        let workers = Workers::start(config.workers).map_err(StartError::Workers)?;
         Ok(Server {
             health: Arc::new(Health::new(proxy.clone())),
             proxy,
             config,
             listeners,
             admin,
+            workers,
         })
     }
 
@@ -110,6 +123,7 @@ impl Server {
             listeners,
             admin,
             health,
+            workers,
         } = self;
         for l in &listeners {
             if let Ok(addr) = l.listener.local_addr() {
@@ -143,14 +157,50 @@ impl Server {
         let shared = conn::Shared::new(proxy.clone(), &config, stop.clone());
         let connections = TaskTracker::new();
         let permits = Arc::new(Semaphore::new(config.max_connections));
-        let accepting = futures_util::future::join_all(
-            listeners
-                .into_iter()
-                .map(|l| accept_loop(l, &shared, &connections, &permits)),
-        );
-        tokio::select! {
-            _ = accepting => {}
-            _ = shutdown => {}
+        // Every serving thread accepts on every listener (see `workers`).
+        let mut copies = Vec::new();
+        for bound in listeners {
+            let tls = bound.tls;
+            match bound.listener.into_std() {
+                Ok(listener) => copies.push(ListenerCopy { listener, tls }),
+                Err(e) => tracing::error!(cause = %e, "cannot take over a listener"),
+            }
+        }
+        let accepting = CancellationToken::new();
+        let accept_loops = workers.spawn_each(|_| {
+            let copies: Vec<_> = copies
+                .iter()
+                .filter_map(|c| match c.listener.try_clone() {
+                    Ok(listener) => Some(ListenerCopy {
+                        listener,
+                        tls: c.tls.clone(),
+                    }),
+                    Err(e) => {
+                        tracing::error!(cause = %e, "cannot share a listener with a serving thread");
+                        None
+                    }
+                })
+                .collect();
+            let (shared, connections, permits) =
+                (shared.clone(), connections.clone(), permits.clone());
+            let accepting = accepting.clone();
+            async move {
+                let loops = copies
+                    .into_iter()
+                    .map(|copy| accept_loop(copy, &shared, &connections, &permits));
+                tokio::select! {
+                    _ = futures_util::future::join_all(loops) => {}
+                    _ = accepting.cancelled() => {}
+                }
+            }
+        });
+        // The serving threads hold the only copies from here on.
+        drop(copies);
+        shutdown.await;
+        // Stop accepting: every copy of every listener is closed once its loop has ended.
+        accepting.cancel();
+        for accept_loop in accept_loops {
+            let _ = accept_loop.await;
         }
         // The listeners were owned by the accept loops, dropped above: no new connections.
         health.drain();
@@ -177,15 +227,26 @@ impl Server {
         if let Some(task) = reloader {
             let _ = task.await;
         }
+        workers.stop().await;
     }
 }
 
 async fn accept_loop(
-    bound: BoundListener,
+    copy: ListenerCopy,
     shared: &Arc<conn::Shared>,
     connections: &TaskTracker,
     permits: &Arc<Semaphore>,
 ) {
+    let bound = match TcpListener::from_std(copy.listener) {
+        Ok(listener) => BoundListener {
+            listener,
+            tls: copy.tls,
+        },
+        Err(e) => {
+            tracing::error!(cause = %e, "a serving thread cannot accept on a listener");
+            return;
+        }
+    };
     loop {
         // Past max_connections, new connections wait in the kernel's backlog.
         let Ok(permit) = permits.clone().acquire_owned().await else {

@@ -443,7 +443,7 @@ async fn an_answer_before_the_upload_ends_leaves_the_stream_in_step() {
         .collect();
     // /download answers without reading the body; /early reads it slowly for 150 ms after
     // answering (while the client pauses), then drops it.
-    for proxy in [&http1_upstream, &http2_upstream] {
+    for (proxy, upstream_version) in [(&http1_upstream, "HTTP/1.1"), (&http2_upstream, "HTTP/2")] {
         for (path, answer_body) in [
             ("/download?size=5", pattern(5)),
             ("/early?ms=150", b"early".to_vec()),
@@ -452,7 +452,7 @@ async fn an_answer_before_the_upload_ends_leaves_the_stream_in_step() {
             let head_len = request.len() - body.len();
             for sent in [head_len + 1000, request.len() - 1000] {
                 let (answer, rest) = upload_interrupted_by_the_answer(proxy, &request, sent).await;
-                let case = format!("{path}, {sent} bytes first");
+                let case = format!("{path}, {sent} bytes first, {upstream_version} upstream");
                 assert_eq!(answer.status, 200, "{case}");
                 assert_eq!(answer.body, answer_body, "{case}");
                 assert!(

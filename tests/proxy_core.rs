@@ -395,3 +395,49 @@ async fn graceful_shutdown_lets_the_in_flight_request_finish() {
         .expect("server exits after draining")
         .unwrap();
 }
+
+#[tokio::test]
+async fn every_serving_thread_serves_limits_stay_exact_and_shutdown_closes_the_listener() {
+    // Four serving threads, each accepting on the one listener: 200 requests on 200 fresh
+    // connections are spread over them. Every one is answered byte for byte, a limit of 50
+    // (memory store, shared by the threads) admits exactly 50 of them, and after shutdown the
+    // port refuses connections (no thread kept a copy of the listener).
+    let up = upstream().start().await;
+    let mut proxy = proxy(config_for(
+        &up.url(),
+        "workers: 4\nroutes:\n  - name: downloads\n    match: { path_prefix: /download }\n    key: global\n    limits:\n      - { algorithm: fixed_window, limit: 50, period: 1h }\n",
+    ))
+    .start()
+    .await;
+    let calls = (0..200).map(|i| {
+        let url = proxy.url(&format!("/download?size={}", 10 + i % 7));
+        async move {
+            // A client of its own: a connection of its own.
+            let response = http1_client().request(get(&url)).await.unwrap();
+            let status = response.status();
+            let bytes = response.into_body().collect().await.unwrap().to_bytes();
+            (i, status, bytes)
+        }
+    });
+    let answers = futures_util::future::join_all(calls).await;
+    let mut admitted = 0;
+    for (i, status, bytes) in answers {
+        match status {
+            StatusCode::OK => {
+                admitted += 1;
+                assert_eq!(bytes.to_vec(), pattern(10 + i % 7), "request {i}");
+            }
+            StatusCode::TOO_MANY_REQUESTS => {}
+            other => panic!("request {i}: unexpected {other}"),
+        }
+    }
+    assert_eq!(admitted, 50);
+
+    let addr = proxy.addr;
+    proxy.shutdown();
+    proxy.task.take().unwrap().await.unwrap();
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "the listener is closed after shutdown"
+    );
+}

@@ -46,6 +46,8 @@ pub struct Config {
     pub idle_timeout: Duration,
     pub shutdown_timeout: Duration,
     pub max_connections: usize,
+    /// Serving threads, each with its own runtime and upstream connection pool (`workers`).
+    pub workers: usize,
     pub http2_max_concurrent_streams: u32,
     /// One log line per request (target `tollgate::access`).
     pub access_log: bool,
@@ -223,6 +225,8 @@ pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// More serving threads than this only costs memory: each holds its own connection pools.
+pub const MAX_WORKERS: usize = crate::workers::MAX_THREADS;
 pub const DEFAULT_H2_STREAMS: u32 = 100;
 
 /// Reads, substitutes, parses and validates the file at `path`.
@@ -472,6 +476,17 @@ impl Validator<'_> {
             Some(n) => n as usize,
             None => DEFAULT_MAX_CONNECTIONS,
         };
+        let workers = match raw.workers {
+            Some(n) if !(1..=MAX_WORKERS as u64).contains(&n) => {
+                self.error(
+                    "workers",
+                    format!("must be from 1 to {MAX_WORKERS} (leave it out for one per core)"),
+                );
+                1
+            }
+            Some(n) => n as usize,
+            None => crate::workers::default_count(),
+        };
         let http2_max_concurrent_streams = match raw.http2_max_concurrent_streams {
             Some(0) => {
                 self.error("http2_max_concurrent_streams", "must be at least 1");
@@ -499,6 +514,7 @@ impl Validator<'_> {
             idle_timeout,
             shutdown_timeout,
             max_connections,
+            workers,
             http2_max_concurrent_streams,
             access_log: raw.access_log.unwrap_or(true),
             throttle,
@@ -731,6 +747,23 @@ mod tests {
             "{}",
             errors[2]
         );
+    }
+
+    #[test]
+    fn workers_default_to_one_per_core_and_are_bounded() {
+        let base = "listen: 127.0.0.1:8080\nupstream: { url: http://127.0.0.1:3000 }\n";
+        assert_eq!(parse_ok(base).workers, crate::workers::default_count());
+        assert_eq!(parse_ok(&format!("{base}workers: 3\n")).workers, 3);
+        for bad in ["0", "257"] {
+            let errors = parse_err(&format!("{base}workers: {bad}\n"));
+            assert_eq!(
+                errors,
+                vec![
+                    "t.yaml:3:10: workers: must be from 1 to 256 (leave it out for one per core)"
+                        .to_string()
+                ]
+            );
+        }
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub struct RawConfig {
     pub idle_timeout: Option<String>,
     pub shutdown_timeout: Option<String>,
     pub max_connections: Option<u64>,
+    pub workers: Option<u64>,
     pub http2_max_concurrent_streams: Option<u32>,
     pub access_log: Option<bool>,
     pub store: Option<RawStore>,

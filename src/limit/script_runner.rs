@@ -8,7 +8,10 @@
 //! its task, whatever the order they were made in.
 //!
 //! Each deployment keeps one multiplexed connection per node shared by all requests: concurrent
-//! calls pipeline on it instead of waiting for a pool slot. Every call is bounded by the
+//! calls pipeline on it instead of waiting for a pool slot. On one server, each serving thread
+//! (`crate::workers`) also opens a connection of its own on its first call: its calls are
+//! then written and their replies read on the thread that waits for them, instead of waking
+//! another thread twice per call (measured: docs/performance.md). Every call is bounded by the
 //! configured timeout so a stuck Redis surfaces as [`StoreError::Timeout`] instead of stalling
 //! the proxy.
 
@@ -91,12 +94,80 @@ impl Scripts {
 /// requests share: concurrent decisions pipeline on it instead of waiting for a pool slot.
 enum Conn {
     /// One server; reconnects by itself.
-    Standalone(ConnectionManager),
+    Standalone(Box<Standalone>),
     /// Redis Cluster: routes each script by its keys' slot, follows MOVED/ASK and refreshes the
     /// slot map when a node fails or a replica is promoted.
     Cluster(ClusterConnection),
     /// The master named by the Sentinels, rediscovered after connection loss or `READONLY`.
     Sentinel(Arc<SentinelMaster>),
+}
+
+/// One server: the connection every thread may use, and one per serving thread, opened on that
+/// thread by its first call (so that the connection's task runs there).
+struct Standalone {
+    shared: ConnectionManager,
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+    /// Indexed by `workers::serving_thread()`; a thread past the end uses `shared`.
+    per_thread: Arc<[PerThread]>,
+}
+
+#[derive(Default)]
+struct PerThread {
+    connection: std::sync::OnceLock<ConnectionManager>,
+    opening: std::sync::atomic::AtomicBool,
+}
+
+impl Standalone {
+    fn new(
+        shared: ConnectionManager,
+        client: redis::Client,
+        config: ConnectionManagerConfig,
+    ) -> Self {
+        Standalone {
+            shared,
+            client,
+            config,
+            per_thread: (0..crate::workers::MAX_THREADS)
+                .map(|_| PerThread::default())
+                .collect(),
+        }
+    }
+
+    /// The connection for a call made on this thread: its own once opened, the shared one
+    /// until then (and on any thread that is not a serving thread).
+    fn connection(&self) -> &ConnectionManager {
+        let Some(index) = crate::workers::serving_thread() else {
+            return &self.shared;
+        };
+        let Some(slot) = self.per_thread.get(index) else {
+            return &self.shared;
+        };
+        if let Some(own) = slot.connection.get() {
+            return own;
+        }
+        if !slot
+            .opening
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            // Opened in a task of this thread's runtime, which then also runs the
+            // connection's own task. A failure leaves `opening` set: this thread keeps the
+            // shared connection, which reconnects by itself.
+            let (client, config) = (self.client.clone(), self.config.clone());
+            let per_thread = self.per_thread.clone();
+            tokio::spawn(async move {
+                match ConnectionManager::new_with_config(client, config).await {
+                    Ok(own) => {
+                        let _ = per_thread[index].connection.set(own);
+                    }
+                    Err(e) => {
+                        tracing::debug!(cause = %e, "a serving thread keeps the shared Redis connection")
+                    }
+                }
+            });
+        }
+        &self.shared
+    }
 }
 
 /// The connection, the scripts and the timeout: what every script call needs.
@@ -131,7 +202,9 @@ impl ScriptRunner {
                         .set_min_delay(RECONNECT_BACKOFF.0)
                         .set_max_delay(RECONNECT_BACKOFF.1)
                         .set_pipeline_buffer_size(PIPELINE_BUFFER);
-                    Conn::Standalone(ConnectionManager::new_with_config(client, manager).await?)
+                    let shared =
+                        ConnectionManager::new_with_config(client.clone(), manager.clone()).await?;
+                    Conn::Standalone(Box::new(Standalone::new(shared, client, manager)))
                 }
                 RedisMode::Cluster(nodes) => {
                     let client = cluster_client(nodes, settings)?;
@@ -244,7 +317,7 @@ impl ScriptRunner {
 
     async fn query_raw<T: FromRedisValue>(&self, command: &redis::Cmd) -> RedisResult<T> {
         match &self.conn {
-            Conn::Standalone(c) => command.query_async(&mut c.clone()).await,
+            Conn::Standalone(c) => command.query_async(&mut c.connection().clone()).await,
             Conn::Cluster(c) => command.query_async(&mut c.clone()).await,
             Conn::Sentinel(s) => s.query(command).await,
         }

@@ -67,7 +67,7 @@ impl Runtime {
     fn new(config: Arc<Config>, metrics: &Metrics, previous: Option<&Runtime>) -> Runtime {
         let upstream = match previous {
             Some(p) if p.config.upstream == config.upstream => p.upstream.clone(),
-            _ => UpstreamClient::new(&config.upstream),
+            _ => UpstreamClient::new(&config.upstream, config.workers),
         };
         // Registered whether or not a limit is local-first, so the dashboard's panels always
         // have their series.
@@ -134,6 +134,7 @@ impl Proxy {
             || old.admin != config.admin
             || old.header_read_timeout != config.header_read_timeout
             || old.max_connections != config.max_connections
+            || old.workers != config.workers
             || old.http2_max_concurrent_streams != config.http2_max_concurrent_streams
             || old.shutdown_timeout != config.shutdown_timeout
             || old.idle_timeout != config.idle_timeout

@@ -1,5 +1,9 @@
-//! The one pooled client to the upstream: HTTP/1.1 or HTTP/2 (h2c, or ALPN h2 over TLS), with
+//! The pooled client to the upstream: HTTP/1.1 or HTTP/2 (h2c, or ALPN h2 over TLS), with
 //! the connect and response-head timeouts from the config.
+//!
+//! One pool per serving thread (`crate::workers`): a connection is opened, used and reaped by
+//! the thread whose requests it carries, so a request and its upstream exchange stay on one
+//! thread and no pool is shared (nor locked) between threads.
 //!
 //! The pool's idle timeout is kept short (default 4 s) because an upstream that closes idle
 //! keep-alive connections (Node.js after 5 s) races a request sent on one just then, which fails
@@ -18,14 +22,24 @@ use crate::body::ProxyBody;
 use crate::config::Upstream;
 use crate::error::ProxyError;
 
+type Pool = Client<HttpsConnector<HttpConnector>, ProxyBody>;
+
 #[derive(Clone)]
 pub struct UpstreamClient {
-    client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
+    /// One per serving thread, indexed by `workers::current()`.
+    pools: std::sync::Arc<[Pool]>,
     timeout: Duration,
 }
 
 impl UpstreamClient {
-    pub fn new(upstream: &Upstream) -> Self {
+    pub fn new(upstream: &Upstream, threads: usize) -> Self {
+        UpstreamClient {
+            pools: (0..threads.max(1)).map(|_| Self::pool(upstream)).collect(),
+            timeout: upstream.timeout,
+        }
+    }
+
+    fn pool(upstream: &Upstream) -> Pool {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
@@ -38,16 +52,12 @@ impl UpstreamClient {
         } else {
             builder.enable_http1().wrap_connector(http)
         };
-        let client = Client::builder(TokioExecutor::new())
+        Client::builder(TokioExecutor::new())
             .pool_idle_timeout(upstream.pool_idle_timeout)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .http2_only(upstream.http2)
-            .build(connector);
-        UpstreamClient {
-            client,
-            timeout: upstream.timeout,
-        }
+            .build(connector)
     }
 
     /// Sends `request` and waits for the response head, at most the configured timeout.
@@ -55,7 +65,8 @@ impl UpstreamClient {
         &self,
         request: Request<ProxyBody>,
     ) -> Result<Response<Incoming>, ProxyError> {
-        match tokio::time::timeout(self.timeout, self.client.request(request)).await {
+        let pool = &self.pools[crate::workers::current() % self.pools.len()];
+        match tokio::time::timeout(self.timeout, pool.request(request)).await {
             Err(_) => Err(ProxyError::UpstreamTimeout(self.timeout)),
             Ok(Ok(response)) => Ok(response),
             Ok(Err(e)) if e.is_connect() => Err(ProxyError::UpstreamConnect(Box::new(e))),
