@@ -18,6 +18,13 @@ use std::future::Future;
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
+/// Socket readiness is refreshed after every this many task polls (61 by default). A busy
+/// thread that went on with stale readiness could write a request body into an upstream
+/// connection that had already answered and closed, get EPIPE, and turn that answer into a
+/// 502 (an early 401 or 413 to an upload: tests/connections.rs); the work-stealing runtime
+/// hid this by polling the reactor on whichever thread was idle.
+const EVENT_INTERVAL: u32 = 4;
+
 /// The most serving threads a process runs (`workers` in the configuration).
 pub const MAX_THREADS: usize = 256;
 
@@ -61,13 +68,7 @@ impl Workers {
         for index in 0..count.clamp(1, MAX_THREADS) {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
-                // Socket readiness is refreshed after every 4 task polls (61 by default). A
-                // busy thread that went on with stale readiness could write a request body
-                // into an upstream connection that had already answered and closed, get
-                // EPIPE, and turn that answer into a 502 (an early 401 or 413 to an upload,
-                // tests/connections.rs); the multi-threaded runtime hid this by polling the
-                // reactor on its idle thread.
-                .event_interval(4)
+                .event_interval(EVENT_INTERVAL)
                 .build()?;
             workers.handles.push(runtime.handle().clone());
             let stop = stop.clone();
