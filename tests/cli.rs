@@ -203,7 +203,7 @@ fn check_accepts_a_good_file_and_prints_the_summary() {
     let path = write(
         &dir,
         "good.yaml",
-        "listen: 127.0.0.1:8080\nadmin: 127.0.0.1:9901\nupstream:\n  url: http://127.0.0.1:3000\n  timeout: 5s\n",
+        "listen: 127.0.0.1:8080\nadmin: 127.0.0.1:9901\nupstream:\n  url: http://127.0.0.1:3000\n  timeout: 5s\nworkers: 3\n",
     );
     let output = run_check(&path, &[]);
     let stdout = stdout_of(&output);
@@ -229,6 +229,7 @@ fn check_accepts_a_good_file_and_prints_the_summary() {
         stdout.contains("upstream  http://127.0.0.1:3000 (HTTP/1.1, timeout 5s)"),
         "{stdout}"
     );
+    assert!(stdout.contains("workers   3 serving threads\n"), "{stdout}");
 }
 
 #[test]

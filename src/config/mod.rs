@@ -127,6 +127,12 @@ impl Config {
             }
         };
         let _ = writeln!(out, "store     {store}");
+        let _ = writeln!(
+            out,
+            "workers   {} serving thread{}",
+            self.workers,
+            if self.workers == 1 { "" } else { "s" }
+        );
         if self.throttle.routes.is_empty() {
             let _ = writeln!(out, "routes    none: every request is forwarded unlimited");
         }
