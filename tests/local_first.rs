@@ -19,21 +19,34 @@ static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const REPLICAS: usize = 4;
 const CLIENTS_PER_REPLICA: usize = 100;
 const LIMIT: usize = 100;
+/// The interval of the bound tests. The bound holds while every replica's write reaches Redis
+/// within 3/4 of an interval (docs/algorithms.md); on the shared 2-core test machine, four
+/// replicas, a six-node cluster and 400 clients at once delay a 100 ms round's write past
+/// 75 ms often enough to fail one run in three, which would test the machine, not the
+/// arithmetic. At 250 ms the precondition holds; the other tests keep 100 ms.
+const BOUND_SYNC: Duration = Duration::from_millis(250);
+const SYNC: Duration = Duration::from_millis(100);
+/// Waves of the bound tests, one interval apart. The last units of a limit are shared out a
+/// unit or two per replica per interval (each replica's share is `ceil(A / R)` of what is
+/// left), so a run that ends while one replica still had its share unspent admits a unit or
+/// two short (seen after 6 waves: 98); 10 waves leave time for the tail.
+const WAVES: usize = 10;
 
-fn yaml(redis_url: &str, limit: usize) -> String {
-    yaml_for(&format!("    url: {redis_url}\n"), limit)
+fn yaml(redis_url: &str, limit: usize, sync: Duration) -> String {
+    yaml_for(&format!("    url: {redis_url}\n"), limit, sync)
 }
 
 /// `target`: the `store.redis` lines that say where Redis is.
-fn yaml_for(target: &str, limit: usize) -> String {
+fn yaml_for(target: &str, limit: usize, sync: Duration) -> String {
+    let sync = format!("{}ms", sync.as_millis());
     format!(
         "admin: 127.0.0.1:0\nstore:\n  redis:\n{target}    key_prefix: \"{PREFIX}\"\n    timeout: 300ms\n  on_error: deny\n\
 identities:\n  user:\n    - header: x-user\nroutes:\n\
   - {{ name: warm, match: {{ path_prefix: /warm }}, key: user, limits: [ {{ algorithm: fixed_window, limit: 1000000, period: 24h }} ] }}\n\
-  - {{ name: fw, match: {{ path_prefix: /fw }}, key: user, limits: [ {{ algorithm: fixed_window, limit: {limit}, period: 24h, sync: 100ms }} ] }}\n\
-  - {{ name: sw, match: {{ path_prefix: /sw }}, key: user, limits: [ {{ algorithm: sliding_window, limit: {limit}, period: 24h, sync: 100ms }} ] }}\n\
-  - {{ name: tb, match: {{ path_prefix: /tb }}, key: user, limits: [ {{ algorithm: token_bucket, limit: {limit}, period: 24h, sync: 100ms }} ] }}\n\
-  - {{ name: gcra, match: {{ path_prefix: /gcra }}, key: user, limits: [ {{ algorithm: gcra, limit: 1, period: 24h, burst: {limit}, sync: 100ms }} ] }}\n"
+  - {{ name: fw, match: {{ path_prefix: /fw }}, key: user, limits: [ {{ algorithm: fixed_window, limit: {limit}, period: 24h, sync: {sync} }} ] }}\n\
+  - {{ name: sw, match: {{ path_prefix: /sw }}, key: user, limits: [ {{ algorithm: sliding_window, limit: {limit}, period: 24h, sync: {sync} }} ] }}\n\
+  - {{ name: tb, match: {{ path_prefix: /tb }}, key: user, limits: [ {{ algorithm: token_bucket, limit: {limit}, period: 24h, sync: {sync} }} ] }}\n\
+  - {{ name: gcra, match: {{ path_prefix: /gcra }}, key: user, limits: [ {{ algorithm: gcra, limit: 1, period: 24h, burst: {limit}, sync: {sync} }} ] }}\n"
     )
 }
 
@@ -70,7 +83,7 @@ async fn replicas(up: &Upstream, yaml: &str) -> Vec<ProxyHandle> {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     proxies
 }
 
@@ -82,6 +95,7 @@ async fn hammer(
     user: &str,
     per_replica: usize,
     waves: usize,
+    interval: Duration,
 ) -> Vec<usize> {
     let mut admitted = vec![0; proxies.len()];
     for _ in 0..waves {
@@ -102,7 +116,7 @@ async fn hammer(
                 other => panic!("unexpected status {other} on {path}"),
             }
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(interval).await;
     }
     admitted
 }
@@ -111,7 +125,7 @@ async fn hammer(
 async fn four_replicas_stay_within_the_bound_for_every_algorithm() {
     let _turn = TURN.lock().await;
     let redis = RedisServer::start();
-    within_the_bound(&yaml(&redis.url(), LIMIT), "standalone").await;
+    within_the_bound(&yaml(&redis.url(), LIMIT, BOUND_SYNC), "standalone").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -119,7 +133,7 @@ async fn four_replicas_stay_within_the_bound_on_a_cluster() {
     let _turn = TURN.lock().await;
     let cluster = tokio::task::block_in_place(RedisCluster::start);
     let target = format!("    cluster: [{}]\n", cluster.urls().join(", "));
-    within_the_bound(&yaml_for(&target, LIMIT), "cluster").await;
+    within_the_bound(&yaml_for(&target, LIMIT, BOUND_SYNC), "cluster").await;
 }
 
 async fn within_the_bound(yaml: &str, what: &str) {
@@ -135,7 +149,15 @@ async fn within_the_bound(yaml: &str, what: &str) {
     // shares [28, 28, 25, 25]). Alone the test stays within R - 1.
     let over = 2 * (REPLICAS - 1);
     for path in ["/fw", "/sw", "/tb", "/gcra"] {
-        let per_replica = hammer(&proxies, path, "alice", CLIENTS_PER_REPLICA, 6).await;
+        let per_replica = hammer(
+            &proxies,
+            path,
+            "alice",
+            CLIENTS_PER_REPLICA,
+            WAVES,
+            BOUND_SYNC,
+        )
+        .await;
         let admitted: usize = per_replica.iter().sum();
         assert!(
             (LIMIT..=LIMIT + over).contains(&admitted),
@@ -170,7 +192,7 @@ async fn frozen_redis_divides_the_limit_and_its_return_counts_every_unit_once() 
     let _turn = TURN.lock().await;
     let redis = RedisServer::start();
     let up = upstream().start().await;
-    let proxies = replicas(&up, &yaml(&redis.url(), TOTAL)).await;
+    let proxies = replicas(&up, &yaml(&redis.url(), TOTAL, SYNC)).await;
     // Shared counting: 20 per replica (a share may be spent for the interval: wait for the
     // next), then a few rounds so Redis holds them.
     for p in &proxies {
@@ -190,7 +212,7 @@ async fn frozen_redis_divides_the_limit_and_its_return_counts_every_unit_once() 
     // Past the stale threshold (3 intervals): every replica decides alone on limit / R.
     tokio::time::sleep(Duration::from_millis(600)).await;
     let started = Instant::now();
-    let alone = hammer(&proxies, "/fw", "bob", 150, 1).await;
+    let alone = hammer(&proxies, "/fw", "bob", 150, 1, SYNC).await;
     let took = started.elapsed();
     assert!(
         took < Duration::from_secs(2),
