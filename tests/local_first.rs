@@ -125,7 +125,7 @@ async fn hammer(
 async fn four_replicas_stay_within_the_bound_for_every_algorithm() {
     let _turn = TURN.lock().await;
     let redis = RedisServer::start();
-    within_the_bound(&yaml(&redis.url(), LIMIT, BOUND_SYNC), "standalone").await;
+    within_the_bound(&yaml(&redis.url(), LIMIT, BOUND_SYNC), "standalone", 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -133,10 +133,20 @@ async fn four_replicas_stay_within_the_bound_on_a_cluster() {
     let _turn = TURN.lock().await;
     let cluster = tokio::task::block_in_place(RedisCluster::start);
     let target = format!("    cluster: [{}]\n", cluster.urls().join(", "));
-    within_the_bound(&yaml_for(&target, LIMIT, BOUND_SYNC), "cluster").await;
+    // Six Redis nodes beside four replicas and 400 clients on two cores: a round's write is
+    // now and then later than 3/4 of an interval even at 250 ms (seen: 108 to 117 admitted,
+    // one run in three), and docs/algorithms.md states what that costs: the route may pass its
+    // limit by the late replica's share once. The test allows that share here.
+    within_the_bound(
+        &yaml_for(&target, LIMIT, BOUND_SYNC),
+        "cluster",
+        LIMIT.div_ceil(REPLICAS),
+    )
+    .await;
 }
 
-async fn within_the_bound(yaml: &str, what: &str) {
+/// `late_write`: what the test allows for one write that reached Redis late.
+async fn within_the_bound(yaml: &str, what: &str, late_write: usize) {
     let up = upstream().start().await;
     let proxies = replicas(&up, yaml).await;
     // The bound (docs/algorithms.md, "Local-first limits") with R = 4, a cost of 1 and a
@@ -147,7 +157,7 @@ async fn within_the_bound(yaml: &str, what: &str) {
     // shared 2-core test machine under the full suite's load a write can be later than that
     // and one view misses it, so the test allows the rounding twice (seen once: 106 with
     // shares [28, 28, 25, 25]). Alone the test stays within R - 1.
-    let over = 2 * (REPLICAS - 1);
+    let over = 2 * (REPLICAS - 1) + late_write;
     for path in ["/fw", "/sw", "/tb", "/gcra"] {
         let per_replica = hammer(
             &proxies,
