@@ -231,8 +231,10 @@ impl LocalFirst {
                     } else if !step.verdict.allowed && step.verdict.retry_after_us > 0 {
                         // The units come back then, but this replica's share counts them only
                         // from the tick after: a lone client retrying at Retry-After must pass.
+                        // One interval more, because the tick is applied by a task that a busy
+                        // machine may wake late (seen: a retry right at Retry-After refused).
                         let back = now + step.verdict.retry_after_us;
-                        let tick_after = back - back.rem_euclid(interval) + interval;
+                        let tick_after = back - back.rem_euclid(interval) + 2 * interval;
                         Verdict {
                             retry_after_us: tick_after - now,
                             ..step.verdict
