@@ -31,27 +31,13 @@ A_PORT=$(free_port)
 B_PORT=$(free_port)
 NG_PORT=$(free_port)
 upstream_conf "$T" "$UP_PORT"
-cat >"$T/nginx.conf" <<EOF
-$NGINX_USER
-worker_processes 2;
-pid $T/nginx.pid;
-error_log $T/nginx.err warn;
-events { worker_connections 10000; }
-http {
-  access_log off;
-  client_body_temp_path $T/n-body; proxy_temp_path $T/n-proxy; fastcgi_temp_path $T/n-fcgi;
-  uwsgi_temp_path $T/n-uwsgi; scgi_temp_path $T/n-scgi;
-  keepalive_requests 10000000;
-  upstream up { server 127.0.0.1:$UP_PORT; keepalive 128; keepalive_requests 10000000; }
-  proxy_http_version 1.1;
-  proxy_set_header Connection "";
+nginx_proxy_conf "$T" "$UP_PORT" <<EOF
   limit_req_zone \$http_x_user_id zone=allowed:16m rate=100000r/s;
   server {
     listen 127.0.0.1:$NG_PORT;
     location /allowed/ { limit_req zone=allowed burst=100000 nodelay; proxy_pass http://up; }
     location / { proxy_pass http://up; }
   }
-}
 EOF
 sync_line=""
 [ "$SCENARIO" = allowed-sync ] && sync_line=", sync: 100ms"
@@ -99,7 +85,7 @@ sleep 1
 tree_ticks() {
   local pid=$1 total=0 child
   total=$(awk '{ print $14 + $15 }' "/proc/$pid/stat" 2>/dev/null || echo 0)
-  for child in $(cat "/proc/$pid/task/"*/children 2>/dev/null); do
+  for child in $(pgrep -P "$pid"); do
     total=$((total + $(tree_ticks "$child")))
   done
   echo "$total"

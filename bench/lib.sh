@@ -87,6 +87,33 @@ NGINX_USER=""
 # The benchmark upstream: nginx answering every request with 200 "ok", one worker, keep-alive
 # without a request limit. Writes DIR/upstream.conf; run it with
 # `nginx -p DIR -c DIR/upstream.conf -g 'daemon off;'`.
+# nginx as the proxy under test: DIR/nginx.conf with 2 workers, a keep-alive pool to the
+# upstream named `up`, and the caller's limit_req zones and server blocks (read from stdin)
+# inside the http block. Shared by run.sh and ab.sh so both measure the same nginx.
+nginx_proxy_conf() { # dir upstream_port < zones-and-servers
+  {
+    cat <<EOF
+$NGINX_USER
+worker_processes 2;
+worker_rlimit_nofile 20000;
+pid $1/nginx.pid;
+error_log $1/nginx.err warn;
+events { worker_connections 10000; }
+http {
+  access_log off;
+  client_body_temp_path $1/n-body; proxy_temp_path $1/n-proxy; fastcgi_temp_path $1/n-fcgi;
+  uwsgi_temp_path $1/n-uwsgi; scgi_temp_path $1/n-scgi;
+  keepalive_requests 10000000;
+  upstream up { server 127.0.0.1:$2; keepalive 128; keepalive_requests 10000000; }
+  proxy_http_version 1.1;
+  proxy_set_header Connection "";
+  limit_req_status 429;
+EOF
+    cat
+    echo "}"
+  } >"$1/nginx.conf"
+}
+
 upstream_conf() { # dir port
   cat >"$1/upstream.conf" <<EOF
 $NGINX_USER

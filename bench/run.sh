@@ -101,22 +101,7 @@ T="$WORK/tmp"
 upstream_conf "$T" "$UP_PORT"
 
 # nginx as a proxy: one server block without limits, one with limit_req, same workers.
-cat >"$T/nginx.conf" <<EOF
-$NGINX_USER
-worker_processes 2;
-worker_rlimit_nofile 20000;
-pid $T/nginx.pid;
-error_log $T/nginx.err warn;
-events { worker_connections 10000; }
-http {
-  access_log off;
-  client_body_temp_path $T/n-body; proxy_temp_path $T/n-proxy; fastcgi_temp_path $T/n-fcgi;
-  uwsgi_temp_path $T/n-uwsgi; scgi_temp_path $T/n-scgi;
-  keepalive_requests 10000000;
-  upstream up { server 127.0.0.1:$UP_PORT; keepalive 128; keepalive_requests 10000000; }
-  proxy_http_version 1.1;
-  proxy_set_header Connection "";
-  limit_req_status 429;
+nginx_proxy_conf "$T" "$UP_PORT" <<EOF
   limit_req_zone \$http_x_user_id zone=allowed:16m rate=100000r/s;
   limit_req_zone \$http_x_user_id zone=over:16m rate=1r/m;
   limit_req_zone \$http_x_user_id zone=multi_a:16m rate=100000r/s;
@@ -138,7 +123,6 @@ http {
     }
     location / { proxy_pass http://up; }
   }
-}
 EOF
 
 cat >"$T/haproxy.cfg" <<EOF
