@@ -27,10 +27,14 @@ const LIMIT: usize = 100;
 const BOUND_SYNC: Duration = Duration::from_millis(250);
 const SYNC: Duration = Duration::from_millis(100);
 /// Waves of the bound tests, one interval apart. The last units of a limit are shared out a
-/// unit or two per replica per interval (each replica's share is `ceil(A / R)` of what is
-/// left), so a run that ends while one replica still had its share unspent admits a unit or
-/// two short (seen after 6 waves: 98); 10 waves leave time for the tail.
+/// unit or two per replica per interval, and a share is raised by the read 3/4 into the
+/// interval: a wave that falls between a tick and the read finds the shares spent though
+/// units are left. The waves drift against the ticks, so the tail is spent within a few more
+/// (a run that stopped at a fixed 10 admitted 99 once). The test sends at least `WAVES`, and
+/// more while fewer than the limit were admitted, up to `MAX_WAVES`: a route that stays under
+/// its limit that long is a real under-admission.
 const WAVES: usize = 10;
+const MAX_WAVES: usize = 40;
 
 fn yaml(redis_url: &str, limit: usize, sync: Duration) -> String {
     yaml_for(&format!("    url: {redis_url}\n"), limit, sync)
@@ -87,18 +91,22 @@ async fn replicas(up: &Upstream, yaml: &str) -> Vec<ProxyHandle> {
     proxies
 }
 
-/// `waves` waves, one interval apart, of `per_replica` concurrent clients on every replica,
-/// all on one key; returns the number admitted per replica (every other answer is a 429).
+/// Waves one interval apart of `per_replica` concurrent clients on every replica, all on one
+/// key: `waves` of them, then more while fewer than `until` were admitted in all (at most
+/// `MAX_WAVES`). Returns the number admitted per replica (every other answer is a 429).
 async fn hammer(
     proxies: &[ProxyHandle],
     path: &str,
     user: &str,
     per_replica: usize,
     waves: usize,
+    until: usize,
     interval: Duration,
 ) -> Vec<usize> {
     let mut admitted = vec![0; proxies.len()];
-    for _ in 0..waves {
+    let mut sent = 0;
+    while sent < waves || (admitted.iter().sum::<usize>() < until && sent < MAX_WAVES) {
+        sent += 1;
         let mut tasks = Vec::new();
         for (i, p) in proxies.iter().enumerate() {
             for _ in 0..per_replica {
@@ -165,6 +173,7 @@ async fn within_the_bound(yaml: &str, what: &str, late_write: usize) {
             "alice",
             CLIENTS_PER_REPLICA,
             WAVES,
+            LIMIT,
             BOUND_SYNC,
         )
         .await;
@@ -222,7 +231,7 @@ async fn frozen_redis_divides_the_limit_and_its_return_counts_every_unit_once() 
     // Past the stale threshold (3 intervals): every replica decides alone on limit / R.
     tokio::time::sleep(Duration::from_millis(600)).await;
     let started = Instant::now();
-    let alone = hammer(&proxies, "/fw", "bob", 150, 1, SYNC).await;
+    let alone = hammer(&proxies, "/fw", "bob", 150, 1, 0, SYNC).await;
     let took = started.elapsed();
     assert!(
         took < Duration::from_secs(2),
