@@ -4,6 +4,7 @@
 
 mod access_log;
 pub mod headers;
+mod http1_pool;
 pub mod upstream;
 
 use std::net::SocketAddr;

@@ -3,31 +3,46 @@
 //!
 //! One pool per serving thread (`crate::workers`): a connection is opened, used and reaped by
 //! the thread whose requests it carries, so a request and its upstream exchange stay on one
-//! thread and no pool is shared (nor locked) between threads.
+//! thread and no pool is shared (nor locked) between threads. A plain-`http://` HTTP/1.1
+//! upstream, the common sidecar, gets tollgate's own pool (`http1_pool`); TLS and HTTP/2
+//! upstreams get hyper-util's client.
 //!
 //! The pool's idle timeout is kept short (default 4 s) because an upstream that closes idle
 //! keep-alive connections (Node.js after 5 s) races a request sent on one just then, which fails
-//! with IncompleteMessage. hyper-util only retries a request that was never written to the
+//! with IncompleteMessage. Both pools retry only a request that was never written to the
 //! connection, which is safe for every method.
 
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::uri::Scheme;
 use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use super::http1_pool::{Http1Pool, PooledBody};
 use crate::body::ProxyBody;
 use crate::config::Upstream;
 use crate::error::ProxyError;
 
-type Pool = Client<HttpsConnector<HttpConnector>, ProxyBody>;
+type LegacyClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
+
+#[derive(Clone)]
+enum Pool {
+    Http1(Arc<Http1Pool>),
+    Legacy(Box<LegacyClient>),
+}
 
 #[derive(Clone)]
 pub struct UpstreamClient {
     /// One per serving thread, indexed by `workers::current()`.
-    pools: std::sync::Arc<[Pool]>,
+    pools: Arc<[Pool]>,
     timeout: Duration,
 }
 
@@ -40,6 +55,13 @@ impl UpstreamClient {
     }
 
     fn pool(upstream: &Upstream) -> Pool {
+        if upstream.scheme == Scheme::HTTP && !upstream.http2 {
+            return Pool::Http1(Arc::new(Http1Pool::new(
+                upstream.authority.clone(),
+                upstream.connect_timeout,
+                upstream.pool_idle_timeout,
+            )));
+        }
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
@@ -52,25 +74,73 @@ impl UpstreamClient {
         } else {
             builder.enable_http1().wrap_connector(http)
         };
-        Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(upstream.pool_idle_timeout)
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .http2_only(upstream.http2)
-            .build(connector)
+        Pool::Legacy(Box::new(
+            Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(upstream.pool_idle_timeout)
+                .pool_timer(TokioTimer::new())
+                .timer(TokioTimer::new())
+                .http2_only(upstream.http2)
+                .build(connector),
+        ))
     }
 
     /// Sends `request` and waits for the response head, at most the configured timeout.
     pub async fn send(
         &self,
         request: Request<ProxyBody>,
-    ) -> Result<Response<Incoming>, ProxyError> {
+    ) -> Result<Response<UpstreamBody>, ProxyError> {
         let pool = &self.pools[crate::workers::current() % self.pools.len()];
-        match tokio::time::timeout(self.timeout, pool.request(request)).await {
+        let sent = async {
+            match pool {
+                Pool::Http1(pool) => pool
+                    .send(request)
+                    .await
+                    .map(|r| r.map(UpstreamBody::Pooled)),
+                Pool::Legacy(client) => match client.request(request).await {
+                    Ok(response) => Ok(response.map(UpstreamBody::Legacy)),
+                    Err(e) if e.is_connect() => Err(ProxyError::UpstreamConnect(Box::new(e))),
+                    Err(e) => Err(ProxyError::Upstream(Box::new(e))),
+                },
+            }
+        };
+        match tokio::time::timeout(self.timeout, sent).await {
             Err(_) => Err(ProxyError::UpstreamTimeout(self.timeout)),
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(e)) if e.is_connect() => Err(ProxyError::UpstreamConnect(Box::new(e))),
-            Ok(Err(e)) => Err(ProxyError::Upstream(Box::new(e))),
+            Ok(result) => result,
+        }
+    }
+}
+
+/// A response body from either pool.
+pub enum UpstreamBody {
+    Pooled(PooledBody),
+    Legacy(Incoming),
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            UpstreamBody::Pooled(body) => Pin::new(body).poll_frame(cx),
+            UpstreamBody::Legacy(body) => Pin::new(body).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamBody::Pooled(body) => body.is_end_stream(),
+            UpstreamBody::Legacy(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpstreamBody::Pooled(body) => body.size_hint(),
+            UpstreamBody::Legacy(body) => body.size_hint(),
         }
     }
 }

@@ -35,6 +35,9 @@ pub struct UpstreamBuilder {}
 pub struct Upstream {
     pub addr: SocketAddr,
     pub requests: Arc<AtomicUsize>,
+    /// Connections accepted so far, and of them still open.
+    pub accepted: Arc<AtomicUsize>,
+    pub open: Arc<AtomicUsize>,
     /// Lets `/hold` finish its stream.
     pub release: Arc<Notify>,
     /// Told when `/hold` has sent its first chunk.
@@ -48,6 +51,12 @@ impl Upstream {
     pub fn request_count(&self) -> usize {
         self.requests.load(Ordering::SeqCst)
     }
+    pub fn accepted_count(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+    pub fn open_count(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
+    }
 }
 
 impl UpstreamBuilder {
@@ -56,6 +65,8 @@ impl UpstreamBuilder {
         let upstream = Upstream {
             addr: listener.local_addr().unwrap(),
             requests: Arc::new(AtomicUsize::new(0)),
+            accepted: Arc::new(AtomicUsize::new(0)),
+            open: Arc::new(AtomicUsize::new(0)),
             release: Arc::new(Notify::new()),
             first_chunk_sent: Arc::new(Notify::new()),
         };
@@ -66,7 +77,10 @@ impl UpstreamBuilder {
                     return;
                 };
                 let state = state.clone();
+                state.accepted.fetch_add(1, Ordering::SeqCst);
+                state.open.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
+                    let open = state.open.clone();
                     let service = service_fn(move |req| {
                         let state = state.clone();
                         async move { Ok::<_, Infallible>(handle(req, state).await) }
@@ -74,6 +88,7 @@ impl UpstreamBuilder {
                     let _ = auto::Builder::new(TokioExecutor::new())
                         .serve_connection_with_upgrades(TokioIo::new(stream), service)
                         .await;
+                    open.fetch_sub(1, Ordering::SeqCst);
                 });
             }
         });

@@ -1,0 +1,145 @@
+//! The upstream connection pool as the upstream sees it: a keep-alive connection carries one
+//! request after another; an idle one is closed after `upstream.pool_idle_timeout` even with
+//! no traffic; an upstream that closes its idle connections costs no client an error.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::StatusCode;
+use http_body_util::BodyExt;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+async fn get_ok(url: &str) -> Bytes {
+    let response = http1_client().request(get(url)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK, "{url}");
+    bytes(response).await
+}
+
+async fn bytes(response: http::Response<hyper::body::Incoming>) -> Bytes {
+    response.into_body().collect().await.unwrap().to_bytes()
+}
+
+#[tokio::test]
+async fn sequential_requests_share_one_upstream_connection() {
+    let up = upstream().start().await;
+    let p = proxy(config_for(&up.url(), "workers: 1\n")).start().await;
+    let client = http1_client();
+    for i in 0..20 {
+        let response = client
+            .request(get(&p.url(&format!("/download?size={}", 100 + i))))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(bytes(response).await, pattern(100 + i));
+    }
+    assert_eq!(up.request_count(), 20);
+    assert_eq!(
+        up.accepted_count(),
+        1,
+        "every request after the first reused it"
+    );
+}
+
+#[tokio::test]
+async fn concurrent_requests_each_get_a_connection_and_all_are_reused_after() {
+    let up = upstream().start().await;
+    let p = proxy(config_for(&up.url(), "workers: 1\n")).start().await;
+    for _ in 0..3 {
+        let mut calls = Vec::new();
+        for _ in 0..10 {
+            let url = p.url("/download?size=5000");
+            calls.push(tokio::spawn(async move { get_ok(&url).await }));
+        }
+        for call in calls {
+            assert_eq!(call.await.unwrap(), pattern(5000));
+        }
+    }
+    assert_eq!(up.request_count(), 30);
+    assert!(
+        up.accepted_count() <= 10,
+        "at most one connection per concurrent request: {}",
+        up.accepted_count()
+    );
+}
+
+#[tokio::test]
+async fn idle_upstream_connections_close_after_the_pool_idle_timeout() {
+    let up = upstream().start().await;
+    let p = proxy(config_for(
+        &up.url(),
+        "  pool_idle_timeout: 300ms\nworkers: 1\n",
+    ))
+    .start()
+    .await;
+    get_ok(&p.url("/download?size=10")).await;
+    get_ok(&p.url("/download?size=10")).await;
+    assert_eq!(up.accepted_count(), 1);
+    // No traffic: the pool itself closes it (the upstream here never would).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while up.open_count() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the idle upstream connection is still open after 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The next request opens a new one.
+    get_ok(&p.url("/download?size=10")).await;
+    assert_eq!(up.accepted_count(), 2);
+}
+
+/// An HTTP/1.1 upstream that answers one request per connection, keep-alive implied, then
+/// closes the connection after `linger` without saying so (as an upstream's own idle timeout
+/// does).
+async fn closing_upstream(linger: Duration) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await;
+                tokio::time::sleep(linger).await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn an_upstream_that_closes_idle_connections_costs_no_request_an_error() {
+    for linger in [Duration::ZERO, Duration::from_millis(20)] {
+        let up = closing_upstream(linger).await;
+        let p = proxy(config_for(&up, "workers: 1\n")).start().await;
+        let client = http1_client();
+        for i in 0..40 {
+            let response = client.request(get(&p.url("/"))).await.unwrap();
+            let status = response.status();
+            let body = text(response).await;
+            assert_eq!(
+                (status, body.as_str()),
+                (StatusCode::OK, "ok"),
+                "request {i} (upstream closes {linger:?} after answering)"
+            );
+            // Half the time the next request comes while the close is under way.
+            if i % 2 == 0 {
+                tokio::time::sleep(linger * 2).await;
+            }
+        }
+    }
+}
