@@ -49,52 +49,68 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     // messages carry none of these: one pass over the names present (compared as strings, no
     // hashing) answers "anything to do?". (Names listed in Connection only matter when
     // Connection itself is present.)
-    let mut found = false;
+    // Bit i set: HOP_BY_HOP[i] is present.
+    let mut found: u8 = 0;
     let mut has_te = false;
     for name in headers.keys() {
-        match name.as_str() {
-            "te" => has_te = true,
-            "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "transfer-encoding"
-            | "upgrade"
-            | "proxy-authenticate"
-            | "proxy-authorization" => found = true,
-            _ => {}
-        }
+        let index = match name.as_str() {
+            "te" => {
+                has_te = true;
+                continue;
+            }
+            "connection" => 0,
+            "keep-alive" => 1,
+            "proxy-connection" => 2,
+            "transfer-encoding" => 3,
+            "upgrade" => 4,
+            "proxy-authenticate" => 5,
+            "proxy-authorization" => 6,
+            _ => continue,
+        };
+        found |= 1 << index;
     }
-    if !found && !has_te {
+    if found == 0 && !has_te {
         return;
     }
-    let present: Vec<HeaderName> = headers
-        .keys()
-        .filter(|k| HOP_BY_HOP.contains(k))
-        .cloned()
-        .collect();
-    // Headers named in Connection are hop-by-hop for this message only. `keep-alive`, the
-    // option nearly every HTTP/1.1 upstream sends, names a header removed below anyway: no
-    // need to build its name (an allocation) to remove it twice.
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|t| !t.eq_ignore_ascii_case("keep-alive"))
-        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
-        .collect();
-    for name in named {
-        if keep_upgrade && name == header::UPGRADE {
-            continue;
+    // Headers named in Connection are hop-by-hop for this message only. Nearly every
+    // HTTP/1.1 peer sends `keep-alive` or `close` there, options that name no header (or one
+    // removed below anyway): a name is built (an allocation) only for any other token.
+    let names_others = |v: &str| {
+        v.split(',').map(str::trim).any(|t| {
+            !t.is_empty()
+                && !t.eq_ignore_ascii_case("keep-alive")
+                && !t.eq_ignore_ascii_case("close")
+        })
+    };
+    if found & 1 != 0
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .any(|v| v.to_str().is_ok_and(names_others))
+    {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|t| !t.eq_ignore_ascii_case("keep-alive"))
+            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+            .collect();
+        for name in named {
+            if keep_upgrade && name == header::UPGRADE {
+                continue;
+            }
+            headers.remove(&name);
         }
-        headers.remove(&name);
     }
     let upgrade = keep_upgrade
         .then(|| headers.get(header::UPGRADE).cloned())
         .flatten();
-    for name in &present {
-        headers.remove(name);
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if found & (1 << i) != 0 {
+            headers.remove(name);
+        }
     }
     if has_te {
         let te_trailers = headers
@@ -243,6 +259,15 @@ mod tests {
             ("connection", " x-hop ,KEEP-ALIVE, x-other"),
             ("x-hop", "1"),
             ("x-other", "2"),
+            ("x-kept", "yes"),
+        ]);
+        remove_hop_by_hop(&mut h, false);
+        assert_eq!(names(&h), ["x-kept"]);
+        // A header named on a second Connection line, after one that names none.
+        let mut h = map(&[
+            ("connection", "close"),
+            ("connection", "x-hop"),
+            ("x-hop", "1"),
             ("x-kept", "yes"),
         ]);
         remove_hop_by_hop(&mut h, false);
