@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::uri::{Authority, Uri};
+use http::uri::Authority;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
@@ -66,19 +66,13 @@ impl Http1Pool {
         }
     }
 
-    /// Sends `request` (absolute-form URI) and returns the response head; its body hands the
-    /// connection back to the pool when it ends.
+    /// Sends `request` (origin-form URI: path and query) and returns the response head; its
+    /// body hands the connection back to the pool when it ends.
     pub async fn send(
         self: &Arc<Self>,
         mut request: Request<ProxyBody>,
     ) -> Result<Response<PooledBody>, ProxyError> {
-        // HTTP/1.1 to an origin server takes the origin form; Host says which site.
-        let origin_form = request
-            .uri()
-            .path_and_query()
-            .cloned()
-            .map_or_else(|| Uri::from_static("/"), Uri::from);
-        *request.uri_mut() = origin_form;
+        // Host says which site.
         if !request.headers().contains_key(header::HOST) {
             request
                 .headers_mut()

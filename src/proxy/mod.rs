@@ -353,7 +353,7 @@ impl Proxy {
                 .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
         });
 
-        parts.uri = upstream_uri(&parts.uri, upstream)?;
+        parts.uri = origin_form(&parts.uri)?;
         parts.version = if upstream.http2 {
             Version::HTTP_2
         } else {
@@ -515,8 +515,9 @@ fn content_length<B>(request: &Request<B>) -> Option<u64> {
         .ok()
 }
 
-/// The upstream's scheme and authority with the request's own path and query.
-fn upstream_uri(uri: &Uri, upstream: &crate::config::Upstream) -> Result<Uri, ProxyError> {
+/// The request's own path and query, as HTTP/1.1 sends it to an origin server; the upstream
+/// client adds the upstream's scheme and authority where its protocol needs them.
+fn origin_form(uri: &Uri) -> Result<Uri, ProxyError> {
     let path_and_query = uri
         .path_and_query()
         .cloned()
@@ -525,12 +526,7 @@ fn upstream_uri(uri: &Uri, upstream: &crate::config::Upstream) -> Result<Uri, Pr
         // `OPTIONS *` and absolute-form oddities: nothing sensible to forward.
         return Err(ProxyError::BadRequest("the request target must be a path"));
     }
-    Uri::builder()
-        .scheme(upstream.scheme.clone())
-        .authority(upstream.authority.clone())
-        .path_and_query(path_and_query)
-        .build()
-        .map_err(|_| ProxyError::BadRequest("the request target cannot be forwarded"))
+    Ok(Uri::from(path_and_query))
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::uri::Scheme;
+use http::uri::{Authority, Scheme, Uri};
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
@@ -44,6 +44,9 @@ pub struct UpstreamClient {
     /// One per serving thread, indexed by `workers::current()`.
     pools: Arc<[Pool]>,
     timeout: Duration,
+    /// hyper-util's client picks its connection by the absolute URI.
+    scheme: Scheme,
+    authority: Authority,
 }
 
 impl UpstreamClient {
@@ -51,6 +54,8 @@ impl UpstreamClient {
         UpstreamClient {
             pools: (0..threads.max(1)).map(|_| Self::pool(upstream)).collect(),
             timeout: upstream.timeout,
+            scheme: upstream.scheme.clone(),
+            authority: upstream.authority.clone(),
         }
     }
 
@@ -84,10 +89,11 @@ impl UpstreamClient {
         ))
     }
 
-    /// Sends `request` and waits for the response head, at most the configured timeout.
+    /// Sends `request` (origin-form URI: path and query) and waits for the response head, at
+    /// most the configured timeout.
     pub async fn send(
         &self,
-        request: Request<ProxyBody>,
+        mut request: Request<ProxyBody>,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
         let pool = &self.pools[crate::workers::current() % self.pools.len()];
         let sent = async {
@@ -96,17 +102,31 @@ impl UpstreamClient {
                     .send(request)
                     .await
                     .map(|r| r.map(UpstreamBody::Pooled)),
-                Pool::Legacy(client) => match client.request(request).await {
-                    Ok(response) => Ok(response.map(UpstreamBody::Legacy)),
-                    Err(e) if e.is_connect() => Err(ProxyError::UpstreamConnect(Box::new(e))),
-                    Err(e) => Err(ProxyError::Upstream(Box::new(e))),
-                },
+                Pool::Legacy(client) => {
+                    *request.uri_mut() = self.absolute(request.uri())?;
+                    match client.request(request).await {
+                        Ok(response) => Ok(response.map(UpstreamBody::Legacy)),
+                        Err(e) if e.is_connect() => Err(ProxyError::UpstreamConnect(Box::new(e))),
+                        Err(e) => Err(ProxyError::Upstream(Box::new(e))),
+                    }
+                }
             }
         };
         match tokio::time::timeout(self.timeout, sent).await {
             Err(_) => Err(ProxyError::UpstreamTimeout(self.timeout)),
             Ok(result) => result,
         }
+    }
+}
+
+impl UpstreamClient {
+    /// The upstream's scheme and authority with the request's path and query.
+    fn absolute(&self, origin_form: &Uri) -> Result<Uri, ProxyError> {
+        let mut parts = origin_form.clone().into_parts();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone());
+        Uri::from_parts(parts)
+            .map_err(|_| ProxyError::BadRequest("the request target cannot be forwarded"))
     }
 }
 
