@@ -244,6 +244,25 @@ async fn lua_script_and_memory_store_agree() {
     blocked[5].key = "blk:window".into();
     blocked[5].block_us = 4_000_003;
     drive(&redis, "mixed+blocks", &blocked, 11, 600).await;
+    // Thirteen checks in one decision: a reply of 67 integers, more than prelude.lua's
+    // packed() formats in one call, so its value-by-value path is held equal too.
+    let wide: Vec<Limit> = (0..13)
+        .map(|i| {
+            let algorithm = Algorithm::ALL[i % Algorithm::ALL.len()];
+            let limit = 5 + i as u64;
+            let burst = match algorithm {
+                Algorithm::TokenBucket | Algorithm::Gcra => limit + 3,
+                _ => limit,
+            };
+            Limit {
+                key: format!("wide:{i}"),
+                params: params(algorithm, limit, 1_000_000 + 7 * i as Micros, burst),
+                shadow: i % 5 == 4,
+                block_us: 0,
+            }
+        })
+        .collect();
+    drive(&redis, "wide", &wide, 13, 300).await;
 }
 
 /// A key rewritten by another algorithm (a reconfigured route) is idle in both stores.

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use super::lua::split_batch_reply;
+use super::lua::{split_batch_reply, PackedInts};
 use super::script_runner::ScriptRunner;
 use super::StoreError;
 
@@ -117,9 +117,9 @@ async fn send_batch(runner: &ScriptRunner, batch: Vec<Pending>) {
             }
         };
         runner
-            .eval::<Vec<i64>>(&runner.scripts().decide, &keys, args)
+            .eval::<PackedInts>(&runner.scripts().decide, &keys, args)
             .await
-            .map(|reply| vec![reply])
+            .map(|PackedInts(reply)| vec![reply])
     } else {
         let keys: Vec<&str> = batch
             .iter()
@@ -135,9 +135,9 @@ async fn send_batch(runner: &ScriptRunner, batch: Vec<Pending>) {
             }
         };
         runner
-            .eval::<Vec<i64>>(&runner.scripts().decide_batch, &keys, args)
+            .eval::<PackedInts>(&runner.scripts().decide_batch, &keys, args)
             .await
-            .and_then(|flat| {
+            .and_then(|PackedInts(flat)| {
                 split_batch_reply(batch.iter().map(|p| p.keys.len()), &flat)
                     .map(|replies| replies.into_iter().map(<[i64]>::to_vec).collect())
             })

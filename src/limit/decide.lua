@@ -13,7 +13,8 @@
 --            lease id (decimal u64: kept as a string, it does not fit a double; 0 if unused),
 --            block_us (block_for in microseconds; 0 if none)
 -- Reply    {allowed, then per check: allowed, limit, remaining, reset_after_us, retry_after_us,
---          then the time it decided at (what settle.lua's refunds name as their taken_at)}
+--          then the time it decided at (what settle.lua's refunds name as their taken_at)},
+--          sent packed into one string by prelude.lua's packed()
 --
 -- Numbers are doubles: every intermediate is an integer below 2^53 as long as the params pass
 -- params_fit() (max(limit, burst, cost) * period_us <= 2^49), and every number sent back to
@@ -457,21 +458,18 @@ if not BATCH then
   if reply == nil then
     return redis.error_reply(err)
   end
-  return reply
+  return packed(reply)
 end
 
-local out, size = {}, 0
+local out = {}
 local k, a = 0, base + 1
-for _ = 1, tonumber(ARGV[a]) do
+for d = 1, tonumber(ARGV[a]) do
   local n = tonumber(ARGV[a + 1])
   local reply, err = decide(k, a + 1, n)
   if reply == nil then
     return redis.error_reply(err)
   end
-  for j = 1, #reply do
-    out[size + j] = reply[j]
-  end
-  size = size + #reply
+  out[d] = packed(reply)
   k, a = k + n, a + 1 + ARGS * n
 end
-return out
+return table.concat(out)

@@ -49,6 +49,25 @@ local function num(x)
   return format('%d%09d', high, low)
 end
 
+-- A reply of integers as ONE string, each integer after a space (' 1 100 99 0 0 17...'),
+-- which lua.rs's PackedInts reads back. redis-rs parses an array reply element by element
+-- (about 800 proxy instructions per integer: 5,600 for a one-check decision), a string at
+-- about the cost of one element; building the string costs Redis about 0.4 µs per call
+-- (one format for the whole reply). '%d' truncates a fractional value toward zero, as
+-- Redis's own conversion of a Lua number to an integer reply does. Where a C long has 32
+-- bits '%d' would wrap (see num above), so each value goes through num instead.
+local function packed(values)
+  local n = #values
+  if n <= 64 and format('%d', 2 ^ 53) == '9007199254740992' then
+    return format(string.rep(' %d', n), unpack(values))
+  end
+  local parts = {}
+  for i = 1, n do
+    parts[i] = num(values[i] >= 0 and floor(values[i]) or -floor(-values[i]))
+  end
+  return ' ' .. table.concat(parts, ' ')
+end
+
 -- floor(a / b) for a >= 0, b > 0, corrected in case the double quotient rounded.
 local function idiv(a, b)
   local q = floor(a / b)

@@ -15,11 +15,11 @@ use std::time::Duration;
 use redis::FromRedisValue;
 
 use super::coalesce::Coalescer;
-use super::lua::split_batch_reply;
 pub use super::lua::{
     decide_batch_script_source, decide_script_source, peek_script_source, refresh_script_source,
     release_script_source, settle_script_source, ScriptClock,
 };
+use super::lua::{split_batch_reply, PackedInts};
 use super::redis_settings::{RedisMode, RedisSettings};
 use super::script_runner::{LuaScript, ScriptRunner};
 
@@ -129,7 +129,7 @@ impl RedisStore {
                 }
             }
         };
-        let flat: Vec<i64> = self
+        let PackedInts(flat) = self
             .runner
             .eval(&self.runner.scripts().decide_batch, &keys, args)
             .await?;
@@ -197,7 +197,7 @@ impl RedisStore {
                 }
             }
         };
-        let reply: Vec<i64> = self.runner.eval(script, &keys, args).await?;
+        let PackedInts(reply) = self.runner.eval(script, &keys, args).await?;
         parse_decision(checks, &lease_ids, &reply)
     }
 
