@@ -525,4 +525,36 @@ async fn sync_rounds_and_memory_charges_agree() {
             assert_eq!(again, memory, "config {i}, round {round} repeated");
         }
     }
+
+    // A foreign value at a key (not a state of ours), even one with line breaks in it, reads
+    // as no state, and the keys around it keep theirs, in order.
+    let mut client = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("sync:foreign")
+        .arg("not\na state\n")
+        .query_async(&mut client)
+        .await
+        .unwrap();
+    let gcra = params(Algorithm::Gcra, 5, 1_000_000, 5);
+    let item = |key: &str, amount| SyncItem {
+        key: key.into(),
+        params: gcra,
+        amount,
+    };
+    let items = [
+        item("sync:before", 1),
+        item("sync:foreign", 0),
+        item("sync:after", 2),
+    ];
+    let now = T0 + 1_000_000_000;
+    let (_, shared) = redis
+        .sync_round("replica-a", 1, &items, Some(now))
+        .await
+        .unwrap();
+    let charged = |amount| charge(&gcra, None, now, amount).map(|(s, _)| s);
+    assert_eq!(shared, vec![charged(1), None, charged(2)]);
 }

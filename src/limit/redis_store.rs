@@ -317,24 +317,24 @@ impl RedisStore {
                     .arg(item.amount.min(MAX_PRODUCT as u64));
             }
         };
-        let reply: Vec<String> = self
+        let reply: String = self
             .runner
             .eval(&self.runner.scripts().sync, &keys, args)
             .await?;
-        if reply.len() != items.len() + 1 {
+        let mut lines = reply.split('\n');
+        let time = lines.next().unwrap_or_default();
+        let store_now = time
+            .parse()
+            .map_err(|_| StoreError::Protocol(format!("sync replied time {time:?}")))?;
+        let states: Vec<Option<State>> = lines.map(parse_state).collect();
+        if states.len() != items.len() {
             return Err(StoreError::Protocol(format!(
-                "sync replied {} values for {} keys",
-                reply.len(),
+                "sync replied {} states for {} keys",
+                states.len(),
                 items.len()
             )));
         }
-        let store_now = reply[0]
-            .parse()
-            .map_err(|_| StoreError::Protocol(format!("sync replied time {:?}", reply[0])))?;
-        Ok((
-            store_now,
-            reply[1..].iter().map(|s| parse_state(s)).collect(),
-        ))
+        Ok((store_now, states))
     }
 
     /// Renews this replica's heartbeat under `key` for `ttl_us` and returns the number of

@@ -8,8 +8,8 @@
 --          number; then 5 values per key:
 --            algorithm code, limit, period_us, burst, amount (units admitted since the last
 --            round; 0 only reads the state)
--- Reply    { now (the store's clock, decimal), state of KEYS[1] (decide.lua's layout, '' when
---          none), ... }
+-- Reply    now (the store's clock, decimal), then the state of each key (decide.lua's layout,
+--          '' when none), one per line
 
 --
 -- Exactly once: a round whose reply was lost (a timeout while Redis was frozen, which then
@@ -34,9 +34,13 @@ for i = 1, #KEYS do
     end
   end
   local v = redis.pcall('GET', KEYS[i])
-  if type(v) ~= 'string' then
+  -- A value with a line break is no state of ours (ours are numbers and spaces): foreign,
+  -- so idle, like none.
+  if type(v) ~= 'string' or string.find(v, '\n', 1, true) then
     v = ''
   end
   reply[#reply + 1] = v
 end
-return reply
+-- One string, a line per value: redis-rs parses an array reply element by element (most of
+-- a round's cost per key), a string at the cost of one.
+return table.concat(reply, '\n')
