@@ -6,8 +6,11 @@
 #
 # Knobs: DURATION=8s CONNECTIONS=50 THREADS=2 ROUNDS=3 SCENARIO=plain|allowed|allowed-sync
 # (plain: no route matches; allowed: one exact gcra limit; allowed-sync: the same, sync 100ms).
-# Prints per server and round: req/s and CPU µs per request (user+sys of the process and its
-# children from /proc, divided by the requests wrk completed), Redis CPU µs per request.
+# Prints per server and round: req/s, CPU µs per request (user+sys of the process and its
+# children from /proc, divided by the requests wrk completed) and its user and system parts,
+# Redis CPU µs per request, and context switches per request: voluntary (a thread slept for
+# want of work and had to be woken) and involuntary (preempted) of the server, and voluntary
+# of the upstream (how often the server's writes found it asleep).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -64,6 +67,7 @@ routes:
 EOF
 done
 nginx -p "$T" -c "$T/upstream.conf" -g 'daemon off;' >"$T/up.log" 2>&1 &
+UP_PID=$!
 PIDS+=($!)
 redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no --dir "$T" >"$T/redis.log" 2>&1 &
 PIDS+=($!)
@@ -81,14 +85,19 @@ PIDS+=($!)
 for p in "$A_PORT" "$B_PORT" "$NG_PORT"; do wait_port "$p"; done
 sleep 1
 
-# CPU clock ticks used so far by a process and all its descendants.
-tree_ticks() {
-  local pid=$1 total=0 child
-  total=$(awk '{ print $14 + $15 }' "/proc/$pid/stat" 2>/dev/null || echo 0)
-  for child in $(pgrep -P "$pid"); do
-    total=$((total + $(tree_ticks "$child")))
-  done
-  echo "$total"
+# "user system voluntary involuntary" so far for a process and all its descendants: CPU
+# clock ticks (user, system) and context switches of every thread. Voluntary switches are
+# a thread going to sleep for want of work, each woken again later by a socket write: the
+# wake-ups the kernel side of a request pays for.
+tree_stat() {
+  local pid=$1 child
+  {
+    awk '{ print $14, $15, 0, 0 }' "/proc/$pid/stat" 2>/dev/null
+    cat /proc/"$pid"/task/*/status 2>/dev/null |
+      awk '/^voluntary_ctxt_switches/ { v += $2 } /^nonvoluntary_ctxt_switches/ { n += $2 }
+           END { print 0, 0, v + 0, n + 0 }'
+    for child in $(pgrep -P "$pid"); do tree_stat "$child"; done
+  } | awk '{ u += $1; s += $2; v += $3; n += $4 } END { print u + 0, s + 0, v + 0, n + 0 }'
 }
 redis_cpu_us() {
   redis-cli -p "$REDIS_PORT" info cpu | tr -d '\r' |
@@ -108,20 +117,26 @@ done = function(summary, latency, requests)
 end
 EOF
 TCK=$(getconf CLK_TCK)
-printf '%-8s %5s %9s %8s %8s %10s %10s\n' server round req/s p50_us p99_us cpu_us/req redis_us/req
+printf '%-8s %5s %9s %8s %8s %10s %7s %7s %10s %8s %8s %8s\n' server round req/s p50_us p99_us \
+  cpu_us/req user sys redis_us/req vcs/req ivcs/req up_vcs
 for round in $(seq "$ROUNDS"); do
   for side in nginx a b; do
     case $side in nginx) port=$NG_PORT pid=$NG_PID ;; a) port=$A_PORT pid=$A_PID ;; b) port=$B_PORT pid=$B_PID ;; esac
     wrk -t"$THREADS" -c"$CONNECTIONS" -d2s -s "$T/ab.lua" "http://127.0.0.1:$port" >/dev/null
-    c0=$(tree_ticks "$pid")
+    read -r u0 s0 v0 n0 < <(tree_stat "$pid")
+    read -r _ _ uv0 _ < <(tree_stat "$UP_PID")
     r0=$(redis_cpu_us)
     line=$(wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" -s "$T/ab.lua" "http://127.0.0.1:$port" | grep '^RESULT')
-    c1=$(tree_ticks "$pid")
+    read -r u1 s1 v1 n1 < <(tree_stat "$pid")
+    read -r _ _ uv1 _ < <(tree_stat "$UP_PID")
     r1=$(redis_cpu_us)
     read -r _ req dur p50 p99 <<<"$line"
     awk -v s="$side" -v r="$round" -v req="$req" -v dur="$dur" -v p50="$p50" -v p99="$p99" \
-      -v cpu=$((c1 - c0)) -v tck="$TCK" -v rcpu=$((r1 - r0)) 'BEGIN {
-        printf "%-8s %5d %9.0f %8d %8d %10.1f %10.1f\n", s, r, req / (dur / 1e6), p50, p99,
-          cpu * 1e6 / tck / req, (s == "nginx" ? 0 : rcpu / req) }'
+      -v user=$((u1 - u0)) -v sys=$((s1 - s0)) -v tck="$TCK" -v rcpu=$((r1 - r0)) \
+      -v vcs=$((v1 - v0)) -v ivcs=$((n1 - n0)) -v upvcs=$((uv1 - uv0)) 'BEGIN {
+        printf "%-8s %5d %9.0f %8d %8d %10.1f %7.1f %7.1f %10.1f %8.3f %8.3f %8.3f\n", s, r,
+          req / (dur / 1e6), p50, p99, (user + sys) * 1e6 / tck / req, user * 1e6 / tck / req,
+          sys * 1e6 / tck / req, (s == "nginx" ? 0 : rcpu / req), vcs / req, ivcs / req,
+          upvcs / req }'
   done
 done

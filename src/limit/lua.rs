@@ -120,34 +120,30 @@ impl PackedInts {
     /// The integers of `text`, or `None` if anything but ASCII-space-separated decimal
     /// integers (an optional `-`, then digits, fitting an i64) is in it.
     fn parse(text: &[u8]) -> Option<Vec<i64>> {
-        // One pass over the bytes: this runs on every exact decision.
+        // This runs on every exact decision: no checked arithmetic per digit (19 digits
+        // cannot overflow a u64), one range check per integer.
         let mut values = Vec::with_capacity(8);
-        let mut at = 0;
-        while at < text.len() {
-            if text[at] == b' ' {
-                at += 1;
-                continue;
+        for word in text.split(|&b| b == b' ').filter(|w| !w.is_empty()) {
+            let (negative, digits) = match word {
+                [b'-', rest @ ..] => (true, rest),
+                _ => (false, word),
+            };
+            if digits.is_empty() || digits.len() > 19 {
+                return None;
             }
-            let negative = text[at] == b'-';
-            at += usize::from(negative);
-            let start = at;
-            // Accumulated negatively, so i64::MIN reads back too.
-            let mut value: i64 = 0;
-            while let Some(&byte) = text.get(at).filter(|&&b| b != b' ') {
+            let mut magnitude: u64 = 0;
+            for &byte in digits {
                 let digit = byte.wrapping_sub(b'0');
                 if digit > 9 {
                     return None;
                 }
-                value = value.checked_mul(10)?.checked_sub(i64::from(digit))?;
-                at += 1;
-            }
-            if at == start {
-                return None;
+                magnitude = magnitude * 10 + u64::from(digit);
             }
             values.push(if negative {
-                value
+                // i64::MIN's magnitude is one more than i64::MAX.
+                0i64.checked_sub_unsigned(magnitude)?
             } else {
-                value.checked_neg()?
+                i64::try_from(magnitude).ok()?
             });
         }
         Some(values)
@@ -220,7 +216,16 @@ mod tests {
         );
         assert_eq!(read(""), Ok(PackedInts(vec![])));
         assert_eq!(read(" 1  2"), Ok(PackedInts(vec![1, 2])));
-        for bad in [" 1 x", " -", " 1.5", " 9223372036854775808", " --1", " 1e3"] {
+        for bad in [
+            " 1 x",
+            " -",
+            " 1.5",
+            " 9223372036854775808",
+            " -9223372036854775809",
+            " 99999999999999999999",
+            " --1",
+            " 1e3",
+        ] {
             let error = read(bad).unwrap_err().to_string();
             assert!(error.contains("expected integers"), "{bad}: {error}");
         }
