@@ -174,7 +174,7 @@ routes:
     key: user
     limits:
       - { algorithm: token_bucket, limit: 10, period: 1m, name: per-user }
-      - { algorithm: fixed_window, limit: 1000, period: 1h, key: global, name: all-users }
+      - { algorithm: sliding_window, limit: 1000, period: 1h, key: global, name: all-users }
 "#;
     let yaml = format!("{}{routes}", store_yaml(&cluster_target(&cluster), "2s"));
     let proxies = replicas(&up, &yaml, 1).await;
@@ -218,6 +218,8 @@ routes:
     let mixed = groups
         .get("{mixed}")
         .expect("mixed keys share the route tag");
+    // all-users is a sliding window: its state lives at least an hour. (A fixed window's
+    // ends with its clock-aligned window: a run at the top of the hour listed no key for it.)
     assert_eq!(mixed.len(), users.len() + 1, "{mixed:?}");
     let mut slots_in_use = std::collections::BTreeSet::new();
     for keys in groups.values() {

@@ -55,6 +55,12 @@ pub struct Node {
 
 impl Node {
     fn spawn(dir: &Path, port: u16, args: &[String]) -> Node {
+        Node::try_spawn(dir, port, args).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Starts redis-server and waits until it listens; an error if it exited first (its
+    /// port was taken meanwhile, for one).
+    fn try_spawn(dir: &Path, port: u16, args: &[String]) -> Result<Node, String> {
         let child = Command::new(find_redis_server())
             .args(args)
             .current_dir(dir)
@@ -66,19 +72,23 @@ impl Node {
             port,
             child: Some(child),
         };
-        node.wait_ping();
-        node
+        node.wait_ping()?;
+        Ok(node)
     }
 
-    fn wait_ping(&mut self) {
+    fn wait_ping(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             // Listening is enough: TLS-only and password-protected nodes refuse a plain PING.
             if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
+                return Ok(());
             }
             if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
-                panic!("redis-server on port {} exited early ({status})", self.port);
+                self.child = None;
+                return Err(format!(
+                    "redis-server on port {} exited early ({status})",
+                    self.port
+                ));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -180,6 +190,58 @@ fn info_field(info: &str, field: &str) -> Option<String> {
         .map(|v| v.trim().to_string())
 }
 
+/// A port for a cluster node whose cluster bus port (the port + 10000) is free too.
+fn cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        let bus = u32::from(port) + 10_000;
+        if bus <= u32::from(u16::MAX)
+            && std::net::TcpListener::bind(("127.0.0.1", bus as u16)).is_ok()
+        {
+            return port;
+        }
+    }
+}
+
+/// One cluster-enabled node on a fresh port. A port chosen free can be taken before
+/// redis-server binds it (another test's connection gets it as its own local port), and the
+/// node then exits at once: it is started again on another port.
+fn spawn_cluster_node(dir: &Path) -> Node {
+    let mut last_error = String::new();
+    for _ in 0..5 {
+        let port = cluster_port();
+        let args: Vec<String> = [
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            &format!("nodes-{port}.conf"),
+            "--cluster-node-timeout",
+            &NODE_TIMEOUT_MS.to_string(),
+            // Any replica may be promoted, however long its link was down.
+            "--cluster-replica-validity-factor",
+            "0",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dbfilename",
+            &format!("dump-{port}.rdb"),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        match Node::try_spawn(dir, port, &args) {
+            Ok(node) => return node,
+            Err(e) => last_error = e,
+        }
+    }
+    panic!("no cluster node would start in 5 tries: {last_error}");
+}
+
 /// A Redis Cluster: 3 primaries, each with one replica.
 pub struct RedisCluster {
     pub nodes: Vec<Node>,
@@ -191,32 +253,7 @@ impl RedisCluster {
         let dir = temp_dir("cluster");
         let mut nodes = Vec::new();
         for _ in 0..6 {
-            let port = free_port();
-            let args: Vec<String> = [
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                &format!("nodes-{port}.conf"),
-                "--cluster-node-timeout",
-                &NODE_TIMEOUT_MS.to_string(),
-                // Any replica may be promoted, however long its link was down.
-                "--cluster-replica-validity-factor",
-                "0",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dbfilename",
-                &format!("dump-{port}.rdb"),
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-            nodes.push(Node::spawn(&dir, port, &args));
+            nodes.push(spawn_cluster_node(&dir));
         }
         let cluster = RedisCluster { nodes, dir };
         let addrs: Vec<String> = cluster
