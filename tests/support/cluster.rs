@@ -190,6 +190,26 @@ fn info_field(info: &str, field: &str) -> Option<String> {
         .map(|v| v.trim().to_string())
 }
 
+/// A data node's arguments: on 127.0.0.1 at `port`, nothing persisted (its dump file named
+/// after the port, so nodes sharing a directory keep apart).
+fn data_node_args(port: u16) -> Vec<String> {
+    [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dbfilename",
+        &format!("dump-{port}.rdb"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
 /// A port for a cluster node whose cluster bus port (the port + 10000) is free too.
 fn cluster_port() -> u16 {
     loop {
@@ -210,30 +230,18 @@ fn spawn_cluster_node(dir: &Path) -> Node {
     let mut last_error = String::new();
     for _ in 0..5 {
         let port = cluster_port();
-        let args: Vec<String> = [
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            &format!("nodes-{port}.conf"),
-            "--cluster-node-timeout",
-            &NODE_TIMEOUT_MS.to_string(),
+        let mut args = data_node_args(port);
+        args.extend([
+            "--cluster-enabled".to_string(),
+            "yes".into(),
+            "--cluster-config-file".into(),
+            format!("nodes-{port}.conf"),
+            "--cluster-node-timeout".into(),
+            NODE_TIMEOUT_MS.to_string(),
             // Any replica may be promoted, however long its link was down.
-            "--cluster-replica-validity-factor",
-            "0",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dbfilename",
-            &format!("dump-{port}.rdb"),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+            "--cluster-replica-validity-factor".into(),
+            "0".into(),
+        ]);
         match Node::try_spawn(dir, port, &args) {
             Ok(node) => return node,
             Err(e) => last_error = e,
@@ -393,27 +401,10 @@ pub struct SentinelSetup {
 impl SentinelSetup {
     pub fn start() -> SentinelSetup {
         let dir = temp_dir("sentinel");
-        let data_args = |port: u16| -> Vec<String> {
-            [
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dbfilename",
-                &format!("dump-{port}.rdb"),
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect()
-        };
         let master_port = free_port();
-        let master = Node::spawn(&dir, master_port, &data_args(master_port));
+        let master = Node::spawn(&dir, master_port, &data_node_args(master_port));
         let replica_port = free_port();
-        let mut args = data_args(replica_port);
+        let mut args = data_node_args(replica_port);
         args.extend([
             "--replicaof".to_string(),
             "127.0.0.1".to_string(),
