@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# bench/ab.sh: two tollgate builds (A and B) side by side on one path, interleaved, with nginx
-# (proxy_pass and limit_req) as the yardstick: the before/after of one change in one run.
+# bench/ab.sh: two or more tollgate builds (a, b, c, ...) side by side on one path,
+# interleaved, with nginx (proxy_pass and limit_req) as the yardstick: the before/after of one
+# change in one run. Any binary that takes `--config FILE` can stand in for tollgate, such as
+# the hyper floor (examples/hyper_floor.rs: what a proxy on hyper and Tokio costs when it does
+# nothing but forward).
 #
-#   bench/ab.sh OLD_BINARY NEW_BINARY
+#   bench/ab.sh OLD_BINARY NEW_BINARY [MORE_BINARIES...]
 #
 # Knobs: DURATION=8s CONNECTIONS=50 THREADS=2 ROUNDS=3 SCENARIO=plain|allowed|allowed-sync
 # (plain: no route matches; allowed: one exact gcra limit; allowed-sync: the same, sync 100ms).
@@ -14,8 +17,11 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
-A=${1:?usage: bench/ab.sh OLD_BINARY NEW_BINARY}
-B=${2:?usage: bench/ab.sh OLD_BINARY NEW_BINARY}
+[ $# -ge 2 ] || { echo "usage: bench/ab.sh OLD_BINARY NEW_BINARY [MORE_BINARIES...]" >&2; exit 2; }
+BINS=("$@")
+SIDES=(a b c d e f g h)
+[ ${#BINS[@]} -le ${#SIDES[@]} ] || { echo "at most ${#SIDES[@]} binaries" >&2; exit 2; }
+SIDES=("${SIDES[@]:0:${#BINS[@]}}")
 DURATION=${DURATION:-8s}
 CONNECTIONS=${CONNECTIONS:-50}
 THREADS=${THREADS:-2}
@@ -30,8 +36,8 @@ need_tools nginx wrk
 T=$WORK
 UP_PORT=$(free_port)
 REDIS_PORT=$(free_port)
-A_PORT=$(free_port)
-B_PORT=$(free_port)
+declare -A PORT PID
+for side in "${SIDES[@]}"; do PORT[$side]=$(free_port); done
 NG_PORT=$(free_port)
 upstream_conf "$T" "$UP_PORT"
 nginx_proxy_conf "$T" "$UP_PORT" <<EOF
@@ -44,9 +50,8 @@ nginx_proxy_conf "$T" "$UP_PORT" <<EOF
 EOF
 sync_line=""
 [ "$SCENARIO" = allowed-sync ] && sync_line=", sync: 100ms"
-for side in a b; do
-  port=$A_PORT
-  [ $side = b ] && port=$B_PORT
+for side in "${SIDES[@]}"; do
+  port=${PORT[$side]}
   cat >"$T/$side.yaml" <<EOF
 listen: 127.0.0.1:$port
 upstream: { url: "http://127.0.0.1:$UP_PORT", timeout: 10s }
@@ -73,16 +78,16 @@ redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no --d
 PIDS+=($!)
 wait_port "$UP_PORT"
 wait_port "$REDIS_PORT"
-"$A" --config "$T/a.yaml" >"$T/a.log" 2>&1 &
-A_PID=$!
-PIDS+=($!)
-"$B" --config "$T/b.yaml" >"$T/b.log" 2>&1 &
-B_PID=$!
-PIDS+=($!)
+for i in "${!SIDES[@]}"; do
+  side=${SIDES[$i]}
+  "${BINS[$i]}" --config "$T/$side.yaml" >"$T/$side.log" 2>&1 &
+  PID[$side]=$!
+  PIDS+=($!)
+done
 nginx -p "$T" -c "$T/nginx.conf" -g 'daemon off;' >"$T/ng.log" 2>&1 &
 NG_PID=$!
 PIDS+=($!)
-for p in "$A_PORT" "$B_PORT" "$NG_PORT"; do wait_port "$p"; done
+for p in "${PORT[@]}" "$NG_PORT"; do wait_port "$p"; done
 sleep 1
 
 # "user system voluntary involuntary" so far for a process and all its descendants: CPU
@@ -120,8 +125,8 @@ TCK=$(getconf CLK_TCK)
 printf '%-8s %5s %9s %8s %8s %10s %7s %7s %10s %8s %8s %8s\n' server round req/s p50_us p99_us \
   cpu_us/req user sys redis_us/req vcs/req ivcs/req up_vcs
 for round in $(seq "$ROUNDS"); do
-  for side in nginx a b; do
-    case $side in nginx) port=$NG_PORT pid=$NG_PID ;; a) port=$A_PORT pid=$A_PID ;; b) port=$B_PORT pid=$B_PID ;; esac
+  for side in nginx "${SIDES[@]}"; do
+    case $side in nginx) port=$NG_PORT pid=$NG_PID ;; *) port=${PORT[$side]} pid=${PID[$side]} ;; esac
     wrk -t"$THREADS" -c"$CONNECTIONS" -d2s -s "$T/ab.lua" "http://127.0.0.1:$port" >/dev/null
     read -r u0 s0 v0 n0 < <(tree_stat "$pid")
     read -r _ _ uv0 _ < <(tree_stat "$UP_PID")

@@ -45,12 +45,17 @@ pin_project_lite::pin_project! {
     }
 }
 
-pub fn with_guard<G: Send + 'static>(body: ProxyBody, guard: G) -> ProxyBody {
-    Guarded {
-        inner: body,
-        guard: Some(guard),
+impl<B, G> Guarded<B, G> {
+    pub fn new(inner: B, guard: G) -> Self {
+        Guarded {
+            inner,
+            guard: Some(guard),
+        }
     }
-    .boxed_unsync()
+}
+
+pub fn with_guard<G: Send + 'static>(body: ProxyBody, guard: G) -> ProxyBody {
+    Guarded::new(body, guard).boxed_unsync()
 }
 
 impl<B: Body, G> Body for Guarded<B, G> {

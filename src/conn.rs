@@ -49,7 +49,8 @@ use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use crate::body::{with_guard, ProxyBody};
+use crate::body::{Guarded, ProxyBody};
+use crate::idle::RequestInFlight;
 use crate::idle::{Activity, IdleIo, RequestBody};
 use crate::metrics::Held;
 use crate::proxy::{ConnInfo, Proxy};
@@ -95,10 +96,15 @@ impl ConnectionService {
     }
 }
 
+/// What a connection sends back: the proxy's response body, holding the request in flight
+/// until it ends. A type of its own rather than boxed into [`ProxyBody`] once more: that would
+/// be a second allocation and indirection for every response.
+pub type ResponseBody = Guarded<ProxyBody, RequestInFlight>;
+
 impl hyper::service::Service<Request<Incoming>> for ConnectionService {
-    type Response = Response<ProxyBody>;
+    type Response = Response<ResponseBody>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ResponseBody>, Infallible>> + Send>>;
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
         // In flight from the moment hyper hands the request over, before the future first
@@ -117,7 +123,7 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
                 activity.upgraded();
             }
             let (parts, body) = response.into_parts();
-            Ok(Response::from_parts(parts, with_guard(body, in_flight)))
+            Ok(Response::from_parts(parts, Guarded::new(body, in_flight)))
         })
     }
 }

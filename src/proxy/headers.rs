@@ -140,8 +140,7 @@ pub fn add_forwarded(
     host: Option<&HeaderValue>,
     peer_is_trusted: bool,
 ) {
-    let mut peer_text = IpText::default();
-    let peer = peer_text.write(peer.to_canonical());
+    let peer = peer.to_canonical();
     let mut chain: Option<String> = None;
     for value in headers.get_all(&X_FORWARDED_FOR) {
         let Ok(value) = value.to_str() else { continue };
@@ -155,13 +154,13 @@ pub fn add_forwarded(
     }
     let value = match chain {
         Some(mut chain) => {
-            chain.push_str(peer);
-            HeaderValue::from_str(&chain)
+            chain.push_str(IpText::default().write(peer));
+            HeaderValue::from_str(&chain).ok()
         }
-        // Most requests arrive without one: no string to build.
-        None => HeaderValue::from_str(peer),
+        // Most requests arrive without one: the peer's address alone.
+        None => Some(peer_value(peer)),
     };
-    if let Ok(value) = value {
+    if let Some(value) = value {
         headers.insert(&X_FORWARDED_FOR, value);
     }
     if !(peer_is_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
@@ -177,6 +176,27 @@ pub fn add_forwarded(
             }
         }
     }
+}
+
+/// `peer` as a header value. A serving thread meets the same few peers over and over (a
+/// sidecar's one ingress, a load balancer's handful of addresses, a client's keep-alive
+/// requests), so the value made for the last peer is kept: a repeat costs a reference count
+/// instead of formatting the address and allocating the value.
+fn peer_value(peer: IpAddr) -> HeaderValue {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(IpAddr, HeaderValue)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    LAST.with_borrow_mut(|last| match last {
+        Some((ip, value)) if *ip == peer => value.clone(),
+        _ => {
+            // An address's text is always a valid header value.
+            let value = HeaderValue::from_str(IpText::default().write(peer))
+                .unwrap_or_else(|_| HeaderValue::from_static(""));
+            *last = Some((peer, value.clone()));
+            value
+        }
+    })
 }
 
 #[cfg(test)]
@@ -303,6 +323,30 @@ mod tests {
         assert_eq!(h.get("x-forwarded-for").unwrap(), "2001:db8::1");
         assert_eq!(h.get("x-forwarded-proto").unwrap(), "https");
         assert!(h.get("x-forwarded-host").is_none());
+    }
+
+    #[test]
+    fn forwarded_for_names_each_peer_though_the_last_one_is_kept() {
+        // One thread, peers alternating and repeating: the kept value must follow the peer.
+        let peers = [
+            "10.0.0.1",
+            "10.0.0.2",
+            "10.0.0.2",
+            "::ffff:10.0.0.1",
+            "2001:db8::7",
+        ];
+        let expected = [
+            "10.0.0.1",
+            "10.0.0.2",
+            "10.0.0.2",
+            "10.0.0.1",
+            "2001:db8::7",
+        ];
+        for (peer, expected) in peers.iter().zip(expected) {
+            let mut h = HeaderMap::new();
+            add_forwarded(&mut h, peer.parse().unwrap(), "http", None, false);
+            assert_eq!(h.get("x-forwarded-for").unwrap(), expected, "peer {peer}");
+        }
     }
 
     #[test]

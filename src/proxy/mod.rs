@@ -346,12 +346,20 @@ impl Proxy {
         let client_upgrade = crate::upgrade::client_side(&mut request, upgrade);
 
         let (mut parts, incoming) = request.into_parts();
-        let client_host = parts.headers.get(header::HOST).cloned().or_else(|| {
-            parts
-                .uri
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        });
+        // The client's Host, and whether it is the request's one and only Host line (then
+        // preserving it needs no rewrite).
+        let (client_host, sole_host_line) = {
+            let mut lines = parts.headers.get_all(header::HOST).iter();
+            let first = lines.next().cloned();
+            let sole = first.is_some() && lines.next().is_none();
+            let host = first.or_else(|| {
+                parts
+                    .uri
+                    .authority()
+                    .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            });
+            (host, sole)
+        };
 
         parts.uri = origin_form(&parts.uri)?;
         parts.version = if upstream.http2 {
@@ -360,6 +368,9 @@ impl Proxy {
             Version::HTTP_11
         };
         headers::remove_hop_by_hop(&mut parts.headers, upgrade);
+        // Room for the three X-Forwarded headers at once: hyper sizes the map for the
+        // headers it parsed, and growing it twice rehashes it twice.
+        parts.headers.reserve(3);
         headers::add_forwarded(
             &mut parts.headers,
             conn.peer.ip(),
@@ -368,6 +379,8 @@ impl Proxy {
             peer_is_trusted,
         );
         match (upstream.host, &client_host) {
+            // The client's one Host line goes on as it is.
+            (HostMode::Preserve, Some(_)) if !upstream.http2 && sole_host_line => {}
             (HostMode::Preserve, Some(host)) if !upstream.http2 => {
                 parts.headers.insert(header::HOST, host.clone());
             }
