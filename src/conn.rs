@@ -34,8 +34,9 @@ use std::convert::Infallible;
 use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -413,14 +414,14 @@ async fn serve_http1(
     );
     let mut parking = false;
     let mut draining = false;
-    let mut stopped = pin!(shared.stop.cancelled());
+    let mut stop = StopWatch::new(&shared.stop);
     // One timer for the whole cycle, armed when the connection first goes idle and re-armed
     // only when it fires: a busy connection pays one timer event per PARK_AFTER, not a timer
     // per request. `armed_at` is how many requests had started when it was armed.
     let mut settle: Option<Pin<Box<Sleep>>> = None;
     let mut armed_at = 0;
     let served = poll_fn(|cx| {
-        if !draining && stopped.as_mut().poll(cx).is_ready() {
+        if !draining && stop.poll_stopped(cx) {
             draining = true;
             Pin::new(&mut *conn).graceful_shutdown();
         }
@@ -489,6 +490,70 @@ async fn serve_http1(
     }
     let _ = stream.shutdown().await;
     None
+}
+
+/// Tells a serving HTTP/1 connection that the server has begun to drain, polled on every
+/// wake-up of the connection (two or three per request).
+///
+/// Why not poll the token's `cancelled()` future each time: that takes the token's mutex,
+/// one lock shared by every connection of every serving thread, on each poll. Here the
+/// future is polled once to register, with a waker of its own that raises a flag of this
+/// connection's before waking the task; later polls read that flag and poll the future again
+/// only when it was raised.
+struct StopWatch<'a> {
+    cancelled: Pin<Box<tokio_util::sync::WaitForCancellationFuture<'a>>>,
+    woken: Arc<StopWoken>,
+    registered: bool,
+}
+
+struct StopWoken {
+    raised: AtomicBool,
+    task: std::sync::Mutex<Option<Waker>>,
+}
+
+impl std::task::Wake for StopWoken {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.raised.store(true, Ordering::Release);
+        if let Some(task) = &*self.task.lock().unwrap_or_else(|e| e.into_inner()) {
+            task.wake_by_ref();
+        }
+    }
+}
+
+impl<'a> StopWatch<'a> {
+    fn new(stop: &'a CancellationToken) -> Self {
+        StopWatch {
+            cancelled: Box::pin(stop.cancelled()),
+            woken: Arc::new(StopWoken {
+                raised: AtomicBool::new(false),
+                task: std::sync::Mutex::new(None),
+            }),
+            registered: false,
+        }
+    }
+
+    /// True once the token is cancelled.
+    fn poll_stopped(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.registered && !self.woken.raised.swap(false, Ordering::Acquire) {
+            return false;
+        }
+        {
+            let mut task = self.woken.task.lock().unwrap_or_else(|e| e.into_inner());
+            if !task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
+                *task = Some(cx.waker().clone());
+            }
+        }
+        self.registered = true;
+        let waker = Waker::from(self.woken.clone());
+        self.cancelled
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_ready()
+    }
 }
 
 /// The bytes hyper read but did not parse, then those it was never given. A partial head is
