@@ -6,10 +6,13 @@
 # Knobs (environment):
 #   DURATION=10s CONNECTIONS=50 THREADS=2 WARMUP=2s   wrk settings, the same for every server
 #   SCENARIOS="0 1 2 3 4"                             which scenarios to run (0: no limits; it
-#                                                     runs only tollgate, nginx-proxy, haproxy,
-#                                                     envoy and upstream of PEERS)
+#                                                     runs only tollgate, hyper-floor,
+#                                                     nginx-proxy, haproxy, envoy and upstream
+#                                                     of PEERS)
 #   PEERS="tollgate tollgate-sync tollgate-log tollgate-coalesce nginx-limit_req haproxy envoy
-#          nginx-proxy upstream"
+#          hyper-floor nginx-proxy upstream"        hyper-floor: examples/hyper_floor.rs, a
+#                                                     proxy on hyper and Tokio that only
+#                                                     forwards (scenario 0 only)
 #   SYNC_INTERVAL=100ms                               the `sync:` of every limit of tollgate-sync
 #   ROUNDS=1                                          measure every server this many times,
 #                                                     interleaved; the table shows medians
@@ -29,7 +32,7 @@ CONNECTIONS=${CONNECTIONS:-50}
 THREADS=${THREADS:-2}
 WARMUP=${WARMUP:-2s}
 SCENARIOS=${SCENARIOS:-"0 1 2 3 4"}
-PEERS=${PEERS:-"tollgate tollgate-sync tollgate-log tollgate-coalesce nginx-limit_req haproxy envoy nginx-proxy upstream"}
+PEERS=${PEERS:-"tollgate tollgate-sync tollgate-log tollgate-coalesce nginx-limit_req haproxy envoy hyper-floor nginx-proxy upstream"}
 SYNC_INTERVAL=${SYNC_INTERVAL:-100ms}
 LATENCY_RATE=${LATENCY_RATE:-5000}
 IDLE_CONNS=${IDLE_CONNS:-10000}
@@ -63,6 +66,11 @@ if [ "${NO_BUILD:-0}" != 1 ] && [ -z "${TOLLGATE_BIN:-}" ]; then
   (cd "$ROOT" && cargo build --release --locked -j"${BUILD_JOBS:-1}" --bin tollgate)
 fi
 TOLLGATE=${TOLLGATE_BIN:-"$ROOT/target/release/tollgate"}
+FLOOR="$ROOT/target/release/examples/hyper_floor"
+if wanted hyper-floor && { [ "${NO_BUILD:-0}" != 1 ] || ! [ -x "$FLOOR" ]; }; then
+  log "building the hyper floor (release)"
+  (cd "$ROOT" && cargo build --release --locked -j"${BUILD_JOBS:-1}" --example hyper_floor)
+fi
 
 # Enough descriptors for 10,000 client connections plus the proxies' own.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
@@ -89,6 +97,7 @@ TGC_PORT=$(free_port)
 TGC_ADMIN=$(free_port)
 TGS_PORT=$(free_port)
 TGS_ADMIN=$(free_port)
+FLOOR_PORT=$(free_port)
 REDIS_SYNC_PORT=$(free_port)
 ENV_PORT=$(free_port)
 NGP_PORT=$(free_port)
@@ -296,6 +305,14 @@ TGC_PID=$LAST_PID
 # The same as "tollgate" with every limit local-first (sync), on a Redis of its own.
 start tollgate-sync "$TOLLGATE" --config "$T/tollgate-sync.yaml"
 TGS_PID=$LAST_PID
+FLOOR_PID=""
+if wanted hyper-floor; then
+  # tollgate's own configuration (it reads listen and upstream.url) on a port of its own.
+  sed "s/^listen: .*/listen: 127.0.0.1:$FLOOR_PORT/" "$T/tollgate.yaml" >"$T/hyper-floor.yaml"
+  start hyper-floor "$FLOOR" --config "$T/hyper-floor.yaml"
+  FLOOR_PID=$LAST_PID
+  wait_port "$FLOOR_PORT"
+fi
 start nginx nginx -p "$T" -c "$T/nginx.conf" -g 'daemon off;'
 NG_PID=$LAST_PID
 start haproxy haproxy -db -f "$T/haproxy.cfg"
@@ -323,6 +340,7 @@ port_of() {
     tollgate-log) echo "$TGL_PORT" ;;
     tollgate-coalesce) echo "$TGC_PORT" ;;
     tollgate-sync) echo "$TGS_PORT" ;;
+    hyper-floor) echo "$FLOOR_PORT" ;;
     nginx-proxy) echo "$NGP_PORT" ;;
     nginx-limit_req) echo "$NGL_PORT" ;;
     haproxy) echo "$HAP_PORT" ;;
@@ -338,6 +356,7 @@ pid_of() {
     tollgate-log) echo "$TGL_PID" ;;
     tollgate-coalesce) echo "$TGC_PID" ;;
     tollgate-sync) echo "$TGS_PID" ;;
+    hyper-floor) echo "$FLOOR_PID" ;;
     nginx-proxy | nginx-limit_req) echo "$NG_PID" ;;
     haproxy) echo "$HAP_PID" ;;
     envoy) echo "$ENV_PID" ;;
@@ -361,11 +380,14 @@ redis_port_of() {
 scenario_name() {
   case $1 in 0) echo plain ;; 1) echo allowed ;; 2) echo flood ;; 3) echo mixed ;; 4) echo multi ;; esac
 }
-# Scenario 0 has no limits: only the plain proxies (and the upstream, directly) run it.
+# Scenario 0 has no limits: only the plain proxies (and the upstream, directly) run it; the
+# hyper floor limits nothing, so it runs only scenario 0.
 peers_of() { # scenario
   local peer
   for peer in $PEERS; do
-    if [ "$1" != 0 ] || [[ " tollgate nginx-proxy haproxy envoy upstream " == *" $peer "* ]]; then
+    if [ "$1" = 0 ] && [[ " tollgate hyper-floor nginx-proxy haproxy envoy upstream " == *" $peer "* ]]; then
+      printf '%s ' "$peer"
+    elif [ "$1" != 0 ] && [ "$peer" != hyper-floor ]; then
       printf '%s ' "$peer"
     fi
   done
