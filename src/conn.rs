@@ -51,8 +51,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::body::{Guarded, ProxyBody};
-use crate::idle::RequestInFlight;
-use crate::idle::{Activity, IdleIo, RequestBody};
+use crate::idle::{Activity, IdleIo, RequestBody, RequestInFlight};
 use crate::metrics::Held;
 use crate::proxy::{ConnInfo, Proxy};
 use crate::upgrade::{Handoff, Rewind};
@@ -503,10 +502,10 @@ async fn serve_http1(
 struct StopWatch<'a> {
     cancelled: Pin<Box<tokio_util::sync::WaitForCancellationFuture<'a>>>,
     woken: Arc<StopWoken>,
-    registered: bool,
 }
 
 struct StopWoken {
+    /// Raised at the start too, so that the first poll registers.
     raised: AtomicBool,
     task: std::sync::Mutex<Option<Waker>>,
 }
@@ -529,16 +528,15 @@ impl<'a> StopWatch<'a> {
         StopWatch {
             cancelled: Box::pin(stop.cancelled()),
             woken: Arc::new(StopWoken {
-                raised: AtomicBool::new(false),
+                raised: AtomicBool::new(true),
                 task: std::sync::Mutex::new(None),
             }),
-            registered: false,
         }
     }
 
     /// True once the token is cancelled.
     fn poll_stopped(&mut self, cx: &mut Context<'_>) -> bool {
-        if self.registered && !self.woken.raised.swap(false, Ordering::Acquire) {
+        if !self.woken.raised.swap(false, Ordering::Acquire) {
             return false;
         }
         {
@@ -547,7 +545,6 @@ impl<'a> StopWatch<'a> {
                 *task = Some(cx.waker().clone());
             }
         }
-        self.registered = true;
         let waker = Waker::from(self.woken.clone());
         self.cancelled
             .as_mut()
