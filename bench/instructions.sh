@@ -7,6 +7,7 @@
 #
 # Usage: bench/instructions.sh [BIN...]      (default: target/release/tollgate)
 # Knobs: SCENARIOS="allowed flood" SECONDS_MEASURED=8 CONNECTIONS=1
+#        KEEP=DIR (keep each callgrind profile there, for callgrind_annotate)
 #
 # Each build starts under callgrind with instrumentation off, gets one second of warm-up
 # load, then is measured for SECONDS_MEASURED seconds of `wrk -t1 -c CONNECTIONS`; the total
@@ -78,6 +79,10 @@ measure() { # bin scenario
   callgrind_control -d "$pid" >/dev/null
   kill -TERM "$pid"
   wait "$pid" || true
+  if [ -n "${KEEP:-}" ]; then
+    mkdir -p "$KEEP"
+    cp "$out".1 "$KEEP/$(basename "$1").$2.callgrind"
+  fi
   echo "$requests $(awk '/^summary:/ { print $2 }' "$out".1)"
 }
 

@@ -45,6 +45,8 @@ pub struct Activity {
     write_pending: AtomicBool,
     /// Set by [`IdleIo`] at the moment parking is safe; taken by the connection.
     park: AtomicBool,
+    /// A parking connection's last read found nothing to read: hyper waits on the socket.
+    read_waiting: AtomicBool,
     /// Requests (and request bodies) started on this connection so far: lets the connection
     /// tell "quiet since then" from "busy in between" without a timer per request.
     started: AtomicU64,
@@ -91,6 +93,7 @@ impl Activity {
     /// A fresh hyper connection starts on the socket: nothing read by it yet.
     pub fn unparked(&self) {
         self.read_since_idle.store(false, Ordering::Release);
+        self.read_waiting.store(false, Ordering::Release);
         self.write_pending.store(false, Ordering::Release);
         self.park.store(false, Ordering::Release);
     }
@@ -114,8 +117,16 @@ pub struct RequestInFlight(Arc<Activity>);
 
 impl Drop for RequestInFlight {
     fn drop(&mut self) {
-        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.read_since_idle.store(false, Ordering::Release);
+        let activity = &self.0;
+        if activity.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            activity.read_since_idle.store(false, Ordering::Release);
+            // hyper often asks for the next head before it lets go of the last response body:
+            // that read found the connection busy, and no later read comes while the client is
+            // quiet. Waiting on the socket with nothing in flight is the moment to park, as if
+            // the read had come now (the connection checks the rest before it parks).
+            if activity.read_waiting.load(Ordering::Acquire) && activity.parkable() {
+                activity.park.store(true, Ordering::Release);
+            }
         }
     }
 }
@@ -163,7 +174,8 @@ impl Body for RequestBody {
 
 pin_project_lite::pin_project! {
     /// A socket that reports end of input after `timeout` of idleness, and (with `park`) finds
-    /// the moment its HTTP/1 connection can be parked; see the module docs.
+    /// the moment its HTTP/1 connection can be parked and bounds the time a request head may
+    /// take to arrive; see the module docs.
     pub struct IdleIo<T> {
         #[pin]
         inner: T,
@@ -171,9 +183,22 @@ pin_project_lite::pin_project! {
         // no timer can cut, or end in parking.
         timer: Option<Pin<Box<Sleep>>>,
         timeout: Duration,
+        // When a byte last moved either way, as far as the timer needs to know: set when a
+        // wait begins after bytes moved (`moved`), not on every read and write, so that a
+        // request costs no clock read here. A wait begins right after the last transfer, so
+        // the two differ by one poll.
         last_activity: Instant,
+        moved: bool,
         activity: Arc<Activity>,
         park: bool,
+        // `header_read_timeout` for an HTTP/1 connection that parks (None otherwise): a head
+        // that has begun (a byte read while no request is in flight) must be whole by then.
+        // Kept here rather than by hyper, whose own timer is a new allocation and a timer
+        // registration for every request.
+        head_timeout: Option<Duration>,
+        // The deadline of the head being read, and `Activity::started` when it was set (a
+        // new request since means a new head).
+        head_deadline: Option<(u64, Instant)>,
     }
 }
 
@@ -184,16 +209,26 @@ impl<T> IdleIo<T> {
             timer: None,
             timeout,
             last_activity: Instant::now(),
+            moved: false,
             activity,
             park: false,
+            head_timeout: None,
+            head_deadline: None,
         }
     }
 
-    /// Like [`IdleIo::new`], for a plain HTTP/1 connection that is parked when idle.
-    pub fn parking(inner: T, timeout: Duration, activity: Arc<Activity>) -> Self {
+    /// Like [`IdleIo::new`], for a plain HTTP/1 connection that is parked when idle and whose
+    /// request heads must arrive within `head_timeout` of their first byte.
+    pub fn parking(
+        inner: T,
+        timeout: Duration,
+        head_timeout: Duration,
+        activity: Arc<Activity>,
+    ) -> Self {
         activity.unparked();
         IdleIo {
             park: true,
+            head_timeout: Some(head_timeout),
             ..IdleIo::new(inner, timeout, activity)
         }
     }
@@ -214,7 +249,7 @@ impl<T> IdleIo<T> {
             Poll::Ready(result) => {
                 this.activity.write_pending.store(false, Ordering::Release);
                 if result.as_ref().is_ok_and(moved) {
-                    *this.last_activity = Instant::now();
+                    *this.moved = true;
                 }
             }
         }
@@ -232,14 +267,20 @@ impl<T: AsyncRead> AsyncRead for IdleIo<T> {
         let before = buf.filled().len();
         match this.inner.poll_read(cx, buf) {
             Poll::Ready(result) => {
+                if *this.park {
+                    this.activity.read_waiting.store(false, Ordering::Release);
+                }
                 if buf.filled().len() > before {
-                    *this.last_activity = Instant::now();
+                    *this.moved = true;
                     this.activity.read_since_idle.store(true, Ordering::Release);
                     this.activity.park.store(false, Ordering::Release);
                 }
                 return Poll::Ready(result);
             }
             Poll::Pending => {}
+        }
+        if *this.park {
+            this.activity.read_waiting.store(true, Ordering::Release);
         }
         if *this.park && this.activity.parkable() {
             // The connection closes hyper and waits for the socket itself: no timer needed.
@@ -252,24 +293,56 @@ impl<T: AsyncRead> AsyncRead for IdleIo<T> {
         }
         // Nothing to read: the timer decides whether to keep waiting. Moving the deadline only
         // when it fires keeps the per-byte cost to one clock read.
+        let now = Instant::now();
+        if std::mem::take(this.moved) {
+            *this.last_activity = now;
+        }
+        let mut head = None;
+        if let Some(head_timeout) = *this.head_timeout {
+            if this.activity.read_since_idle.load(Ordering::Acquire) {
+                // Part of a request head is here: hyper hands the request over (and it is in
+                // flight) once the head is whole.
+                let started = this.activity.started();
+                let (_, deadline) = this
+                    .head_deadline
+                    .filter(|(at, _)| *at == started)
+                    .unwrap_or((started, now + head_timeout));
+                *this.head_deadline = Some((started, deadline));
+                head = Some(deadline);
+            }
+        }
+        let deadline = |last_activity: Instant| {
+            let idle = last_activity + *this.timeout;
+            head.map_or(idle, |head: Instant| head.min(idle))
+        };
         let timer = this.timer.get_or_insert_with(|| {
-            Box::pin(tokio::time::sleep_until(
-                *this.last_activity + *this.timeout,
-            ))
+            Box::pin(tokio::time::sleep_until(deadline(*this.last_activity)))
         });
+        if deadline(*this.last_activity) < timer.deadline() {
+            timer.as_mut().reset(deadline(*this.last_activity));
+        }
         loop {
             if timer.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
-            let deadline = *this.last_activity + *this.timeout;
+            if std::mem::take(this.moved) {
+                *this.last_activity = Instant::now();
+            }
+            let deadline = deadline(*this.last_activity);
             let now = Instant::now();
             if deadline > now {
                 timer.as_mut().reset(deadline);
             } else if this.activity.busy() {
                 timer.as_mut().reset(now + *this.timeout);
             } else {
-                // End of input: hyper closes an idle connection cleanly on it.
-                tracing::debug!(timeout = ?this.timeout, "closing idle client connection");
+                // End of input: hyper closes an idle connection cleanly on it, and one in the
+                // middle of a head as an incomplete message, without an answer, as hyper's
+                // own header timeout does.
+                if head.is_some_and(|head| head <= now) {
+                    tracing::debug!(timeout = ?this.head_timeout, "closing a client connection whose request head did not arrive in time");
+                } else {
+                    tracing::debug!(timeout = ?this.timeout, "closing idle client connection");
+                }
                 return Poll::Ready(Ok(()));
             }
         }
@@ -302,6 +375,12 @@ impl<T: AsyncWrite> AsyncWrite for IdleIo<T> {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.park {
+            // A parking connection's socket outlives its hyper connection (parked, or handed
+            // to a tunnel): hyper's shutdown at its end must not close it. The connection
+            // shuts the socket down itself when it is really done (`conn::serve_http1`).
+            return self.project().inner.poll_flush(cx);
+        }
         self.project().inner.poll_shutdown(cx)
     }
 }
@@ -336,6 +415,56 @@ mod tests {
         io.write_all(b"y").await.unwrap();
         assert_eq!(io.read(&mut buf).await.unwrap(), 0);
         assert_eq!(start.elapsed(), Duration::from_secs(4) + TIMEOUT);
+    }
+
+    /// A head that has begun must be whole within the head timeout, however the client
+    /// trickles it, while a quiet connection keeps the (longer) idle timeout.
+    #[tokio::test(start_paused = true)]
+    async fn a_begun_head_is_bounded_by_the_head_timeout() {
+        let head_timeout = Duration::from_secs(2);
+        let (mut client, server) = tokio::io::duplex(64);
+        let activity = Arc::new(Activity::default());
+        let mut io = IdleIo::parking(server, TIMEOUT, head_timeout, activity.clone());
+        let start = Instant::now();
+        client.write_all(b"GET / HT").await.unwrap();
+        let trickle = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(600)).await;
+                if client.write_all(b"T").await.is_err() {
+                    return;
+                }
+            }
+        });
+        let mut buf = [0u8; 64];
+        let mut read = 0;
+        loop {
+            let n = io.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            read += n;
+        }
+        assert_eq!(start.elapsed(), head_timeout);
+        assert_eq!(
+            read,
+            8 + 3,
+            "the head and the bytes trickled until the deadline"
+        );
+        trickle.abort();
+
+        // A request that started ends the head: the next one gets its own deadline.
+        let (mut client, server) = tokio::io::duplex(64);
+        let activity = Arc::new(Activity::default());
+        let mut io = IdleIo::parking(server, TIMEOUT, head_timeout, activity.clone());
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        let _ = io.read(&mut buf).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        drop(activity.start());
+        client.write_all(b"GET").await.unwrap();
+        let second_head = Instant::now();
+        assert_eq!(io.read(&mut buf).await.unwrap(), 3);
+        assert_eq!(io.read(&mut buf).await.unwrap(), 0);
+        assert_eq!(second_head.elapsed(), head_timeout);
     }
 
     #[tokio::test(start_paused = true)]

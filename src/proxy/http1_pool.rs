@@ -82,7 +82,9 @@ impl Http1Pool {
         loop {
             let (mut sender, reused) = match self.checkout() {
                 Some(sender) => (sender, true),
-                None => (self.connect().await?, false),
+                // Boxed: connecting is the rare case, and its future in place would make
+                // every request's future (moved as it is built) that much larger.
+                None => (Box::pin(self.connect()).await?, false),
             };
             // A reused connection may have been closed by the upstream while the request was
             // on its way (its FIN not yet seen here). Then the request has been written and

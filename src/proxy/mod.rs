@@ -167,7 +167,10 @@ impl Proxy {
 
     /// Handles one request, in order: route → identify → limit → forward → respond. Never
     /// fails: every error becomes a response.
-    pub async fn handle<B>(&self, request: Request<B>, conn: ConnInfo) -> Response<ProxyBody>
+    ///
+    /// Takes the proxy by value so that the future owns everything it uses and can be
+    /// served without being boxed (see `conn`).
+    pub async fn handle<B>(self, request: Request<B>, conn: ConnInfo) -> Response<ProxyBody>
     where
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<body::BoxError>,
@@ -251,7 +254,16 @@ impl Proxy {
         let peer_is_trusted = config.throttle.trusted_proxies.contains(conn.peer.ip());
         let request = Request::from_parts(parts, body);
         let upstream_started = Instant::now();
-        let forwarded = self.forward(&runtime, request, conn, peer_is_trusted).await;
+        // Prepared and finished here by plain functions, awaited in this one future: each
+        // nested async function keeps its own copy of the request in a future that is moved
+        // as it is built (measured in docs/performance.md).
+        let forwarded = match outbound(config, request, conn, peer_is_trusted) {
+            Ok((upstream_request, returning)) => {
+                let answered = runtime.upstream.send(upstream_request).await;
+                self.inbound(returning, answered)
+            }
+            Err(error) => Err(error),
+        };
         // False when tollgate answered itself (an error on the way): such an answer settles
         // nothing and is translated for gRPC clients.
         let from_upstream = forwarded.is_ok();
@@ -313,106 +325,29 @@ impl Proxy {
         response
     }
 
-    /// Forwards the request to the upstream and streams the answer back.
-    async fn forward<B>(
+    /// The upstream's answer as the client receives it: a refused oversized upload as 413, a
+    /// switch of protocols with its tunnel started, hop-by-hop headers removed.
+    fn inbound(
         &self,
-        runtime: &Runtime,
-        mut request: Request<B>,
-        conn: ConnInfo,
-        peer_is_trusted: bool,
-    ) -> Result<Response<ProxyBody>, ProxyError>
-    where
-        B: http_body::Body<Data = Bytes> + Send + 'static,
-        B::Error: Into<body::BoxError>,
-    {
-        let config = &runtime.config;
-        let upstream = &config.upstream;
-
-        // Refuse a declared oversized body before anything reaches the upstream.
-        let limit = config.max_request_body;
-        if let (Some(limit), Some(length)) = (limit, content_length(&request)) {
-            if length > limit {
-                return Err(ProxyError::BodyTooLarge { limit });
-            }
-        }
-
-        let upgrade =
-            request.version() == Version::HTTP_11 && headers::is_upgrade_request(request.headers());
-        if upgrade && upstream.http2 {
-            return Err(ProxyError::BadRequest(
-                "protocol upgrades need an HTTP/1.1 upstream",
-            ));
-        }
-        let client_upgrade = crate::upgrade::client_side(&mut request, upgrade);
-
-        let (mut parts, incoming) = request.into_parts();
-        // The client's Host, and whether it is the request's one and only Host line (then
-        // preserving it needs no rewrite).
-        let (client_host, sole_host_line) = {
-            let mut lines = parts.headers.get_all(header::HOST).iter();
-            let first = lines.next().cloned();
-            let sole = first.is_some() && lines.next().is_none();
-            let host = first.or_else(|| {
-                parts
-                    .uri
-                    .authority()
-                    .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-            });
-            (host, sole)
-        };
-
-        parts.uri = origin_form(&parts.uri)?;
-        parts.version = if upstream.http2 {
-            Version::HTTP_2
-        } else {
-            Version::HTTP_11
-        };
-        headers::remove_hop_by_hop(&mut parts.headers, upgrade);
-        // Room for the three X-Forwarded headers at once: hyper sizes the map for the
-        // headers it parsed, and growing it twice rehashes it twice.
-        parts.headers.reserve(3);
-        headers::add_forwarded(
-            &mut parts.headers,
-            conn.peer.ip(),
-            if conn.tls { "https" } else { "http" },
-            client_host.as_ref(),
-            peer_is_trusted,
-        );
-        match (upstream.host, &client_host) {
-            // The client's one Host line goes on as it is.
-            (HostMode::Preserve, Some(_)) if !upstream.http2 && sole_host_line => {}
-            (HostMode::Preserve, Some(host)) if !upstream.http2 => {
-                parts.headers.insert(header::HOST, host.clone());
-            }
-            // hyper sets Host (HTTP/1.1) or :authority (HTTP/2) from the URI.
-            _ => {
-                parts.headers.remove(header::HOST);
-            }
-        }
-
-        let (body, exceeded) = match limit {
-            Some(limit) => {
-                let (body, flag) = LimitedBody::new(incoming, limit);
-                (body::boxed(body), Some(flag))
-            }
-            None => (body::boxed(incoming), None),
-        };
-        let result = runtime
-            .upstream
-            .send(Request::from_parts(parts, body))
-            .await;
-        let mut response = match result {
+        returning: Returning,
+        answered: Result<Response<upstream::UpstreamBody>, ProxyError>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let mut response = match answered {
             Ok(response) => response,
-            Err(_) if exceeded.is_some_and(|f| f.load(Ordering::Acquire)) => {
+            Err(_)
+                if returning
+                    .exceeded
+                    .is_some_and(|f| f.load(Ordering::Acquire)) =>
+            {
                 return Err(ProxyError::BodyTooLarge {
-                    limit: limit.unwrap_or_default(),
+                    limit: returning.body_limit.unwrap_or_default(),
                 })
             }
             Err(e) => return Err(e),
         };
 
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-            if let Some(client_upgrade) = client_upgrade {
+            if let Some(client_upgrade) = returning.client_upgrade {
                 crate::upgrade::spawn_tunnel(&self.inner.tunnels, client_upgrade, &mut response);
             }
             let (parts, _) = response.into_parts();
@@ -423,6 +358,107 @@ impl Proxy {
         headers::remove_hop_by_hop(&mut parts.headers, false);
         Ok(Response::from_parts(parts, body::boxed(incoming)))
     }
+}
+
+/// What the way back needs to know about the request that went out.
+struct Returning {
+    /// The client's side of a protocol upgrade, for the tunnel.
+    client_upgrade: Option<crate::upgrade::ClientSide>,
+    /// Raised when the request body passed `max_request_body` on its way out.
+    exceeded: Option<Arc<std::sync::atomic::AtomicBool>>,
+    body_limit: Option<u64>,
+}
+
+/// The request as the upstream receives it: a declared oversized body refused before anything
+/// is sent, the origin-form target, hop-by-hop headers removed, X-Forwarded-* added, Host as
+/// configured, the body bounded by `max_request_body` while it streams.
+fn outbound<B>(
+    config: &Config,
+    mut request: Request<B>,
+    conn: ConnInfo,
+    peer_is_trusted: bool,
+) -> Result<(Request<ProxyBody>, Returning), ProxyError>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<body::BoxError>,
+{
+    let upstream = &config.upstream;
+
+    // Refuse a declared oversized body before anything reaches the upstream.
+    let limit = config.max_request_body;
+    if let Some(limit) = limit {
+        if content_length(&request).is_some_and(|length| length > limit) {
+            return Err(ProxyError::BodyTooLarge { limit });
+        }
+    }
+
+    let upgrade =
+        request.version() == Version::HTTP_11 && headers::is_upgrade_request(request.headers());
+    if upgrade && upstream.http2 {
+        return Err(ProxyError::BadRequest(
+            "protocol upgrades need an HTTP/1.1 upstream",
+        ));
+    }
+    let client_upgrade = crate::upgrade::client_side(&mut request, upgrade);
+
+    let (mut parts, incoming) = request.into_parts();
+    // The client's Host, and whether it is the request's one and only Host line (then
+    // preserving it needs no rewrite).
+    let (client_host, sole_host_line) = {
+        let mut lines = parts.headers.get_all(header::HOST).iter();
+        let first = lines.next().cloned();
+        let sole = first.is_some() && lines.next().is_none();
+        let host = first.or_else(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
+        (host, sole)
+    };
+
+    parts.uri = origin_form(&parts.uri)?;
+    parts.version = if upstream.http2 {
+        Version::HTTP_2
+    } else {
+        Version::HTTP_11
+    };
+    headers::remove_hop_by_hop(&mut parts.headers, upgrade);
+    // Room for the three X-Forwarded headers at once: hyper sizes the map for the
+    // headers it parsed, and growing it twice rehashes it twice.
+    parts.headers.reserve(3);
+    headers::add_forwarded(
+        &mut parts.headers,
+        conn.peer.ip(),
+        if conn.tls { "https" } else { "http" },
+        client_host.as_ref(),
+        peer_is_trusted,
+    );
+    match (upstream.host, &client_host) {
+        // The client's one Host line goes on as it is.
+        (HostMode::Preserve, Some(_)) if !upstream.http2 && sole_host_line => {}
+        (HostMode::Preserve, Some(host)) if !upstream.http2 => {
+            parts.headers.insert(header::HOST, host.clone());
+        }
+        // hyper sets Host (HTTP/1.1) or :authority (HTTP/2) from the URI.
+        _ => {
+            parts.headers.remove(header::HOST);
+        }
+    }
+
+    let (body, exceeded) = match limit {
+        Some(limit) => {
+            let (body, flag) = LimitedBody::new(incoming, limit);
+            (body::boxed(body), Some(flag))
+        }
+        None => (body::boxed(incoming), None),
+    };
+    let returning = Returning {
+        client_upgrade,
+        exceeded,
+        body_limit: limit,
+    };
+    Ok((Request::from_parts(parts, body), returning))
 }
 
 /// How a request is counted, worked out once from the limit stage's outcome (None: no route

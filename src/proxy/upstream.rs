@@ -12,12 +12,14 @@
 //! with IncompleteMessage. Both pools retry only a request that was never written to the
 //! connection, which is safe for every method.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::future::{Either, FutureExt, TryFutureExt};
 use http::uri::{Authority, Scheme, Uri};
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
@@ -91,31 +93,33 @@ impl UpstreamClient {
 
     /// Sends `request` (origin-form URI: path and query) and waits for the response head, at
     /// most the configured timeout.
-    pub async fn send(
+    ///
+    /// A plain function returning the pool's own future (under the timeout) rather than an
+    /// async one: an async function would keep a second copy of the request beside the
+    /// pool's, in the future every request moves as it is built.
+    pub fn send(
         &self,
         mut request: Request<ProxyBody>,
-    ) -> Result<Response<UpstreamBody>, ProxyError> {
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, ProxyError>> + Send + '_ {
         let pool = &self.pools[crate::workers::current() % self.pools.len()];
-        let sent = async {
-            match pool {
-                Pool::Http1(pool) => pool
-                    .send(request)
-                    .await
-                    .map(|r| r.map(UpstreamBody::Pooled)),
-                Pool::Legacy(client) => {
-                    *request.uri_mut() = self.absolute(request.uri())?;
-                    match client.request(request).await {
-                        Ok(response) => Ok(response.map(UpstreamBody::Legacy)),
-                        Err(e) if e.is_connect() => Err(ProxyError::UpstreamConnect(Box::new(e))),
-                        Err(e) => Err(ProxyError::Upstream(Box::new(e))),
-                    }
-                }
+        let sent = match pool {
+            Pool::Http1(pool) => {
+                Either::Left(pool.send(request).map_ok(|r| r.map(UpstreamBody::Pooled)))
             }
+            Pool::Legacy(client) => Either::Right(async move {
+                *request.uri_mut() = self.absolute(request.uri())?;
+                match client.request(request).await {
+                    Ok(response) => Ok(response.map(UpstreamBody::Legacy)),
+                    Err(e) if e.is_connect() => Err(ProxyError::UpstreamConnect(Box::new(e))),
+                    Err(e) => Err(ProxyError::Upstream(Box::new(e))),
+                }
+            }),
         };
-        match tokio::time::timeout(self.timeout, sent).await {
-            Err(_) => Err(ProxyError::UpstreamTimeout(self.timeout)),
+        let timeout = self.timeout;
+        tokio::time::timeout(timeout, sent).map(move |result| match result {
+            Err(_) => Err(ProxyError::UpstreamTimeout(timeout)),
             Ok(result) => result,
-        }
+        })
     }
 }
 
