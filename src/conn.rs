@@ -113,10 +113,7 @@ impl ConnectionService {
     fn call(
         &self,
         request: Request<Incoming>,
-    ) -> futures_util::future::Map<
-        impl Future<Output = Response<ProxyBody>> + Send + 'static,
-        impl FnOnce(Response<ProxyBody>) -> Result<Response<ResponseBody>, Infallible>,
-    > {
+    ) -> impl Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + 'static {
         // In flight from the moment hyper hands the request over, before the future first
         // runs: the connection must not be parked between the two.
         let in_flight = self.activity.start();
