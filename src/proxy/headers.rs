@@ -26,10 +26,98 @@ pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-fo
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
+/// What one pass over a message's headers found. Every question put to a `HeaderMap` hashes
+/// the name asked about, present or not, and most requests carry none of the names the proxy
+/// asks about: one pass over the names present (compared as strings, no hashing) answers them
+/// all, and the map is asked only about names that are there.
+#[derive(Debug, Default)]
+pub struct Found {
+    /// Bit i set: `HOP_BY_HOP[i]` is present.
+    hop_by_hop: u8,
+    te: bool,
+    /// A Connection line names a header (an option other than keep-alive and close).
+    connection_names: bool,
+    /// Bits: X-Forwarded-For (1), -Proto (2), -Host (4) present.
+    forwarded: u8,
+    /// Whether a Content-Type line is present (gRPC is told by it).
+    pub content_type: bool,
+    /// The first Host line.
+    pub host: Option<HeaderValue>,
+    /// How many Host lines there are (2 means two or more).
+    pub host_lines: u8,
+}
+
+const CONNECTION_BIT: u8 = 1 << 0;
+const UPGRADE_BIT: u8 = 1 << 4;
+const FORWARDED_FOR: u8 = 1;
+const FORWARDED_PROTO: u8 = 2;
+const FORWARDED_HOST: u8 = 4;
+
+/// One pass over `headers`; see [`Found`]. Names the `http` crate knows (most of them) are
+/// told apart by comparing their tags; only the others are compared as strings.
+pub fn scan(headers: &HeaderMap) -> Found {
+    let mut found = Found::default();
+    for (name, value) in headers {
+        let hop_by_hop = if *name == header::HOST {
+            if found.host.is_none() {
+                found.host = Some(value.clone());
+            }
+            found.host_lines = (found.host_lines + 1).min(2);
+            continue;
+        } else if *name == header::CONTENT_TYPE {
+            found.content_type = true;
+            continue;
+        } else if *name == header::TE {
+            found.te = true;
+            continue;
+        } else if *name == header::CONNECTION {
+            found.connection_names |= value.to_str().is_ok_and(names_headers);
+            0
+        } else if *name == header::TRANSFER_ENCODING {
+            3
+        } else if *name == header::UPGRADE {
+            4
+        } else if *name == header::PROXY_AUTHENTICATE {
+            5
+        } else if *name == header::PROXY_AUTHORIZATION {
+            6
+        } else {
+            match name.as_str() {
+                "x-forwarded-for" => found.forwarded |= FORWARDED_FOR,
+                "x-forwarded-proto" => found.forwarded |= FORWARDED_PROTO,
+                "x-forwarded-host" => found.forwarded |= FORWARDED_HOST,
+                "keep-alive" => found.hop_by_hop |= 1 << 1,
+                "proxy-connection" => found.hop_by_hop |= 1 << 2,
+                _ => {}
+            }
+            continue;
+        };
+        found.hop_by_hop |= 1 << hop_by_hop;
+    }
+    found
+}
+
 /// True when `headers` ask to switch protocols (an HTTP/1.1 `Connection: upgrade` with an
 /// `Upgrade` header).
 pub fn is_upgrade_request(headers: &HeaderMap) -> bool {
-    headers.contains_key(header::UPGRADE) && connection_has_token(headers, "upgrade")
+    asks_upgrade(headers, &scan(headers))
+}
+
+/// [`is_upgrade_request`] for headers already scanned.
+pub fn asks_upgrade(headers: &HeaderMap, found: &Found) -> bool {
+    found.hop_by_hop & UPGRADE_BIT != 0
+        && found.hop_by_hop & CONNECTION_BIT != 0
+        && connection_has_token(headers, "upgrade")
+}
+
+/// Whether a Connection value names a header. Headers named in Connection are hop-by-hop for
+/// this message only. Nearly every HTTP/1.1 peer sends `keep-alive` or `close` there, options
+/// that name no header (or one removed anyway): names are built (an allocation) only for any
+/// other token.
+fn names_headers(value: &str) -> bool {
+    value.split(',').map(str::trim).any(|t| {
+        !t.is_empty() && !t.eq_ignore_ascii_case("keep-alive") && !t.eq_ignore_ascii_case("close")
+    })
 }
 
 fn connection_has_token(headers: &HeaderMap, token: &str) -> bool {
@@ -45,49 +133,18 @@ fn connection_has_token(headers: &HeaderMap, token: &str) -> bool {
 /// the next hop can switch protocols too. `TE: trailers` is kept on requests (gRPC needs it);
 /// every other TE value is hop-by-hop.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    // `HeaderMap::remove` hashes every name it is asked about, present or not, and most
-    // messages carry none of these: one pass over the names present (compared as strings, no
-    // hashing) answers "anything to do?". (Names listed in Connection only matter when
-    // Connection itself is present.)
-    // Bit i set: HOP_BY_HOP[i] is present.
-    let mut found: u8 = 0;
-    let mut has_te = false;
-    for name in headers.keys() {
-        let index = match name.as_str() {
-            "te" => {
-                has_te = true;
-                continue;
-            }
-            "connection" => 0,
-            "keep-alive" => 1,
-            "proxy-connection" => 2,
-            "transfer-encoding" => 3,
-            "upgrade" => 4,
-            "proxy-authenticate" => 5,
-            "proxy-authorization" => 6,
-            _ => continue,
-        };
-        found |= 1 << index;
-    }
-    if found == 0 && !has_te {
+    let mut found = scan(headers);
+    remove_found_hop_by_hop(headers, keep_upgrade, &mut found);
+}
+
+/// [`remove_hop_by_hop`] for headers already scanned; `found` stays true to the headers for
+/// the forwarding facts (X-Forwarded-*, Content-Type) and keeps the Host seen before.
+pub fn remove_found_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool, found: &mut Found) {
+    if found.hop_by_hop == 0 && !found.te {
         return;
     }
-    // Headers named in Connection are hop-by-hop for this message only. Nearly every
-    // HTTP/1.1 peer sends `keep-alive` or `close` there, options that name no header (or one
-    // removed below anyway): a name is built (an allocation) only for any other token.
-    let names_others = |v: &str| {
-        v.split(',').map(str::trim).any(|t| {
-            !t.is_empty()
-                && !t.eq_ignore_ascii_case("keep-alive")
-                && !t.eq_ignore_ascii_case("close")
-        })
-    };
-    if found & 1 != 0
-        && headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .any(|v| v.to_str().is_ok_and(names_others))
-    {
+    let mut named_removed = false;
+    if found.connection_names {
         let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
             .iter()
@@ -101,18 +158,18 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
             if keep_upgrade && name == header::UPGRADE {
                 continue;
             }
-            headers.remove(&name);
+            named_removed |= headers.remove(&name).is_some();
         }
     }
     let upgrade = keep_upgrade
         .then(|| headers.get(header::UPGRADE).cloned())
         .flatten();
     for (i, name) in HOP_BY_HOP.iter().enumerate() {
-        if found & (1 << i) != 0 {
+        if found.hop_by_hop & (1 << i) != 0 {
             headers.remove(name);
         }
     }
-    if has_te {
+    if found.te {
         let te_trailers = headers
             .get_all(header::TE)
             .iter()
@@ -128,6 +185,12 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(header::UPGRADE, upgrade);
     }
+    if named_removed {
+        // Connection may name any header, X-Forwarded-* too: look again (rare).
+        let again = scan(headers);
+        found.forwarded = again.forwarded;
+        found.content_type = again.content_type;
+    }
 }
 
 /// Appends `peer` to X-Forwarded-For (folding any earlier lines into one, in order) and sets
@@ -140,17 +203,32 @@ pub fn add_forwarded(
     host: Option<&HeaderValue>,
     peer_is_trusted: bool,
 ) {
+    let found = scan(headers);
+    add_found_forwarded(headers, &found, peer, proto, host, peer_is_trusted);
+}
+
+/// [`add_forwarded`] for headers already scanned.
+pub fn add_found_forwarded(
+    headers: &mut HeaderMap,
+    found: &Found,
+    peer: IpAddr,
+    proto: &'static str,
+    host: Option<&HeaderValue>,
+    peer_is_trusted: bool,
+) {
     let peer = peer.to_canonical();
     let mut chain: Option<String> = None;
-    for value in headers.get_all(&X_FORWARDED_FOR) {
-        let Ok(value) = value.to_str() else { continue };
-        let value = value.trim();
-        if value.is_empty() {
-            continue;
+    if found.forwarded & FORWARDED_FOR != 0 {
+        for value in headers.get_all(&X_FORWARDED_FOR) {
+            let Ok(value) = value.to_str() else { continue };
+            let value = value.trim();
+            if value.is_empty() {
+                continue;
+            }
+            let chain = chain.get_or_insert_with(|| String::with_capacity(64));
+            chain.push_str(value);
+            chain.push_str(", ");
         }
-        let chain = chain.get_or_insert_with(|| String::with_capacity(64));
-        chain.push_str(value);
-        chain.push_str(", ");
     }
     let value = match chain {
         Some(mut chain) => {
@@ -163,17 +241,18 @@ pub fn add_forwarded(
     if let Some(value) = value {
         headers.insert(&X_FORWARDED_FOR, value);
     }
-    if !(peer_is_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
+    if !(peer_is_trusted && found.forwarded & FORWARDED_PROTO != 0) {
         headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(proto));
     }
-    if !(peer_is_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
+    if !(peer_is_trusted && found.forwarded & FORWARDED_HOST != 0) {
         match host {
             Some(host) => {
                 headers.insert(&X_FORWARDED_HOST, host.clone());
             }
-            None => {
+            None if found.forwarded & FORWARDED_HOST != 0 => {
                 headers.remove(&X_FORWARDED_HOST);
             }
+            None => {}
         }
     }
 }
@@ -292,6 +371,28 @@ mod tests {
         ]);
         remove_hop_by_hop(&mut h, false);
         assert_eq!(names(&h), ["x-kept"]);
+    }
+
+    /// A trusted peer's X-Forwarded-Proto named in its Connection header is hop-by-hop: it is
+    /// removed, and ours goes in its place rather than none.
+    #[test]
+    fn a_forwarded_header_named_in_connection_is_replaced_not_lost() {
+        let mut h = map(&[
+            ("connection", "x-forwarded-proto"),
+            ("x-forwarded-proto", "https"),
+            ("host", "a"),
+            ("host", "b"),
+        ]);
+        let mut found = scan(&h);
+        assert_eq!(found.host_lines, 2);
+        assert_eq!(found.host.clone().unwrap(), "a");
+        remove_found_hop_by_hop(&mut h, false, &mut found);
+        let ip = "10.0.0.1".parse().unwrap();
+        add_found_forwarded(&mut h, &found, ip, "http", None, true);
+        assert_eq!(h.get("x-forwarded-proto").unwrap(), "http");
+        assert_eq!(h.get("x-forwarded-for").unwrap(), "10.0.0.1");
+        assert_eq!(scan(&map(&[("host", "a")])).host_lines, 1);
+        assert!(scan(&map(&[("content-type", "application/grpc")])).content_type);
     }
 
     #[test]

@@ -182,8 +182,10 @@ impl Proxy {
         let config = &runtime.config;
         let (parts, body) = request.into_parts();
         let mut log = AccessLog::new(&parts, started, config.access_log);
+        // One pass over the request's headers answers what the path asks of them.
+        let found = headers::scan(&parts.headers);
         // tollgate's own answers to a gRPC call are sent as gRPC (see `grpc`).
-        let grpc = crate::grpc::is_grpc(&parts.headers);
+        let grpc = found.content_type && crate::grpc::is_grpc(&parts.headers);
 
         // Route.
         let route_index = routing::position(&config.throttle.routes, &parts);
@@ -257,7 +259,7 @@ impl Proxy {
         // Prepared and finished here by plain functions, awaited in this one future: each
         // nested async function keeps its own copy of the request in a future that is moved
         // as it is built (measured in docs/performance.md).
-        let forwarded = match outbound(config, request, conn, peer_is_trusted) {
+        let forwarded = match outbound(config, request, found, conn, peer_is_trusted) {
             Ok((upstream_request, returning)) => {
                 let answered = runtime.upstream.send(upstream_request).await;
                 self.inbound(returning, answered)
@@ -375,6 +377,7 @@ struct Returning {
 fn outbound<B>(
     config: &Config,
     mut request: Request<B>,
+    mut found: headers::Found,
     conn: ConnInfo,
     peer_is_trusted: bool,
 ) -> Result<(Request<ProxyBody>, Returning), ProxyError>
@@ -393,7 +396,7 @@ where
     }
 
     let upgrade =
-        request.version() == Version::HTTP_11 && headers::is_upgrade_request(request.headers());
+        request.version() == Version::HTTP_11 && headers::asks_upgrade(request.headers(), &found);
     if upgrade && upstream.http2 {
         return Err(ProxyError::BadRequest(
             "protocol upgrades need an HTTP/1.1 upstream",
@@ -404,18 +407,13 @@ where
     let (mut parts, incoming) = request.into_parts();
     // The client's Host, and whether it is the request's one and only Host line (then
     // preserving it needs no rewrite).
-    let (client_host, sole_host_line) = {
-        let mut lines = parts.headers.get_all(header::HOST).iter();
-        let first = lines.next().cloned();
-        let sole = first.is_some() && lines.next().is_none();
-        let host = first.or_else(|| {
-            parts
-                .uri
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        });
-        (host, sole)
-    };
+    let sole_host_line = found.host_lines == 1;
+    let client_host = found.host.take().or_else(|| {
+        parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    });
 
     parts.uri = origin_form(&parts.uri)?;
     parts.version = if upstream.http2 {
@@ -423,12 +421,13 @@ where
     } else {
         Version::HTTP_11
     };
-    headers::remove_hop_by_hop(&mut parts.headers, upgrade);
+    headers::remove_found_hop_by_hop(&mut parts.headers, upgrade, &mut found);
     // Room for the three X-Forwarded headers at once: hyper sizes the map for the
     // headers it parsed, and growing it twice rehashes it twice.
     parts.headers.reserve(3);
-    headers::add_forwarded(
+    headers::add_found_forwarded(
         &mut parts.headers,
+        &found,
         conn.peer.ip(),
         if conn.tls { "https" } else { "http" },
         client_host.as_ref(),

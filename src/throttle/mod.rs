@@ -494,7 +494,11 @@ impl LimitStage {
             (None, _) => Err(StoreError::Protocol("not connected yet".into())),
             (Some(_), breaker::Permit::Refuse) => Err(StoreError::CircuitOpen),
             (Some(store), breaker::Permit::Call) => {
-                let result = store.decide(checks).await;
+                // Boxed: a Redis call's future is large (the client's command and reply
+                // state), and in place it would size every request's future, including the
+                // ones that never ask Redis (unrouted, local-first), which are moved as they
+                // are built. One allocation beside a network round trip is noise.
+                let result = Box::pin(store.decide(checks)).await;
                 match &result {
                     Ok(_) => self.breaker.success(),
                     Err(_) => {
