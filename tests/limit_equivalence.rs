@@ -558,3 +558,138 @@ async fn sync_rounds_and_memory_charges_agree() {
     let charged = |amount| charge(&gcra, None, now, amount).map(|(s, _)| s);
     assert_eq!(shared, vec![charged(1), None, charged(2)]);
 }
+
+/// Two replicas charge the same keys round after round, keys as throttle::keys writes them
+/// (several hash tags, one shared by two limits, a route-wide one with two callers; keys of
+/// equal params, which a call sends once for all of them): each replica's round is also sent
+/// again after the other replica's round (its reply was lost), and an older round arrives
+/// once more after a newer one (a late copy still queued); a tag with no usage in a round is
+/// only read. Every reply equals the memory charges of each round applied once.
+async fn two_replicas_resending_count_each_round_once(redis: &RedisStore) {
+    use tollgate::limit::algorithm::{charge, State};
+    use tollgate::limit::local_first::SyncItem;
+
+    let limits = [
+        ("eq:{r|ann}:gcra", params(Algorithm::Gcra, 5, 1_000_000, 8)),
+        (
+            "eq:{r|ann}:fw",
+            params(Algorithm::FixedWindow, 7, 999_983, 7),
+        ),
+        (
+            "eq:{r|bob}:tb",
+            params(Algorithm::TokenBucket, 100, 60_000_000, 100),
+        ),
+        (
+            "eq:{r}:sw:cat",
+            params(Algorithm::SlidingWindow, 9, 2_000_000, 9),
+        ),
+        (
+            "eq:{r}:sw:dog",
+            params(Algorithm::SlidingWindow, 9, 2_000_000, 9),
+        ),
+        ("eq:{r|dan}:gcra", params(Algorithm::Gcra, 5, 1_000_000, 8)),
+    ];
+    let mut rng = Rng(77);
+    let mut memory: Vec<Option<State>> = vec![None; limits.len()];
+    let mut now = T0;
+    let mut sent: [Vec<Vec<SyncItem>>; 2] = [Vec::new(), Vec::new()];
+    for round in 1..80u64 {
+        for (r, replica) in ["replica-a", "replica-b"].into_iter().enumerate() {
+            now += (rng.next() % 300_000) as Micros;
+            let items: Vec<SyncItem> = limits
+                .iter()
+                .map(|(key, params)| SyncItem {
+                    key: key.to_string(),
+                    params: *params,
+                    // Often nothing, so whole tags are only read now and then.
+                    amount: (rng.next() % 12).saturating_sub(4),
+                })
+                .collect();
+            for (state, item) in memory.iter_mut().zip(&items) {
+                if item.amount > 0 {
+                    *state = charge(&item.params, state.as_ref(), now, item.amount)
+                        .filter(|(_, ttl)| *ttl > 0)
+                        .map(|(s, _)| s);
+                }
+            }
+            let (at, shared) = redis
+                .sync_round(replica, round, &items, Some(now))
+                .await
+                .unwrap();
+            assert_eq!(at, now);
+            assert_eq!(shared, memory, "{replica}, round {round}");
+            sent[r].push(items);
+        }
+        // Replica a's reply was lost: its resend comes after b's write of the same round.
+        let (_, again) = redis
+            .sync_round("replica-a", round, &sent[0][round as usize - 1], Some(now))
+            .await
+            .unwrap();
+        assert_eq!(again, memory, "replica-a, round {round} sent again");
+        // A copy of b's previous round, late behind this one.
+        if round > 1 {
+            let (_, late) = redis
+                .sync_round(
+                    "replica-b",
+                    round - 1,
+                    &sent[1][round as usize - 2],
+                    Some(now),
+                )
+                .await
+                .unwrap();
+            assert_eq!(late, memory, "replica-b, round {} late", round - 1);
+        }
+    }
+}
+
+/// On one server a round is one call: one marker per replica in all, none per key.
+#[tokio::test]
+async fn sync_rounds_resent_by_two_replicas_count_once_with_a_marker_per_replica() {
+    let server = RedisServer::start();
+    let redis =
+        RedisStore::connect_with_clock(&server.url(), Duration::from_secs(5), ScriptClock::Argv)
+            .await
+            .unwrap();
+    two_replicas_resending_count_each_round_once(&redis).await;
+    let mut client = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let mut markers: Vec<String> = redis::cmd("KEYS")
+        .arg("*sync:*")
+        .query_async(&mut client)
+        .await
+        .unwrap();
+    markers.sort();
+    assert_eq!(markers, ["eq:|sync:replica-a", "eq:|sync:replica-b"]);
+}
+
+/// On a Cluster a round is one call per hash tag, each with its marker in the tag's slot, and
+/// the replies come back in the round's order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_rounds_resent_on_a_cluster_count_once_with_a_marker_per_tag() {
+    use tollgate::limit::redis_settings::{RedisMode, RedisSettings};
+
+    let cluster = tokio::task::block_in_place(support::RedisCluster::start);
+    let settings = RedisSettings {
+        mode: RedisMode::Cluster(cluster.urls()),
+        ..RedisSettings::standalone("", Duration::from_secs(5))
+    };
+    let redis = RedisStore::open_with_clock(&settings, ScriptClock::Argv)
+        .await
+        .unwrap();
+    two_replicas_resending_count_each_round_once(&redis).await;
+    let mut markers: Vec<String> = cluster
+        .keys("eq:")
+        .into_iter()
+        .filter(|k| k.contains("|sync:"))
+        .collect();
+    markers.sort();
+    let mut expected: Vec<String> = ["{r}", "{r|ann}", "{r|bob}", "{r|dan}"]
+        .iter()
+        .flat_map(|tag| ["replica-a", "replica-b"].map(|r| format!("eq:{tag}|sync:{r}")))
+        .collect();
+    expected.sort();
+    assert_eq!(markers, expected);
+}

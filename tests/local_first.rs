@@ -252,10 +252,10 @@ async fn frozen_redis_divides_the_limit_and_its_return_counts_every_unit_once() 
         .query_async(&mut client)
         .await
         .unwrap();
-    let state_key = keys
-        .iter()
-        .find(|k| !k.ends_with(":sync"))
-        .expect("the limit's state key");
+    // The limit's state is the caller's only key: the round markers are per replica.
+    let [state_key] = keys.as_slice() else {
+        panic!("one key for the caller, its state: {keys:?}")
+    };
     let state: String = ::redis::cmd("GET")
         .arg(state_key)
         .query_async(&mut client)

@@ -86,7 +86,7 @@ impl Algorithm {
 }
 
 /// One limit's parameters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Params {
     pub algorithm: Algorithm,
     /// Units per period (concurrency: max units in flight).

@@ -20,14 +20,16 @@
 local MAX_PRODUCT = 562949953421312 -- 2^49, algorithm::MAX_PRODUCT
 local SLIDING_CAP_NUM = 2251799813685248 -- 2^51, MAX_SAFE / 4
 
--- Stores a string state for `ttl` µs (deleted when ttl <= 0), as decide.lua commits.
+-- Stores a string state for `ttl` µs (deleted when ttl <= 0), as decide.lua commits. Returns
+-- 1 (a state written), then the value now at the key ('' once deleted): sync.lua replies it
+-- instead of reading the key back (settle.lua's loop adds up the first value only).
 local function put(key, state, ttl)
   if ttl > 0 then
     redis.call('SET', key, state, 'PX', num(idiv(ttl + 999, 1000) + TTL_SLACK_MS))
-  else
-    redis.call('DEL', key)
+    return 1, state
   end
-  return 1
+  redis.call('DEL', key)
+  return 1, ''
 end
 
 local function settle(key, code, limit, period, burst, op, amount, taken_at)

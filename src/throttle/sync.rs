@@ -1,7 +1,7 @@
 //! The background rounds of local-first limits (`sync: <duration>`): one task per limit
 //! stage that, at every tick (a multiple of the interval on the store's clock, the same for
-//! every replica), writes each key's usage in one `sync.lua` call (one per key's slot on a
-//! Cluster, all at once) with the replica's heartbeat, and 3/4 of an interval later reads every
+//! every replica), writes each key's usage in one `sync.lua` call (on a Cluster one per hash
+//! tag, all at once) with the replica's heartbeat, and 3/4 of an interval later reads every
 //! key's shared state, which then holds every replica's write of the tick; the replies go to
 //! the engine ([`crate::limit::local_first`]). Requests never wait on it.
 
