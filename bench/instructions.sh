@@ -8,6 +8,7 @@
 # Usage: bench/instructions.sh [BIN...]      (default: target/release/tollgate)
 # Knobs: SCENARIOS="allowed flood" SECONDS_MEASURED=8 CONNECTIONS=1
 #        KEEP=DIR (keep each callgrind profile there, for callgrind_annotate)
+#        SYNC=100ms (every limit local-first with that interval, as bench/run.sh's tollgate-sync)
 #
 # Each build starts under callgrind with instrumentation off, gets one second of warm-up
 # load, then is measured for SECONDS_MEASURED seconds of `wrk -t1 -c CONNECTIONS`; the total
@@ -53,7 +54,12 @@ store:
     timeout: 5s
   on_error: deny
 EOF
-cat "$HERE/routes.yaml" >>"$WORK/tollgate.yaml"
+if [ -n "${SYNC:-}" ]; then
+  sed -E "s/^( *- \{ algorithm: .*[^ ]) *\} *$/\1, sync: $SYNC }/" "$HERE/routes.yaml" \
+    >>"$WORK/tollgate.yaml"
+else
+  cat "$HERE/routes.yaml" >>"$WORK/tollgate.yaml"
+fi
 
 nginx -p "$WORK" -c "$WORK/upstream.conf" -g 'daemon off;' >"$WORK/upstream.log" 2>&1 &
 PIDS+=($!)
