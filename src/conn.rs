@@ -26,6 +26,9 @@
 //!
 //! Both kinds are served by the same hyper settings, made once by [`hyper_builders`]: the
 //! same head size limit (431), header read timeout and HTTP/2 limits over TLS as over TCP.
+//! One difference in who keeps the header read timeout: over TLS hyper does, over plain TCP
+//! the connection's [`IdleIo`] does, because hyper's timer is an allocation and a timer
+//! registration for every request and `IdleIo` already has a timer of its own.
 //!
 //! Graceful shutdown is a [`CancellationToken`]: parked connections close, a serving HTTP/1
 //! connection finishes the request in progress and closes, HTTP/2 connections send GOAWAY.

@@ -9,10 +9,18 @@
 //! download or upload) and upgraded connections (WebSocket tunnels, idle by nature) are never
 //! cut by it.
 //!
+//! On a plain HTTP/1 connection it also bounds a request head: once a byte of a new head has
+//! been read (with no request in flight), the head must be whole (hyper hands the request
+//! over) within `header_read_timeout`, however the client trickles it; then it reports end of
+//! input, which hyper takes as an incomplete message and closes without an answer, as its own
+//! header timeout does.
+//!
 //! The same wrapper finds the moment a plain HTTP/1 connection may be *parked* (its hyper
 //! connection and buffers dropped, see `conn`): hyper asks the socket for more bytes and there
 //! are none, while no request (nor its body) is in flight, no byte has been read since the
-//! last one ended and every byte hyper wrote has reached the socket. Only then is hyper idle
+//! last one ended and every byte hyper wrote has reached the socket. (hyper often asks for the
+//! next head a moment before it lets go of the last response body; that read counts once the
+//! body is let go.) Only then is hyper idle
 //! between messages with nothing buffered that would be lost, so closing it there
 //! (`graceful_shutdown`) neither adds `Connection: close` to a response nor drops a byte. When
 //! a request body is dropped before its end (a refused upload), hyper itself drains the rest

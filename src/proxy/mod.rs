@@ -255,7 +255,12 @@ impl Proxy {
         // Forward.
         let peer_is_trusted = config.throttle.trusted_proxies.contains(conn.peer.ip());
         let request = Request::from_parts(parts, body);
-        let upstream_started = Instant::now();
+        // Without a route nothing happened since `started` worth a clock read of its own.
+        let upstream_started = if route_index.is_some() {
+            Instant::now()
+        } else {
+            started
+        };
         // Prepared and finished here by plain functions, awaited in this one future: each
         // nested async function keeps its own copy of the request in a future that is moved
         // as it is built (measured in docs/performance.md).
