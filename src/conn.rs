@@ -53,10 +53,10 @@ use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use crate::body::{Guarded, ProxyBody};
+use crate::body::Guarded;
 use crate::idle::{Activity, IdleIo, RequestBody, RequestInFlight};
 use crate::metrics::Held;
-use crate::proxy::{ConnInfo, Proxy};
+use crate::proxy::{AnswerBody, ConnInfo, Proxy};
 use crate::upgrade::{Handoff, Rewind};
 
 /// hyper answers 431 when the request head does not fit this buffer.
@@ -137,9 +137,9 @@ impl ConnectionService {
 }
 
 /// What a connection sends back: the proxy's response body, holding the request in flight
-/// until it ends. A type of its own rather than boxed into [`ProxyBody`] once more: that would
-/// be a second allocation and indirection for every response.
-pub type ResponseBody = Guarded<ProxyBody, RequestInFlight>;
+/// until it ends. A type of its own rather than boxed once more: that would be a second
+/// allocation and indirection for every response.
+pub type ResponseBody = Guarded<AnswerBody, RequestInFlight>;
 
 /// What every connection of the server shares.
 pub struct Shared {

@@ -170,7 +170,7 @@ impl Proxy {
     ///
     /// Takes the proxy by value so that the future owns everything it uses and can be
     /// served without being boxed (see `conn`).
-    pub async fn handle<B>(self, request: Request<B>, conn: ConnInfo) -> Response<ProxyBody>
+    pub async fn handle<B>(self, request: Request<B>, conn: ConnInfo) -> Response<AnswerBody>
     where
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<body::BoxError>,
@@ -237,10 +237,11 @@ impl Proxy {
                 Some((set, verdicts, leases, settlement))
             }
             Some(LimitOutcome::Limited { set, verdicts, .. }) => {
-                return refuse(limited_response(render(set, &verdicts)), &log, grpc, true);
+                return refuse(limited_response(render(set, &verdicts)), &log, grpc, true)
+                    .map(AnswerBody::Own);
             }
             Some(LimitOutcome::LimitedFromCache { rendered, .. }) => {
-                return refuse(limited_response(rendered), &log, grpc, true);
+                return refuse(limited_response(rendered), &log, grpc, true).map(AnswerBody::Own);
             }
             Some(LimitOutcome::StoreUnavailable { .. }) => {
                 return refuse(
@@ -248,7 +249,8 @@ impl Proxy {
                     &log,
                     grpc,
                     false,
-                );
+                )
+                .map(AnswerBody::Own);
             }
         };
 
@@ -299,7 +301,7 @@ impl Proxy {
                         tracing::warn!(method = %log.method, path = %log.path(), peer = %conn.peer, status, side = error.source_side(), cause = %error, source = ?std::error::Error::source(&error), "request failed")
                     }
                 }
-                error.into_response()
+                error.into_response().map(AnswerBody::Own)
             }
         };
 
@@ -307,7 +309,9 @@ impl Proxy {
         if let Some((set, verdicts, leases, settlement)) = admitted {
             if let Some(settlement) = settlement {
                 // count_statuses settles on this head, cost_from_response at the body's end.
-                response = settlement.on_response(response, from_upstream);
+                response = settlement
+                    .on_response(response.map(AnswerBody::boxed), from_upstream)
+                    .map(AnswerBody::Own);
             }
             if !verdicts.is_empty() {
                 limit_headers::add_fields(
@@ -321,13 +325,15 @@ impl Proxy {
             if let Some(leases) = leases {
                 // The slots are held until the response body is done (or the client leaves).
                 let (parts, body) = response.into_parts();
-                response = Response::from_parts(parts, body::with_guard(body, leases));
+                let body = body::with_guard(body.boxed(), leases);
+                response = Response::from_parts(parts, AnswerBody::Own(body));
             }
         }
         log.finish(response.status().as_u16(), log.upstream);
         if grpc && !from_upstream {
             // After the log, which keeps the HTTP status tollgate chose.
-            response = crate::grpc::translate(response, false);
+            response =
+                crate::grpc::translate(response.map(AnswerBody::boxed), false).map(AnswerBody::Own);
         }
         response
     }
@@ -338,7 +344,7 @@ impl Proxy {
         &self,
         returning: Returning,
         answered: Result<Response<upstream::UpstreamBody>, ProxyError>,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
+    ) -> Result<Response<AnswerBody>, ProxyError> {
         let mut response = match answered {
             Ok(response) => response,
             Err(_)
@@ -358,12 +364,61 @@ impl Proxy {
                 crate::upgrade::spawn_tunnel(&self.inner.tunnels, client_upgrade, &mut response);
             }
             let (parts, _) = response.into_parts();
-            return Ok(Response::from_parts(parts, body::empty()));
+            return Ok(Response::from_parts(parts, AnswerBody::Own(body::empty())));
         }
 
         let (mut parts, incoming) = response.into_parts();
         headers::remove_hop_by_hop(&mut parts.headers, false);
-        Ok(Response::from_parts(parts, body::boxed(incoming)))
+        Ok(Response::from_parts(parts, AnswerBody::Upstream(incoming)))
+    }
+}
+
+/// The body of every response the proxy sends: the upstream's own, passed through as it is
+/// (no allocation, no dynamic call per frame: the common case), or one tollgate made or
+/// wrapped (its answers, settlements, concurrency leases).
+pub enum AnswerBody {
+    Upstream(upstream::UpstreamBody),
+    Own(ProxyBody),
+}
+
+impl AnswerBody {
+    /// As a [`ProxyBody`], for what wraps any body.
+    pub fn boxed(self) -> ProxyBody {
+        match self {
+            AnswerBody::Upstream(body) => body::boxed(body),
+            AnswerBody::Own(body) => body,
+        }
+    }
+}
+
+impl http_body::Body for AnswerBody {
+    type Data = Bytes;
+    type Error = body::BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, body::BoxError>>> {
+        match self.get_mut() {
+            AnswerBody::Upstream(body) => {
+                std::pin::Pin::new(body).poll_frame(cx).map_err(Into::into)
+            }
+            AnswerBody::Own(body) => std::pin::Pin::new(body).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            AnswerBody::Upstream(body) => body.is_end_stream(),
+            AnswerBody::Own(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            AnswerBody::Upstream(body) => body.size_hint(),
+            AnswerBody::Own(body) => body.size_hint(),
+        }
     }
 }
 
