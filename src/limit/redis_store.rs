@@ -34,7 +34,7 @@ pub struct RedisStore {
     /// Shared with the coalescer, which sends its batches through it.
     runner: Arc<ScriptRunner>,
     clock: ScriptClock,
-    description: String,
+    description: Arc<str>,
     /// Set with `coalesce: true`: decisions go through its queue.
     coalescer: Option<Arc<Coalescer>>,
 }
@@ -80,7 +80,7 @@ impl RedisStore {
         Ok(RedisStore {
             runner,
             clock,
-            description: describe(config),
+            description: describe(config).into(),
             coalescer,
         })
     }
@@ -123,8 +123,8 @@ impl RedisStore {
             command.arg(now).arg(decisions.len());
             for (checks, leases) in decisions.iter().zip(&lease_ids) {
                 command.arg(checks.len());
-                for (c, lease) in checks.iter().zip(leases) {
-                    for value in check_args(c, *lease) {
+                for (i, c) in checks.iter().enumerate() {
+                    for value in check_args(c, lease_at(leases, i)) {
                         command.arg(value);
                     }
                 }
@@ -177,8 +177,8 @@ impl RedisStore {
         ) {
             let keys = checks.iter().map(|c| c.key.to_string()).collect();
             let mut values = Vec::with_capacity(ARGS_PER_CHECK * checks.len());
-            for (c, lease) in checks.iter().zip(&lease_ids) {
-                values.extend(check_args(c, *lease));
+            for (i, c) in checks.iter().enumerate() {
+                values.extend(check_args(c, lease_at(&lease_ids, i)));
             }
             let timeout = self.runner.timeout();
             let reply = tokio::time::timeout(timeout, coalescer.decide(keys, values))
@@ -186,19 +186,27 @@ impl RedisStore {
                 .map_err(|_| StoreError::Timeout(timeout))??;
             return parse_decision(checks, &lease_ids, &reply);
         }
-        let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
+        // One check (the usual route) needs no vector of keys.
+        let (one, many): ([&str; 1], Vec<&str>);
+        let keys: &[&str] = if let [check] = checks {
+            one = [check.key];
+            &one
+        } else {
+            many = checks.iter().map(|c| c.key).collect();
+            &many
+        };
         // Numbers go straight into the command buffer (no string per argument).
         let args = |command: &mut redis::Cmd| {
             if let Some(now) = now {
                 command.arg(now);
             }
-            for (c, lease) in checks.iter().zip(&lease_ids) {
-                for value in check_args(c, *lease) {
+            for (i, c) in checks.iter().enumerate() {
+                for value in check_args(c, lease_at(&lease_ids, i)) {
                     command.arg(value);
                 }
             }
         };
-        let PackedInts(reply) = self.runner.eval(script, &keys, args).await?;
+        let PackedInts(reply) = self.runner.eval(script, keys, args).await?;
         parse_decision(checks, &lease_ids, &reply)
     }
 
@@ -457,7 +465,7 @@ impl RedisStore {
     /// `"redis redis://host:port/db"` (or the cluster's seeds, or the Sentinel master), with
     /// any user/password left out.
     pub fn describe(&self) -> String {
-        self.description.clone()
+        self.description.to_string()
     }
 
     /// Runs one plain command (`DEL`, `GET`, `INCR` of the operators' endpoints), routed by
@@ -510,8 +518,15 @@ fn redact(url: &str) -> String {
     }
 }
 
-/// A fresh lease id for each concurrency check, 0 for the others.
+/// A fresh lease id for each concurrency check, 0 for the others; empty (no allocation)
+/// when no check is a concurrency limit, which [`lease_at`] reads as all 0.
 fn lease_ids(checks: &[Check<'_>]) -> Vec<u64> {
+    if !checks
+        .iter()
+        .any(|c| c.params.algorithm == Algorithm::Concurrency)
+    {
+        return Vec::new();
+    }
     checks
         .iter()
         .map(|c| match c.params.algorithm {
@@ -519,6 +534,11 @@ fn lease_ids(checks: &[Check<'_>]) -> Vec<u64> {
             _ => 0,
         })
         .collect()
+}
+
+/// The lease id of check `i` in `ids` (from [`lease_ids`]).
+fn lease_at(ids: &[u64], i: usize) -> u64 {
+    ids.get(i).copied().unwrap_or(0)
 }
 
 /// The seven `settle.lua` arguments of one settlement: algorithm code, limit, period_us,
@@ -584,7 +604,7 @@ fn parse_decision(
     let allowed = flag(reply[0])?;
     let mut verdicts = Vec::with_capacity(checks.len());
     let mut leases = Vec::new();
-    for (i, (c, id)) in checks.iter().zip(lease_ids).enumerate() {
+    for (i, c) in checks.iter().enumerate() {
         let r = &reply[1 + 5 * i..6 + 5 * i];
         let verdict = Verdict {
             allowed: flag(r[0])?,
@@ -596,7 +616,7 @@ fn parse_decision(
         if allowed && verdict.allowed && c.params.algorithm == Algorithm::Concurrency {
             leases.push(Lease {
                 key: c.key.to_string(),
-                id: *id,
+                id: lease_at(lease_ids, i),
                 params: c.params,
             });
         }
