@@ -25,6 +25,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::lua::{split_batch_reply, PackedInts};
+use super::redis_store::CheckArg;
 use super::script_runner::ScriptRunner;
 use super::StoreError;
 
@@ -42,7 +43,7 @@ const QUEUE: usize = 1024;
 /// the single-decision script takes them.
 pub struct Pending {
     pub keys: Vec<String>,
-    pub args: Vec<u64>,
+    pub args: Vec<CheckArg>,
     pub reply: oneshot::Sender<Result<Vec<i64>, StoreError>>,
 }
 
@@ -62,7 +63,11 @@ impl Coalescer {
     }
 
     /// Queues one decision and waits for its reply values. The caller bounds the wait.
-    pub async fn decide(&self, keys: Vec<String>, args: Vec<u64>) -> Result<Vec<i64>, StoreError> {
+    pub async fn decide(
+        &self,
+        keys: Vec<String>,
+        args: Vec<CheckArg>,
+    ) -> Result<Vec<i64>, StoreError> {
         let (reply, answer) = oneshot::channel();
         let gone = || StoreError::Protocol("the coalescing task has stopped".into());
         self.queue
@@ -113,7 +118,7 @@ async fn send_batch(runner: &ScriptRunner, batch: Vec<Pending>) {
         let keys: Vec<&str> = one.keys.iter().map(String::as_str).collect();
         let args = |command: &mut redis::Cmd| {
             for value in &one.args {
-                command.arg(*value);
+                command.arg(value.as_bytes());
             }
         };
         runner
@@ -130,7 +135,7 @@ async fn send_batch(runner: &ScriptRunner, batch: Vec<Pending>) {
             for p in &batch {
                 command.arg(p.keys.len());
                 for value in &p.args {
-                    command.arg(*value);
+                    command.arg(value.as_bytes());
                 }
             }
         };

@@ -292,8 +292,9 @@ impl ScriptRunner {
         keys: &[&str],
         args: impl Fn(&mut redis::Cmd),
     ) -> Result<T, StoreError> {
-        // Sized for the decide script (up to 8 arguments per key) so building it reallocates
-        // nothing.
+        // Sized for the decide script (one argument per key, usually a few dozen bytes; up to
+        // 167 with a concurrency lease id and 20-digit limits) and settle.lua's seven numbers
+        // per key, so building it rarely reallocates.
         let data = 64 + keys.iter().map(|k| k.len() + 64).sum::<usize>();
         let command = |name: &str, first: &str| {
             let mut c = redis::Cmd::with_capacity(3 + 9 * keys.len(), data + first.len());

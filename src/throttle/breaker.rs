@@ -100,16 +100,20 @@ impl<C: Clock> Breaker<C> {
     /// Whether a call may be made now. An expired cool-down hands out exactly one probe.
     pub fn permit(&self) -> Permit {
         let mut state = self.state();
+        // The clock is read only while the breaker is not closed: a closed breaker (every
+        // call while Redis answers) costs the lock alone.
+        let until = match *state {
+            State::Closed { .. } => return Permit::Call,
+            State::Open { until } | State::Probing { until } => until,
+        };
         let now = self.clock.now();
-        match *state {
-            State::Closed { .. } => Permit::Call,
-            State::Open { until } | State::Probing { until } if now >= until => {
-                *state = State::Probing {
-                    until: now + self.probe_timeout,
-                };
-                Permit::Call
-            }
-            State::Open { .. } | State::Probing { .. } => Permit::Refuse,
+        if now >= until {
+            *state = State::Probing {
+                until: now + self.probe_timeout,
+            };
+            Permit::Call
+        } else {
+            Permit::Refuse
         }
     }
 

@@ -37,12 +37,24 @@ pub fn build(
     };
     let mut keys = Vec::with_capacity(set.len());
     if set.shared_key {
-        let mut identity = String::new();
+        // The first key is written in place, its identity straight after the head; the
+        // others copy that identity from it (no string of the identity alone).
         if let Some(first) = set.first() {
-            identities.write(&first.key, &mut identity);
-        }
-        for l in set.iter() {
-            keys.push(shared_key(prefix, &set.key_name, &identity, &l.name));
+            let mut key =
+                String::with_capacity(prefix.len() + set.key_name.len() + first.name.len() + 80);
+            key.push_str(prefix);
+            key.push('{');
+            key.push_str(&set.key_name);
+            key.push('|');
+            let start = key.len();
+            identities.write(&first.key, &mut key);
+            let end = key.len();
+            key.push_str("}:");
+            key.push_str(&first.name);
+            for l in set.iter().skip(1) {
+                keys.push(shared_key(prefix, &set.key_name, &key[start..end], &l.name));
+            }
+            keys.insert(0, key);
         }
     } else {
         for l in set.iter() {

@@ -281,16 +281,23 @@ impl LimitStage {
                 return LimitOutcome::LimitedFromCache { identity, rendered };
             }
         }
-        let checks: Vec<Check<'_>> = set
-            .iter()
-            .zip(&keys)
-            .map(|(limit, key)| Check {
+        fn check<'k>((limit, key): (&crate::config::Limit, &'k String)) -> Check<'k> {
+            Check {
                 key,
                 params: limit.params,
                 shadow: limit.shadow,
                 block_us: limit.block_us(),
-            })
-            .collect();
+            }
+        }
+        // One limit (the usual route) needs no vector of checks.
+        let (one, many): ([Check<'_>; 1], Vec<Check<'_>>);
+        let checks: &[Check<'_>] = if let ([limit], [key]) = (&set[..], &keys[..]) {
+            one = [check((limit, key))];
+            &one
+        } else {
+            many = set.iter().zip(&keys).map(check).collect();
+            &many
+        };
 
         // Delay mode keeps arrival order per key: every request of such a route takes its turn
         // in a per-key queue before deciding, bounded by the route's smallest max_delay.
@@ -310,13 +317,19 @@ impl LimitStage {
         };
         loop {
             let asked_at = Instant::now();
-            let Some((decision, reason)) = self.decide(set, &checks).await else {
+            let Some((decision, reason)) = self.decide(set, checks).await else {
                 return LimitOutcome::StoreUnavailable { identity };
             };
             if decision.allowed {
                 drop(turn);
-                let store = self.deciding_store(set, reason);
-                let settlement = settle::Obligation::new(set, &keys, &decision, store);
+                // Only a limit that sees the response owes anything: the store (a clone) is
+                // looked up for those alone.
+                let settlement = if set.iter().any(|l| l.by_response.is_some()) {
+                    let store = self.deciding_store(set, reason);
+                    settle::Obligation::new(set, &keys, &decision, store)
+                } else {
+                    None
+                };
                 return self.admitted(set, identity, decision, reason, settlement);
             }
             let wait = match (deadline, &turn, delay_for(set, &decision.verdicts)) {
@@ -395,7 +408,12 @@ impl LimitStage {
     }
 
     fn global_store(&self) -> Option<Store> {
-        self.redis.as_ref().and_then(|cell| cell.get().cloned())
+        self.global_store_ref().cloned()
+    }
+
+    /// The Redis store once connected, borrowed (a decision needs no clone of it).
+    fn global_store_ref(&self) -> Option<&Store> {
+        self.redis.as_ref().and_then(|cell| cell.get())
     }
 
     /// One atomic decision over all limits of the set, with `on_error` applied: how it was
@@ -490,7 +508,7 @@ impl LimitStage {
     }
 
     async fn decide_global(&self, checks: &[Check<'_>]) -> Option<(Decision, AdmitReason)> {
-        let result = match (self.global_store(), self.breaker.permit()) {
+        let result = match (self.global_store_ref(), self.breaker.permit()) {
             (None, _) => Err(StoreError::Protocol("not connected yet".into())),
             (Some(_), breaker::Permit::Refuse) => Err(StoreError::CircuitOpen),
             (Some(store), breaker::Permit::Call) => {
@@ -512,7 +530,10 @@ impl LimitStage {
         };
         match result {
             Ok(decision) => {
-                if !self.store_up.swap(true, Ordering::Relaxed) {
+                // Read first: while the store is up (every call) nothing is written.
+                if !self.store_up.load(Ordering::Relaxed)
+                    && !self.store_up.swap(true, Ordering::Relaxed)
+                {
                     tracing::info!("rate limit store is back");
                 }
                 Some((decision, AdmitReason::Allowed))
