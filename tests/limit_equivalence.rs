@@ -504,13 +504,7 @@ async fn sync_rounds_and_memory_charges_agree() {
                     amount: rng.next() % (2 * burst.max(limit) + 3),
                 })
                 .collect();
-            for (state, item) in memory.iter_mut().zip(&items) {
-                if item.amount > 0 {
-                    *state = charge(&item.params, state.as_ref(), now, item.amount)
-                        .filter(|(_, ttl)| *ttl > 0)
-                        .map(|(s, _)| s);
-                }
-            }
+            charge_in_memory(&mut memory, &items, now);
             let (at, shared) = redis
                 .sync_round("replica-a", round, &items, Some(now))
                 .await
@@ -566,7 +560,7 @@ async fn sync_rounds_and_memory_charges_agree() {
 /// once more after a newer one (a late copy still queued); a tag with no usage in a round is
 /// only read. Every reply equals the memory charges of each round applied once.
 async fn two_replicas_resending_count_each_round_once(redis: &RedisStore) {
-    use tollgate::limit::algorithm::{charge, State};
+    use tollgate::limit::algorithm::State;
     use tollgate::limit::local_first::SyncItem;
 
     let limits = [
@@ -605,13 +599,7 @@ async fn two_replicas_resending_count_each_round_once(redis: &RedisStore) {
                     amount: (rng.next() % 12).saturating_sub(4),
                 })
                 .collect();
-            for (state, item) in memory.iter_mut().zip(&items) {
-                if item.amount > 0 {
-                    *state = charge(&item.params, state.as_ref(), now, item.amount)
-                        .filter(|(_, ttl)| *ttl > 0)
-                        .map(|(s, _)| s);
-                }
-            }
+            charge_in_memory(&mut memory, &items, now);
             let (at, shared) = redis
                 .sync_round(replica, round, &items, Some(now))
                 .await
@@ -692,4 +680,20 @@ async fn sync_rounds_resent_on_a_cluster_count_once_with_a_marker_per_tag() {
         .collect();
     expected.sort();
     assert_eq!(markers, expected);
+}
+
+/// What a round's usage does to the in-memory states: the arithmetic sync.lua must mirror.
+fn charge_in_memory(
+    memory: &mut [Option<tollgate::limit::algorithm::State>],
+    items: &[tollgate::limit::local_first::SyncItem],
+    now: Micros,
+) {
+    use tollgate::limit::algorithm::charge;
+    for (state, item) in memory.iter_mut().zip(items) {
+        if item.amount > 0 {
+            *state = charge(&item.params, state.as_ref(), now, item.amount)
+                .filter(|(_, ttl)| *ttl > 0)
+                .map(|(s, _)| s);
+        }
+    }
 }
