@@ -299,8 +299,9 @@ impl<T: AsyncRead> AsyncRead for IdleIo<T> {
             // Only the request's end can make the connection idle, and hyper reads again then.
             return Poll::Pending;
         }
-        // Nothing to read: the timer decides whether to keep waiting. Moving the deadline only
-        // when it fires keeps the per-byte cost to one clock read.
+        // Nothing to read: the timer decides whether to keep waiting. Stamping the last
+        // transfer here and moving the deadline only when the timer fires keeps reads and
+        // writes free of clock reads.
         let now = Instant::now();
         if std::mem::take(this.moved) {
             *this.last_activity = now;
@@ -323,21 +324,22 @@ impl<T: AsyncRead> AsyncRead for IdleIo<T> {
             let idle = last_activity + *this.timeout;
             head.map_or(idle, |head: Instant| head.min(idle))
         };
-        let timer = this.timer.get_or_insert_with(|| {
-            Box::pin(tokio::time::sleep_until(deadline(*this.last_activity)))
-        });
-        if deadline(*this.last_activity) < timer.deadline() {
-            timer.as_mut().reset(deadline(*this.last_activity));
+        let wanted = deadline(*this.last_activity);
+        let timer = this
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(wanted)));
+        if wanted < timer.deadline() {
+            timer.as_mut().reset(wanted);
         }
         loop {
             if timer.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
+            let now = Instant::now();
             if std::mem::take(this.moved) {
-                *this.last_activity = Instant::now();
+                *this.last_activity = now;
             }
             let deadline = deadline(*this.last_activity);
-            let now = Instant::now();
             if deadline > now {
                 timer.as_mut().reset(deadline);
             } else if this.activity.busy() {

@@ -99,12 +99,7 @@ pub fn scan(headers: &HeaderMap) -> Found {
 
 /// True when `headers` ask to switch protocols (an HTTP/1.1 `Connection: upgrade` with an
 /// `Upgrade` header).
-pub fn is_upgrade_request(headers: &HeaderMap) -> bool {
-    asks_upgrade(headers, &scan(headers))
-}
-
-/// [`is_upgrade_request`] for headers already scanned.
-pub fn asks_upgrade(headers: &HeaderMap, found: &Found) -> bool {
+pub fn is_upgrade_request(headers: &HeaderMap, found: &Found) -> bool {
     found.hop_by_hop & UPGRADE_BIT != 0
         && found.hop_by_hop & CONNECTION_BIT != 0
         && connection_has_token(headers, "upgrade")
@@ -129,17 +124,12 @@ fn connection_has_token(headers: &HeaderMap, token: &str) -> bool {
         .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
-/// Removes hop-by-hop headers. With `keep_upgrade`, `Connection: upgrade` and `Upgrade` stay so
-/// the next hop can switch protocols too. `TE: trailers` is kept on requests (gRPC needs it);
-/// every other TE value is hop-by-hop.
-pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    let mut found = scan(headers);
-    remove_found_hop_by_hop(headers, keep_upgrade, &mut found);
-}
-
-/// [`remove_hop_by_hop`] for headers already scanned; `found` stays true to the headers for
-/// the forwarding facts (X-Forwarded-*, Content-Type) and keeps the Host seen before.
-pub fn remove_found_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool, found: &mut Found) {
+/// Removes hop-by-hop headers (as `found` by [`scan`]). With `keep_upgrade`, `Connection:
+/// upgrade` and `Upgrade` stay so the next hop can switch protocols too. `TE: trailers` is kept
+/// on requests (gRPC needs it); every other TE value is hop-by-hop. `found` stays true to the
+/// headers for the forwarding facts (X-Forwarded-*, Content-Type) and keeps the Host seen
+/// before.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool, found: &mut Found) {
     if found.hop_by_hop == 0 && !found.te {
         return;
     }
@@ -194,21 +184,10 @@ pub fn remove_found_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool, foun
 }
 
 /// Appends `peer` to X-Forwarded-For (folding any earlier lines into one, in order) and sets
-/// X-Forwarded-Proto and X-Forwarded-Host. When the peer is a trusted proxy its own
-/// X-Forwarded-Proto/-Host are kept: it saw the client, we did not.
+/// X-Forwarded-Proto and X-Forwarded-Host, asking the map only about what [`scan`] found. When
+/// the peer is a trusted proxy its own X-Forwarded-Proto/-Host are kept: it saw the client, we
+/// did not.
 pub fn add_forwarded(
-    headers: &mut HeaderMap,
-    peer: IpAddr,
-    proto: &'static str,
-    host: Option<&HeaderValue>,
-    peer_is_trusted: bool,
-) {
-    let found = scan(headers);
-    add_found_forwarded(headers, &found, peer, proto, host, peer_is_trusted);
-}
-
-/// [`add_forwarded`] for headers already scanned.
-pub fn add_found_forwarded(
     headers: &mut HeaderMap,
     found: &Found,
     peer: IpAddr,
@@ -293,6 +272,24 @@ mod tests {
         h
     }
 
+    /// Scans and removes, as the proxy does.
+    fn strip(h: &mut HeaderMap, keep_upgrade: bool) {
+        let mut found = scan(h);
+        remove_hop_by_hop(h, keep_upgrade, &mut found);
+    }
+
+    /// Scans and adds X-Forwarded-*, as the proxy does.
+    fn forward(
+        h: &mut HeaderMap,
+        peer: IpAddr,
+        proto: &'static str,
+        host: Option<&HeaderValue>,
+        trusted: bool,
+    ) {
+        let found = scan(h);
+        add_forwarded(h, &found, peer, proto, host, trusted);
+    }
+
     fn names(h: &HeaderMap) -> Vec<String> {
         let mut n: Vec<String> = h.keys().map(|k| k.to_string()).collect();
         n.sort();
@@ -315,7 +312,7 @@ mod tests {
             ("set-cookie", "b=2"),
             ("x-kept", "yes"),
         ]);
-        remove_hop_by_hop(&mut h, false);
+        strip(&mut h, false);
         assert_eq!(names(&h), ["set-cookie", "x-kept"]);
         let cookies: Vec<_> = h.get_all("set-cookie").iter().collect();
         assert_eq!(cookies, ["a=1", "b=2"]);
@@ -335,11 +332,11 @@ mod tests {
             "te",
         ] {
             let mut h = map(&[(name, "x"), ("x-kept", "yes")]);
-            remove_hop_by_hop(&mut h, false);
+            strip(&mut h, false);
             assert_eq!(names(&h), ["x-kept"], "{name}");
         }
         let mut h = map(&[("x-kept", "yes"), ("host", "a")]);
-        remove_hop_by_hop(&mut h, false);
+        strip(&mut h, false);
         assert_eq!(names(&h), ["host", "x-kept"]);
     }
 
@@ -352,7 +349,7 @@ mod tests {
             ("keep-alive", "timeout=5"),
             ("x-kept", "yes"),
         ]);
-        remove_hop_by_hop(&mut h, false);
+        strip(&mut h, false);
         assert_eq!(names(&h), ["x-kept"]);
         let mut h = map(&[
             ("connection", " x-hop ,KEEP-ALIVE, x-other"),
@@ -360,7 +357,7 @@ mod tests {
             ("x-other", "2"),
             ("x-kept", "yes"),
         ]);
-        remove_hop_by_hop(&mut h, false);
+        strip(&mut h, false);
         assert_eq!(names(&h), ["x-kept"]);
         // A header named on a second Connection line, after one that names none.
         let mut h = map(&[
@@ -369,7 +366,7 @@ mod tests {
             ("x-hop", "1"),
             ("x-kept", "yes"),
         ]);
-        remove_hop_by_hop(&mut h, false);
+        strip(&mut h, false);
         assert_eq!(names(&h), ["x-kept"]);
     }
 
@@ -386,9 +383,9 @@ mod tests {
         let mut found = scan(&h);
         assert_eq!(found.host_lines, 2);
         assert_eq!(found.host.clone().unwrap(), "a");
-        remove_found_hop_by_hop(&mut h, false, &mut found);
+        remove_hop_by_hop(&mut h, false, &mut found);
         let ip = "10.0.0.1".parse().unwrap();
-        add_found_forwarded(&mut h, &found, ip, "http", None, true);
+        add_forwarded(&mut h, &found, ip, "http", None, true);
         assert_eq!(h.get("x-forwarded-proto").unwrap(), "http");
         assert_eq!(h.get("x-forwarded-for").unwrap(), "10.0.0.1");
         assert_eq!(scan(&map(&[("host", "a")])).host_lines, 1);
@@ -398,7 +395,7 @@ mod tests {
     #[test]
     fn te_trailers_survives_for_grpc() {
         let mut h = map(&[("te", "trailers, deflate")]);
-        remove_hop_by_hop(&mut h, false);
+        strip(&mut h, false);
         assert_eq!(h.get("te").unwrap(), "trailers");
     }
 
@@ -409,18 +406,19 @@ mod tests {
             ("upgrade", "websocket"),
             ("sec-websocket-key", "abc"),
         ]);
-        assert!(is_upgrade_request(&h));
-        remove_hop_by_hop(&mut h, true);
+        assert!(is_upgrade_request(&h, &scan(&h)));
+        strip(&mut h, true);
         assert_eq!(h.get("connection").unwrap(), "upgrade");
         assert_eq!(h.get("upgrade").unwrap(), "websocket");
         assert_eq!(h.get("sec-websocket-key").unwrap(), "abc");
-        assert!(!is_upgrade_request(&map(&[("upgrade", "websocket")])));
+        let h = map(&[("upgrade", "websocket")]);
+        assert!(!is_upgrade_request(&h, &scan(&h)));
     }
 
     #[test]
     fn forwarded_for_is_added_when_absent_and_ipv6_kept_whole() {
         let mut h = map(&[("x-forwarded-for", "  ")]);
-        add_forwarded(&mut h, "2001:db8::1".parse().unwrap(), "https", None, false);
+        forward(&mut h, "2001:db8::1".parse().unwrap(), "https", None, false);
         assert_eq!(h.get("x-forwarded-for").unwrap(), "2001:db8::1");
         assert_eq!(h.get("x-forwarded-proto").unwrap(), "https");
         assert!(h.get("x-forwarded-host").is_none());
@@ -445,7 +443,7 @@ mod tests {
         ];
         for (peer, expected) in peers.iter().zip(expected) {
             let mut h = HeaderMap::new();
-            add_forwarded(&mut h, peer.parse().unwrap(), "http", None, false);
+            forward(&mut h, peer.parse().unwrap(), "http", None, false);
             assert_eq!(h.get("x-forwarded-for").unwrap(), expected, "peer {peer}");
         }
     }
@@ -458,7 +456,7 @@ mod tests {
             ("x-forwarded-proto", "https"),
         ]);
         let host = HeaderValue::from_static("example.com");
-        add_forwarded(
+        forward(
             &mut h,
             "10.0.0.9".parse().unwrap(),
             "http",
@@ -481,7 +479,7 @@ mod tests {
             ("x-forwarded-host", "public.example"),
         ]);
         let host = HeaderValue::from_static("internal");
-        add_forwarded(
+        forward(
             &mut h,
             "::ffff:10.0.0.1".parse().unwrap(),
             "http",

@@ -237,11 +237,10 @@ impl Proxy {
                 Some((set, verdicts, leases, settlement))
             }
             Some(LimitOutcome::Limited { set, verdicts, .. }) => {
-                return refuse(limited_response(render(set, &verdicts)), &log, grpc, true)
-                    .map(AnswerBody::Own);
+                return refuse(limited_response(render(set, &verdicts)), &log, grpc, true);
             }
             Some(LimitOutcome::LimitedFromCache { rendered, .. }) => {
-                return refuse(limited_response(rendered), &log, grpc, true).map(AnswerBody::Own);
+                return refuse(limited_response(rendered), &log, grpc, true);
             }
             Some(LimitOutcome::StoreUnavailable { .. }) => {
                 return refuse(
@@ -249,8 +248,7 @@ impl Proxy {
                     &log,
                     grpc,
                     false,
-                )
-                .map(AnswerBody::Own);
+                );
             }
         };
 
@@ -301,7 +299,7 @@ impl Proxy {
                         tracing::warn!(method = %log.method, path = %log.path(), peer = %conn.peer, status, side = error.source_side(), cause = %error, source = ?std::error::Error::source(&error), "request failed")
                     }
                 }
-                error.into_response().map(AnswerBody::Own)
+                error.into_response().map(AnswerBody::Right)
             }
         };
 
@@ -310,8 +308,8 @@ impl Proxy {
             if let Some(settlement) = settlement {
                 // count_statuses settles on this head, cost_from_response at the body's end.
                 response = settlement
-                    .on_response(response.map(AnswerBody::boxed), from_upstream)
-                    .map(AnswerBody::Own);
+                    .on_response(response.map(boxed_answer), from_upstream)
+                    .map(AnswerBody::Right);
             }
             if !verdicts.is_empty() {
                 limit_headers::add_fields(
@@ -325,15 +323,15 @@ impl Proxy {
             if let Some(leases) = leases {
                 // The slots are held until the response body is done (or the client leaves).
                 let (parts, body) = response.into_parts();
-                let body = body::with_guard(body.boxed(), leases);
-                response = Response::from_parts(parts, AnswerBody::Own(body));
+                let body = body::with_guard(boxed_answer(body), leases);
+                response = Response::from_parts(parts, AnswerBody::Right(body));
             }
         }
         log.finish(response.status().as_u16(), log.upstream);
         if grpc && !from_upstream {
             // After the log, which keeps the HTTP status tollgate chose.
             response =
-                crate::grpc::translate(response.map(AnswerBody::boxed), false).map(AnswerBody::Own);
+                crate::grpc::translate(response.map(boxed_answer), false).map(AnswerBody::Right);
         }
         response
     }
@@ -347,16 +345,14 @@ impl Proxy {
     ) -> Result<Response<AnswerBody>, ProxyError> {
         let mut response = match answered {
             Ok(response) => response,
-            Err(_)
-                if returning
-                    .exceeded
-                    .is_some_and(|f| f.load(Ordering::Acquire)) =>
-            {
-                return Err(ProxyError::BodyTooLarge {
-                    limit: returning.body_limit.unwrap_or_default(),
+            Err(error) => {
+                return Err(match returning.exceeded {
+                    Some((flag, limit)) if flag.load(Ordering::Acquire) => {
+                        ProxyError::BodyTooLarge { limit }
+                    }
+                    _ => error,
                 })
             }
-            Err(e) => return Err(e),
         };
 
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
@@ -364,61 +360,29 @@ impl Proxy {
                 crate::upgrade::spawn_tunnel(&self.inner.tunnels, client_upgrade, &mut response);
             }
             let (parts, _) = response.into_parts();
-            return Ok(Response::from_parts(parts, AnswerBody::Own(body::empty())));
+            return Ok(Response::from_parts(
+                parts,
+                AnswerBody::Right(body::empty()),
+            ));
         }
 
         let (mut parts, incoming) = response.into_parts();
-        headers::remove_hop_by_hop(&mut parts.headers, false);
-        Ok(Response::from_parts(parts, AnswerBody::Upstream(incoming)))
+        let mut found = headers::scan(&parts.headers);
+        headers::remove_hop_by_hop(&mut parts.headers, false, &mut found);
+        Ok(Response::from_parts(parts, AnswerBody::Left(incoming)))
     }
 }
 
-/// The body of every response the proxy sends: the upstream's own, passed through as it is
-/// (no allocation, no dynamic call per frame: the common case), or one tollgate made or
-/// wrapped (its answers, settlements, concurrency leases).
-pub enum AnswerBody {
-    Upstream(upstream::UpstreamBody),
-    Own(ProxyBody),
-}
+/// The body of every response the proxy sends: `Left`, the upstream's own, passed through as
+/// it is (no allocation, no dynamic call per frame: the common case), or `Right`, one tollgate
+/// made or wrapped (its answers, settlements, concurrency leases).
+pub type AnswerBody = http_body_util::Either<upstream::UpstreamBody, ProxyBody>;
 
-impl AnswerBody {
-    /// As a [`ProxyBody`], for what wraps any body.
-    pub fn boxed(self) -> ProxyBody {
-        match self {
-            AnswerBody::Upstream(body) => body::boxed(body),
-            AnswerBody::Own(body) => body,
-        }
-    }
-}
-
-impl http_body::Body for AnswerBody {
-    type Data = Bytes;
-    type Error = body::BoxError;
-
-    fn poll_frame(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, body::BoxError>>> {
-        match self.get_mut() {
-            AnswerBody::Upstream(body) => {
-                std::pin::Pin::new(body).poll_frame(cx).map_err(Into::into)
-            }
-            AnswerBody::Own(body) => std::pin::Pin::new(body).poll_frame(cx),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            AnswerBody::Upstream(body) => body.is_end_stream(),
-            AnswerBody::Own(body) => body.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        match self {
-            AnswerBody::Upstream(body) => body.size_hint(),
-            AnswerBody::Own(body) => body.size_hint(),
-        }
+/// An answer's body as a [`ProxyBody`], for what wraps any body.
+fn boxed_answer(body: AnswerBody) -> ProxyBody {
+    match body {
+        AnswerBody::Left(upstream) => body::boxed(upstream),
+        AnswerBody::Right(own) => own,
     }
 }
 
@@ -426,9 +390,8 @@ impl http_body::Body for AnswerBody {
 struct Returning {
     /// The client's side of a protocol upgrade, for the tunnel.
     client_upgrade: Option<crate::upgrade::ClientSide>,
-    /// Raised when the request body passed `max_request_body` on its way out.
-    exceeded: Option<Arc<std::sync::atomic::AtomicBool>>,
-    body_limit: Option<u64>,
+    /// With `max_request_body`: raised when the request body passed it on its way out.
+    exceeded: Option<(Arc<std::sync::atomic::AtomicBool>, u64)>,
 }
 
 /// The request as the upstream receives it: a declared oversized body refused before anything
@@ -455,8 +418,8 @@ where
         }
     }
 
-    let upgrade =
-        request.version() == Version::HTTP_11 && headers::asks_upgrade(request.headers(), &found);
+    let upgrade = request.version() == Version::HTTP_11
+        && headers::is_upgrade_request(request.headers(), &found);
     if upgrade && upstream.http2 {
         return Err(ProxyError::BadRequest(
             "protocol upgrades need an HTTP/1.1 upstream",
@@ -481,11 +444,11 @@ where
     } else {
         Version::HTTP_11
     };
-    headers::remove_found_hop_by_hop(&mut parts.headers, upgrade, &mut found);
+    headers::remove_hop_by_hop(&mut parts.headers, upgrade, &mut found);
     // Room for the three X-Forwarded headers at once: hyper sizes the map for the
     // headers it parsed, and growing it twice rehashes it twice.
     parts.headers.reserve(3);
-    headers::add_found_forwarded(
+    headers::add_forwarded(
         &mut parts.headers,
         &found,
         conn.peer.ip(),
@@ -508,14 +471,13 @@ where
     let (body, exceeded) = match limit {
         Some(limit) => {
             let (body, flag) = LimitedBody::new(incoming, limit);
-            (body::boxed(body), Some(flag))
+            (body::boxed(body), Some((flag, limit)))
         }
         None => (body::boxed(incoming), None),
     };
     let returning = Returning {
         client_upgrade,
         exceeded,
-        body_limit: limit,
     };
     Ok((Request::from_parts(parts, body), returning))
 }
@@ -596,12 +558,14 @@ fn refuse(
     log: &AccessLog,
     grpc: bool,
     limited: bool,
-) -> Response<ProxyBody> {
+) -> Response<AnswerBody> {
     log.finish(response.status().as_u16(), None);
-    if grpc {
-        return crate::grpc::translate(response, limited);
-    }
-    response
+    let response = if grpc {
+        crate::grpc::translate(response, limited)
+    } else {
+        response
+    };
+    response.map(AnswerBody::Right)
 }
 
 /// A limited response as the client receives it.

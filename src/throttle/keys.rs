@@ -37,24 +37,17 @@ pub fn build(
     };
     let mut keys = Vec::with_capacity(set.len());
     if set.shared_key {
-        // The first key is written in place, its identity straight after the head; the
-        // others copy that identity from it (no string of the identity alone).
+        // The first key's identity is written in place; the others copy it from there (no
+        // string of the identity alone).
         if let Some(first) = set.first() {
-            let mut key =
-                String::with_capacity(prefix.len() + set.key_name.len() + first.name.len() + 80);
-            key.push_str(prefix);
-            key.push('{');
-            key.push_str(&set.key_name);
-            key.push('|');
-            let start = key.len();
-            identities.write(&first.key, &mut key);
-            let end = key.len();
-            key.push_str("}:");
-            key.push_str(&first.name);
+            let (key, identity) = shared_key_with(prefix, &set.key_name, &first.name, |key| {
+                identities.write(&first.key, key)
+            });
+            keys.push(key);
             for l in set.iter().skip(1) {
-                keys.push(shared_key(prefix, &set.key_name, &key[start..end], &l.name));
+                let key = shared_key(prefix, &set.key_name, &keys[0][identity.clone()], &l.name);
+                keys.push(key);
             }
-            keys.insert(0, key);
         }
     } else {
         for l in set.iter() {
@@ -69,16 +62,27 @@ pub fn build(
 /// The key of limit `limit` when all of a set's limits share the caller's identity:
 /// `<prefix>{<key_name>|<identity>}:<limit>`.
 fn shared_key(prefix: &str, key_name: &str, identity: &str, limit: &str) -> String {
-    let mut key =
-        String::with_capacity(prefix.len() + key_name.len() + identity.len() + limit.len() + 4);
+    shared_key_with(prefix, key_name, limit, |key| key.push_str(identity)).0
+}
+
+/// [`shared_key`] with the identity written by `identity`; also where it stands in the key.
+fn shared_key_with(
+    prefix: &str,
+    key_name: &str,
+    limit: &str,
+    identity: impl FnOnce(&mut String),
+) -> (String, std::ops::Range<usize>) {
+    let mut key = String::with_capacity(prefix.len() + key_name.len() + limit.len() + 80);
     key.push_str(prefix);
     key.push('{');
     key.push_str(key_name);
     key.push('|');
-    key.push_str(identity);
+    let start = key.len();
+    identity(&mut key);
+    let end = key.len();
     key.push_str("}:");
     key.push_str(limit);
-    key
+    (key, start..end)
 }
 
 /// `<prefix>{<key_name>}:<limit>:`, the identity to be appended (room reserved for it).
