@@ -7,8 +7,9 @@
 #
 #   bench/ab.sh OLD_BINARY NEW_BINARY [MORE_BINARIES...]
 #
-# Knobs: DURATION=8s CONNECTIONS=50 THREADS=2 ROUNDS=3 SCENARIO=plain|allowed|allowed-sync
-# (plain: no route matches; allowed: one exact gcra limit; allowed-sync: the same, sync 100ms).
+# Knobs: DURATION=8s CONNECTIONS=50 THREADS=2 ROUNDS=3 SCENARIO=plain|allowed|allowed-sync|allowed-coalesce
+# (plain: no route matches; allowed: one exact gcra limit; allowed-sync: the same, sync 100ms;
+# allowed-coalesce: the exact limit with store.redis.coalesce).
 # Prints per server and round: req/s, CPU µs per request (user+sys of the process and its
 # children from /proc, divided by the requests wrk completed) and its user and system parts,
 # Redis CPU µs per request, and context switches per request: voluntary (a thread slept for
@@ -50,6 +51,8 @@ nginx_proxy_conf "$T" "$UP_PORT" <<EOF
 EOF
 sync_line=""
 [ "$SCENARIO" = allowed-sync ] && sync_line=", sync: 100ms"
+coalesce_line=""
+[ "$SCENARIO" = allowed-coalesce ] && coalesce_line=", coalesce: true"
 for side in "${SIDES[@]}"; do
   port=${PORT[$side]}
   cat >"$T/$side.yaml" <<EOF
@@ -59,7 +62,7 @@ access_log: false
 max_connections: 20000
 header_read_timeout: 60s
 store:
-  redis: { url: "redis://127.0.0.1:$REDIS_PORT", key_prefix: "$side:", timeout: 1s }
+  redis: { url: "redis://127.0.0.1:$REDIS_PORT", key_prefix: "$side:", timeout: 1s$coalesce_line }
   on_error: deny
 identities:
   user: [ { header: X-User-Id } ]
