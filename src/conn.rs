@@ -62,11 +62,28 @@ use crate::upgrade::{Handoff, Rewind};
 /// hyper answers 431 when the request head does not fit this buffer.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 
-/// How long an HTTP/1 connection stays idle with its hyper connection before it is parked.
-/// Parking at once would rebuild hyper's connection for nearly every request of a busy
+/// How long an HTTP/1 connection stays idle with its hyper connection before it is parked, at
+/// first. Parking at once would rebuild hyper's connection for nearly every request of a busy
 /// keep-alive client (its next request comes within a millisecond or so); a short wait keeps
 /// those and still parks every connection that is really idle.
 const PARK_AFTER: Duration = Duration::from_millis(20);
+
+/// The longest a connection waits before it is parked. A parked connection that is woken
+/// sooner than this was parked in vain (rebuilding hyper's connection costs about a third of
+/// a request: docs/performance.md), so its next wait doubles, up to this; one woken later
+/// starts again from [`PARK_AFTER`]. A client that pauses 50 ms between requests is parked
+/// twice and then kept; one that sends a request and goes quiet is parked after 20 ms.
+const PARK_AFTER_MAX: Duration = Duration::from_secs(1);
+
+/// The wait before the next park, given the last one and how long the connection then stayed
+/// parked.
+fn next_park_after(last: Duration, parked_for: Duration) -> Duration {
+    if parked_for < PARK_AFTER_MAX {
+        (last * 2).min(PARK_AFTER_MAX)
+    } else {
+        PARK_AFTER
+    }
+}
 
 /// What the client sends first on an HTTP/2 connection with prior knowledge.
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -204,6 +221,7 @@ pub async fn serve_plain(mut stream: TcpStream, info: ConnInfo, shared: Arc<Shar
     service.handoff = Some(Handoff::default());
     let mut carried = Bytes::new();
     let mut first = true;
+    let mut park_after = PARK_AFTER;
     loop {
         let bound = if carried.is_empty() {
             shared.idle_timeout
@@ -218,12 +236,16 @@ pub async fn serve_plain(mut stream: TcpStream, info: ConnInfo, shared: Arc<Shar
             &mut peeked[..1]
         };
         let parked = Held::new(&shared.proxy.metrics().parked_connections);
+        let parked_at = tokio::time::Instant::now();
         let waited = wait_for_bytes(&stream, want, bound, &shared.stop).await;
         drop(parked);
         let n = match waited {
             Some(n) if n > 0 => n,
             _ => return,
         };
+        if !first {
+            park_after = next_park_after(park_after, parked_at.elapsed());
+        }
         if first {
             first = false;
             match sniff(&mut stream, &peeked[..n], shared.header_read_timeout).await {
@@ -241,7 +263,7 @@ pub async fn serve_plain(mut stream: TcpStream, info: ConnInfo, shared: Arc<Shar
         }
         // Boxed: the serving state (hyper's connection, timers) exists only while serving; the
         // parked task should not carry its space.
-        match Box::pin(serve_http1(stream, carried, &service, &shared)).await {
+        match Box::pin(serve_http1(stream, carried, &service, &shared, park_after)).await {
             Some((s, c)) => (stream, carried) = (s, c),
             None => return,
         }
@@ -414,13 +436,14 @@ pub async fn until_drained<F: Future>(
     conn.await
 }
 
-/// One HTTP/1 cycle: serves requests until the connection can be parked (returns the socket
-/// and the bytes read but not parsed) or ends (None).
+/// One HTTP/1 cycle: serves requests until the connection can be parked, once idle for
+/// `park_after` (returns the socket and the bytes read but not parsed), or ends (None).
 async fn serve_http1(
     stream: TcpStream,
     carried: Bytes,
     service: &ConnectionService,
     shared: &Shared,
+    park_after: Duration,
 ) -> Option<(TcpStream, Bytes)> {
     let activity = &service.activity;
     let peer = service.info.peer;
@@ -440,14 +463,18 @@ async fn serve_http1(
     let mut draining = false;
     let mut stop = StopWatch::new(&shared.stop);
     // One timer for the whole cycle, armed when the connection first goes idle and re-armed
-    // only when it fires: a busy connection pays one timer event per PARK_AFTER, not a timer
-    // per request. `armed_at` is how many requests had started when it was armed. The timer
+    // only when it fires: a busy connection pays one timer event per `wait`, not a timer per
+    // request, and each time it fires on a connection that was busy meanwhile the wait
+    // doubles (up to PARK_AFTER_MAX), so a connection that stays busy is woken about once a
+    // second; once quiet, it is parked within twice its last wait. `armed_at` is how many
+    // requests had started when it was armed. The timer
     // is polled once after each arming (which registers the task's waker with it) and
     // afterwards only asked whether it has fired: polling a registered timer on every idle
     // moment re-registered the same waker each time, about 550 instructions per request.
     let mut settle: Option<Pin<Box<Sleep>>> = None;
     let mut settle_registered = false;
     let mut armed_at = 0;
+    let mut wait = park_after;
     let served = poll_fn(|cx| {
         if !draining && stop.poll_stopped(cx) {
             draining = true;
@@ -461,10 +488,10 @@ async fn serve_http1(
                 return Poll::Pending;
             }
             // Idle between requests with nothing buffered. A client with more to send soon
-            // keeps its hyper connection; one quiet for PARK_AFTER is parked.
+            // keeps its hyper connection; one quiet for `wait` is parked.
             let timer = settle.get_or_insert_with(|| {
                 armed_at = activity.started();
-                Box::pin(tokio::time::sleep(PARK_AFTER))
+                Box::pin(tokio::time::sleep(wait))
             });
             if settle_registered && !timer.is_elapsed() {
                 return Poll::Pending;
@@ -479,9 +506,8 @@ async fn serve_http1(
             if activity.started() != armed_at {
                 // Requests came and went since it was armed: quiet only from now on.
                 armed_at = activity.started();
-                timer
-                    .as_mut()
-                    .reset(tokio::time::Instant::now() + PARK_AFTER);
+                wait = (wait * 2).min(PARK_AFTER_MAX);
+                timer.as_mut().reset(tokio::time::Instant::now() + wait);
                 continue;
             }
             if activity.take_park() && activity.parkable() {
@@ -617,6 +643,27 @@ mod tests {
             .unwrap();
         let (server, _) = listener.accept().await.unwrap();
         (client, server)
+    }
+
+    #[test]
+    fn a_park_in_vain_doubles_the_next_wait_and_a_long_one_starts_over() {
+        let ms = Duration::from_millis;
+        // Woken 50 ms after each park: parked twice, then kept (the wait outgrows the pause).
+        let mut wait = PARK_AFTER;
+        let mut parks = 0;
+        for _ in 0..10 {
+            if wait < ms(50) {
+                parks += 1;
+                wait = next_park_after(wait, ms(50) - wait);
+            }
+        }
+        assert_eq!((parks, wait), (2, ms(80)));
+        // Never past the maximum, however often it is woken early.
+        assert_eq!(next_park_after(ms(640), ms(900)), PARK_AFTER_MAX);
+        assert_eq!(next_park_after(PARK_AFTER_MAX, ms(10)), PARK_AFTER_MAX);
+        // Parked for the maximum or longer: really idle, so the next park comes early again.
+        assert_eq!(next_park_after(ms(640), PARK_AFTER_MAX), PARK_AFTER);
+        assert_eq!(next_park_after(ms(80), Duration::from_secs(30)), PARK_AFTER);
     }
 
     #[tokio::test]

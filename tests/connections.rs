@@ -615,6 +615,46 @@ async fn h2c_and_http1_are_told_apart_when_the_first_bytes_trickle_in() {
     );
 }
 
+/// A client that pauses briefly between requests is parked a few times, then kept (each park
+/// it cut short doubled the next wait, here 20 → 40 → 80 → 160 → 320 ms against 250 ms
+/// pauses); after a long quiet spell the next park comes early again.
+#[tokio::test]
+async fn a_client_that_pauses_briefly_is_kept_unparked_and_a_quiet_one_is_parked_early_again() {
+    let up = upstream().start().await;
+    let proxy = proxy(config_for(&up.url(), "admin: 127.0.0.1:0\n"))
+        .start()
+        .await;
+    let admin = proxy.admin.expect("admin listener");
+    let mut raw = Raw::connect(proxy.addr).await;
+    for _ in 0..6 {
+        raw.send(&get("/download?size=3")).await;
+        assert_download(&raw.response().await, 3);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    raw.send(&get("/download?size=4")).await;
+    assert_download(&raw.response().await, 4);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        connection_gauges(admin).await,
+        (1, 0),
+        "parked 100 ms after a response, though its pauses were 250 ms"
+    );
+    // Still parked once quiet for its (longer) wait.
+    wait_for_gauges(admin, (1, 1)).await;
+    // Quiet for more than a second: the next park comes after 20 ms again, well before the
+    // 320 ms the connection had grown to.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    raw.send(&get("/download?size=5")).await;
+    assert_download(&raw.response().await, 5);
+    let answered = Instant::now();
+    wait_for_gauges(admin, (1, 1)).await;
+    let parked_after = answered.elapsed();
+    assert!(
+        parked_after < Duration::from_millis(250),
+        "parked {parked_after:?} after the response"
+    );
+}
+
 /// `tollgate_client_connections` and `tollgate_client_connections_parked` from /metrics.
 async fn connection_gauges(admin: std::net::SocketAddr) -> (u64, u64) {
     let response = http1_client()
