@@ -30,6 +30,8 @@ SCENARIOS = {
 }
 PATHS = {"0": "/plain/", "1": "/allowed/"}
 TOLLGATE = "tollgate"
+# nginx proxy_pass configured to do to a request what tollgate does (bench/run.sh).
+SAME_WORK = "nginx-proxy-fwd"
 
 
 def nginx_of(s: str) -> str:
@@ -102,10 +104,11 @@ def main() -> None:
     }
     old_format = any(r["user_ticks"] is None for rs in rounds.values() for r in rs)
 
-    def ratio(s: str, server: str, field: str) -> str:
-        """`server`'s value over the scenario's nginx's in `field`, one ratio per round."""
+    def ratio(s: str, server: str, field: str, against: str = "") -> str:
+        """`server`'s value over the scenario's nginx's (or `against`'s) in `field`, one ratio
+        per round."""
         mine = {r["round"]: r[field] for r in rounds.get((s, server), [])}
-        theirs = {r["round"]: r[field] for r in rounds.get((s, nginx_of(s)), [])}
+        theirs = {r["round"]: r[field] for r in rounds.get((s, against or nginx_of(s)), [])}
         return spread([mine[k] / theirs[k] for k in mine if theirs.get(k)])
 
     def is_tollgate(server: str) -> bool:
@@ -166,6 +169,15 @@ def main() -> None:
                 f"{ms(r['p99'])} | {share} | {r['errors']} | {cpu} | {user} | {system} | "
                 f"{redis_cpu} | {trips} | {rps_ratio} | {p99_ratio} | {cpu_ratio} |"
             )
+    if ("0", SAME_WORK) in rounds and ("0", TOLLGATE) in rounds:
+        out.append("")
+        out.append(
+            f"Scenario 0 against nginx doing the same work ({SAME_WORK}: the client's Host kept "
+            f"and the three X-Forwarded headers tollgate adds): tollgate's CPU per request "
+            f"{ratio('0', TOLLGATE, 'cpu_us', SAME_WORK)}, req/s "
+            f"{ratio('0', TOLLGATE, 'rps', SAME_WORK)}; {SAME_WORK}'s CPU ÷ nginx-proxy's "
+            f"{ratio('0', SAME_WORK, 'cpu_us')}."
+        )
     out.append("")
     out.append(
         "All rounds added up. Redis commands from INFO commandstats (reset before each measured "
@@ -294,6 +306,13 @@ def latency_report(path: str, meta: dict) -> list:
             else:
                 text = f"n/a ({nginx} added ≤ 0)"
             lines.append(f"- {PATHS.get(s, s)}: {server}'s added {field} ÷ {nginx}'s: {text}")
+            if s == "0" and (SAME_WORK, s) in summary:
+                same = summary[(SAME_WORK, s)][field]
+                each = [a / b for a, b in zip(mine, same) if b > 0]
+                if each and len(each) == len(mine) == len(same):
+                    lines.append(
+                        f"- {PATHS.get(s, s)}: {server}'s added {field} ÷ {SAME_WORK}'s: {spread(each)}"
+                    )
     if lines:
         out.append("")
         out += lines

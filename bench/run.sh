@@ -7,12 +7,17 @@
 #   DURATION=10s CONNECTIONS=50 THREADS=2 WARMUP=2s   wrk settings, the same for every server
 #   SCENARIOS="0 1 2 3 4"                             which scenarios to run (0: no limits; it
 #                                                     runs only tollgate, hyper-floor,
-#                                                     nginx-proxy, haproxy, envoy and upstream
-#                                                     of PEERS)
+#                                                     nginx-proxy, nginx-proxy-fwd, haproxy,
+#                                                     envoy and upstream of PEERS)
 #   PEERS="tollgate tollgate-sync tollgate-log tollgate-coalesce nginx-limit_req haproxy envoy
-#          hyper-floor nginx-proxy upstream"        hyper-floor: examples/hyper_floor.rs, a
+#          hyper-floor nginx-proxy nginx-proxy-fwd upstream"
+#                                                     hyper-floor: examples/hyper_floor.rs, a
 #                                                     proxy on hyper and Tokio that only
-#                                                     forwards (scenario 0 only)
+#                                                     forwards (scenario 0 only);
+#                                                     nginx-proxy-fwd: nginx proxy_pass doing
+#                                                     what tollgate does to a request (Host
+#                                                     kept, X-Forwarded-For/-Proto/-Host
+#                                                     added; scenario 0 only)
 #   SYNC_INTERVAL=100ms                               the `sync:` of every limit of tollgate-sync
 #   ROUNDS=1                                          measure every server this many times,
 #                                                     interleaved; the table shows medians
@@ -32,7 +37,7 @@ CONNECTIONS=${CONNECTIONS:-50}
 THREADS=${THREADS:-2}
 WARMUP=${WARMUP:-2s}
 SCENARIOS=${SCENARIOS:-"0 1 2 3 4"}
-PEERS=${PEERS:-"tollgate tollgate-sync tollgate-log tollgate-coalesce nginx-limit_req haproxy envoy hyper-floor nginx-proxy upstream"}
+PEERS=${PEERS:-"tollgate tollgate-sync tollgate-log tollgate-coalesce nginx-limit_req haproxy envoy hyper-floor nginx-proxy nginx-proxy-fwd upstream"}
 SYNC_INTERVAL=${SYNC_INTERVAL:-100ms}
 LATENCY_RATE=${LATENCY_RATE:-5000}
 IDLE_CONNS=${IDLE_CONNS:-10000}
@@ -101,6 +106,7 @@ FLOOR_PORT=$(free_port)
 REDIS_SYNC_PORT=$(free_port)
 ENV_PORT=$(free_port)
 NGP_PORT=$(free_port)
+NGF_PORT=$(free_port)
 NGL_PORT=$(free_port)
 HAP_PORT=$(free_port)
 RSS_PORT=$(free_port)
@@ -119,6 +125,20 @@ nginx_proxy_conf "$T" "$UP_PORT" <<EOF
   server {
     listen 127.0.0.1:$NGP_PORT;
     location / { proxy_pass http://up; }
+  }
+  # The same proxy doing to each request what tollgate does: the client's Host kept and the
+  # three X-Forwarded headers added. (proxy_set_header here replaces the http block's, so
+  # Connection "" is repeated: without it nginx would close every upstream connection.)
+  server {
+    listen 127.0.0.1:$NGF_PORT;
+    location / {
+      proxy_set_header Connection "";
+      proxy_set_header Host \$http_host;
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+      proxy_set_header X-Forwarded-Proto \$scheme;
+      proxy_set_header X-Forwarded-Host \$http_host;
+      proxy_pass http://up;
+    }
   }
   server {
     listen 127.0.0.1:$NGL_PORT;
@@ -324,7 +344,7 @@ if wanted envoy; then
   ENV_PID=$LAST_PID
   wait_port "$ENV_PORT"
 fi
-for p in "$TG_PORT" "$TGL_PORT" "$TGC_PORT" "$TGS_PORT" "$NGP_PORT" "$NGL_PORT" "$HAP_PORT"; do
+for p in "$TG_PORT" "$TGL_PORT" "$TGC_PORT" "$TGS_PORT" "$NGP_PORT" "$NGF_PORT" "$NGL_PORT" "$HAP_PORT"; do
   wait_port "$p"
 done
 for admin in "$TG_ADMIN" "$TGL_ADMIN" "$TGC_ADMIN" "$TGS_ADMIN"; do
@@ -342,14 +362,15 @@ port_of() {
     tollgate-sync) echo "$TGS_PORT" ;;
     hyper-floor) echo "$FLOOR_PORT" ;;
     nginx-proxy) echo "$NGP_PORT" ;;
+    nginx-proxy-fwd) echo "$NGF_PORT" ;;
     nginx-limit_req) echo "$NGL_PORT" ;;
     haproxy) echo "$HAP_PORT" ;;
     envoy) echo "$ENV_PORT" ;;
     upstream) echo "$UP_PORT" ;;
   esac
 }
-# The process whose CPU (with all its descendants: nginx's workers) a server uses. Both nginx
-# servers are one nginx; the other server block is idle meanwhile.
+# The process whose CPU (with all its descendants: nginx's workers) a server uses. All nginx
+# servers are one nginx; the other server blocks are idle meanwhile.
 pid_of() {
   case $1 in
     tollgate) echo "$TG_PID" ;;
@@ -357,7 +378,7 @@ pid_of() {
     tollgate-coalesce) echo "$TGC_PID" ;;
     tollgate-sync) echo "$TGS_PID" ;;
     hyper-floor) echo "$FLOOR_PID" ;;
-    nginx-proxy | nginx-limit_req) echo "$NG_PID" ;;
+    nginx-proxy | nginx-proxy-fwd | nginx-limit_req) echo "$NG_PID" ;;
     haproxy) echo "$HAP_PID" ;;
     envoy) echo "$ENV_PID" ;;
     upstream) echo "$UP_PID" ;;
@@ -385,9 +406,9 @@ scenario_name() {
 peers_of() { # scenario
   local peer
   for peer in $PEERS; do
-    if [ "$1" = 0 ] && [[ " tollgate hyper-floor nginx-proxy haproxy envoy upstream " == *" $peer "* ]]; then
+    if [ "$1" = 0 ] && [[ " tollgate hyper-floor nginx-proxy nginx-proxy-fwd haproxy envoy upstream " == *" $peer "* ]]; then
       printf '%s ' "$peer"
-    elif [ "$1" != 0 ] && [ "$peer" != hyper-floor ]; then
+    elif [ "$1" != 0 ] && [ "$peer" != hyper-floor ] && [ "$peer" != nginx-proxy-fwd ]; then
       printf '%s ' "$peer"
     fi
   done
@@ -508,7 +529,9 @@ LATENCY="$WORK/latency.tsv"
 : >"$LATENCY"
 latency_targets() { # "server scenario" lines: the direct upstream first
   local peer
-  for peer in upstream nginx-proxy tollgate; do echo "$peer 0"; done
+  for peer in upstream nginx-proxy nginx-proxy-fwd tollgate; do
+    if [ "$peer" != nginx-proxy-fwd ] || wanted nginx-proxy-fwd; then echo "$peer 0"; fi
+  done
   echo "nginx-limit_req 1"
   echo "tollgate 1"
   if wanted tollgate-sync; then echo "tollgate-sync 1"; fi
