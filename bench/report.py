@@ -122,6 +122,8 @@ def main() -> None:
         f"{meta.get('load_before')} before, {meta.get('load_after')} after (1/5/15 min)."
     )
     out.append(f"wrk {meta.get('wrk')}; {meta.get('versions')}.")
+    if meta.get("binary"):
+        out.append(f"tollgate: {meta['binary']}.")
     if meta.get("sync"):
         out.append(f"tollgate-sync: every limit `sync: {meta['sync']}`, on a Redis of its own.")
     if n_rounds > 1:

@@ -27,6 +27,9 @@
 #   PROFILE=1                                         perf record tollgate in scenarios 1 and 2
 #   NO_BUILD=1                                        use the existing target/release/tollgate
 #   TOLLGATE_BIN=path                                 benchmark another tollgate build (implies NO_BUILD=1)
+#   PGO=1                                             benchmark the profile-guided build the
+#                                                     container image ships (bench/pgo.sh; adds
+#                                                     about 7 minutes of building and training)
 # Everything listens on 127.0.0.1 only; every process started here is stopped on exit.
 set -euo pipefail
 
@@ -66,7 +69,10 @@ if [ "$LATENCY_RATE" -gt 0 ] && ! need_oha; then
   LATENCY_RATE=0
 fi
 
-if [ "${NO_BUILD:-0}" != 1 ] && [ -z "${TOLLGATE_BIN:-}" ]; then
+if [ "${PGO:-0}" = 1 ] && [ -z "${TOLLGATE_BIN:-}" ]; then
+  log "building tollgate with profile-guided optimisation (bench/pgo.sh)"
+  TOLLGATE_BIN=$(bash "$HERE/pgo.sh")
+elif [ "${NO_BUILD:-0}" != 1 ] && [ -z "${TOLLGATE_BIN:-}" ]; then
   log "building tollgate (release)"
   (cd "$ROOT" && cargo build --release --locked -j"${BUILD_JOBS:-1}" --bin tollgate)
 fi
@@ -621,6 +627,7 @@ if [ "$LATENCY_RATE" -gt 0 ]; then MORE_VERSIONS+=", $("$OHA" --version | head -
   echo "versions=$(nginx -v 2>&1 | sed 's/.*version: //'), $(haproxy -v | head -1 | cut -d' ' -f1-3), redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'), $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)$MORE_VERSIONS"
   echo "latency=oha -q $LATENCY_RATE -c $CONNECTIONS -z $DURATION --latency-correction (warm-up $WARMUP)"
   echo "sync=$SYNC_INTERVAL"
+  echo "binary=$TOLLGATE"
 } >"$META"
 python3 "$HERE/report.py" "$RAW" "$META" "$LATENCY" | tee "$RESULTS/$STAMP.md"
 cp "$RESULTS/$STAMP.md" "$RESULTS/latest.md"
