@@ -38,7 +38,6 @@ UP_PORT=$(free_port)
 REDIS_PORT=$(free_port)
 TG_PORT=$(free_port)
 TG_ADMIN=$(free_port)
-upstream_conf "$WORK" "$UP_PORT"
 # The routes of bench/run.sh's scenarios.
 cat >"$WORK/tollgate.yaml" <<EOF
 listen: 127.0.0.1:$TG_PORT
@@ -61,13 +60,7 @@ else
   cat "$HERE/routes.yaml" >>"$WORK/tollgate.yaml"
 fi
 
-nginx -p "$WORK" -c "$WORK/upstream.conf" -g 'daemon off;' >"$WORK/upstream.log" 2>&1 &
-PIDS+=($!)
-redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no --dir "$WORK" \
-  >"$WORK/redis.log" 2>&1 &
-PIDS+=($!)
-wait_port "$UP_PORT"
-wait_port "$REDIS_PORT"
+upstream_and_redis "$WORK" "$UP_PORT" "$REDIS_PORT"
 
 # One run: prints "<requests> <instructions>".
 measure() { # bin scenario

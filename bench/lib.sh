@@ -134,3 +134,16 @@ http {
 }
 EOF
 }
+
+# upstream_and_redis DIR UP_PORT REDIS_PORT: the bench upstream (nginx, `upstream_conf`) and a
+# Redis of its own, started in the background (into PIDS) and waited for; logs in DIR.
+upstream_and_redis() {
+  upstream_conf "$1" "$2"
+  nginx -p "$1" -c "$1/upstream.conf" -g 'daemon off;' >"$1/upstream.log" 2>&1 &
+  PIDS+=($!)
+  redis-server --bind 127.0.0.1 --port "$3" --save '' --appendonly no --dir "$1" \
+    >"$1/redis.log" 2>&1 &
+  PIDS+=($!)
+  wait_port "$2"
+  wait_port "$3"
+}

@@ -36,14 +36,7 @@ INSTRUMENTED="$ROOT/target/pgo-gen/release/tollgate"
 
 UP_PORT=$(free_port)
 REDIS_PORT=$(free_port)
-upstream_conf "$WORK" "$UP_PORT"
-nginx -p "$WORK" -c "$WORK/upstream.conf" -g 'daemon off;' >"$WORK/upstream.log" 2>&1 &
-PIDS+=($!)
-redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no --dir "$WORK" \
-  >"$WORK/redis.log" 2>&1 &
-PIDS+=($!)
-wait_port "$UP_PORT"
-wait_port "$REDIS_PORT"
+upstream_and_redis "$WORK" "$UP_PORT" "$REDIS_PORT"
 
 # One training run: the instrumented build serves every scenario, then exits on SIGTERM
 # (the profile is written at a normal exit).
