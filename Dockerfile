@@ -32,13 +32,15 @@ COPY . .
 # Profile-guided: bench/pgo.sh builds an instrumented tollgate, runs the benchmark's traffic
 # through it (an nginx upstream, a Redis, wrk; installed here for the build only) and builds
 # again with that profile, which takes about a fifth of the CPU off a request
-# (docs/performance.md). Should the training fail, the image gets the plain release build.
+# (docs/performance.md). Should any of that fail, the image gets the plain release build.
 # --locked: build exactly the dependency versions in Cargo.lock.
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends nginx wrk redis-server python3 \
-    && if bash bench/pgo.sh; then cp target/pgo/release/tollgate /tollgate; \
-       else echo "PGO training failed: building without a profile" >&2 \
-            && cargo build --release --locked && cp target/release/tollgate /tollgate; fi \
+RUN if apt-get update \
+       && apt-get install -y --no-install-recommends nginx wrk redis-server python3 \
+       && bash bench/pgo.sh; \
+    then cp target/pgo/release/tollgate /tollgate; \
+    else echo "profile-guided build failed: building without a profile" >&2 \
+         && cargo build --release --locked && cp target/release/tollgate /tollgate; \
+    fi \
     && strip /tollgate
 
 # ---- runtime ----------------------------------------------------------------------------------
