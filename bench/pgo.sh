@@ -33,6 +33,9 @@ rm -rf "$WORK/raw"
 (cd "$ROOT" && RUSTFLAGS="-Cprofile-generate=$WORK/raw" \
   cargo build --release --locked --bin tollgate --target-dir target/pgo-gen) >&2
 INSTRUMENTED="$ROOT/target/pgo-gen/release/tollgate"
+# The build scripts were instrumented too and wrote profiles of their own while building:
+# only the training's go into the profile.
+rm -rf "$WORK/raw"
 
 UP_PORT=$(free_port)
 REDIS_PORT=$(free_port)
