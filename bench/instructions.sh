@@ -9,6 +9,9 @@
 # Knobs: SCENARIOS="allowed flood" SECONDS_MEASURED=8 CONNECTIONS=1
 #        KEEP=DIR (keep each callgrind profile there, for callgrind_annotate)
 #        SYNC=100ms (every limit local-first with that interval, as bench/run.sh's tollgate-sync)
+#        RATE=40 (a fixed rate instead of back-to-back requests: oha -q RATE -c CONNECTIONS,
+#          so each connection waits between requests as a real client does; plain, allowed,
+#          flood and multi only)
 #
 # Each build starts under callgrind with instrumentation off, gets one second of warm-up
 # load, then is measured for SECONDS_MEASURED seconds of `wrk -t1 -c CONNECTIONS`; the total
@@ -31,6 +34,7 @@ LOG_TAG=instructions
 # shellcheck source=bench/lib.sh
 . "$HERE/lib.sh"
 need_tools valgrind nginx wrk
+[ -z "${RATE:-}" ] || need_oha || { log "RATE needs oha"; exit 1; }
 WORK=$(mktemp -d)
 CLEANUP_DIR=$WORK
 
@@ -63,6 +67,20 @@ fi
 upstream_and_redis "$WORK" "$UP_PORT" "$REDIS_PORT"
 
 # One run: prints "<requests> <instructions>".
+# Load for SECONDS seconds: wrk back to back, or oha at RATE; prints the requests completed.
+load() { # scenario seconds
+  if [ -z "${RATE:-}" ]; then
+    SCENARIO=$1 wrk -t1 -c"$CONNECTIONS" -d"$2"s -s "$HERE/wrk.lua" "http://127.0.0.1:$TG_PORT" |
+      awk '/requests in/ { print $1 }'
+    return
+  fi
+  local path
+  case $1 in plain) path=/plain/ ;; flood) path=/over/ ;; multi) path=/multi/ ;; *) path=/allowed/ ;; esac
+  "$OHA" -z "$2"s -q "$RATE" -c "$CONNECTIONS" --no-tui --output-format json \
+    -H "X-User-Id: u1" "http://127.0.0.1:$TG_PORT$path" |
+    python3 -c 'import json, sys; print(sum(json.load(sys.stdin)["statusCodeDistribution"].values()))'
+}
+
 measure() { # bin scenario
   local out="$WORK/callgrind.out"
   rm -f "$out"*
@@ -70,11 +88,10 @@ measure() { # bin scenario
     "$1" --config "$WORK/tollgate.yaml" >"$WORK/tollgate.log" 2>&1 &
   local pid=$!
   wait_port "$TG_PORT" 60  # valgrind starts slowly
-  SCENARIO=$2 wrk -t1 -c"$CONNECTIONS" -d1s -s "$HERE/wrk.lua" "http://127.0.0.1:$TG_PORT" >/dev/null
+  load "$2" 1 >/dev/null
   callgrind_control -i on "$pid" >/dev/null
   local requests
-  requests=$(SCENARIO=$2 wrk -t1 -c"$CONNECTIONS" -d"$MEASURED"s -s "$HERE/wrk.lua" \
-    "http://127.0.0.1:$TG_PORT" | awk '/requests in/ { print $1 }')
+  requests=$(load "$2" "$MEASURED")
   callgrind_control -d "$pid" >/dev/null
   kill -TERM "$pid"
   wait "$pid" || true

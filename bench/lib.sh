@@ -135,15 +135,21 @@ http {
 EOF
 }
 
-# upstream_and_redis DIR UP_PORT REDIS_PORT: the bench upstream (nginx, `upstream_conf`) and a
-# Redis of its own, started in the background (into PIDS) and waited for; logs in DIR.
-upstream_and_redis() {
+# start_upstream DIR PORT: the bench upstream (nginx, `upstream_conf`), started in the
+# background (into PIDS) and waited for; its log in DIR.
+start_upstream() {
   upstream_conf "$1" "$2"
   nginx -p "$1" -c "$1/upstream.conf" -g 'daemon off;' >"$1/upstream.log" 2>&1 &
   PIDS+=($!)
+  wait_port "$2"
+}
+
+# upstream_and_redis DIR UP_PORT REDIS_PORT: the bench upstream and a Redis of its own, started
+# in the background (into PIDS) and waited for; logs in DIR.
+upstream_and_redis() {
+  start_upstream "$1" "$2"
   redis-server --bind 127.0.0.1 --port "$3" --save '' --appendonly no --dir "$1" \
     >"$1/redis.log" 2>&1 &
   PIDS+=($!)
-  wait_port "$2"
   wait_port "$3"
 }

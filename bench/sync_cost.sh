@@ -34,10 +34,7 @@ WORK=$(mktemp -d)
 CLEANUP_DIR=$WORK
 
 UP_PORT=$(free_port)
-upstream_conf "$WORK" "$UP_PORT"
-nginx -p "$WORK" -c "$WORK/upstream.conf" -g 'daemon off;' >"$WORK/upstream.log" 2>&1 &
-PIDS+=($!)
-wait_port "$UP_PORT"
+start_upstream "$WORK" "$UP_PORT"
 
 rcli() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" "$@" | tr -d '\r'; }
 # CPU time Redis has used so far, in microseconds.

@@ -79,10 +79,15 @@ const PARK_AFTER_MAX: Duration = Duration::from_secs(1);
 /// parked.
 fn next_park_after(last: Duration, parked_for: Duration) -> Duration {
     if parked_for < PARK_AFTER_MAX {
-        (last * 2).min(PARK_AFTER_MAX)
+        doubled(last)
     } else {
         PARK_AFTER
     }
+}
+
+/// A wait twice as long, up to [`PARK_AFTER_MAX`].
+fn doubled(wait: Duration) -> Duration {
+    (wait * 2).min(PARK_AFTER_MAX)
 }
 
 /// What the client sends first on an HTTP/2 connection with prior knowledge.
@@ -245,8 +250,7 @@ pub async fn serve_plain(mut stream: TcpStream, info: ConnInfo, shared: Arc<Shar
         };
         if !first {
             park_after = next_park_after(park_after, parked_at.elapsed());
-        }
-        if first {
+        } else {
             first = false;
             match sniff(&mut stream, &peeked[..n], shared.header_read_timeout).await {
                 Ok(Sniffed::Http1(read)) => carried = read,
@@ -467,8 +471,8 @@ async fn serve_http1(
     // request, and each time it fires on a connection that was busy meanwhile the wait
     // doubles (up to PARK_AFTER_MAX), so a connection that stays busy is woken about once a
     // second; once quiet, it is parked within twice its last wait. `armed_at` is how many
-    // requests had started when it was armed. The timer
-    // is polled once after each arming (which registers the task's waker with it) and
+    // requests had started when it was armed. The timer is polled once after each arming
+    // (which registers the task's waker with it) and
     // afterwards only asked whether it has fired: polling a registered timer on every idle
     // moment re-registered the same waker each time, about 550 instructions per request.
     let mut settle: Option<Pin<Box<Sleep>>> = None;
@@ -506,7 +510,7 @@ async fn serve_http1(
             if activity.started() != armed_at {
                 // Requests came and went since it was armed: quiet only from now on.
                 armed_at = activity.started();
-                wait = (wait * 2).min(PARK_AFTER_MAX);
+                wait = doubled(wait);
                 timer.as_mut().reset(tokio::time::Instant::now() + wait);
                 continue;
             }
