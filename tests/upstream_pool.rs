@@ -143,3 +143,91 @@ async fn an_upstream_that_closes_idle_connections_costs_no_request_an_error() {
         }
     }
 }
+
+/// An upstream that answers each request as soon as its head is in, without reading the body,
+/// and closes at once: the unread upload makes its kernel reset the connection.
+async fn refusing_upstream() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = stream
+                    .write_all(b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 9\r\nconnection: close\r\n\r\ntoo large")
+                    .await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// Sends a POST with a `len`-byte body on a connection of its own (the writing in a task that
+/// ignores errors, as a client whose answer came early does) and returns the answer's head and
+/// body as text.
+async fn early_answer_to_upload(addr: std::net::SocketAddr, len: usize) -> String {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut reader, mut writer) = stream.into_split();
+    let writing = tokio::spawn(async move {
+        let head = format!("POST /upload HTTP/1.1\r\nhost: x\r\ncontent-length: {len}\r\n\r\n");
+        let _ = writer.write_all(head.as_bytes()).await;
+        let chunk = vec![b'a'; 64 * 1024];
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(chunk.len());
+            if writer.write_all(&chunk[..n]).await.is_err() {
+                return;
+            }
+            left -= n;
+        }
+    });
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            }
+            let text = String::from_utf8_lossy(&answer);
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let length = head.lines().find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")
+                        .map(|v| v.trim().parse::<usize>().unwrap())
+                });
+                if length.is_some_and(|n| body.len() >= n) {
+                    break;
+                }
+            }
+        }
+    })
+    .await;
+    writing.abort();
+    assert!(read.is_ok(), "no answer within 10 s");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test]
+async fn an_upstream_that_refuses_an_upload_early_is_answered_not_a_502() {
+    let up = refusing_upstream().await;
+    let p = proxy(config_for(&up, "workers: 1\n")).start().await;
+    for i in 0..60 {
+        let answer = early_answer_to_upload(p.addr, 4 << 20).await;
+        let status = answer.split(' ').nth(1).unwrap_or("");
+        assert!(
+            status == "413" && answer.ends_with("too large"),
+            "upload {i}: {answer}"
+        );
+    }
+}

@@ -11,7 +11,9 @@
 //! exchange has ended; it is not reused after `pool_idle_timeout` idle, and a reaper closes it
 //! then even without traffic; a request that met a pooled connection the upstream had already
 //! closed (hyper hands back a request it never wrote) is sent again on another connection,
-//! which is safe for every method; protocol upgrades keep their connection.
+//! which is safe for every method; protocol upgrades keep their connection. An answer the
+//! upstream sends before reading the whole upload reaches the client even when the upstream
+//! then resets the connection (`early_answer`).
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -27,6 +29,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 
+use super::early_answer::EarlyAnswerIo;
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
 
@@ -187,7 +190,7 @@ impl Http1Pool {
         // Requests and responses are small writes that must not wait for an ACK.
         let _ = stream.set_nodelay(true);
         let (sender, connection) = http1::Builder::new()
-            .handshake(TokioIo::new(stream))
+            .handshake(TokioIo::new(EarlyAnswerIo::new(stream)))
             .await
             .map_err(|e| ProxyError::UpstreamConnect(Box::new(e)))?;
         // Runs on this serving thread's runtime, beside the requests it carries.

@@ -3,6 +3,7 @@
 //! own module.
 
 mod access_log;
+mod early_answer;
 pub mod headers;
 mod http1_pool;
 pub mod upstream;
