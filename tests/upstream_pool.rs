@@ -213,8 +213,22 @@ async fn early_answer_to_upload(addr: std::net::SocketAddr, len: usize) -> Strin
         }
     })
     .await;
-    writing.abort();
     assert!(read.is_ok(), "no answer within 10 s");
+    // The rest of the upload was not read: the connection ends (it cannot go on in step).
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    writing.abort();
+    assert!(
+        closed.is_ok(),
+        "the connection was left open after the answer"
+    );
     String::from_utf8_lossy(&answer).into_owned()
 }
 
