@@ -9,15 +9,17 @@
 //! there: the client got a 502 instead of the upstream's answer. (nginx does the same.)
 //!
 //! [`EarlyAnswerIo`] wraps a plain upstream connection. When a write fails because the peer
-//! reset or closed the connection and an answer is waiting to be read, the write side goes
-//! quiet instead (pending, without reading any more of the client's body), so hyper reads the
-//! answer and the client gets it. Once everything the upstream sent has been read, the write
-//! fails with its original error and the connection ends as before; it is never reused. A
-//! failed write with nothing to read fails at once, as it always did.
+//! reset or closed the connection, the write side goes quiet instead (pending, so no more of
+//! the client's body is read) until the read side has met the end of what the upstream sent;
+//! hyper's client goes on reading, passes on the answer if there is one, and then ends the
+//! exchange itself. Only then do writes fail, with the error they met. Failing at once would
+//! end the connection while hyper may still hold an answer, or its body, in its buffer. Such a
+//! connection is never reused (its request was never fully written), and a tunnel over it ends
+//! as before once its upstream side has read to the end.
 
 use std::io;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -26,42 +28,46 @@ use tokio::net::TcpStream;
 /// read (see the module docs).
 pub struct EarlyAnswerIo {
     stream: TcpStream,
-    /// The error of the write that found the connection reset, kept until the answer has been
-    /// read.
-    write_failed: Option<io::ErrorKind>,
+    writes: Writes,
+}
+
+enum Writes {
+    Open,
+    /// A write met a reset (its error's kind): writes wait until the read side has met the end
+    /// of input, which then wakes the waiting writer.
+    GivenWay(io::ErrorKind, Option<Waker>),
+    /// The read side has met the end too: writes fail with the error the first one met.
+    Failed(io::ErrorKind),
 }
 
 impl EarlyAnswerIo {
     pub fn new(stream: TcpStream) -> Self {
         EarlyAnswerIo {
             stream,
-            write_failed: None,
+            writes: Writes::Open,
         }
     }
 
-    /// What a write returns once the peer has reset the connection: pending while the answer
-    /// (or any of it) is still to be read, then the write's error. Waits for the read side
-    /// (whose wake-up hyper's own reading also waits for), never spins.
-    fn after_reset(&mut self, cx: &mut Context<'_>, kind: io::ErrorKind) -> Poll<io::Error> {
-        self.write_failed = Some(kind);
-        let mut one = [0u8; 1];
-        let mut peeked = ReadBuf::new(&mut one);
-        match ready!(self.stream.poll_peek(cx, &mut peeked)) {
-            Ok(n) if n > 0 => Poll::Pending,
-            // Nothing (more) to read: the write fails as it did.
-            _ => Poll::Ready(io::Error::from(kind)),
-        }
-    }
-
-    /// A write's result, with a reset turned into [`EarlyAnswerIo::after_reset`].
-    fn written(
+    /// A write on this connection: `write` on the socket while it is open; after a reset,
+    /// pending until the read side has met the end, then the reset's error.
+    fn poll_written(
         &mut self,
         cx: &mut Context<'_>,
-        result: Poll<io::Result<usize>>,
+        write: impl FnOnce(Pin<&mut TcpStream>, &mut Context<'_>) -> Poll<io::Result<usize>>,
     ) -> Poll<io::Result<usize>> {
-        match result {
-            Poll::Ready(Err(e)) if is_reset(e.kind()) => self.after_reset(cx, e.kind()).map(Err),
-            other => other,
+        match &mut self.writes {
+            Writes::Open => match write(Pin::new(&mut self.stream), cx) {
+                Poll::Ready(Err(e)) if is_reset(e.kind()) => {
+                    self.writes = Writes::GivenWay(e.kind(), Some(cx.waker().clone()));
+                    Poll::Pending
+                }
+                other => other,
+            },
+            Writes::GivenWay(_, waiting) => {
+                *waiting = Some(cx.waker().clone());
+                Poll::Pending
+            }
+            Writes::Failed(kind) => Poll::Ready(Err(io::Error::from(*kind))),
         }
     }
 }
@@ -80,7 +86,23 @@ impl AsyncRead for EarlyAnswerIo {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let this = &mut *self;
+        let before = buf.filled().len();
+        let read = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if let Writes::GivenWay(kind, waiting) = &mut this.writes {
+            let ended = match &read {
+                Poll::Ready(Ok(())) => buf.filled().len() == before && buf.remaining() > 0,
+                Poll::Ready(Err(_)) => true,
+                Poll::Pending => false,
+            };
+            if ended {
+                if let Some(writer) = waiting.take() {
+                    writer.wake();
+                }
+                this.writes = Writes::Failed(*kind);
+            }
+        }
+        read
     }
 }
 
@@ -90,12 +112,7 @@ impl AsyncWrite for EarlyAnswerIo {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = &mut *self;
-        if let Some(kind) = this.write_failed {
-            return this.after_reset(cx, kind).map(Err);
-        }
-        let result = Pin::new(&mut this.stream).poll_write(cx, buf);
-        this.written(cx, result)
+        self.poll_written(cx, |stream, cx| stream.poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -103,12 +120,7 @@ impl AsyncWrite for EarlyAnswerIo {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let this = &mut *self;
-        if let Some(kind) = this.write_failed {
-            return this.after_reset(cx, kind).map(Err);
-        }
-        let result = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
-        this.written(cx, result)
+        self.poll_written(cx, |stream, cx| stream.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -168,7 +180,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_reset_with_an_answer_waiting_holds_writes_until_the_answer_is_read() {
+    async fn after_a_reset_writes_wait_while_the_answer_is_read_and_fail_at_its_end() {
         const ANSWER: &[u8] = b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 0\r\n\r\n";
         let mut io = reset_by_peer(ANSWER).await;
         // The write that meets the reset waits (a bare socket would fail here)...
@@ -180,18 +192,49 @@ mod tests {
         let mut answer = vec![0u8; ANSWER.len()];
         io.read_exact(&mut answer).await.unwrap();
         assert_eq!(answer, ANSWER);
-        // ...and then fails with the error it met, so the connection ends.
+        // ...and still after it, until the read side meets the end of input...
+        assert_eq!(
+            write_until_stuck(&mut io, Duration::from_millis(200)).await,
+            None
+        );
+        let mut rest = [0u8; 16];
+        let ended = timeout(Duration::from_secs(2), io.read(&mut rest))
+            .await
+            .expect("the read after the answer ends at once");
+        assert!(
+            matches!(&ended, Ok(0)) || ended.as_ref().is_err_and(|e| is_reset(e.kind())),
+            "{ended:?}"
+        );
+        // ...and then fails with the error it met.
         let failed = timeout(Duration::from_secs(2), io.write(b"more"))
             .await
-            .expect("a write after the answer fails at once")
+            .expect("a write after the end fails at once")
             .unwrap_err();
         assert!(is_reset(failed.kind()), "{failed:?}");
     }
 
     #[tokio::test]
-    async fn a_reset_with_nothing_to_read_fails_the_write_at_once() {
-        let mut io = reset_by_peer(b"").await;
-        let failed = write_until_stuck(&mut io, Duration::from_secs(2)).await;
-        assert!(failed.is_some_and(is_reset), "{failed:?}");
+    async fn a_waiting_write_is_woken_when_the_read_side_ends() {
+        let io = reset_by_peer(b"").await;
+        let (mut reader, mut writer) = tokio::io::split(io);
+        let writing = tokio::spawn(async move {
+            for _ in 0..1000 {
+                if let Err(e) = writer.write(b"more of the body").await {
+                    return e.kind();
+                }
+            }
+            panic!("a thousand writes went through a reset connection");
+        });
+        // The writer waits (a reset, and nothing read yet)...
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!writing.is_finished());
+        // ...until the reader meets the end, which wakes it with the reset's error.
+        let mut rest = [0u8; 16];
+        let _ = reader.read(&mut rest).await;
+        let failed = timeout(Duration::from_secs(2), writing)
+            .await
+            .expect("the waiting write is woken")
+            .unwrap();
+        assert!(is_reset(failed), "{failed:?}");
     }
 }
