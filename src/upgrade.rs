@@ -86,14 +86,21 @@ pub enum ClientSide {
 
 /// Takes the client's side of an upgrade off the request before it is forwarded: None unless
 /// `upgrade` (the request asks for one the proxy forwards).
-pub fn client_side<B>(request: &mut Request<B>, upgrade: bool) -> Option<ClientSide> {
-    let handed_over = request
-        .extensions_mut()
+pub fn client_side(parts: &mut http::request::Parts, upgrade: bool) -> Option<ClientSide> {
+    let handed_over = parts
+        .extensions
         .remove::<ClientUpgrade>()
         .and_then(|u| u.take());
     upgrade.then(|| match handed_over {
         Some(handed_over) => ClientSide::HandedOver(handed_over),
-        None => ClientSide::Hyper(hyper::upgrade::on(request)),
+        // hyper's handle on the client's connection rides in the extensions, where
+        // `upgrade::on` looks for it.
+        None => ClientSide::Hyper(
+            parts
+                .extensions
+                .remove::<hyper::upgrade::OnUpgrade>()
+                .unwrap_or_else(|| hyper::upgrade::on(Request::new(()))),
+        ),
     })
 }
 

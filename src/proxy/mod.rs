@@ -255,7 +255,6 @@ impl Proxy {
 
         // Forward.
         let peer_is_trusted = config.throttle.trusted_proxies.contains(conn.peer.ip());
-        let request = Request::from_parts(parts, body);
         // Without a route nothing happened since `started` worth a clock read of its own.
         let upstream_started = if route_index.is_some() {
             Instant::now()
@@ -265,7 +264,7 @@ impl Proxy {
         // Prepared and finished here by plain functions, awaited in this one future: each
         // nested async function keeps its own copy of the request in a future that is moved
         // as it is built (measured in docs/performance.md).
-        let forwarded = match outbound(config, request, found, conn, peer_is_trusted) {
+        let forwarded = match outbound(config, parts, body, found, conn, peer_is_trusted) {
             Ok((upstream_request, returning)) => {
                 let answered = runtime.upstream.send(upstream_request).await;
                 self.inbound(returning, answered)
@@ -400,7 +399,8 @@ struct Returning {
 /// configured, the body bounded by `max_request_body` while it streams.
 fn outbound<B>(
     config: &Config,
-    mut request: Request<B>,
+    mut parts: http::request::Parts,
+    incoming: B,
     mut found: headers::Found,
     conn: ConnInfo,
     peer_is_trusted: bool,
@@ -414,21 +414,20 @@ where
     // Refuse a declared oversized body before anything reaches the upstream.
     let limit = config.max_request_body;
     if let Some(limit) = limit {
-        if content_length(&request).is_some_and(|length| length > limit) {
+        if content_length(&parts.headers).is_some_and(|length| length > limit) {
             return Err(ProxyError::BodyTooLarge { limit });
         }
     }
 
-    let upgrade = request.version() == Version::HTTP_11
-        && headers::is_upgrade_request(request.headers(), &found);
+    let upgrade =
+        parts.version == Version::HTTP_11 && headers::is_upgrade_request(&parts.headers, &found);
     if upgrade && upstream.http2 {
         return Err(ProxyError::BadRequest(
             "protocol upgrades need an HTTP/1.1 upstream",
         ));
     }
-    let client_upgrade = crate::upgrade::client_side(&mut request, upgrade);
+    let client_upgrade = crate::upgrade::client_side(&mut parts, upgrade);
 
-    let (mut parts, incoming) = request.into_parts();
     // The client's Host, and whether it is the request's one and only Host line (then
     // preserving it needs no rewrite).
     let sole_host_line = found.host_lines == 1;
@@ -439,7 +438,7 @@ where
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
     });
 
-    parts.uri = origin_form(&parts.uri)?;
+    parts.uri = origin_form(std::mem::take(&mut parts.uri))?;
     parts.version = if upstream.http2 {
         Version::HTTP_2
     } else {
@@ -577,9 +576,8 @@ fn limited_response(rendered: Rendered) -> Response<ProxyBody> {
     response
 }
 
-fn content_length<B>(request: &Request<B>) -> Option<u64> {
-    request
-        .headers()
+fn content_length(headers: &http::HeaderMap) -> Option<u64> {
+    headers
         .get(header::CONTENT_LENGTH)?
         .to_str()
         .ok()?
@@ -590,7 +588,11 @@ fn content_length<B>(request: &Request<B>) -> Option<u64> {
 
 /// The request's own path and query, as HTTP/1.1 sends it to an origin server; the upstream
 /// client adds the upstream's scheme and authority where its protocol needs them.
-fn origin_form(uri: &Uri) -> Result<Uri, ProxyError> {
+fn origin_form(uri: Uri) -> Result<Uri, ProxyError> {
+    // Already origin-form (what HTTP/1.1 clients send): forwarded as it is, without a copy.
+    if uri.scheme().is_none() && uri.authority().is_none() && uri.path().starts_with('/') {
+        return Ok(uri);
+    }
     let path_and_query = uri
         .path_and_query()
         .cloned()
@@ -605,6 +607,19 @@ fn origin_form(uri: &Uri) -> Result<Uri, ProxyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_upstream_gets_the_path_and_query_whatever_form_the_target_had() {
+        let forwarded = |target: &str| origin_form(target.parse().unwrap()).map(|u| u.to_string());
+        // Origin-form, what HTTP/1.1 clients send, goes on as it is.
+        assert_eq!(forwarded("/a/b?c=d").unwrap(), "/a/b?c=d");
+        assert_eq!(forwarded("/").unwrap(), "/");
+        // Absolute-form (proxies' requests) loses the scheme and authority.
+        assert_eq!(forwarded("http://example.com/a?b=c").unwrap(), "/a?b=c");
+        assert_eq!(forwarded("http://example.com").unwrap(), "/");
+        // `OPTIONS *` has no path to forward.
+        assert!(matches!(forwarded("*"), Err(ProxyError::BadRequest(_))));
+    }
 
     fn admitted(set: &LimitSet, reason: AdmitReason) -> LimitOutcome<'_> {
         LimitOutcome::Admitted {
