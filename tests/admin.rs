@@ -110,7 +110,7 @@ async fn top_lists_the_callers_denied_most_in_order_in_bounded_memory() {
     let up = upstream().start().await;
     // The first limit is per user (what the list names); the second, shared by everyone,
     // denies every request after the first, so each distinct caller costs one request.
-    let limits = "      - { algorithm: fixed_window, limit: 1000, period: 1m, name: per-user }\n      - { algorithm: fixed_window, limit: 1, period: 1m, key: global, name: everyone }\n";
+    let limits = "      - { algorithm: fixed_window, limit: 1000, period: 1h, name: per-user }\n      - { algorithm: fixed_window, limit: 1, period: 1h, key: global, name: everyone }\n";
     let proxy = start(config(
         &up,
         "127.0.0.1:0",
@@ -173,7 +173,7 @@ async fn top_lists_the_callers_denied_most_in_order_in_bounded_memory() {
 async fn a_reset_lifts_a_denial_on_both_replicas_at_once() {
     let redis = RedisServer::start();
     let up = upstream().start().await;
-    let limits = "      - { algorithm: fixed_window, limit: 2, period: 1m, name: per-user }\n";
+    let limits = "      - { algorithm: fixed_window, limit: 2, period: 1h, name: per-user }\n";
     let yaml = config(&up, "127.0.0.1:0", &redis_store(&redis, "rs:"), limits);
     let a = start(yaml.clone()).await;
     let b = start(yaml).await;
@@ -256,7 +256,7 @@ async fn a_reset_lifts_a_denial_on_both_replicas_at_once() {
 
 /// Every algorithm on one route, and a tier: two requests taken, then the state as
 /// `explain --live` reads it (what would be left after one more request).
-const EVERY_ALGORITHM: &str = "      - { algorithm: fixed_window, limit: 5, period: 1m, name: fw }\n      - { algorithm: sliding_log, limit: 5, period: 1m, name: sl }\n      - { algorithm: sliding_window, limit: 5, period: 1m, name: sw }\n      - { algorithm: token_bucket, limit: 5, period: 1h, burst: 5, name: tb }\n      - { algorithm: gcra, limit: 5, period: 1h, burst: 5, name: gc }\n      - { algorithm: concurrency, limit: 5, name: cc }\n    overrides:\n      - name: gold\n        values: [vip]\n        limits:\n          - { algorithm: fixed_window, limit: 50, period: 1m, name: gold-fw }\n";
+const EVERY_ALGORITHM: &str = "      - { algorithm: fixed_window, limit: 5, period: 1h, name: fw }\n      - { algorithm: sliding_log, limit: 5, period: 1h, name: sl }\n      - { algorithm: sliding_window, limit: 5, period: 1h, name: sw }\n      - { algorithm: token_bucket, limit: 5, period: 1h, burst: 5, name: tb }\n      - { algorithm: gcra, limit: 5, period: 1h, burst: 5, name: gc }\n      - { algorithm: concurrency, limit: 5, name: cc }\n    overrides:\n      - name: gold\n        values: [vip]\n        limits:\n          - { algorithm: fixed_window, limit: 50, period: 1h, name: gold-fw }\n";
 
 async fn state_and_reset_for_every_algorithm(store: &str) {
     let up = upstream().start().await;
@@ -337,7 +337,7 @@ async fn state_and_reset_cover_every_algorithm_and_tiers_in_memory() {
 #[tokio::test]
 async fn mutations_need_the_token_on_a_listener_that_is_not_loopback() {
     let up = upstream().start().await;
-    let limits = "      - { algorithm: fixed_window, limit: 1, period: 1m }\n";
+    let limits = "      - { algorithm: fixed_window, limit: 1, period: 1h }\n";
     // SAFETY (edition 2021: safe): only this test reads this variable.
     std::env::set_var("TOLLGATE_TEST_ADMIN_TOKEN", "let-me-in");
     let guarded = start(config(
@@ -491,7 +491,7 @@ async fn the_limits_command_reads_and_resets_through_redis() {
 #[tokio::test]
 async fn the_limits_command_goes_through_a_running_instance_for_a_memory_store() {
     let up = upstream().start().await;
-    let limits = "      - { algorithm: sliding_window, limit: 1, period: 1m, name: per-user }\n";
+    let limits = "      - { algorithm: sliding_window, limit: 1, period: 1h, name: per-user }\n";
     let running = start(config(&up, "127.0.0.1:0", "", limits)).await;
     assert_eq!(call(&running, "a b").await, StatusCode::OK);
     assert_eq!(call(&running, "a b").await, StatusCode::TOO_MANY_REQUESTS);
@@ -675,7 +675,7 @@ async fn a_reset_lifts_a_penalty_box(a: &ProxyHandle, b: &ProxyHandle) {
 }
 
 const BLOCKING_LIMIT: &str =
-    "      - { algorithm: fixed_window, limit: 1, period: 1m, block_for: 10m, name: per-user }\n";
+    "      - { algorithm: fixed_window, limit: 1, period: 5m, block_for: 10m, name: per-user }\n";
 
 #[tokio::test]
 async fn a_reset_lifts_a_penalty_box_on_both_replicas_at_once() {
