@@ -13,7 +13,9 @@
 #          hyper-floor nginx-proxy nginx-proxy-fwd upstream"
 #                                                     hyper-floor: examples/hyper_floor.rs, a
 #                                                     proxy on hyper and Tokio that only
-#                                                     forwards (scenario 0 only);
+#                                                     forwards (scenario 0), and in scenario
+#                                                     1 first makes one decide.lua call per
+#                                                     request over redis-rs (the exact floor);
 #                                                     nginx-proxy-fwd: nginx proxy_pass doing
 #                                                     what tollgate does to a request (Host
 #                                                     kept, X-Forwarded-For/-Proto/-Host
@@ -408,11 +410,14 @@ scenario_name() {
   case $1 in 0) echo plain ;; 1) echo allowed ;; 2) echo flood ;; 3) echo mixed ;; 4) echo multi ;; esac
 }
 # Scenario 0 has no limits: only the plain proxies (and the upstream, directly) run it; the
-# hyper floor limits nothing, so it runs only scenario 0.
+# hyper floor runs scenarios 0 and 1 (where its one script call per request is the least an
+# exact decision costs), not the scenarios whose routes it does not limit.
 peers_of() { # scenario
   local peer
   for peer in $PEERS; do
     if [ "$1" = 0 ] && [[ " tollgate hyper-floor nginx-proxy nginx-proxy-fwd haproxy envoy upstream " == *" $peer "* ]]; then
+      printf '%s ' "$peer"
+    elif [ "$1" = 1 ] && [ "$peer" = hyper-floor ]; then
       printf '%s ' "$peer"
     elif [ "$1" != 0 ] && [ "$peer" != hyper-floor ] && [ "$peer" != nginx-proxy-fwd ]; then
       printf '%s ' "$peer"
@@ -486,6 +491,8 @@ for s in $SCENARIOS; do
       before=0 redis_cpu_before=0
       if [[ $peer == tollgate* ]]; then
         before=$(tollgate_requests "$peer")
+      fi
+      if [[ $peer == tollgate* || $peer == hyper-floor ]]; then
         redis_cpu_before=$(redis_cpu_us "$redis_port")
       fi
       read -r user_before sys_before < <(cpu_ticks "$peer")
@@ -508,8 +515,10 @@ for s in $SCENARIOS; do
       user=$((user_after - user_before)) sys=$((sys_after - sys_before))
       trips=0 inner=0 served=0 redis_cpu=0
       if [[ $peer == tollgate* ]]; then
-        read -r trips inner < <(redis_counts "$redis_port")
         served=$(($(tollgate_requests "$peer") - before))
+      fi
+      if [[ $peer == tollgate* || $peer == hyper-floor ]]; then
+        read -r trips inner < <(redis_counts "$redis_port")
         redis_cpu=$(($(redis_cpu_us "$redis_port") - redis_cpu_before))
       fi
       if [ -z "$summary" ]; then

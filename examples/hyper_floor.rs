@@ -17,6 +17,14 @@
 //! ```
 //! Knob (environment): `FLOOR_EVENT_INTERVAL`, Tokio's default (61) unless set; tollgate
 //! uses 4.
+//!
+//! **The exact floor.** When the configuration has `store.redis.url`, every request whose path
+//! starts with `/allowed/` (the benchmark's limited route) first asks Redis, as an exact limit
+//! does: one `EVALSHA` of tollgate's own `decide.lua` (one gcra check of 100,000 a second with a
+//! burst of 100,000, keyed by `X-User-Id`, like `bench/routes.yaml`'s `allowed`) over one
+//! redis-rs `ConnectionManager` per serving thread, and answers 429 when the script denies.
+//! Nothing else of a decision (no key building rules, headers, deny cache, breaker, metrics):
+//! the least an exact decision costs on hyper, Tokio and redis-rs.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -32,6 +40,122 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 
 type Pool = Arc<Mutex<Vec<SendRequest<Incoming>>>>;
+
+/// tollgate's decision script, exactly as its Redis store loads it (the prelude first).
+const DECIDE_LUA: &str = concat!(
+    include_str!("../src/limit/prelude.lua"),
+    "\n",
+    include_str!("../src/limit/decide.lua")
+);
+
+/// The one check of the benchmark's `allowed` limit, in decide.lua's argument form: gcra,
+/// 100,000 per 1,000,000 µs, burst 100,000, cost 1, not shadow, no lease, no block.
+const ALLOWED_CHECK: &str = "5 100000 1000000 100000 1 0 0 0";
+
+/// The exact floor's Redis side: the connection of one serving thread and the script's hash.
+#[derive(Clone)]
+struct Decider {
+    redis: RedisConnection,
+    sha: Arc<str>,
+    key_prefix: Arc<str>,
+}
+
+/// How the floor talks to Redis: redis-rs's `ConnectionManager` (what tollgate uses), or
+/// `FLOOR_REDIS_CLIENT=lean`: one pipelined socket per thread driven by a task of its own,
+/// with redis-rs still encoding the commands and parsing the replies — the measurement of what
+/// redis-rs's multiplexing machinery (channel, sink, per-call futures) costs per decision.
+#[derive(Clone)]
+enum RedisConnection {
+    Manager(redis::aio::ConnectionManager),
+    Lean(Arc<Mutex<LeanPipeline>>),
+}
+
+/// Commands not yet written, and the callers waiting for replies in the order sent.
+#[derive(Default)]
+struct LeanPipeline {
+    unsent: Vec<u8>,
+    waiting: std::collections::VecDeque<tokio::sync::oneshot::Sender<redis::Value>>,
+    driver: Option<std::task::Waker>,
+}
+
+impl LeanPipeline {
+    async fn open(client: &redis::Client) -> Arc<Mutex<LeanPipeline>> {
+        let info = client.get_connection_info();
+        let redis::ConnectionAddr::Tcp(host, port) = info.addr() else {
+            panic!("FLOOR_REDIS_CLIENT=lean takes a redis:// URL")
+        };
+        let stream = tokio::net::TcpStream::connect((host.as_str(), *port))
+            .await
+            .expect("a connection to store.redis.url");
+        stream.set_nodelay(true).expect("TCP_NODELAY");
+        let pipeline = Arc::new(Mutex::new(LeanPipeline::default()));
+        tokio::spawn(drive(stream, pipeline.clone()));
+        pipeline
+    }
+
+    async fn call(pipeline: &Mutex<LeanPipeline>, cmd: &redis::Cmd) -> Option<redis::Value> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        {
+            let mut state = pipeline.lock().unwrap();
+            cmd.write_packed_command(&mut state.unsent);
+            state.waiting.push_back(tx);
+            if let Some(driver) = state.driver.take() {
+                driver.wake();
+            }
+        }
+        rx.await.ok()
+    }
+}
+
+/// The lean pipeline's task: writes what callers queued, parses replies as they arrive and
+/// hands each to the caller next in line.
+async fn drive(mut stream: tokio::net::TcpStream, pipeline: Arc<Mutex<LeanPipeline>>) {
+    use tokio::io::AsyncWrite;
+    use tokio_util::codec::Decoder;
+    let mut sending: Vec<u8> = Vec::new();
+    let mut received = bytes::BytesMut::with_capacity(64 * 1024);
+    let mut codec = redis::ValueCodec::default();
+    std::future::poll_fn(|cx| loop {
+        if sending.is_empty() {
+            let mut state = pipeline.lock().unwrap();
+            std::mem::swap(&mut sending, &mut state.unsent);
+            if sending.is_empty() {
+                state.driver = Some(cx.waker().clone());
+            }
+        }
+        let mut progress = false;
+        while !sending.is_empty() {
+            match Pin::new(&mut stream).poll_write(cx, &sending) {
+                Poll::Ready(Ok(n)) => {
+                    sending.drain(..n);
+                    progress = true;
+                }
+                Poll::Ready(Err(_)) => return Poll::Ready(()),
+                Poll::Pending => break,
+            }
+        }
+        loop {
+            received.reserve(16 * 1024);
+            match tokio_util::io::poll_read_buf(Pin::new(&mut stream), cx, &mut received) {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(()),
+                Poll::Ready(Ok(_)) => {
+                    progress = true;
+                    while let Ok(Some(value)) = codec.decode(&mut received) {
+                        let next = pipeline.lock().unwrap().waiting.pop_front();
+                        if let Some(caller) = next {
+                            let _ = caller.send(value.extract_error().unwrap_or(redis::Value::Nil));
+                        }
+                    }
+                }
+                Poll::Pending => break,
+            }
+        }
+        if !progress {
+            return Poll::Pending;
+        }
+    })
+    .await
+}
 
 // The allocator tollgate ships with.
 #[global_allocator]
@@ -56,6 +180,10 @@ fn main() -> std::io::Result<()> {
     let threads = config
         .workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let redis = config.store.and_then(|store| store.redis).map(|redis| {
+        let client = redis::Client::open(redis.url.as_str()).expect("store.redis.url: a Redis URL");
+        (client, redis.key_prefix.unwrap_or_default())
+    });
     let event_interval = std::env::var("FLOOR_EVENT_INTERVAL")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -66,13 +194,20 @@ fn main() -> std::io::Result<()> {
     let mut joins = Vec::new();
     for _ in 0..threads {
         let listener = listener.try_clone()?;
+        let redis = redis.clone();
         joins.push(std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .event_interval(event_interval)
                 .build()
                 .expect("a runtime");
-            runtime.block_on(serve(listener, upstream))
+            runtime.block_on(async move {
+                let decider = match redis {
+                    Some((client, key_prefix)) => Some(Decider::connect(client, key_prefix).await),
+                    None => None,
+                };
+                serve(listener, upstream, decider).await
+            })
         }));
     }
     for join in joins {
@@ -87,6 +222,18 @@ struct FloorConfig {
     listen: String,
     upstream: FloorUpstream,
     workers: Option<usize>,
+    store: Option<FloorStore>,
+}
+
+#[derive(serde::Deserialize)]
+struct FloorStore {
+    redis: Option<FloorRedis>,
+}
+
+#[derive(serde::Deserialize)]
+struct FloorRedis {
+    url: String,
+    key_prefix: Option<String>,
 }
 
 #[derive(serde::Deserialize)]
@@ -94,7 +241,55 @@ struct FloorUpstream {
     url: String,
 }
 
-async fn serve(listener: std::net::TcpListener, upstream: SocketAddr) -> std::io::Result<()> {
+impl Decider {
+    async fn connect(client: redis::Client, key_prefix: String) -> Decider {
+        let mut manager = redis::aio::ConnectionManager::new(client.clone())
+            .await
+            .expect("a connection to store.redis.url");
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(DECIDE_LUA)
+            .query_async(&mut manager)
+            .await
+            .expect("decide.lua loaded");
+        let redis = match std::env::var("FLOOR_REDIS_CLIENT").as_deref() {
+            Ok("lean") => RedisConnection::Lean(LeanPipeline::open(&client).await),
+            _ => RedisConnection::Manager(manager),
+        };
+        Decider {
+            redis,
+            sha: sha.into(),
+            key_prefix: format!("{key_prefix}floor:").into(),
+        }
+    }
+
+    /// One exact decision: true when the script allows (its reply starts with " 1"); a
+    /// failed call denies, as `on_error: deny` does.
+    async fn allows(&self, user: &[u8]) -> bool {
+        let mut key = Vec::with_capacity(self.key_prefix.len() + user.len());
+        key.extend_from_slice(self.key_prefix.as_bytes());
+        key.extend_from_slice(user);
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(&*self.sha).arg(1).arg(key).arg(ALLOWED_CHECK);
+        match &self.redis {
+            RedisConnection::Manager(manager) => {
+                let reply: redis::RedisResult<Vec<u8>> =
+                    evalsha.query_async(&mut manager.clone()).await;
+                reply.is_ok_and(|packed| packed.starts_with(b" 1"))
+            }
+            RedisConnection::Lean(pipeline) => matches!(
+                LeanPipeline::call(pipeline, &evalsha).await,
+                Some(redis::Value::BulkString(packed)) if packed.starts_with(b" 1")
+            ),
+        }
+    }
+}
+
+async fn serve(
+    listener: std::net::TcpListener,
+    upstream: SocketAddr,
+    decider: Option<Decider>,
+) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let pool: Pool = Arc::default();
     loop {
@@ -103,14 +298,34 @@ async fn serve(listener: std::net::TcpListener, upstream: SocketAddr) -> std::io
         };
         let _ = stream.set_nodelay(true);
         let pool = pool.clone();
+        let decider = decider.clone();
         tokio::spawn(async move {
-            let service =
-                hyper::service::service_fn(move |request| forward(request, pool.clone(), upstream));
+            let service = hyper::service::service_fn(move |request| {
+                decide_then_forward(request, pool.clone(), upstream, decider.clone())
+            });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
     }
+}
+
+async fn decide_then_forward(
+    request: Request<Incoming>,
+    pool: Pool,
+    upstream: SocketAddr,
+    decider: Option<Decider>,
+) -> Result<Response<GiveBack>, Infallible> {
+    if let Some(decider) = decider.filter(|_| request.uri().path().starts_with("/allowed/")) {
+        let user = request
+            .headers()
+            .get("x-user-id")
+            .map_or(&b""[..], |value| value.as_bytes());
+        if !decider.allows(user).await {
+            return Ok(answer(StatusCode::TOO_MANY_REQUESTS));
+        }
+    }
+    forward(request, pool, upstream).await
 }
 
 async fn forward(
@@ -122,7 +337,7 @@ async fn forward(
         Some(sender) => sender,
         None => match connect(upstream).await {
             Ok(sender) => sender,
-            Err(_) => return Ok(bad_gateway()),
+            Err(_) => return Ok(answer(StatusCode::BAD_GATEWAY)),
         },
     };
     match sender.send_request(request).await {
@@ -130,7 +345,7 @@ async fn forward(
             body: Some(body),
             sender: Some((sender, pool)),
         })),
-        Err(_) => Ok(bad_gateway()),
+        Err(_) => Ok(answer(StatusCode::BAD_GATEWAY)),
     }
 }
 
@@ -153,12 +368,12 @@ async fn connect(
     Ok(sender)
 }
 
-fn bad_gateway() -> Response<GiveBack> {
+fn answer(status: StatusCode) -> Response<GiveBack> {
     let mut response = Response::new(GiveBack {
         body: None,
         sender: None,
     });
-    *response.status_mut() = StatusCode::BAD_GATEWAY;
+    *response.status_mut() = status;
     response
 }
 
