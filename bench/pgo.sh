@@ -5,8 +5,11 @@
 # profile to lay out and inline the request path. See docs/performance.md for what it gains.
 #
 #   bench/pgo.sh            -> target/pgo/release/tollgate (printed at the end)
+#   PGO_BUILD=hyper_floor bench/pgo.sh -> target/pgo/release/examples/hyper_floor: the hyper
+#                              floor trained and built the same way, so that tollgate's
+#                              profile-guided build is compared with a floor built alike
 #
-# Knobs: SECONDS_PER_SCENARIO=4. Needs the rustup component llvm-tools (installed when missing)
+# Knobs: SECONDS_PER_SCENARIO=4, PGO_BUILD=tollgate|hyper_floor. Needs the rustup component llvm-tools (installed when missing)
 # for llvm-profdata of the compiler's own LLVM version.
 set -euo pipefail
 
@@ -28,11 +31,16 @@ if ! [ -x "$PROFDATA" ]; then
   rustup component add llvm-tools >&2
 fi
 
-log "building the instrumented tollgate (target/pgo-gen)"
+case ${PGO_BUILD:-tollgate} in
+  tollgate) TARGET_ARGS=(--bin tollgate) BUILT=release/tollgate ;;
+  hyper_floor) TARGET_ARGS=(--example hyper_floor) BUILT=release/examples/hyper_floor ;;
+  *) log "PGO_BUILD: tollgate or hyper_floor"; exit 2 ;;
+esac
+log "building the instrumented ${PGO_BUILD:-tollgate} (target/pgo-gen)"
 rm -rf "$WORK/raw"
 (cd "$ROOT" && RUSTFLAGS="-Cprofile-generate=$WORK/raw" \
-  cargo build --release --locked --bin tollgate --target-dir target/pgo-gen) >&2
-INSTRUMENTED="$ROOT/target/pgo-gen/release/tollgate"
+  cargo build --release --locked "${TARGET_ARGS[@]}" --target-dir target/pgo-gen) >&2
+INSTRUMENTED="$ROOT/target/pgo-gen/$BUILT"
 # The build scripts were instrumented too and wrote profiles of their own while building:
 # only the training's go into the profile.
 rm -rf "$WORK/raw"
@@ -76,5 +84,5 @@ train 100ms
 "$PROFDATA" merge -o "$WORK/merged.profdata" "$WORK/raw"
 log "building with the profile (target/pgo)"
 (cd "$ROOT" && RUSTFLAGS="-Cprofile-use=$WORK/merged.profdata" \
-  cargo build --release --locked --bin tollgate --target-dir target/pgo) >&2
-echo "$ROOT/target/pgo/release/tollgate"
+  cargo build --release --locked "${TARGET_ARGS[@]}" --target-dir target/pgo) >&2
+echo "$ROOT/target/pgo/$BUILT"

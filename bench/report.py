@@ -126,6 +126,8 @@ def main() -> None:
     out.append(f"wrk {meta.get('wrk')}; {meta.get('versions')}.")
     if meta.get("binary"):
         out.append(f"tollgate: {meta['binary']}.")
+    if meta.get("floor"):
+        out.append(f"hyper-floor: {meta['floor']}.")
     if meta.get("sync"):
         out.append(f"tollgate-sync: every limit `sync: {meta['sync']}`, on a Redis of its own.")
     if n_rounds > 1:

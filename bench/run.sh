@@ -29,6 +29,8 @@
 #   PROFILE=1                                         perf record tollgate in scenarios 1 and 2
 #   NO_BUILD=1                                        use the existing target/release/tollgate
 #   TOLLGATE_BIN=path                                 benchmark another tollgate build (implies NO_BUILD=1)
+#   FLOOR_BIN=path                                    the hyper floor to run (such as
+#                                                     PGO_BUILD=hyper_floor bench/pgo.sh's)
 #   PGO=1                                             benchmark the profile-guided build the
 #                                                     container image ships (bench/pgo.sh; adds
 #                                                     about 7 minutes of building and training)
@@ -79,8 +81,8 @@ elif [ "${NO_BUILD:-0}" != 1 ] && [ -z "${TOLLGATE_BIN:-}" ]; then
   (cd "$ROOT" && cargo build --release --locked -j"${BUILD_JOBS:-1}" --bin tollgate)
 fi
 TOLLGATE=${TOLLGATE_BIN:-"$ROOT/target/release/tollgate"}
-FLOOR="$ROOT/target/release/examples/hyper_floor"
-if wanted hyper-floor && { [ "${NO_BUILD:-0}" != 1 ] || ! [ -x "$FLOOR" ]; }; then
+FLOOR=${FLOOR_BIN:-"$ROOT/target/release/examples/hyper_floor"}
+if wanted hyper-floor && [ -z "${FLOOR_BIN:-}" ] && { [ "${NO_BUILD:-0}" != 1 ] || ! [ -x "$FLOOR" ]; }; then
   log "building the hyper floor (release)"
   (cd "$ROOT" && cargo build --release --locked -j"${BUILD_JOBS:-1}" --example hyper_floor)
 fi
@@ -637,6 +639,7 @@ if [ "$LATENCY_RATE" -gt 0 ]; then MORE_VERSIONS+=", $("$OHA" --version | head -
   echo "latency=oha -q $LATENCY_RATE -c $CONNECTIONS -z $DURATION --latency-correction (warm-up $WARMUP)"
   echo "sync=$SYNC_INTERVAL"
   echo "binary=$TOLLGATE"
+  if wanted hyper-floor; then echo "floor=$FLOOR"; fi
 } >"$META"
 python3 "$HERE/report.py" "$RAW" "$META" "$LATENCY" | tee "$RESULTS/$STAMP.md"
 cp "$RESULTS/$STAMP.md" "$RESULTS/latest.md"

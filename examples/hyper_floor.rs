@@ -189,6 +189,22 @@ fn main() -> std::io::Result<()> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(61);
 
+    // SIGTERM ends the process through `exit`, so that an instrumented build
+    // (`PGO_BUILD=hyper_floor bench/pgo.sh`) writes its profile, as tollgate's drain does.
+    std::thread::spawn(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let mut terminate =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("a SIGTERM handler");
+            terminate.recv().await;
+        });
+        std::process::exit(0);
+    });
+
     let listener = std::net::TcpListener::bind(listen)?;
     listener.set_nonblocking(true)?;
     let mut joins = Vec::new();

@@ -19,7 +19,7 @@ use crate::conn;
 use crate::metrics::Held;
 use crate::proxy::{ConnInfo, Proxy};
 use crate::tls;
-use crate::workers::Workers;
+use crate::workers::{Readiness, Workers};
 
 /// Why the server could not start (exit code 1).
 #[derive(Debug, thiserror::Error)]
@@ -92,7 +92,14 @@ impl Server {
             None => None,
         };
         let proxy = Proxy::new(config.clone());
-        let workers = Workers::start(config.workers).map_err(StartError::Workers)?;
+        // Chosen at start: a reload that turns the upstream into a TLS or HTTP/2 one keeps the
+        // default until the next restart.
+        let readiness = if crate::proxy::upstream::is_plain_http1(&config.upstream) {
+            Readiness::Default
+        } else {
+            Readiness::Fresh
+        };
+        let workers = Workers::start(config.workers, readiness).map_err(StartError::Workers)?;
         Ok(Server {
             health: Arc::new(Health::new(proxy.clone())),
             proxy,

@@ -18,14 +18,32 @@ use std::future::Future;
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
-/// Socket readiness is refreshed after every this many task polls (61 by default). A busy
-/// thread that went on with stale readiness could write a request body into an upstream
-/// connection that had already answered and closed, get EPIPE, and turn that answer into a
-/// 502 (an early 401 or 413 to an upload: tests/connections.rs); the work-stealing runtime
-/// hid this by polling the reactor on whichever thread was idle. A plain HTTP/1 upstream's
-/// socket now keeps that answer itself (`proxy::early_answer`); TLS upstreams still rely on
-/// fresh readiness, and 4 costs no measurable CPU (docs/performance.md, ninth round).
-const EVENT_INTERVAL: u32 = 4;
+/// How often a busy serving thread refreshes socket readiness, counted in task polls.
+///
+/// A busy thread that went on with stale readiness could write a request body into an
+/// upstream connection that had already answered and closed, get EPIPE, and turn that answer
+/// into a 502 (an early 401 or 413 to an upload: tests/connections.rs, tests/upstream_pool.rs);
+/// the work-stealing runtime hid this by polling the reactor on whichever thread was idle. A
+/// plain HTTP/1 upstream's socket keeps such an answer itself (`proxy::early_answer`), so the
+/// threads can keep Tokio's default; a TLS or HTTP/2 upstream goes through hyper-util's client,
+/// which that wrapper does not cover, and there fresh readiness keeps the window narrow. The
+/// default saves 3–5% of an exact request's CPU (docs/performance.md, eleventh round).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// Tokio's default, every 61 polls: every upstream is plain HTTP/1.
+    Default,
+    /// Every 4 polls: an upstream is TLS or HTTP/2.
+    Fresh,
+}
+
+impl Readiness {
+    fn event_interval(self) -> u32 {
+        match self {
+            Readiness::Default => 61,
+            Readiness::Fresh => 4,
+        }
+    }
+}
 
 /// The most serving threads a process runs (`workers` in the configuration).
 pub const MAX_THREADS: usize = 256;
@@ -60,7 +78,7 @@ pub struct Workers {
 
 impl Workers {
     /// Starts `count` (at least 1) threads, each running its own runtime until stopped.
-    pub fn start(count: usize) -> std::io::Result<Workers> {
+    pub fn start(count: usize, readiness: Readiness) -> std::io::Result<Workers> {
         let stop = CancellationToken::new();
         let mut workers = Workers {
             handles: Vec::new(),
@@ -70,7 +88,7 @@ impl Workers {
         for index in 0..count.clamp(1, MAX_THREADS) {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
-                .event_interval(EVENT_INTERVAL)
+                .event_interval(readiness.event_interval())
                 .build()?;
             workers.handles.push(runtime.handle().clone());
             let stop = stop.clone();
@@ -131,7 +149,7 @@ mod tests {
 
     #[tokio::test]
     async fn each_thread_knows_its_index_and_stops() {
-        let workers = Workers::start(3).unwrap();
+        let workers = Workers::start(3, Readiness::Default).unwrap();
         assert_eq!(workers.count(), 3);
         let seen = workers.spawn_each(|_| async { current() });
         let mut indexes = Vec::new();

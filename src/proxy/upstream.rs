@@ -51,6 +51,12 @@ pub struct UpstreamClient {
     authority: Authority,
 }
 
+/// True when `upstream` is served by tollgate's own HTTP/1 pool, whose connections keep an
+/// early answer to an upload (`early_answer`); TLS and HTTP/2 go through hyper-util's client.
+pub fn is_plain_http1(upstream: &Upstream) -> bool {
+    upstream.scheme == Scheme::HTTP && !upstream.http2
+}
+
 impl UpstreamClient {
     pub fn new(upstream: &Upstream, threads: usize) -> Self {
         UpstreamClient {
@@ -62,7 +68,7 @@ impl UpstreamClient {
     }
 
     fn pool(upstream: &Upstream) -> Pool {
-        if upstream.scheme == Scheme::HTTP && !upstream.http2 {
+        if is_plain_http1(upstream) {
             return Pool::Http1(Arc::new(Http1Pool::new(
                 upstream.authority.clone(),
                 upstream.connect_timeout,
