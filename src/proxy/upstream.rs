@@ -174,3 +174,31 @@ impl Body for UpstreamBody {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstream(yaml: &str) -> Upstream {
+        let text = format!("listen: 127.0.0.1:8080\nupstream: {yaml}\n");
+        crate::config::parse(std::path::Path::new("t.yaml"), &text, |_| None)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .upstream
+    }
+
+    /// The choice behind both the pool and the serving threads' readiness interval: only a
+    /// plain HTTP/1 upstream goes through the pool whose sockets keep an early answer.
+    #[test]
+    fn only_plain_http1_upstreams_are_served_by_the_own_pool() {
+        assert!(is_plain_http1(&upstream("{ url: http://127.0.0.1:3000 }")));
+        assert!(!is_plain_http1(&upstream(
+            "{ url: https://app.internal:8443 }"
+        )));
+        assert!(!is_plain_http1(&upstream(
+            "{ url: http://127.0.0.1:3000, http2: true }"
+        )));
+        assert!(!is_plain_http1(&upstream(
+            "{ url: https://app.internal:8443, http2: true }"
+        )));
+    }
+}
