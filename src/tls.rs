@@ -1,5 +1,6 @@
 //! TLS for listeners: a PEM certificate chain and key become a rustls acceptor that offers
-//! HTTP/2 and HTTP/1.1 by ALPN.
+//! HTTP/2 and HTTP/1.1 by ALPN. And the trust for an https:// upstream behind a private CA
+//! (`upstream.ca_file`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -44,6 +45,45 @@ pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, String> {
             })?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// The CA certificates of the PEM file at `path`, each one usable as a trust anchor; the error
+/// names the file and what is wrong with it.
+pub fn ca_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| describe(path, "CA certificates", e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| describe(path, "CA certificates", e))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "{}: no PEM certificate found (expected -----BEGIN CERTIFICATE-----)",
+            path.display()
+        ));
+    }
+    for (i, cert) in certs.iter().enumerate() {
+        rustls::RootCertStore::empty()
+            .add(cert.clone())
+            .map_err(|e| {
+                format!(
+                    "{}: certificate {} of {} cannot be a trust anchor: {e}",
+                    path.display(),
+                    i + 1,
+                    certs.len()
+                )
+            })?;
+    }
+    Ok(certs)
+}
+
+/// A client configuration that trusts exactly `certs` (validated by [`ca_certificates`]).
+pub fn client_config_trusting(certs: &[CertificateDer<'static>]) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    let (_, _) = roots.add_parsable_certificates(certs.iter().cloned());
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth()
 }
 
 fn describe(path: &Path, what: &str, e: rustls_pki_types::pem::Error) -> String {

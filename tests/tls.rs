@@ -294,3 +294,120 @@ async fn a_bad_key_file_is_a_tls_start_error() {
         Ok(_) => panic!("a bad key must not start"),
     }
 }
+
+/// A private CA and a certificate it signed for 127.0.0.1, as PEM files.
+struct PrivateCa {
+    _dir: TempDir,
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+fn private_ca() -> PrivateCa {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    let params = |names: Vec<String>, cn: &str| {
+        let mut p = CertificateParams::new(names).unwrap();
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p
+    };
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = params(vec![], "tollgate test private CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let server_key = KeyPair::generate().unwrap();
+    let server = params(vec!["127.0.0.1".to_string()], "app")
+        .signed_by(&server_key, &ca, &ca_key)
+        .unwrap();
+    let dir = TempDir::new().unwrap();
+    let write = |name: &str, pem: String| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, pem).unwrap();
+        path
+    };
+    PrivateCa {
+        ca: write("ca.pem", ca.pem()),
+        cert: write("app.pem", server.pem()),
+        key: write("app.key", server_key.serialize_pem()),
+        _dir: dir,
+    }
+}
+
+/// An https:// upstream whose certificate a private CA signed is verified against `ca_file`,
+/// over HTTP/1.1 and HTTP/2 (ALPN); without `ca_file` the public roots refuse it and the
+/// client gets 502. The https:// upstream is a second proxy with a TLS listener in front of
+/// the test upstream.
+#[tokio::test]
+async fn an_https_upstream_behind_a_private_ca_is_verified_with_ca_file() {
+    let up = upstream().start().await;
+    let pki = private_ca();
+    let app = proxy(tls_yaml(&up.url(), &pki.cert, &pki.key))
+        .start()
+        .await;
+    let app_url = format!("https://127.0.0.1:{}", app.addr.port());
+    let client = http1_client();
+    for http2 in [false, true] {
+        let trusting = proxy(format!(
+            "listen: 127.0.0.1:0\nupstream:\n  url: {app_url}\n  http2: {http2}\n  ca_file: \"{}\"\n",
+            pki.ca.display()
+        ))
+        .start()
+        .await;
+        let response = client
+            .request(get(&trusting.url("/echo?via=private-ca")))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "http2: {http2}");
+        let echo = echo(response).await;
+        assert_eq!(echo["uri"], "/echo?via=private-ca");
+        // The TLS proxy in front of the test upstream saw an https request (and, not trusting
+        // the first proxy, replaced its X-Forwarded-Proto).
+        assert_eq!(
+            echo["headers"]["x-forwarded-proto"],
+            serde_json::json!(["https"])
+        );
+    }
+    let public_roots = proxy(format!(
+        "listen: 127.0.0.1:0\nupstream:\n  url: {app_url}\n"
+    ))
+    .start()
+    .await;
+    let response = client
+        .request(get(&public_roots.url("/echo")))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 502);
+}
+
+/// `ca_file` is checked with the configuration: on an http:// upstream, a missing file and a
+/// file without certificates are refused with the field's line and column.
+#[test]
+fn a_ca_file_that_cannot_be_used_is_refused_where_it_is_written() {
+    let pki = private_ca();
+    let dir = TempDir::new().unwrap();
+    let not_pem = dir.path().join("not.pem");
+    std::fs::write(&not_pem, "hello\n").unwrap();
+    let refused = |url: &str, file: &Path| {
+        let yaml = format!(
+            "listen: 127.0.0.1:0\nupstream:\n  url: {url}\n  ca_file: \"{}\"\n",
+            file.display()
+        );
+        tollgate::config::parse(Path::new("t.yaml"), &yaml, |_| None)
+            .expect_err("the configuration should be refused")
+            .to_string()
+    };
+    let http = refused("http://127.0.0.1:3000", &pki.ca);
+    assert!(
+        http.contains("t.yaml:4:") && http.contains("upstream.ca_file: only an https:// upstream"),
+        "{http}"
+    );
+    let missing = refused("https://127.0.0.1:3000", &dir.path().join("absent.pem"));
+    assert!(
+        missing.contains("t.yaml:4:") && missing.contains("cannot read the CA certificates"),
+        "{missing}"
+    );
+    let empty = refused("https://127.0.0.1:3000", &not_pem);
+    assert!(
+        empty.contains("t.yaml:4:") && empty.contains("no PEM certificate found"),
+        "{empty}"
+    );
+}

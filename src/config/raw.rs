@@ -81,6 +81,7 @@ pub struct RawUpstream {
     pub host: Option<String>,
     pub http2: Option<bool>,
     pub pool_idle_timeout: Option<String>,
+    pub ca_file: Option<String>,
 }
 
 /// A size: `10MiB`, `512KB`, or a plain number of bytes.

@@ -79,9 +79,12 @@ impl UpstreamClient {
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(upstream.connect_timeout));
-        let builder = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http();
+        let trusting = hyper_rustls::HttpsConnectorBuilder::new();
+        let builder = match &upstream.ca {
+            Some(ca) => trusting.with_tls_config(crate::tls::client_config_trusting(&ca.certs)),
+            None => trusting.with_webpki_roots(),
+        }
+        .https_or_http();
         let connector = if upstream.http2 {
             builder.enable_http2().wrap_connector(http)
         } else {
