@@ -18,16 +18,7 @@ pub fn install_crypto_provider() {
 /// An acceptor for the PEM certificate chain at `cert` and the private key at `key`; the
 /// error names the file and what is wrong with it.
 pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, String> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| describe(cert, "certificate", e))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| describe(cert, "certificate", e))?;
-    if certs.is_empty() {
-        return Err(format!(
-            "{}: no PEM certificate found (expected -----BEGIN CERTIFICATE-----)",
-            cert.display()
-        ));
-    }
+    let certs = pem_certificates(cert, "certificate")?;
     let private_key =
         PrivateKeyDer::from_pem_file(key).map_err(|e| describe(key, "private key", e))?;
     let mut config =
@@ -50,16 +41,7 @@ pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, String> {
 /// The CA certificates of the PEM file at `path`, each one usable as a trust anchor; the error
 /// names the file and what is wrong with it.
 pub fn ca_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| describe(path, "CA certificates", e))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| describe(path, "CA certificates", e))?;
-    if certs.is_empty() {
-        return Err(format!(
-            "{}: no PEM certificate found (expected -----BEGIN CERTIFICATE-----)",
-            path.display()
-        ));
-    }
+    let certs = pem_certificates(path, "CA certificates")?;
     for (i, cert) in certs.iter().enumerate() {
         rustls::RootCertStore::empty()
             .add(cert.clone())
@@ -84,6 +66,21 @@ pub fn client_config_trusting(certs: &[CertificateDer<'static>]) -> rustls::Clie
         .expect("ring supports the default protocol versions")
         .with_root_certificates(roots)
         .with_no_client_auth()
+}
+
+/// The certificates of the PEM file at `path` (`what` names them in the error): at least one.
+fn pem_certificates(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| describe(path, what, e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| describe(path, what, e))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "{}: no PEM certificate found (expected -----BEGIN CERTIFICATE-----)",
+            path.display()
+        ));
+    }
+    Ok(certs)
 }
 
 fn describe(path: &Path, what: &str, e: rustls_pki_types::pem::Error) -> String {

@@ -470,35 +470,13 @@ async fn sentinel_master_failover_follows_on_error_then_limits_on_the_promoted_r
 
 /// Writes a CA, a server certificate for 127.0.0.1 and a client certificate, all PEM.
 fn write_certificates(dir: &std::path::Path) {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
-    // Distinct subject names: a certificate whose subject equals its issuer's looks
-    // self-signed to OpenSSL (redis-server), which then refuses it.
-    let params = |names: Vec<String>, cn: &str| {
-        let mut p = CertificateParams::new(names).unwrap();
-        p.distinguished_name.push(DnType::CommonName, cn);
-        p
-    };
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = params(vec![], "tollgate test CA");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = ca.self_signed(&ca_key).unwrap();
-    let server_key = KeyPair::generate().unwrap();
-    let server = params(vec!["127.0.0.1".to_string()], "redis")
-        .signed_by(&server_key, &ca, &ca_key)
-        .unwrap();
-    let client_key = KeyPair::generate().unwrap();
-    let client = params(vec!["tollgate".to_string()], "tollgate")
-        .signed_by(&client_key, &ca, &ca_key)
-        .unwrap();
-    for (name, pem) in [
-        ("ca.pem", ca.pem()),
-        ("server.pem", server.pem()),
-        ("server.key", server_key.serialize_pem()),
-        ("client.pem", client.pem()),
-        ("client.key", client_key.serialize_pem()),
-    ] {
-        std::fs::write(dir.join(name), pem).unwrap();
-    }
+    write_private_ca(
+        dir,
+        &[
+            ("server", &["127.0.0.1"], "redis"),
+            ("client", &["tollgate"], "tollgate"),
+        ],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

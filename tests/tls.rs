@@ -304,30 +304,12 @@ struct PrivateCa {
 }
 
 fn private_ca() -> PrivateCa {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
-    let params = |names: Vec<String>, cn: &str| {
-        let mut p = CertificateParams::new(names).unwrap();
-        p.distinguished_name.push(DnType::CommonName, cn);
-        p
-    };
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = params(vec![], "tollgate test private CA");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = ca.self_signed(&ca_key).unwrap();
-    let server_key = KeyPair::generate().unwrap();
-    let server = params(vec!["127.0.0.1".to_string()], "app")
-        .signed_by(&server_key, &ca, &ca_key)
-        .unwrap();
     let dir = TempDir::new().unwrap();
-    let write = |name: &str, pem: String| {
-        let path = dir.path().join(name);
-        std::fs::write(&path, pem).unwrap();
-        path
-    };
+    write_private_ca(dir.path(), &[("app", &["127.0.0.1"], "app")]);
     PrivateCa {
-        ca: write("ca.pem", ca.pem()),
-        cert: write("app.pem", server.pem()),
-        key: write("app.key", server_key.serialize_pem()),
+        ca: dir.path().join("ca.pem"),
+        cert: dir.path().join("app.pem"),
+        key: dir.path().join("app.key"),
         _dir: dir,
     }
 }

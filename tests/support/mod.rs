@@ -3,12 +3,14 @@
 
 pub mod cluster;
 pub mod grpc;
+pub mod pki;
 pub mod proxy;
 pub mod redis;
 pub mod rng;
 pub mod upstream;
 
 pub use cluster::*;
+pub use pki::*;
 pub use proxy::*;
 pub use redis::*;
 pub use rng::Rng;
