@@ -42,30 +42,36 @@ pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, String> {
 /// names the file and what is wrong with it.
 pub fn ca_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs = pem_certificates(path, "CA certificates")?;
-    for (i, cert) in certs.iter().enumerate() {
-        rustls::RootCertStore::empty()
-            .add(cert.clone())
-            .map_err(|e| {
-                format!(
-                    "{}: certificate {} of {} cannot be a trust anchor: {e}",
-                    path.display(),
-                    i + 1,
-                    certs.len()
-                )
-            })?;
-    }
+    trust_anchors(&certs).map_err(|(i, e)| {
+        format!(
+            "{}: certificate {} of {} cannot be a trust anchor: {e}",
+            path.display(),
+            i + 1,
+            certs.len()
+        )
+    })?;
     Ok(certs)
 }
 
-/// A client configuration that trusts exactly `certs` (validated by [`ca_certificates`]).
+/// A client configuration that trusts exactly `certs` (checked by [`ca_certificates`]).
 pub fn client_config_trusting(certs: &[CertificateDer<'static>]) -> rustls::ClientConfig {
-    let mut roots = rustls::RootCertStore::empty();
-    let (_, _) = roots.add_parsable_certificates(certs.iter().cloned());
+    let roots = trust_anchors(certs).expect("checked when the configuration was read");
     rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
         .expect("ring supports the default protocol versions")
         .with_root_certificates(roots)
         .with_no_client_auth()
+}
+
+/// `certs` as a root store, or the index of the first one that cannot be a trust anchor.
+fn trust_anchors(
+    certs: &[CertificateDer<'static>],
+) -> Result<rustls::RootCertStore, (usize, rustls::Error)> {
+    let mut roots = rustls::RootCertStore::empty();
+    for (i, cert) in certs.iter().enumerate() {
+        roots.add(cert.clone()).map_err(|e| (i, e))?;
+    }
+    Ok(roots)
 }
 
 /// The certificates of the PEM file at `path` (`what` names them in the error): at least one.

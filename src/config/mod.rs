@@ -79,16 +79,10 @@ pub struct Upstream {
     /// Kept below common upstream keep-alive timeouts (Node.js: 5 s) so a pooled connection is
     /// never reused just as the upstream closes it.
     pub pool_idle_timeout: Duration,
-    /// The CAs an https:// upstream's certificate must chain to, instead of the public roots
-    /// (`ca_file`: an application behind a private CA). Read when the configuration is.
-    pub ca: Option<UpstreamCa>,
-}
-
-/// `upstream.ca_file` and the certificates read from it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UpstreamCa {
-    pub file: PathBuf,
-    pub certs: Vec<rustls_pki_types::CertificateDer<'static>>,
+    /// The CA certificates an https:// upstream's certificate must chain to, instead of the
+    /// public roots (`ca_file`: an application behind a private CA). Read with the
+    /// configuration, so a reload reads them again and a changed CA makes a new pool.
+    pub ca_certs: Option<Vec<rustls_pki_types::CertificateDer<'static>>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -650,7 +644,7 @@ impl Validator<'_> {
                 "must not have a path or query: requests keep their own path (write just scheme://host:port)",
             );
         }
-        let ca = match raw.ca_file.as_deref() {
+        let ca_certs = match raw.ca_file.as_deref() {
             None => None,
             Some(_) if scheme != Scheme::HTTPS => {
                 self.error(
@@ -662,7 +656,7 @@ impl Validator<'_> {
             Some(path) => {
                 let file = self.relative(path);
                 match crate::tls::ca_certificates(&file) {
-                    Ok(certs) => Some(UpstreamCa { file, certs }),
+                    Ok(certs) => Some(certs),
                     Err(message) => {
                         self.error("upstream.ca_file", message);
                         None
@@ -678,7 +672,7 @@ impl Validator<'_> {
             host,
             http2: raw.http2.unwrap_or(false),
             pool_idle_timeout,
-            ca,
+            ca_certs,
         })
     }
 }

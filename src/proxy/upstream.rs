@@ -80,8 +80,8 @@ impl UpstreamClient {
         http.set_nodelay(true);
         http.set_connect_timeout(Some(upstream.connect_timeout));
         let trusting = hyper_rustls::HttpsConnectorBuilder::new();
-        let builder = match &upstream.ca {
-            Some(ca) => trusting.with_tls_config(crate::tls::client_config_trusting(&ca.certs)),
+        let builder = match &upstream.ca_certs {
+            Some(certs) => trusting.with_tls_config(crate::tls::client_config_trusting(certs)),
             None => trusting.with_webpki_roots(),
         }
         .https_or_http();
