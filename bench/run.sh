@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/run.sh: tollgate against nginx, nginx + limit_req, HAProxy stick tables, Envoy's
 # local_ratelimit and the bare upstream, in one run on this machine, with identical wrk
-# settings, then a fixed-rate latency measurement with oha. See docs/performance.md.
+# settings, then a fixed-rate latency measurement with oha; the tables go to
+# bench/results/<stamp>.md and bench/plot.py draws them as SVG beside it. See docs/performance.md.
 #
 # Knobs (environment):
 #   DURATION=10s CONNECTIONS=50 THREADS=2 WARMUP=2s   wrk settings, the same for every server
@@ -643,4 +644,6 @@ if [ "$LATENCY_RATE" -gt 0 ]; then MORE_VERSIONS+=", $("$OHA" --version | head -
 } >"$META"
 python3 "$HERE/report.py" "$RAW" "$META" "$LATENCY" | tee "$RESULTS/$STAMP.md"
 cp "$RESULTS/$STAMP.md" "$RESULTS/latest.md"
-log "results: $RESULTS/$STAMP.md (raw data and logs in $WORK)"
+# The same results as two bar charts: bench/results/<stamp>-cpu.svg and -throughput.svg.
+python3 "$HERE/plot.py" "$RESULTS/$STAMP.md" >/dev/null || log "bench/plot.py could not draw the charts"
+log "results: $RESULTS/$STAMP.md and $RESULTS/$STAMP-{cpu,throughput}.svg (raw data and logs in $WORK)"
