@@ -28,7 +28,7 @@ from xml.sax.saxutils import escape
 # "tollgate" is the plain proxy and "hyper-floor" the plain floor.
 NAMES = {
     "tollgate": "tollgate, exact",
-    "tollgate-sync": "tollgate, sync: 100ms",
+    "tollgate-sync": "tollgate, local-first",
     "tollgate-log": "tollgate, exact, access log",
     "tollgate-coalesce": "tollgate, exact, coalesce",
     "hyper-floor": "exact floor",
@@ -68,7 +68,8 @@ def number(cell: str):
 
 
 def read(path: str):
-    """(title, columns, rows): rows are dicts of column name -> cell text."""
+    """(title, columns, rows): rows are dicts of column name -> cell text. report.py's line
+    "tollgate-sync: every limit `sync: 100ms` ..." names tollgate-sync's interval."""
     title = ""
     header, rows = None, []
     with open(path, encoding="utf-8") as f:
@@ -76,6 +77,9 @@ def read(path: str):
             line = line.rstrip("\n")
             if not title and line.startswith("# "):
                 title = line[2:].strip()
+            sync = re.match(r"tollgate-sync: every limit `sync: ([^`]+)`", line)
+            if sync:
+                NAMES["tollgate-sync"] = f"tollgate, sync: {sync.group(1)}"
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if header is None:
                 if line.startswith("|") and cells[:2] == ["scenario", "server"]:
@@ -242,7 +246,10 @@ def cpu_chart(title, rows):
         if bars:
             groups.append((scenario_label(scenario), bars))
     if split_seen:
-        legend = [("user time", COLOURS["tollgate"][0]), ("system time (each server in its own colour)", COLOURS["tollgate"][1])]
+        legend = [
+            ("user time (darker)", COLOURS["tollgate"][0]),
+            ("system time (lighter; each server in its own colour)", COLOURS["tollgate"][1]),
+        ]
     else:
         legend = [("the server's own CPU, user + system", COLOURS["tollgate"][0])]
     if redis_seen:
