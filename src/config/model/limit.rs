@@ -164,7 +164,7 @@ pub struct StatusSet {
 
 impl StatusSet {
     /// No status yet; validation inserts the configured ones.
-    pub(crate) fn empty() -> Self {
+    pub(in crate::config) fn empty() -> Self {
         StatusSet {
             bits: [0; 10],
             text: String::new(),
@@ -177,7 +177,7 @@ impl StatusSet {
     }
 
     /// `status` must be below 640.
-    pub(crate) fn insert(&mut self, status: u16) {
+    pub(in crate::config) fn insert(&mut self, status: u16) {
         let s = status as usize;
         self.bits[s / 64] |= 1 << (s % 64);
     }
@@ -187,7 +187,7 @@ impl StatusSet {
         &self.text
     }
 
-    pub(crate) fn set_text(&mut self, text: String) {
+    pub(in crate::config) fn set_text(&mut self, text: String) {
         self.text = text;
     }
 }

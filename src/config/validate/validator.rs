@@ -11,7 +11,7 @@ use crate::config::error::ConfigError;
 use crate::config::spans::SpanIndex;
 
 /// Collects every problem instead of stopping at the first, so one `check` shows them all.
-pub(crate) struct Validator<'e> {
+pub(super) struct Validator<'e> {
     file: PathBuf,
     spans: SpanIndex,
     errors: Vec<ConfigError>,
@@ -22,7 +22,7 @@ pub(crate) struct Validator<'e> {
 impl<'e> Validator<'e> {
     /// For the file at `file` (only named in errors and used for relative paths), whose text
     /// after substitution is `text`.
-    pub(crate) fn new(file: &Path, text: &str, env: &'e dyn Fn(&str) -> Option<String>) -> Self {
+    pub(super) fn new(file: &Path, text: &str, env: &'e dyn Fn(&str) -> Option<String>) -> Self {
         Validator {
             file: file.to_path_buf(),
             spans: SpanIndex::build(text),
@@ -31,22 +31,22 @@ impl<'e> Validator<'e> {
         }
     }
 
-    pub(crate) fn file(&self) -> &Path {
+    pub(super) fn file(&self) -> &Path {
         &self.file
     }
 
     /// The problems found, in file order (problems at one position in the order found).
-    pub(crate) fn into_errors(mut self) -> Vec<ConfigError> {
+    pub(super) fn into_errors(mut self) -> Vec<ConfigError> {
         self.errors.sort_by_key(|e| (e.line, e.col));
         self.errors
     }
 
     /// An environment variable the file names (a secret), as the caller of `parse` sees it.
-    pub(crate) fn env(&self, name: &str) -> Option<String> {
+    pub(super) fn env(&self, name: &str) -> Option<String> {
         (self.env)(name)
     }
 
-    pub(crate) fn error(&mut self, path: &str, message: impl Into<String>) {
+    pub(super) fn error(&mut self, path: &str, message: impl Into<String>) {
         let pos = self.spans.find(path);
         self.errors.push(ConfigError {
             file: self.file.clone(),
@@ -56,7 +56,7 @@ impl<'e> Validator<'e> {
         });
     }
 
-    pub(crate) fn duration(
+    pub(super) fn duration(
         &mut self,
         path: &str,
         value: Option<&str>,
@@ -66,7 +66,7 @@ impl<'e> Validator<'e> {
     }
 
     /// Like [`Self::duration`], with zero allowed (a leeway, a slack).
-    pub(crate) fn duration_or_zero(
+    pub(super) fn duration_or_zero(
         &mut self,
         path: &str,
         value: Option<&str>,
@@ -100,7 +100,7 @@ impl<'e> Validator<'e> {
     }
 
     /// Paths in the file are relative to the file, so a config works wherever it is run from.
-    pub(crate) fn relative(&self, path: &str) -> PathBuf {
+    pub(super) fn relative(&self, path: &str) -> PathBuf {
         let path = Path::new(path);
         if path.is_absolute() {
             return path.to_path_buf();
@@ -113,7 +113,7 @@ impl<'e> Validator<'e> {
 }
 
 /// Names that end up in store keys and headers: kept to characters that need no escaping.
-pub(crate) fn is_plain_name(name: &str) -> bool {
+pub(super) fn is_plain_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && name
