@@ -175,7 +175,7 @@ impl Explanation {
                 "limit     {} ({} {})\n",
                 l.limit.name,
                 l.limit.params.algorithm.name(),
-                l.limit.describe()
+                crate::summary::limit(&l.limit)
             ));
             for (name, source, value) in &l.identities {
                 out.push_str(&format!("  identity  {name} = {value} (from {source})\n"));

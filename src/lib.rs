@@ -21,6 +21,7 @@ pub mod proxy;
 pub mod reload;
 pub mod routing;
 pub mod server;
+pub mod summary;
 pub mod throttle;
 pub mod tls;
 pub mod upgrade;

@@ -58,7 +58,7 @@ fn new_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 fn check(path: &std::path::Path) -> ExitCode {
     match config::load(path) {
         Ok(config) => {
-            print!("{}", config.summary());
+            print!("{}", tollgate::summary::check(&config));
             ExitCode::SUCCESS
         }
         Err(errors) => {

@@ -211,7 +211,7 @@ impl Server {
         }
         // The listeners were owned by the accept loops, dropped above: no new connections.
         health.drain();
-        tracing::info!(timeout = ?config.shutdown_timeout, "shutting down: draining in-flight requests");
+        tracing::info!(timeout = %humantime::format_duration(config.shutdown_timeout), "shutting down: draining in-flight requests");
         stop.cancel();
         connections.close();
         let tunnels = proxy.tunnels().clone();

@@ -329,7 +329,7 @@ fn check_refuses_what_cannot_work() {
     let yaml = "listen: 127.0.0.1:0\nupstream:\n  url: http://127.0.0.1:1\nroutes:\n  - name: api\n    match: { path_prefix: / }\n    limits:\n      - { algorithm: fixed_window, limit: 5, period: 1m, count_statuses: [401, \"5XX\"] }\n      - { algorithm: token_bucket, limit: 5, period: 1m, cost_from_response: X-Tokens-Used }\n";
     let config =
         tollgate::config::parse(std::path::Path::new("test.yaml"), yaml, |_| None).unwrap();
-    let summary = config.summary();
+    let summary = tollgate::summary::check(&config);
     assert!(
         summary.contains("fixed_window 5 per 1m, local, counts only 401, 5xx"),
         "{summary}"

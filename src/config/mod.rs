@@ -2,242 +2,36 @@
 //!
 //! Loading happens in three steps, each with its own errors, all reported as `FILE:LINE:COL:
 //! what is wrong`: environment substitution (`env`), YAML parsing into raw structs with unknown
-//! keys refused (`raw`), then validation into the runtime types below, which hold only values
+//! keys refused (`raw`, with `spans` mapping each value to its position), then validation
+//! (`validate`, one file per section) into the runtime types (`model`), which hold only values
 //! that work (parsed addresses, durations, sizes). The rest of the program never sees raw text.
+//!
+//! The configuration is the bottom layer of what it describes: it builds the identity and
+//! limit engine's runtime types and renders nothing; responses are rendered by
+//! `throttle::headers`, and human text (what `check` prints) by `summary`.
+//!
+//! Inside, dependencies run one way: this file over `validate` over `model`, `raw`, `spans`
+//! and `error`; `model` imports none of its siblings.
 
-mod by_response;
 mod env;
+mod error;
+mod model;
 mod raw;
-mod redis_config;
 mod spans;
-mod throttle;
+mod validate;
 
-use std::fmt;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 
-use http::uri::{Authority, Scheme};
-
-pub use by_response::{ByResponse, StatusSet};
 pub use env::substitute;
-use raw::{RawAdmin, RawConfig, RawListen, RawListener, RawSize};
-pub use redis_config::{RedisConfig, RedisMode, RedisTls, Secret};
-use spans::SpanIndex;
-pub use throttle::{
-    Allow, Limit, LimitSet, OnError, OnLimit, Override, ResponseConfig, Route, Scope, StoreConfig,
-    Throttle, DEFAULT_KEY_PREFIX,
+pub use error::{ConfigError, ConfigErrors};
+pub use model::{
+    Allow, ByResponse, Config, HostMode, Limit, LimitSet, Listener, OnError, OnLimit, Override,
+    RedisConfig, RedisMode, RedisTls, ResponseConfig, Route, Scope, Secret, StatusSet, StoreConfig,
+    Throttle, TlsFiles, Upstream, DEFAULT_CONNECT_TIMEOUT, DEFAULT_H2_STREAMS,
+    DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, MAX_WORKERS,
 };
-
-/// The validated configuration the proxy runs with.
-#[derive(Debug, Clone)]
-pub struct Config {
-    pub file: PathBuf,
-    pub listeners: Vec<Listener>,
-    pub admin: Option<SocketAddr>,
-    /// The bearer token the admin listener's mutating endpoints require (`admin.token_env`).
-    pub admin_token: Option<Secret>,
-    pub upstream: Upstream,
-    /// Requests with a larger body are answered 413 (`None`: no limit).
-    pub max_request_body: Option<u64>,
-    pub header_read_timeout: Duration,
-    /// A client connection with no request in flight and no bytes moving for this long is
-    /// closed (keep-alive idlers, and peers that connect and never speak).
-    pub idle_timeout: Duration,
-    pub shutdown_timeout: Duration,
-    pub max_connections: usize,
-    /// Serving threads, each with its own runtime and upstream connection pool (`workers`).
-    pub workers: usize,
-    pub http2_max_concurrent_streams: u32,
-    /// One log line per request (target `tollgate::access`).
-    pub access_log: bool,
-    pub throttle: Throttle,
-}
-
-#[derive(Debug, Clone)]
-pub struct Listener {
-    pub address: SocketAddr,
-    pub tls: Option<TlsFiles>,
-}
-
-#[derive(Debug, Clone)]
-pub struct TlsFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Upstream {
-    pub scheme: Scheme,
-    pub authority: Authority,
-    pub connect_timeout: Duration,
-    /// Until the response head arrives; past it the client gets 504.
-    pub timeout: Duration,
-    pub host: HostMode,
-    /// Speak HTTP/2 to the upstream (h2c on http://, ALPN h2 on https://).
-    pub http2: bool,
-    /// Kept below common upstream keep-alive timeouts (Node.js: 5 s) so a pooled connection is
-    /// never reused just as the upstream closes it.
-    pub pool_idle_timeout: Duration,
-    /// The CA certificates an https:// upstream's certificate must chain to, instead of the
-    /// public roots (`ca_file`: an application behind a private CA). Read with the
-    /// configuration, so a reload reads them again and a changed CA makes a new pool.
-    pub ca_certs: Option<Vec<rustls_pki_types::CertificateDer<'static>>>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HostMode {
-    /// Forward the client's Host header (the app sees the public name).
-    Preserve,
-    /// Send the upstream URL's authority as Host.
-    Upstream,
-}
-
-impl Config {
-    /// What `tollgate check` prints: the listeners, the upstream and the routes.
-    pub fn summary(&self) -> String {
-        use std::fmt::Write;
-        let mut out = format!("{}: ok\n", self.file.display());
-        for l in &self.listeners {
-            let scheme = if l.tls.is_some() { "https" } else { "http" };
-            let _ = writeln!(out, "listen    {scheme}://{}", l.address);
-        }
-        if let Some(admin) = self.admin {
-            let _ = writeln!(
-                out,
-                "admin     http://{admin} (/healthz, /readyz, /metrics, /limits/top, /limits/state, /limits/reset)"
-            );
-            let mutations = if self.admin_token.is_some() {
-                "need the bearer token from admin.token_env"
-            } else if admin.ip().is_loopback() {
-                "open (loopback listener, no token)"
-            } else {
-                "refused (no admin.token_env, and the listener is not loopback)"
-            };
-            let _ = writeln!(out, "          mutations (POST /limits/reset) {mutations}");
-        }
-        let _ = writeln!(
-            out,
-            "upstream  {}://{} (HTTP/{}, timeout {})",
-            self.upstream.scheme,
-            self.upstream.authority,
-            if self.upstream.http2 { "2" } else { "1.1" },
-            humantime::format_duration(self.upstream.timeout)
-        );
-        let store = match &self.throttle.store {
-            StoreConfig::Memory => "memory (this process only)".to_string(),
-            StoreConfig::Redis { .. } => {
-                format!("redis, on_error {:?}", self.throttle.on_error).to_lowercase()
-            }
-        };
-        let _ = writeln!(out, "store     {store}");
-        let _ = writeln!(
-            out,
-            "workers   {} serving thread{}",
-            self.workers,
-            if self.workers == 1 { "" } else { "s" }
-        );
-        if self.throttle.routes.is_empty() {
-            let _ = writeln!(out, "routes    none: every request is forwarded unlimited");
-        }
-        for route in &self.throttle.routes {
-            let mut matcher = route.path_prefix.clone().unwrap_or_else(|| "/".into());
-            if let Some(methods) = &route.methods {
-                let methods: Vec<&str> = methods.iter().map(|m| m.as_str()).collect();
-                matcher = format!("{} {matcher}", methods.join(","));
-            }
-            if let Some(host) = &route.host {
-                matcher = format!("{matcher} host {host}");
-            }
-            let key: Vec<&str> = route
-                .limits
-                .first()
-                .map(|l| l.key.iter().map(|i| i.name.as_str()).collect())
-                .unwrap_or_default();
-            let _ = writeln!(
-                out,
-                "route     {} ({matcher}) by {}",
-                route.name,
-                key.join("+")
-            );
-            for limit in &route.limits {
-                let _ = writeln!(
-                    out,
-                    "  limit   {} {} {}",
-                    limit.name,
-                    limit.params.algorithm.name(),
-                    limit.describe()
-                );
-            }
-            for tier in &route.overrides {
-                let values = if tier.values.len() == 1 {
-                    "value"
-                } else {
-                    "values"
-                };
-                let _ = writeln!(
-                    out,
-                    "  tier    {} for {} {values} of {}",
-                    tier.name,
-                    tier.values.len(),
-                    tier.identity.name
-                );
-            }
-        }
-        out
-    }
-}
-
-/// One problem in the file, with where it is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    pub file: PathBuf,
-    pub line: usize,
-    pub col: usize,
-    pub message: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}:{}:{}: {}",
-            self.file.display(),
-            self.line,
-            self.col,
-            self.message
-        )
-    }
-}
-
-/// Every problem found in one file, in file order.
-#[derive(Debug, Clone)]
-pub struct ConfigErrors(pub Vec<ConfigError>);
-
-impl fmt::Display for ConfigErrors {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, error) in self.0.iter().enumerate() {
-            if i > 0 {
-                writeln!(f)?;
-            }
-            write!(f, "{error}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for ConfigErrors {}
-
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
-pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
-pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
-pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
-/// More serving threads than this only costs memory: each holds its own connection pools.
-pub const MAX_WORKERS: usize = crate::workers::MAX_THREADS;
-pub const DEFAULT_H2_STREAMS: u32 = 100;
+use raw::RawConfig;
 
 /// Reads, substitutes, parses and validates the file at `path`.
 pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
@@ -273,19 +67,7 @@ pub fn parse(
             .unwrap_or((1, 1));
         ConfigErrors(vec![at(line, col, explain_serde_error(&e))])
     })?;
-    let mut v = Validator {
-        file: file.to_path_buf(),
-        spans: SpanIndex::build(&text),
-        errors: Vec::new(),
-        env: &env,
-    };
-    let config = v.config(raw);
-    if v.errors.is_empty() {
-        Ok(config.expect("validation without errors yields a config"))
-    } else {
-        v.errors.sort_by_key(|e| (e.line, e.col));
-        Err(ConfigErrors(v.errors))
-    }
+    validate::validate(file, &text, &env, raw).map_err(ConfigErrors)
 }
 
 /// serde_yaml's message without its trailing " at line N column M" (we print the position in
@@ -330,355 +112,10 @@ fn strip_position(text: &str) -> String {
     strip_position(&format!("{}{}", &text[..start], &after[end..]))
 }
 
-/// Collects every problem instead of stopping at the first, so one `check` shows them all.
-pub(crate) struct Validator<'e> {
-    file: PathBuf,
-    spans: SpanIndex,
-    errors: Vec<ConfigError>,
-    /// The environment, for secrets named in the file (`secret_env`).
-    env: &'e dyn Fn(&str) -> Option<String>,
-}
-
-impl Validator<'_> {
-    pub(crate) fn error(&mut self, path: &str, message: impl Into<String>) {
-        let pos = self.spans.find(path);
-        self.errors.push(ConfigError {
-            file: self.file.clone(),
-            line: pos.line,
-            col: pos.col,
-            message: format!("{path}: {}", message.into()),
-        });
-    }
-
-    pub(crate) fn duration(
-        &mut self,
-        path: &str,
-        value: Option<&str>,
-        default: Duration,
-    ) -> Duration {
-        self.duration_from(path, value, default, false)
-    }
-
-    /// Like [`Self::duration`], with zero allowed (a leeway, a slack).
-    pub(crate) fn duration_or_zero(
-        &mut self,
-        path: &str,
-        value: Option<&str>,
-        default: Duration,
-    ) -> Duration {
-        self.duration_from(path, value, default, true)
-    }
-
-    fn duration_from(
-        &mut self,
-        path: &str,
-        value: Option<&str>,
-        default: Duration,
-        zero_ok: bool,
-    ) -> Duration {
-        let Some(text) = value else { return default };
-        match humantime::parse_duration(text.trim()) {
-            Ok(d) if zero_ok || !d.is_zero() => d,
-            Ok(_) => {
-                self.error(path, "must be greater than zero");
-                default
-            }
-            Err(e) => {
-                self.error(
-                    path,
-                    format!("`{text}` is not a duration ({e}): write a number with a unit, like 50ms, 2s, 1m, 1h"),
-                );
-                default
-            }
-        }
-    }
-
-    fn size(&mut self, path: &str, value: &RawSize) -> Option<u64> {
-        match value {
-            RawSize::Bytes(0) => None,
-            RawSize::Bytes(n) => Some(*n),
-            RawSize::Text(text) => match text.trim().parse::<bytesize::ByteSize>() {
-                Ok(size) if size.as_u64() > 0 => Some(size.as_u64()),
-                Ok(_) => {
-                    self.error(
-                        path,
-                        "must be greater than zero (leave it out for no limit)",
-                    );
-                    None
-                }
-                Err(e) => {
-                    self.error(path, format!("`{text}` is not a size ({e}): write e.g. 10MiB, 512KiB, 1GB or a number of bytes"));
-                    None
-                }
-            },
-        }
-    }
-
-    fn socket_addr(&mut self, path: &str, text: &str) -> Option<SocketAddr> {
-        match text.trim().parse::<SocketAddr>() {
-            Ok(addr) => Some(addr),
-            Err(_) => {
-                self.error(
-                    path,
-                    format!(
-                        "`{text}` is not an address: write IP:PORT, like 0.0.0.0:8080 or [::]:8080"
-                    ),
-                );
-                None
-            }
-        }
-    }
-
-    /// `admin: ADDR` or `admin: {address, token_env}`; the token is read from the environment
-    /// now, and a variable that is unset or empty is an error (as for `secret_env`).
-    fn admin(&mut self, raw: Option<&RawAdmin>) -> (Option<SocketAddr>, Option<Secret>) {
-        match raw {
-            None => (None, None),
-            Some(RawAdmin::Address(a)) => (self.socket_addr("admin", a), None),
-            Some(RawAdmin::Full(full)) => {
-                let address = self.socket_addr("admin.address", &full.address);
-                let token = full.token_env.as_ref().and_then(|var| {
-                    match (self.env)(var).filter(|t| !t.trim().is_empty()) {
-                        Some(token) => Some(Secret(token.trim().to_owned())),
-                        None => {
-                            self.error(
-                                "admin.token_env",
-                                format!("environment variable `{var}` (the admin bearer token) is not set or empty"),
-                            );
-                            None
-                        }
-                    }
-                });
-                (address, token)
-            }
-        }
-    }
-
-    fn config(&mut self, mut raw: RawConfig) -> Option<Config> {
-        let throttle = self.throttle(&mut raw);
-        let listeners = self.listeners(&raw.listen);
-        let (admin, admin_token) = self.admin(raw.admin.as_ref());
-        let upstream = self.upstream(&raw.upstream);
-        let max_request_body = raw
-            .max_request_body
-            .as_ref()
-            .and_then(|s| self.size("max_request_body", s));
-        let header_read_timeout = self.duration(
-            "header_read_timeout",
-            raw.header_read_timeout.as_deref(),
-            DEFAULT_HEADER_READ_TIMEOUT,
-        );
-        let idle_timeout = self.duration(
-            "idle_timeout",
-            raw.idle_timeout.as_deref(),
-            DEFAULT_IDLE_TIMEOUT,
-        );
-        let shutdown_timeout = self.duration(
-            "shutdown_timeout",
-            raw.shutdown_timeout.as_deref(),
-            DEFAULT_SHUTDOWN_TIMEOUT,
-        );
-        let max_connections = match raw.max_connections {
-            Some(0) => {
-                self.error("max_connections", "must be at least 1");
-                0
-            }
-            Some(n) => n as usize,
-            None => DEFAULT_MAX_CONNECTIONS,
-        };
-        let workers = match raw.workers {
-            Some(n) if !(1..=MAX_WORKERS as u64).contains(&n) => {
-                self.error(
-                    "workers",
-                    format!("must be from 1 to {MAX_WORKERS} (leave it out for one per core)"),
-                );
-                1
-            }
-            Some(n) => n as usize,
-            None => crate::workers::default_count(),
-        };
-        let http2_max_concurrent_streams = match raw.http2_max_concurrent_streams {
-            Some(0) => {
-                self.error("http2_max_concurrent_streams", "must be at least 1");
-                0
-            }
-            Some(n) => n,
-            None => DEFAULT_H2_STREAMS,
-        };
-        if let (Some(admin), Some(listeners)) = (admin, listeners.as_ref()) {
-            if admin.port() != 0 && listeners.iter().any(|l| l.address == admin) {
-                self.error(
-                    "admin",
-                    "the admin listener cannot share an address with `listen`",
-                );
-            }
-        }
-        Some(Config {
-            file: self.file.clone(),
-            listeners: listeners?,
-            admin,
-            admin_token,
-            upstream: upstream?,
-            max_request_body,
-            header_read_timeout,
-            idle_timeout,
-            shutdown_timeout,
-            max_connections,
-            workers,
-            http2_max_concurrent_streams,
-            access_log: raw.access_log.unwrap_or(true),
-            throttle,
-        })
-    }
-
-    fn listeners(&mut self, raw: &RawListen) -> Option<Vec<Listener>> {
-        let entries: Vec<(String, &str, Option<&raw::RawTls>)> = match raw {
-            RawListen::One(address) => vec![("listen".into(), address.as_str(), None)],
-            RawListen::Many(list) => list
-                .iter()
-                .enumerate()
-                .map(|(i, l)| match l {
-                    RawListener::Address(a) => (format!("listen[{i}]"), a.as_str(), None),
-                    RawListener::Full(f) => (
-                        format!("listen[{i}].address"),
-                        f.address.as_str(),
-                        f.tls.as_ref(),
-                    ),
-                })
-                .collect(),
-        };
-        if entries.is_empty() {
-            self.error("listen", "needs at least one address");
-            return None;
-        }
-        let mut listeners = Vec::new();
-        for (path, address, tls) in entries {
-            let address = self.socket_addr(&path, address)?;
-            if listeners.iter().any(|l: &Listener| l.address == address) {
-                self.error(&path, format!("{address} is listed twice"));
-            }
-            let tls = tls.map(|t| TlsFiles {
-                cert: self.relative(&t.cert),
-                key: self.relative(&t.key),
-            });
-            listeners.push(Listener { address, tls });
-        }
-        Some(listeners)
-    }
-
-    /// Paths in the file are relative to the file, so a config works wherever it is run from.
-    pub(crate) fn relative(&self, path: &str) -> PathBuf {
-        let path = Path::new(path);
-        if path.is_absolute() {
-            return path.to_path_buf();
-        }
-        match self.file.parent() {
-            Some(dir) if !dir.as_os_str().is_empty() => dir.join(path),
-            _ => path.to_path_buf(),
-        }
-    }
-
-    fn upstream(&mut self, raw: &raw::RawUpstream) -> Option<Upstream> {
-        let connect_timeout = self.duration(
-            "upstream.connect_timeout",
-            raw.connect_timeout.as_deref(),
-            DEFAULT_CONNECT_TIMEOUT,
-        );
-        let timeout = self.duration(
-            "upstream.timeout",
-            raw.timeout.as_deref(),
-            DEFAULT_UPSTREAM_TIMEOUT,
-        );
-        let pool_idle_timeout = self.duration(
-            "upstream.pool_idle_timeout",
-            raw.pool_idle_timeout.as_deref(),
-            DEFAULT_POOL_IDLE_TIMEOUT,
-        );
-        let host = match raw.host.as_deref() {
-            None | Some("preserve") => HostMode::Preserve,
-            Some("upstream") => HostMode::Upstream,
-            Some(other) => {
-                self.error(
-                    "upstream.host",
-                    format!("`{other}` is not allowed: use `preserve` (send the client's Host) or `upstream` (send the upstream's)"),
-                );
-                HostMode::Preserve
-            }
-        };
-        let uri: http::Uri = match raw.url.trim().parse() {
-            Ok(uri) => uri,
-            Err(e) => {
-                self.error(
-                    "upstream.url",
-                    format!(
-                        "`{}` is not a URL ({e}): write http://HOST:PORT or https://HOST:PORT",
-                        raw.url
-                    ),
-                );
-                return None;
-            }
-        };
-        let scheme = match uri.scheme() {
-            Some(s) if *s == Scheme::HTTP || *s == Scheme::HTTPS => s.clone(),
-            _ => {
-                self.error(
-                    "upstream.url",
-                    format!("`{}` must start with http:// or https://", raw.url),
-                );
-                return None;
-            }
-        };
-        let Some(authority) = uri.authority().cloned() else {
-            self.error("upstream.url", format!("`{}` has no host", raw.url));
-            return None;
-        };
-        if authority.as_str().contains('@') {
-            self.error(
-                "upstream.url",
-                "user information in the upstream URL is not supported",
-            );
-        }
-        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
-            self.error(
-                "upstream.url",
-                "must not have a path or query: requests keep their own path (write just scheme://host:port)",
-            );
-        }
-        let ca_certs = match raw.ca_file.as_deref() {
-            None => None,
-            Some(_) if scheme != Scheme::HTTPS => {
-                self.error(
-                    "upstream.ca_file",
-                    "only an https:// upstream is verified: remove ca_file or write the url with https://",
-                );
-                None
-            }
-            Some(path) => {
-                let file = self.relative(path);
-                match crate::tls::ca_certificates(&file) {
-                    Ok(certs) => Some(certs),
-                    Err(message) => {
-                        self.error("upstream.ca_file", message);
-                        None
-                    }
-                }
-            }
-        };
-        Some(Upstream {
-            scheme,
-            authority,
-            connect_timeout,
-            timeout,
-            host,
-            http2: raw.http2.unwrap_or(false),
-            pool_idle_timeout,
-            ca_certs,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn parse_ok(text: &str) -> Config {
@@ -827,9 +264,9 @@ mod tests {
         assert_eq!(full.admin.unwrap().to_string(), "0.0.0.0:9901");
         assert_eq!(full.admin_token, Some(Secret("s3cret".into())));
         assert!(
-            full.summary().contains("need the bearer token"),
+            crate::summary::check(&full).contains("need the bearer token"),
             "{}",
-            full.summary()
+            crate::summary::check(&full)
         );
         for env in [None, Some(String::new())] {
             let errors = parse(Path::new("t.yaml"), text, |_| env.clone())

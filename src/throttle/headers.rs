@@ -82,7 +82,7 @@ pub fn add_fields(
         retry_after_secs(verdict.retry_after_us)
     };
     if config.ietf || force_ietf {
-        headers.insert(&RATELIMIT_POLICY, set.policy.clone());
+        headers.insert(&RATELIMIT_POLICY, policy(set).clone());
         // `"name";r=<remaining>;t=<seconds>`, written without the formatting machinery: this
         // runs for every response on a limited route.
         let (mut remaining, mut seconds) = (itoa::Buffer::new(), itoa::Buffer::new());
@@ -204,6 +204,35 @@ pub fn seconds(verdict: &Verdict) -> [u64; 2] {
 
 /// Status 429 as configured; used by tests and the docs.
 pub const DEFAULT_STATUS: StatusCode = StatusCode::TOO_MANY_REQUESTS;
+
+/// The `RateLimit-Policy` field value of `set`: rendered on first use and kept in the set's
+/// cell, so each set is rendered once, not on every response.
+pub fn policy(set: &LimitSet) -> &HeaderValue {
+    set.policy.get_or_init(|| policy_value(set))
+}
+
+/// `RateLimit-Policy` for all of `limits`, e.g. `"login";q=5;w=60`: the quota and the window
+/// in whole seconds, rounded up like every seconds field tollgate sends.
+pub fn policy_value(limits: &[Limit]) -> HeaderValue {
+    let items: Vec<String> = limits
+        .iter()
+        .map(|l| match l.params.algorithm {
+            crate::limit::Algorithm::Concurrency => {
+                format!(
+                    "\"{}\";q={};qu=\"concurrent-requests\"",
+                    l.name, l.params.limit
+                )
+            }
+            _ => format!(
+                "\"{}\";q={};w={}",
+                l.name,
+                l.params.limit,
+                (l.params.period_us.max(0) as u64).div_ceil(1_000_000)
+            ),
+        })
+        .collect();
+    HeaderValue::from_str(&items.join(", ")).expect("policy names are plain ASCII")
+}
 
 #[cfg(test)]
 mod tests {

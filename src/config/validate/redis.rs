@@ -5,167 +5,181 @@
 
 use std::time::Duration;
 
-use super::raw::RawRedis;
-use super::Validator;
-// What validation builds is the store's own connection settings type (the configuration
-// depends on the limit engine, never the other way round); config shows it under this name.
-pub use crate::limit::redis_settings::{RedisMode, RedisSettings as RedisConfig, RedisTls, Secret};
+use super::validator::Validator;
+use crate::config::model::{RedisConfig, RedisMode, RedisTls, Secret};
+use crate::config::raw::{RawRedis, RawRedisTls};
 
 fn scheme_ok(url: &str) -> bool {
     url.starts_with("redis://") || url.starts_with("rediss://")
 }
 
-impl Validator<'_> {
-    pub(crate) fn redis(&mut self, raw: &RawRedis, default_timeout: Duration) -> RedisConfig {
-        let timeout = self.duration(
-            "store.redis.timeout",
-            raw.timeout.as_deref(),
-            default_timeout,
+pub(super) fn redis(v: &mut Validator, raw: &RawRedis, default_timeout: Duration) -> RedisConfig {
+    let timeout = v.duration(
+        "store.redis.timeout",
+        raw.timeout.as_deref(),
+        default_timeout,
+    );
+    let (mode, urls) = mode(v, raw);
+    let tls_urls = check_urls(v, &urls);
+    let tls = raw
+        .tls
+        .as_ref()
+        .map(|t| tls(v, t, tls_urls == 0 && !urls.is_empty()));
+    let username = raw.username.clone().filter(|u| !u.is_empty());
+    let password = raw.password.clone().map(Secret);
+    if username.is_some() && password.is_none() {
+        v.error(
+            "store.redis.username",
+            "an ACL username needs a `password` (e.g. password: ${REDIS_PASSWORD})",
         );
-        let given = [
-            raw.url.is_some(),
-            raw.cluster.is_some(),
-            raw.sentinel.is_some(),
-        ];
-        if given.iter().filter(|g| **g).count() != 1 {
-            self.error(
-                "store.redis",
-                "give exactly one of `url` (one server), `cluster` (a list of Redis Cluster nodes) or `sentinel` ({ master: NAME, nodes: [...] })",
+    }
+    let coalesce = raw.coalesce.unwrap_or(false);
+    if coalesce && matches!(mode, RedisMode::Cluster(_)) {
+        v.error(
+            "store.redis.coalesce",
+            "not available with `cluster`: the decisions of different callers live in different hash slots, which one script call cannot reach; remove `coalesce` or use `url`/`sentinel`",
+        );
+    }
+    RedisConfig {
+        mode,
+        username,
+        password,
+        tls,
+        timeout,
+        coalesce,
+    }
+}
+
+/// One server, a Cluster or a Sentinel, with every URL given and where it stands in the file.
+fn mode(v: &mut Validator, raw: &RawRedis) -> (RedisMode, Vec<(String, String)>) {
+    let given = [
+        raw.url.is_some(),
+        raw.cluster.is_some(),
+        raw.sentinel.is_some(),
+    ];
+    if given.iter().filter(|g| **g).count() != 1 {
+        v.error(
+            "store.redis",
+            "give exactly one of `url` (one server), `cluster` (a list of Redis Cluster nodes) or `sentinel` ({ master: NAME, nodes: [...] })",
+        );
+    }
+    let mut urls: Vec<(String, String)> = Vec::new();
+    let mode = if let Some(url) = &raw.url {
+        let url = url.trim().to_string();
+        urls.push(("store.redis.url".into(), url.clone()));
+        RedisMode::Standalone(url)
+    } else if let Some(nodes) = &raw.cluster {
+        if nodes.is_empty() {
+            v.error(
+                "store.redis.cluster",
+                "list at least one node, e.g. [redis://10.0.0.1:6379]",
             );
         }
-        let mut urls: Vec<(String, String)> = Vec::new();
-        let mode = if let Some(url) = &raw.url {
-            let url = url.trim().to_string();
-            urls.push(("store.redis.url".into(), url.clone()));
-            RedisMode::Standalone(url)
-        } else if let Some(nodes) = &raw.cluster {
-            if nodes.is_empty() {
-                self.error(
-                    "store.redis.cluster",
-                    "list at least one node, e.g. [redis://10.0.0.1:6379]",
-                );
-            }
-            let nodes: Vec<String> = nodes.iter().map(|n| n.trim().to_string()).collect();
-            for (i, n) in nodes.iter().enumerate() {
-                urls.push((format!("store.redis.cluster[{i}]"), n.clone()));
-            }
-            RedisMode::Cluster(nodes)
-        } else if let Some(sentinel) = &raw.sentinel {
-            if sentinel.master.trim().is_empty() {
-                self.error(
-                    "store.redis.sentinel.master",
-                    "name the master as the Sentinels know it (their `sentinel monitor NAME ...`)",
-                );
-            }
-            if sentinel.nodes.is_empty() {
-                self.error(
-                    "store.redis.sentinel.nodes",
-                    "list at least one Sentinel, e.g. [redis://10.0.0.1:26379]",
-                );
-            }
-            let nodes: Vec<String> = sentinel
-                .nodes
-                .iter()
-                .map(|n| n.trim().to_string())
-                .collect();
-            for (i, n) in nodes.iter().enumerate() {
-                urls.push((format!("store.redis.sentinel.nodes[{i}]"), n.clone()));
-            }
-            RedisMode::Sentinel {
-                master: sentinel.master.trim().to_string(),
-                nodes,
-            }
-        } else {
-            RedisMode::Standalone(String::new())
-        };
-        for (path, url) in &urls {
-            if !scheme_ok(url) {
-                self.error(
-                    path,
-                    format!("`{url}` must start with redis:// or rediss:// (TLS)"),
-                );
-            } else if let Err(e) = redis::Client::open(url.as_str()) {
-                self.error(path, format!("not a usable Redis URL: {e}"));
-            }
+        let nodes: Vec<String> = nodes.iter().map(|n| n.trim().to_string()).collect();
+        for (i, n) in nodes.iter().enumerate() {
+            urls.push((format!("store.redis.cluster[{i}]"), n.clone()));
         }
-        let tls_urls = urls
+        RedisMode::Cluster(nodes)
+    } else if let Some(sentinel) = &raw.sentinel {
+        if sentinel.master.trim().is_empty() {
+            v.error(
+                "store.redis.sentinel.master",
+                "name the master as the Sentinels know it (their `sentinel monitor NAME ...`)",
+            );
+        }
+        if sentinel.nodes.is_empty() {
+            v.error(
+                "store.redis.sentinel.nodes",
+                "list at least one Sentinel, e.g. [redis://10.0.0.1:26379]",
+            );
+        }
+        let nodes: Vec<String> = sentinel
+            .nodes
             .iter()
-            .filter(|(_, u)| u.starts_with("rediss://"))
-            .count();
-        if tls_urls != 0 && tls_urls != urls.len() {
-            self.error(
-                "store.redis",
-                "mix of redis:// and rediss:// URLs: use rediss:// for every node or for none",
-            );
+            .map(|n| n.trim().to_string())
+            .collect();
+        for (i, n) in nodes.iter().enumerate() {
+            urls.push((format!("store.redis.sentinel.nodes[{i}]"), n.clone()));
         }
-        let tls = raw.tls.as_ref().map(|t| {
-            if tls_urls == 0 && !urls.is_empty() {
-                self.error(
-                    "store.redis.tls",
-                    "TLS certificates are set but the URLs say redis://: write rediss:// to connect with TLS",
-                );
-            }
-            let ca = t
-                .ca_file
-                .as_ref()
-                .and_then(|f| self.pem_file("store.redis.tls.ca_file", f));
-            let client = match (&t.cert_file, &t.key_file) {
-                (Some(cert), Some(key)) => {
-                    let cert = self.pem_file("store.redis.tls.cert_file", cert);
-                    let key = self.pem_file("store.redis.tls.key_file", key);
-                    cert.zip(key)
-                }
-                (None, None) => None,
-                _ => {
-                    self.error(
-                        "store.redis.tls",
-                        "a client certificate needs both `cert_file` and `key_file`",
-                    );
-                    None
-                }
-            };
-            RedisTls { ca, client }
-        });
-        let username = raw.username.clone().filter(|u| !u.is_empty());
-        let password = raw.password.clone().map(Secret);
-        if username.is_some() && password.is_none() {
-            self.error(
-                "store.redis.username",
-                "an ACL username needs a `password` (e.g. password: ${REDIS_PASSWORD})",
-            );
+        RedisMode::Sentinel {
+            master: sentinel.master.trim().to_string(),
+            nodes,
         }
-        let coalesce = raw.coalesce.unwrap_or(false);
-        if coalesce && matches!(mode, RedisMode::Cluster(_)) {
-            self.error(
-                "store.redis.coalesce",
-                "not available with `cluster`: the decisions of different callers live in different hash slots, which one script call cannot reach; remove `coalesce` or use `url`/`sentinel`",
+    } else {
+        RedisMode::Standalone(String::new())
+    };
+    (mode, urls)
+}
+
+/// Refuses URLs the client cannot use and a mix of TLS and plain; returns how many say TLS.
+fn check_urls(v: &mut Validator, urls: &[(String, String)]) -> usize {
+    for (path, url) in urls {
+        if !scheme_ok(url) {
+            v.error(
+                path,
+                format!("`{url}` must start with redis:// or rediss:// (TLS)"),
             );
-        }
-        RedisConfig {
-            mode,
-            username,
-            password,
-            tls,
-            timeout,
-            coalesce,
+        } else if let Err(e) = redis::Client::open(url.as_str()) {
+            v.error(path, format!("not a usable Redis URL: {e}"));
         }
     }
+    let tls_urls = urls
+        .iter()
+        .filter(|(_, u)| u.starts_with("rediss://"))
+        .count();
+    if tls_urls != 0 && tls_urls != urls.len() {
+        v.error(
+            "store.redis",
+            "mix of redis:// and rediss:// URLs: use rediss:// for every node or for none",
+        );
+    }
+    tls_urls
+}
 
-    fn pem_file(&mut self, path: &str, file: &str) -> Option<Vec<u8>> {
-        let file = self.relative(file);
-        match std::fs::read(&file) {
-            Ok(pem) if String::from_utf8_lossy(&pem).contains("-----BEGIN ") => Some(pem),
-            Ok(_) => {
-                self.error(
-                    path,
-                    format!("{} is not a PEM file (no -----BEGIN line)", file.display()),
-                );
-                None
-            }
-            Err(e) => {
-                self.error(path, format!("cannot read {}: {e}", file.display()));
-                None
-            }
+/// `store.redis.tls`; `plain_urls` when the URLs say redis://, where the files would go unused.
+fn tls(v: &mut Validator, t: &RawRedisTls, plain_urls: bool) -> RedisTls {
+    if plain_urls {
+        v.error(
+            "store.redis.tls",
+            "TLS certificates are set but the URLs say redis://: write rediss:// to connect with TLS",
+        );
+    }
+    let ca = t
+        .ca_file
+        .as_ref()
+        .and_then(|f| pem_file(v, "store.redis.tls.ca_file", f));
+    let client = match (&t.cert_file, &t.key_file) {
+        (Some(cert), Some(key)) => {
+            let cert = pem_file(v, "store.redis.tls.cert_file", cert);
+            let key = pem_file(v, "store.redis.tls.key_file", key);
+            cert.zip(key)
+        }
+        (None, None) => None,
+        _ => {
+            v.error(
+                "store.redis.tls",
+                "a client certificate needs both `cert_file` and `key_file`",
+            );
+            None
+        }
+    };
+    RedisTls { ca, client }
+}
+
+fn pem_file(v: &mut Validator, path: &str, file: &str) -> Option<Vec<u8>> {
+    let file = v.relative(file);
+    match std::fs::read(&file) {
+        Ok(pem) if String::from_utf8_lossy(&pem).contains("-----BEGIN ") => Some(pem),
+        Ok(_) => {
+            v.error(
+                path,
+                format!("{} is not a PEM file (no -----BEGIN line)", file.display()),
+            );
+            None
+        }
+        Err(e) => {
+            v.error(path, format!("cannot read {}: {e}", file.display()));
+            None
         }
     }
 }

@@ -1,0 +1,24 @@
+//! The runtime configuration: what the request path, the store and the command line read.
+//! Every value here has been validated, so its readers never meet raw text or a value that
+//! cannot work. The model renders nothing: responses are rendered by `throttle::headers`, and
+//! human text by the command line (`summary`).
+//!
+//! The files build on one another in one direction: `proxy` (the whole `Config`) over
+//! `throttle` (store, routes, responses) over `route` over `limit`.
+
+mod limit;
+mod proxy;
+mod route;
+mod throttle;
+
+pub use limit::{ByResponse, Limit, LimitSet, OnLimit, Scope, StatusSet, DEFAULT_LEASE_TTL};
+pub use proxy::{
+    Config, HostMode, Listener, TlsFiles, Upstream, DEFAULT_CONNECT_TIMEOUT, DEFAULT_H2_STREAMS,
+    DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, MAX_WORKERS,
+};
+pub use route::{Allow, Override, Route};
+pub use throttle::{
+    OnError, RedisConfig, RedisMode, RedisTls, ResponseConfig, Secret, StoreConfig, Throttle,
+    DEFAULT_KEY_PREFIX, DEFAULT_STORE_TIMEOUT,
+};

@@ -1,0 +1,187 @@
+//! Validation of `routes`: unique names, what each route matches (path prefix, methods,
+//! host), its key, its limits and allow-list, and its tiers (`overrides`).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use http::Method;
+
+use super::allow::allow;
+use super::identities::{key, lookup};
+use super::limits::{limits, Owner};
+use super::validator::{is_plain_name, Validator};
+use crate::config::model::{LimitSet, Override, Route, Scope};
+use crate::config::raw::{RawMatch, RawOverride, RawRoute};
+use crate::identity::Identity;
+
+/// Every usable route, in file order; names are unique (they are the action in store keys).
+pub(super) fn routes(
+    v: &mut Validator,
+    raw: &[RawRoute],
+    identities: &[Arc<Identity>],
+    default_scope: Scope,
+) -> Vec<Arc<Route>> {
+    let mut names = HashSet::new();
+    let mut routes = Vec::new();
+    for (i, route) in raw.iter().enumerate() {
+        let path = format!("routes[{i}]");
+        if !names.insert(route.name.clone()) {
+            v.error(&format!("{path}.name"), format!("route name `{}` is used twice: names must be unique (they are the action in store keys)", route.name));
+        }
+        if let Some(route) = self::route(v, &path, route, identities, default_scope) {
+            routes.push(Arc::new(route));
+        }
+    }
+    routes
+}
+
+fn route(
+    v: &mut Validator,
+    path: &str,
+    raw: &RawRoute,
+    identities: &[Arc<Identity>],
+    default_scope: Scope,
+) -> Option<Route> {
+    if !is_plain_name(&raw.name) {
+        v.error(
+            &format!("{path}.name"),
+            format!(
+                "`{}` may use only letters, digits, `_`, `-` and `.` (at most 64)",
+                raw.name
+            ),
+        );
+    }
+    let m = &raw.matcher;
+    let methods = matcher(v, path, m);
+    let host = m.host.as_ref().map(|h| h.trim().to_ascii_lowercase());
+    let client_ip = identities.iter().find(|i| i.name == "client_ip").cloned()?;
+    // An unknown key is reported; validation goes on with the client IP so the limits'
+    // own mistakes are reported in the same run.
+    let route_key = match &raw.key {
+        Some(raw_key) => key(v, &format!("{path}.key"), raw_key, identities)
+            .unwrap_or_else(|| vec![client_ip.clone()]),
+        None => vec![client_ip],
+    };
+    if raw.limits.is_empty() {
+        v.error(&format!("{path}.limits"), "a route needs at least one limit (routes with no limits are simply not listed: unmatched requests are forwarded unlimited)");
+    }
+    let owner = Owner {
+        name: &raw.name,
+        route_key: &route_key,
+        identities,
+        default_scope,
+    };
+    let limits = limits(v, path, &owner, &raw.limits);
+    let shared_key = limits.iter().all(|l| same_key(&l.key, &route_key));
+    let allow = allow(v, &format!("{path}.allow"), raw.allow.as_ref(), identities);
+    let mut tier_names = HashSet::new();
+    let overrides = raw
+        .overrides
+        .iter()
+        .enumerate()
+        .filter_map(|(i, tier)| self::tier(v, path, &owner, tier, i, &mut tier_names))
+        .collect();
+    Some(Route {
+        name: raw.name.clone(),
+        path_prefix: m.path_prefix.clone(),
+        methods,
+        host,
+        limits: LimitSet::new(&raw.name, None, limits, shared_key),
+        allow,
+        overrides,
+    })
+}
+
+/// Checks the path prefix and returns the methods, if the route names any.
+fn matcher(v: &mut Validator, path: &str, m: &RawMatch) -> Option<Vec<Method>> {
+    if let Some(prefix) = &m.path_prefix {
+        if !prefix.starts_with('/') {
+            v.error(
+                &format!("{path}.match.path_prefix"),
+                format!("`{prefix}` must start with `/`"),
+            );
+        }
+    }
+    m.methods.as_ref().map(|list| {
+        list.iter()
+            .enumerate()
+            .filter_map(|(i, name)| {
+                match Method::from_bytes(name.trim().to_ascii_uppercase().as_bytes()) {
+                    Ok(method) => Some(method),
+                    Err(_) => {
+                        v.error(
+                            &format!("{path}.match.methods[{i}]"),
+                            format!("`{name}` is not an HTTP method"),
+                        );
+                        None
+                    }
+                }
+            })
+            .collect::<Vec<_>>()
+    })
+}
+
+/// The route's tier `overrides[index]`; `None` when whose values it lists is unknown
+/// (reported). `route` is the route's own limits' owner; `names` the tier names so far.
+fn tier(
+    v: &mut Validator,
+    path: &str,
+    route: &Owner,
+    raw: &RawOverride,
+    index: usize,
+    names: &mut HashSet<String>,
+) -> Option<Override> {
+    let opath = format!("{path}.overrides[{index}]");
+    let tier = raw
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("{}-tier{}", route.name, index + 1));
+    if !is_plain_name(&tier) {
+        v.error(
+            &format!("{opath}.name"),
+            format!("`{tier}` may use only letters, digits, `_`, `-` and `.` (at most 64)"),
+        );
+    }
+    if !names.insert(tier.clone()) {
+        v.error(
+            &format!("{opath}.name"),
+            format!("tier name `{tier}` is used twice in this route"),
+        );
+    }
+    let identity = match &raw.identity {
+        Some(name) => lookup(v, &format!("{opath}.identity"), name, route.identities)?,
+        None if route.route_key.len() == 1 => route.route_key[0].clone(),
+        None => {
+            v.error(&opath, "the route's key is compound: say which identity the values belong to with `identity: NAME`");
+            return None;
+        }
+    };
+    if raw.values.is_empty() {
+        v.error(
+            &format!("{opath}.values"),
+            "list the identity values this tier applies to",
+        );
+    }
+    if raw.limits.is_empty() {
+        v.error(
+            &format!("{opath}.limits"),
+            "a tier needs its own limits (to exempt callers entirely, use `allow`)",
+        );
+    }
+    let owner = Owner {
+        name: &tier,
+        ..*route
+    };
+    let limits = limits(v, &opath, &owner, &raw.limits);
+    let shared_key = limits.iter().all(|l| same_key(&l.key, route.route_key));
+    Some(Override {
+        name: tier.clone(),
+        identity,
+        values: raw.values.clone(),
+        limits: LimitSet::new(route.name, Some(&tier), limits, shared_key),
+    })
+}
+
+fn same_key(a: &[Arc<Identity>], b: &[Arc<Identity>]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, y))
+}

@@ -1,0 +1,173 @@
+//! The configuration in words, for people: what `tollgate check` prints (listeners, upstream,
+//! store, routes with their limits and tiers) and the one-line description of a limit that
+//! `check` and `explain` show. The configuration itself renders nothing; this is its only
+//! human-readable form, so the two commands always agree.
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use crate::config::{ByResponse, Config, Limit, OnLimit, Route, Scope, StoreConfig};
+use crate::limit::Algorithm;
+
+/// What `tollgate check` prints: the listeners, the upstream and the routes.
+pub fn check(config: &Config) -> String {
+    let mut out = format!("{}: ok\n", config.file.display());
+    for l in &config.listeners {
+        let scheme = if l.tls.is_some() { "https" } else { "http" };
+        let _ = writeln!(out, "listen    {scheme}://{}", l.address);
+    }
+    if let Some(admin) = config.admin {
+        let _ = writeln!(
+            out,
+            "admin     http://{admin} (/healthz, /readyz, /metrics, /limits/top, /limits/state, /limits/reset)"
+        );
+        let mutations = if config.admin_token.is_some() {
+            "need the bearer token from admin.token_env"
+        } else if admin.ip().is_loopback() {
+            "open (loopback listener, no token)"
+        } else {
+            "refused (no admin.token_env, and the listener is not loopback)"
+        };
+        let _ = writeln!(out, "          mutations (POST /limits/reset) {mutations}");
+    }
+    let _ = writeln!(
+        out,
+        "upstream  {}://{} (HTTP/{}, timeout {})",
+        config.upstream.scheme,
+        config.upstream.authority,
+        if config.upstream.http2 { "2" } else { "1.1" },
+        humantime::format_duration(config.upstream.timeout)
+    );
+    let store = match &config.throttle.store {
+        StoreConfig::Memory => "memory (this process only)".to_string(),
+        StoreConfig::Redis { .. } => format!("redis, on_error {}", config.throttle.on_error),
+    };
+    let _ = writeln!(out, "store     {store}");
+    let _ = writeln!(
+        out,
+        "workers   {} serving thread{}",
+        config.workers,
+        if config.workers == 1 { "" } else { "s" }
+    );
+    if config.throttle.routes.is_empty() {
+        let _ = writeln!(out, "routes    none: every request is forwarded unlimited");
+    }
+    for route in &config.throttle.routes {
+        write_route(&mut out, route);
+    }
+    out
+}
+
+/// A route's line, then one line per limit and per tier.
+fn write_route(out: &mut String, route: &Route) {
+    let mut matcher = route.path_prefix.clone().unwrap_or_else(|| "/".into());
+    if let Some(methods) = &route.methods {
+        let methods: Vec<&str> = methods.iter().map(|m| m.as_str()).collect();
+        matcher = format!("{} {matcher}", methods.join(","));
+    }
+    if let Some(host) = &route.host {
+        matcher = format!("{matcher} host {host}");
+    }
+    let key: Vec<&str> = route
+        .limits
+        .first()
+        .map(|l| l.key.iter().map(|i| i.name.as_str()).collect())
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "route     {} ({matcher}) by {}",
+        route.name,
+        key.join("+")
+    );
+    for l in &route.limits {
+        let _ = writeln!(
+            out,
+            "  limit   {} {} {}",
+            l.name,
+            l.params.algorithm.name(),
+            limit(l)
+        );
+    }
+    for tier in &route.overrides {
+        let values = if tier.values.len() == 1 {
+            "value"
+        } else {
+            "values"
+        };
+        let _ = writeln!(
+            out,
+            "  tier    {} for {} {values} of {}",
+            tier.name,
+            tier.values.len(),
+            tier.identity.name
+        );
+    }
+}
+
+/// A one-line description of a limit for `check` and `explain`, e.g.
+/// `30 per 1m, burst 15, shadow`.
+pub fn limit(limit: &Limit) -> String {
+    let p = &limit.params;
+    let period = humantime::format_duration(Duration::from_micros(p.period_us.max(0) as u64));
+    let mut text = match p.algorithm {
+        Algorithm::Concurrency => format!("{} in flight (lease ttl {period})", p.limit),
+        Algorithm::TokenBucket | Algorithm::Gcra => {
+            format!("{} per {period}, burst {}", p.limit, p.burst)
+        }
+        _ => format!("{} per {period}", p.limit),
+    };
+    if p.cost != 1 {
+        let _ = write!(text, ", cost {}", p.cost);
+    }
+    if limit.shadow {
+        text.push_str(", shadow");
+    }
+    if let OnLimit::Delay { max_delay } = limit.on_limit {
+        let _ = write!(
+            text,
+            ", delay up to {}",
+            humantime::format_duration(max_delay)
+        );
+    }
+    if limit.scope == Scope::Local {
+        text.push_str(", local");
+    }
+    if let Some(by_response) = &limit.by_response {
+        let _ = write!(text, ", {}", self::by_response(by_response));
+    }
+    if let Some(block_for) = limit.block_for {
+        let _ = write!(
+            text,
+            ", block {} once denied",
+            humantime::format_duration(block_for)
+        );
+    }
+    if let Some(sync) = limit.sync {
+        let _ = write!(text, ", {}", sync_bound(limit, sync));
+    }
+    text
+}
+
+/// The bound of a local-first limit synced every `sync`, as a function of R, the replicas
+/// alive (see docs/algorithms.md, "Local-first limits").
+pub fn sync_bound(limit: &Limit, sync: Duration) -> String {
+    let p = &limit.params;
+    let interval = humantime::format_duration(sync);
+    let quota = match p.algorithm {
+        Algorithm::TokenBucket | Algorithm::Gcra => format!("burst {} + refill", p.burst),
+        _ => format!("{} per window", p.limit),
+    };
+    format!(
+        "sync {interval}: admits at most {quota} + (R - 1) with R replicas; \
+         a replica holding all the traffic gets at least 1/R of what is left per {interval}; \
+         limit / R on each replica while Redis is down"
+    )
+}
+
+/// What a limit learns from the response, e.g. `counts only 401, 5xx`.
+pub fn by_response(by_response: &ByResponse) -> String {
+    match by_response {
+        ByResponse::CountStatuses(set) => format!("counts only {}", set.text()),
+        ByResponse::CostFromResponse(name) => format!("cost from response `{name}`"),
+    }
+}
