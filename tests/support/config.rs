@@ -121,6 +121,12 @@ impl Config {
         self
     }
 
+    /// No admin listener.
+    pub fn without_admin(mut self) -> Self {
+        self.admin = None;
+        self
+    }
+
     /// An admin listener whose mutations need the bearer token in the variable `token_env`.
     pub fn admin_with_token(mut self, address: &str, token_env: &str) -> Self {
         self.admin = Some(Admin::Full {
