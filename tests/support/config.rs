@@ -106,7 +106,7 @@ impl Config {
 
     /// One TLS listener on `address` with this certificate chain and key (PEM files).
     pub fn listen_tls(mut self, address: &str, cert: &str, key: &str) -> Self {
-        self.listen = Listen::Many(vec![Listener::Full {
+        self.listen = Listen::Many(vec![Listener {
             address: address.into(),
             tls: Tls {
                 cert: cert.into(),
@@ -319,10 +319,11 @@ impl Default for Listen {
     }
 }
 
+/// A listener with TLS (plain ones are written as their address alone).
 #[derive(Serialize, Clone)]
-#[serde(untagged)]
-enum Listener {
-    Full { address: String, tls: Tls },
+struct Listener {
+    address: String,
+    tls: Tls,
 }
 
 #[derive(Serialize, Clone)]
