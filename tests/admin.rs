@@ -15,24 +15,35 @@ use support::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
-fn redis_store(redis: &RedisServer, prefix: &str) -> String {
-    format!(
-        "store:\n  redis:\n    url: {}\n    key_prefix: \"{prefix}\"\n    timeout: 500ms\n  on_error: deny\n",
-        redis.url()
+fn redis_store(redis: &RedisServer, prefix: &str) -> Option<Store> {
+    Some(
+        store::redis(&redis.url())
+            .key_prefix(prefix)
+            .timeout("500ms")
+            .on_error("deny"),
     )
 }
 
-/// A route `api` keyed by the `x-user` header with `limits` (YAML list items), behind `store`.
-fn config(up: &Upstream, admin: &str, store: &str, limits: &str) -> String {
-    config_for(
-        &up.url(),
-        &format!(
-            "admin: {admin}\n{store}identities:\n  user:\n    - header: x-user\nroutes:\n  - name: api\n    match: {{ path_prefix: / }}\n    key: user\n    limits:\n{limits}"
-        ),
-    )
+/// The route `api` on every path, keyed by the `x-user` header, with `limits`.
+fn api<const N: usize>(limits: [Limit; N]) -> Route {
+    route("api").prefix("/").key("user").limits(limits)
 }
 
-async fn start(yaml: String) -> ProxyHandle {
+/// The route `api` behind `store` (memory without one), with the admin listener on
+/// 127.0.0.1:0.
+fn api_config(up: &Upstream, store: Option<Store>, api: Route) -> Config {
+    let config = config()
+        .upstream(&up.url())
+        .admin("127.0.0.1:0")
+        .identity("user", [source::header("x-user")])
+        .route(api);
+    match store {
+        Some(store) => config.store(store),
+        None => config,
+    }
+}
+
+async fn start(yaml: impl Into<String>) -> ProxyHandle {
     let proxy = proxy(yaml).start().await;
     // Redis connects in the background.
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -110,14 +121,11 @@ async fn top_lists_the_callers_denied_most_in_order_in_bounded_memory() {
     let up = upstream().start().await;
     // The first limit is per user (what the list names); the second, shared by everyone,
     // denies every request after the first, so each distinct caller costs one request.
-    let limits = "      - { algorithm: fixed_window, limit: 1000, period: 1h, name: per-user }\n      - { algorithm: fixed_window, limit: 1, period: 1h, key: global, name: everyone }\n";
-    let proxy = start(config(
-        &up,
-        "127.0.0.1:0",
-        &redis_store(&redis, "top:"),
-        limits,
-    ))
-    .await;
+    let limits = api([
+        limit::fixed_window(1000, "1h").name("per-user"),
+        limit::fixed_window(1, "1h").key("global").name("everyone"),
+    ]);
+    let proxy = start(api_config(&up, redis_store(&redis, "top:"), limits)).await;
     assert_eq!(call(&proxy, "warmup").await, StatusCode::OK);
     // Three callers at different rates, interleaved; most of these denials come from the
     // deny cache, and count all the same.
@@ -173,9 +181,9 @@ async fn top_lists_the_callers_denied_most_in_order_in_bounded_memory() {
 async fn a_reset_lifts_a_denial_on_both_replicas_at_once() {
     let redis = RedisServer::start();
     let up = upstream().start().await;
-    let limits = "      - { algorithm: fixed_window, limit: 2, period: 1h, name: per-user }\n";
-    let yaml = config(&up, "127.0.0.1:0", &redis_store(&redis, "rs:"), limits);
-    let a = start(yaml.clone()).await;
+    let limits = api([limit::fixed_window(2, "1h").name("per-user")]);
+    let yaml = api_config(&up, redis_store(&redis, "rs:"), limits);
+    let a = start(&yaml).await;
     let b = start(yaml).await;
     assert_eq!(call(&a, "alice").await, StatusCode::OK);
     assert_eq!(call(&b, "alice").await, StatusCode::OK);
@@ -256,11 +264,25 @@ async fn a_reset_lifts_a_denial_on_both_replicas_at_once() {
 
 /// Every algorithm on one route, and a tier: two requests taken, then the state as
 /// `explain --live` reads it (what would be left after one more request).
-const EVERY_ALGORITHM: &str = "      - { algorithm: fixed_window, limit: 5, period: 1h, name: fw }\n      - { algorithm: sliding_log, limit: 5, period: 1h, name: sl }\n      - { algorithm: sliding_window, limit: 5, period: 1h, name: sw }\n      - { algorithm: token_bucket, limit: 5, period: 1h, burst: 5, name: tb }\n      - { algorithm: gcra, limit: 5, period: 1h, burst: 5, name: gc }\n      - { algorithm: concurrency, limit: 5, name: cc }\n    overrides:\n      - name: gold\n        values: [vip]\n        limits:\n          - { algorithm: fixed_window, limit: 50, period: 1h, name: gold-fw }\n";
+fn every_algorithm() -> Route {
+    api([
+        limit::fixed_window(5, "1h").name("fw"),
+        limit::sliding_log(5, "1h").name("sl"),
+        limit::sliding_window(5, "1h").name("sw"),
+        limit::token_bucket(5, "1h").burst(5).name("tb"),
+        limit::gcra(5, "1h").burst(5).name("gc"),
+        limit::concurrency(5).name("cc"),
+    ])
+    .tier(
+        tier("gold")
+            .values(["vip"])
+            .limit(limit::fixed_window(50, "1h").name("gold-fw")),
+    )
+}
 
-async fn state_and_reset_for_every_algorithm(store: &str) {
+async fn state_and_reset_for_every_algorithm(store: Option<Store>) {
     let up = upstream().start().await;
-    let proxy = start(config(&up, "127.0.0.1:0", store, EVERY_ALGORITHM)).await;
+    let proxy = start(api_config(&up, store, every_algorithm())).await;
     for _ in 0..2 {
         assert_eq!(call(&proxy, "alice").await, StatusCode::OK);
     }
@@ -326,26 +348,24 @@ async fn state_and_reset_for_every_algorithm(store: &str) {
 #[tokio::test]
 async fn state_and_reset_cover_every_algorithm_and_tiers_in_redis() {
     let redis = RedisServer::start();
-    state_and_reset_for_every_algorithm(&redis_store(&redis, "alg:")).await;
+    state_and_reset_for_every_algorithm(redis_store(&redis, "alg:")).await;
 }
 
 #[tokio::test]
 async fn state_and_reset_cover_every_algorithm_and_tiers_in_memory() {
-    state_and_reset_for_every_algorithm("").await;
+    state_and_reset_for_every_algorithm(None).await;
 }
 
 #[tokio::test]
 async fn mutations_need_the_token_on_a_listener_that_is_not_loopback() {
     let up = upstream().start().await;
-    let limits = "      - { algorithm: fixed_window, limit: 1, period: 1h }\n";
+    let limits = api([limit::fixed_window(1, "1h")]);
     // SAFETY (edition 2021: safe): only this test reads this variable.
     std::env::set_var("TOLLGATE_TEST_ADMIN_TOKEN", "let-me-in");
-    let guarded = start(config(
-        &up,
-        "{ address: \"0.0.0.0:0\", token_env: TOLLGATE_TEST_ADMIN_TOKEN }",
-        "",
-        limits,
-    ))
+    let guarded = start(
+        api_config(&up, None, limits.clone())
+            .admin_with_token("0.0.0.0:0", "TOLLGATE_TEST_ADMIN_TOKEN"),
+    )
     .await;
     assert_eq!(call(&guarded, "alice").await, StatusCode::OK);
     assert_eq!(call(&guarded, "alice").await, StatusCode::TOO_MANY_REQUESTS);
@@ -383,7 +403,7 @@ async fn mutations_need_the_token_on_a_listener_that_is_not_loopback() {
     assert_eq!(call(&guarded, "alice").await, StatusCode::OK);
 
     // Not loopback and no token configured: mutations are off.
-    let open = start(config(&up, "0.0.0.0:0", "", limits)).await;
+    let open = start(api_config(&up, None, limits).admin("0.0.0.0:0")).await;
     let (status, text) = admin(
         &open,
         "POST",
@@ -418,9 +438,9 @@ async fn cli(args: &[&str]) -> (i32, String, String) {
 async fn the_limits_command_reads_and_resets_through_redis() {
     let redis = RedisServer::start();
     let up = upstream().start().await;
-    let limits = "      - { algorithm: gcra, limit: 2, period: 1m, burst: 2, name: per-user }\n";
-    let yaml = config(&up, "127.0.0.1:0", &redis_store(&redis, "cli:"), limits);
-    let running = start(yaml.clone()).await;
+    let limits = api([limit::gcra(2, "1m").burst(2).name("per-user")]);
+    let yaml = api_config(&up, redis_store(&redis, "cli:"), limits);
+    let running = start(&yaml).await;
     for _ in 0..2 {
         assert_eq!(call(&running, "alice").await, StatusCode::OK);
     }
@@ -429,7 +449,7 @@ async fn the_limits_command_reads_and_resets_through_redis() {
 
     let dir = tempfile::tempdir().unwrap();
     // No admin listener in the file: the command talks to Redis alone.
-    let file = write_config(&dir, &yaml.replace("admin: 127.0.0.1:0\n", ""));
+    let file = write_config(&dir, &yaml.without_admin().yaml());
     let file = file.to_str().unwrap();
     let (code, out, err) = cli(&[
         "limits",
@@ -491,15 +511,18 @@ async fn the_limits_command_reads_and_resets_through_redis() {
 #[tokio::test]
 async fn the_limits_command_goes_through_a_running_instance_for_a_memory_store() {
     let up = upstream().start().await;
-    let limits = "      - { algorithm: sliding_window, limit: 1, period: 1h, name: per-user }\n";
-    let running = start(config(&up, "127.0.0.1:0", "", limits)).await;
+    let limits = api([limit::sliding_window(1, "1h").name("per-user")]);
+    let running = start(api_config(&up, None, limits.clone())).await;
     assert_eq!(call(&running, "a b").await, StatusCode::OK);
     assert_eq!(call(&running, "a b").await, StatusCode::TOO_MANY_REQUESTS);
 
     // The file names the instance's admin address, as a deployment's file would.
     let dir = tempfile::tempdir().unwrap();
     let admin_addr = running.admin.unwrap().to_string();
-    let file = write_config(&dir, &config(&up, &admin_addr, "", limits));
+    let file = write_config(
+        &dir,
+        &api_config(&up, None, limits).admin(&admin_addr).yaml(),
+    );
     let file = file.to_str().unwrap();
     let (code, out, err) = cli(&[
         "limits",
@@ -572,13 +595,18 @@ async fn the_limits_command_goes_through_a_running_instance_for_a_memory_store()
 async fn a_reset_works_on_a_cluster_across_slots_and_replicas() {
     let cluster = tokio::task::block_in_place(RedisCluster::start);
     let up = upstream().start().await;
-    let store = format!(
-        "store:\n  redis:\n    cluster: [{}]\n    key_prefix: \"cl:\"\n    timeout: 2s\n  on_error: deny\n",
-        cluster.urls().join(", ")
-    );
-    let limits = "      - { algorithm: token_bucket, limit: 2, period: 1h, burst: 2, name: per-user }\n      - { algorithm: fixed_window, limit: 1000, period: 1h, key: global, name: everyone }\n";
-    let yaml = config(&up, "127.0.0.1:0", &store, limits);
-    let a = start(yaml.clone()).await;
+    let store = store::cluster(cluster.urls())
+        .key_prefix("cl:")
+        .timeout("2s")
+        .on_error("deny");
+    let limits = api([
+        limit::token_bucket(2, "1h").burst(2).name("per-user"),
+        limit::fixed_window(1000, "1h")
+            .key("global")
+            .name("everyone"),
+    ]);
+    let yaml = api_config(&up, Some(store), limits);
+    let a = start(&yaml).await;
     let b = start(yaml).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     for user in ["alice", "x}{evil"] {
@@ -674,20 +702,18 @@ async fn a_reset_lifts_a_penalty_box(a: &ProxyHandle, b: &ProxyHandle) {
     assert_eq!(call(b, "bob").await, StatusCode::OK);
 }
 
-const BLOCKING_LIMIT: &str =
-    "      - { algorithm: fixed_window, limit: 1, period: 5m, block_for: 10m, name: per-user }\n";
+fn blocking_limit() -> Route {
+    api([limit::fixed_window(1, "5m")
+        .block_for("10m")
+        .name("per-user")])
+}
 
 #[tokio::test]
 async fn a_reset_lifts_a_penalty_box_on_both_replicas_at_once() {
     let redis = RedisServer::start();
     let up = upstream().start().await;
-    let yaml = config(
-        &up,
-        "127.0.0.1:0",
-        &redis_store(&redis, "pb:"),
-        BLOCKING_LIMIT,
-    );
-    let a = start(yaml.clone()).await;
+    let yaml = api_config(&up, redis_store(&redis, "pb:"), blocking_limit());
+    let a = start(&yaml).await;
     let b = start(yaml).await;
     a_reset_lifts_a_penalty_box(&a, &b).await;
 }
@@ -695,6 +721,6 @@ async fn a_reset_lifts_a_penalty_box_on_both_replicas_at_once() {
 #[tokio::test]
 async fn a_reset_lifts_a_penalty_box_in_memory() {
     let up = upstream().start().await;
-    let a = start(config(&up, "127.0.0.1:0", "", BLOCKING_LIMIT)).await;
+    let a = start(api_config(&up, None, blocking_limit())).await;
     a_reset_lifts_a_penalty_box(&a, &a).await;
 }

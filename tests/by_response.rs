@@ -12,18 +12,30 @@ use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use support::*;
 
-/// The store section: memory, or a Redis server.
-fn store(redis: Option<&RedisServer>) -> String {
+/// `config` with its limits in memory, or in a Redis server.
+fn with_store(config: Config, redis: Option<&RedisServer>) -> Config {
     match redis {
-        None => String::new(),
-        Some(redis) => format!(
-            "store:\n  redis:\n    url: {}\n    timeout: 500ms\n  on_error: deny\n",
-            redis.url()
-        ),
+        None => config,
+        Some(redis) => config.store(store::redis(&redis.url()).timeout("500ms").on_error("deny")),
     }
 }
 
-const LOGIN: &str = "admin: 127.0.0.1:0\nidentities:\n  user: [{ header: x-user }]\nroutes:\n  - name: login\n    match: { path_prefix: /respond }\n    key: user\n    limits:\n      - { algorithm: fixed_window, limit: 5, period: 1h, count_statuses: [401] }\n";
+/// An admin listener, users by `x-user`, and `route` on `/respond` keyed by them.
+fn per_user(up_url: &str, route: Route) -> Config {
+    config()
+        .upstream(up_url)
+        .admin("127.0.0.1:0")
+        .identity("user", [source::header("x-user")])
+        .route(route.prefix("/respond").key("user"))
+}
+
+/// Failed logins: 5 an hour per user.
+fn login(up_url: &str) -> Config {
+    per_user(
+        up_url,
+        route("login").limit(limit::fixed_window(5, "1h").count_statuses([401])),
+    )
+}
 
 /// Sends one request and reads the whole body; returns the status and the headers.
 async fn send(addr: SocketAddr, path: &str, user: &str) -> (StatusCode, http::HeaderMap) {
@@ -62,10 +74,10 @@ fn count(statuses: &[StatusCode], status: u16) -> usize {
 /// successful logins never use the limit, and failures are counted again.
 async fn failed_logins(redis: Option<&RedisServer>, proxies: usize) {
     let up = upstream().start().await;
-    let yaml = config_for(&up.url(), &format!("{}{LOGIN}", store(redis)));
+    let yaml = with_store(login(&up.url()), redis);
     let mut handles = Vec::new();
     for _ in 0..proxies {
-        let handle = proxy(yaml.clone()).start().await;
+        let handle = proxy(&yaml).start().await;
         wait_ready(&handle).await;
         handles.push(handle);
     }
@@ -116,7 +128,10 @@ async fn failed_logins_two_proxies_on_one_redis() {
 #[tokio::test]
 async fn upstream_failures_refund_and_classes_count() {
     let dead = format!("http://127.0.0.1:{}", free_port());
-    let yaml = config_for(&dead, "routes:\n  - name: api\n    match: { path_prefix: / }\n    limits:\n      - { algorithm: token_bucket, limit: 2, period: 1h, count_statuses: [\"5xx\"] }\n");
+    let api = route("api")
+        .prefix("/")
+        .limit(limit::token_bucket(2, "1h").count_statuses(["5xx"]));
+    let yaml = config().upstream(&dead).route(api.clone());
     let proxy = proxy(yaml).start().await;
     for i in 0..10 {
         let (status, _) = send(proxy.addr, "/x", "u").await;
@@ -128,7 +143,7 @@ async fn upstream_failures_refund_and_classes_count() {
     }
 
     let up = upstream().start().await;
-    let yaml = config_for(&up.url(), "routes:\n  - name: api\n    match: { path_prefix: / }\n    limits:\n      - { algorithm: token_bucket, limit: 2, period: 1h, count_statuses: [\"5xx\"] }\n");
+    let yaml = config().upstream(&up.url()).route(api);
     let proxy = support::proxy(yaml).start().await;
     for _ in 0..5 {
         assert_eq!(send(proxy.addr, "/respond?status=404", "u").await.0, 404);
@@ -138,7 +153,18 @@ async fn upstream_failures_refund_and_classes_count() {
     assert_eq!(send(proxy.addr, "/respond?status=200", "u").await.0, 429);
 }
 
-const BUDGET: &str = "admin: 127.0.0.1:0\nidentities:\n  user: [{ header: x-user }]\nroutes:\n  - name: llm\n    match: { path_prefix: /respond }\n    key: user\n    limits:\n      - { algorithm: token_bucket, limit: 10, period: 10s, burst: 10, cost_from_response: X-Tokens-Used }\n";
+/// A token budget per user, over HTTP/2 to the upstream (so trailers come through).
+fn budget(up_url: &str) -> Config {
+    per_user(
+        up_url,
+        route("llm").limit(
+            limit::token_bucket(10, "10s")
+                .burst(10)
+                .cost_from_response("X-Tokens-Used"),
+        ),
+    )
+    .http2()
+}
 
 /// Sends one request over h2c (so the upstream's trailers come through) and reads the body.
 async fn send_h2(addr: SocketAddr, path: &str, user: &str) -> (StatusCode, http::HeaderMap) {
@@ -164,10 +190,7 @@ async fn settled() {
 /// charged, the balance goes below zero, and the refusals say exactly when it is repaid.
 async fn token_budget(redis: Option<&RedisServer>) {
     let up = upstream().start().await;
-    let yaml = config_for(
-        &up.url(),
-        &format!("  http2: true\n{}{BUDGET}", store(redis)),
-    );
+    let yaml = with_store(budget(&up.url()), redis);
     let proxy = proxy(yaml).start().await;
     wait_ready(&proxy).await;
 
@@ -268,7 +291,11 @@ async fn token_budget_redis() {
 #[tokio::test]
 async fn a_client_that_leaves_before_the_head_is_refunded() {
     let up = upstream().start().await;
-    let yaml = config_for(&up.url(), "routes:\n  - name: login\n    match: { path_prefix: / }\n    limits:\n      - { algorithm: sliding_log, limit: 1, period: 1h, count_statuses: [401] }\n");
+    let yaml = config().upstream(&up.url()).route(
+        route("login")
+            .prefix("/")
+            .limit(limit::sliding_log(1, "1h").count_statuses([401])),
+    );
     let proxy = proxy(yaml).start().await;
     let gone = tokio::time::timeout(
         Duration::from_millis(200),
@@ -345,7 +372,7 @@ fn check_refuses_what_cannot_work() {
 #[tokio::test]
 async fn streamed_budget_settles_at_the_end_or_when_the_client_leaves() {
     let up = upstream().start().await;
-    let yaml = config_for(&up.url(), &format!("  http2: true\n{BUDGET}"));
+    let yaml = budget(&up.url());
     let proxy = proxy(yaml).start().await;
 
     // Streamed to the end: nothing is charged until the trailer (15) arrives.
@@ -404,7 +431,19 @@ async fn streamed_budget_settles_at_the_end_or_when_the_client_leaves() {
 async fn a_failed_settlement_is_counted_and_never_holds_up_the_client() {
     let redis = RedisServer::start();
     let up = upstream().start().await;
-    let yaml = config_for(&up.url(), &format!("admin: 127.0.0.1:0\nstore:\n  redis:\n    url: {}\n    timeout: 100ms\n  on_error: allow\nroutes:\n  - name: login\n    match: {{ path_prefix: / }}\n    limits:\n      - {{ algorithm: fixed_window, limit: 5, period: 1h, count_statuses: [401] }}\n", redis.url()));
+    let yaml = config()
+        .upstream(&up.url())
+        .admin("127.0.0.1:0")
+        .store(
+            store::redis(&redis.url())
+                .timeout("100ms")
+                .on_error("allow"),
+        )
+        .route(
+            route("login")
+                .prefix("/")
+                .limit(limit::fixed_window(5, "1h").count_statuses([401])),
+        );
     let proxy = proxy(yaml).start().await;
     wait_ready(&proxy).await;
     // Warm up: both scripts loaded into Redis, so the decision below is quick.

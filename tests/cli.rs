@@ -81,11 +81,14 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn run_config(port: u16, upstream_url: &str, extra: &str) -> String {
-    format!(
-        "listen: 127.0.0.1:{port}\nupstream:\n  url: {upstream_url}\nshutdown_timeout: {}s\n{extra}",
-        SHUTDOWN_TIMEOUT.as_secs()
-    )
+/// A plain proxy on `port` in front of `upstream_url` (the `check` tests write their YAML
+/// themselves: its text, lines and columns are what they test).
+fn run_config(port: u16, upstream_url: &str) -> String {
+    config()
+        .listen(&format!("127.0.0.1:{port}"))
+        .upstream(upstream_url)
+        .shutdown_timeout(&format!("{}s", SHUTDOWN_TIMEOUT.as_secs()))
+        .yaml()
 }
 
 /// A running tollgate process; killed if a test fails before it exits.
@@ -408,7 +411,7 @@ async fn assert_starts_serves_and_stops(configure: impl FnOnce(&mut Command, &Pa
     let up = upstream().start().await;
     let dir = TempDir::new().unwrap();
     let port = free_port();
-    let config = write(&dir, "run.yaml", &run_config(port, &up.url(), ""));
+    let config = write(&dir, "run.yaml", &run_config(port, &up.url()));
     let mut command = tollgate();
     configure(&mut command, &config);
     let mut running = Running::spawn(command, port);
@@ -448,11 +451,7 @@ async fn a_port_in_use_exits_1_with_a_one_line_reason() {
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
     let dir = TempDir::new().unwrap();
-    let config = write(
-        &dir,
-        "busy.yaml",
-        &run_config(port, "http://127.0.0.1:9", ""),
-    );
+    let config = write(&dir, "busy.yaml", &run_config(port, "http://127.0.0.1:9"));
     let mut command = tollgate();
     command.arg("--config").arg(&config);
     let mut running = Running::spawn(command, port);
@@ -475,9 +474,14 @@ async fn a_missing_tls_certificate_exits_1() {
     let config = write(
         &dir,
         "tls.yaml",
-        &format!(
-            "listen:\n  - address: 127.0.0.1:{port}\n    tls: {{ cert: missing-cert.pem, key: missing-key.pem }}\nupstream:\n  url: http://127.0.0.1:9\n"
-        ),
+        &config()
+            .listen_tls(
+                &format!("127.0.0.1:{port}"),
+                "missing-cert.pem",
+                "missing-key.pem",
+            )
+            .upstream("http://127.0.0.1:9")
+            .yaml(),
     );
     let mut command = tollgate();
     command.arg("--config").arg(&config);
@@ -503,7 +507,7 @@ async fn sigterm_drains_the_in_flight_request_refuses_new_ones_and_exits_0() {
     let up = upstream().start().await;
     let dir = TempDir::new().unwrap();
     let port = free_port();
-    let config = write(&dir, "term.yaml", &run_config(port, &up.url(), ""));
+    let config = write(&dir, "term.yaml", &run_config(port, &up.url()));
     let mut command = tollgate();
     command.arg("--config").arg(&config);
     let mut running = Running::spawn(command, port);
@@ -569,7 +573,7 @@ async fn sigint_exits_0() {
     let up = upstream().start().await;
     let dir = TempDir::new().unwrap();
     let port = free_port();
-    let config = write(&dir, "int.yaml", &run_config(port, &up.url(), ""));
+    let config = write(&dir, "int.yaml", &run_config(port, &up.url()));
     let mut command = tollgate();
     command.arg("--config").arg(&config);
     let mut running = Running::spawn(command, port);
@@ -591,7 +595,7 @@ async fn log_format_json_writes_one_json_object_per_stderr_line() {
     let up = upstream().start().await;
     let dir = TempDir::new().unwrap();
     let port = free_port();
-    let config = write(&dir, "json.yaml", &run_config(port, &up.url(), ""));
+    let config = write(&dir, "json.yaml", &run_config(port, &up.url()));
     let mut command = tollgate();
     command
         .arg("--config")
@@ -655,11 +659,7 @@ fn sigterm_as_soon_as_the_port_answers_still_exits_0() {
     let dir = TempDir::new().unwrap();
     for attempt in 0..100 {
         let port = free_port();
-        let config = write(
-            &dir,
-            "early.yaml",
-            &run_config(port, "http://127.0.0.1:9", ""),
-        );
+        let config = write(&dir, "early.yaml", &run_config(port, "http://127.0.0.1:9"));
         let mut command = tollgate();
         command.arg("--config").arg(&config);
         let mut running = Running::spawn(command, port);

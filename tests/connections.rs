@@ -198,7 +198,7 @@ fn assert_download(response: &RawResponse, size: usize) {
 #[tokio::test]
 async fn many_sequential_requests_share_one_connection() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "")).start().await;
+    let proxy = proxy(config().upstream(&up.url())).start().await;
     let mut raw = Raw::connect(proxy.addr).await;
     for i in 0..60 {
         // Sizes from empty to several socket writes' worth.
@@ -218,7 +218,7 @@ async fn many_sequential_requests_share_one_connection() {
 #[tokio::test]
 async fn pipelined_requests_are_answered_in_order_byte_for_byte() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "")).start().await;
+    let proxy = proxy(config().upstream(&up.url())).start().await;
     let mut raw = Raw::connect(proxy.addr).await;
     let upload = pattern(30_000);
     let mut all = get("/download?size=10");
@@ -244,7 +244,7 @@ async fn pipelined_requests_are_answered_in_order_byte_for_byte() {
 #[tokio::test]
 async fn a_pipelined_request_split_across_writes_is_served_whole() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "")).start().await;
+    let proxy = proxy(config().upstream(&up.url())).start().await;
     let mut raw = Raw::connect(proxy.addr).await;
     // The first request and the start of the second in one write: the proxy reads the start of
     // the second while answering the first, then the connection goes idle with it unparsed.
@@ -294,7 +294,7 @@ async fn a_client_that_reads_slowly_gets_every_byte_and_keeps_its_connection() {
     // The response outgrows the socket buffers while the client does not read: the proxy
     // must keep what it could not send yet, whatever it does with the idle connection.
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "")).start().await;
+    let proxy = proxy(config().upstream(&up.url())).start().await;
     let mut raw = Raw::connect_small_window(proxy.addr).await;
     for size in [4_000_000, 3_000_001] {
         raw.send(&get(&format!("/download?size={size}"))).await;
@@ -315,7 +315,7 @@ async fn a_client_that_reads_slowly_gets_every_byte_and_keeps_its_connection() {
 #[tokio::test]
 async fn a_post_body_then_a_get_on_a_kept_alive_connection() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "")).start().await;
+    let proxy = proxy(config().upstream(&up.url())).start().await;
     let mut raw = Raw::connect(proxy.addr).await;
     for round in 0..3 {
         let body = pattern(200_000 + round);
@@ -348,7 +348,7 @@ async fn a_request_refused_before_its_body_is_read_leaves_the_stream_in_step() {
     // 413 for a declared oversized body: the body is never forwarded. Whatever the proxy does
     // with the connection afterwards, the body's bytes must never be read as a request.
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "max_request_body: 100\n"))
+    let proxy = proxy(config().upstream(&up.url()).max_request_body(100u64))
         .start()
         .await;
     let mut raw = Raw::connect(proxy.addr).await;
@@ -428,12 +428,10 @@ async fn an_answer_before_the_upload_ends_leaves_the_stream_in_step() {
     // (which spells requests): the rest must never be served as requests. Either the next
     // real request is answered, or the connection is closed.
     let up = upstream().start().await;
-    let http1_upstream = proxy(config_for(&up.url(), "")).start().await;
+    let http1_upstream = proxy(config().upstream(&up.url())).start().await;
     // An HTTP/2 upstream takes no more of an upload than its flow-control window: the proxy
     // then holds the rest of what it read while the answer goes back.
-    let http2_upstream = proxy(config_for(&up.url(), "  http2: true\n"))
-        .start()
-        .await;
+    let http2_upstream = proxy(config().upstream(&up.url()).http2()).start().await;
     let smuggled = get("/download?size=77");
     let body: Vec<u8> = smuggled
         .iter()
@@ -478,10 +476,12 @@ async fn an_answer_before_the_upload_ends_leaves_the_stream_in_step() {
 async fn parked_connections_close_after_the_idle_timeout_or_a_stalled_head_after_the_head_timeout()
 {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(
-        &up.url(),
-        "idle_timeout: 1s\nheader_read_timeout: 3s\n",
-    ))
+    let proxy = proxy(
+        config()
+            .upstream(&up.url())
+            .idle_timeout("1s")
+            .header_read_timeout("3s"),
+    )
     .start()
     .await;
     // Idle after a request: closed after idle_timeout.
@@ -518,7 +518,7 @@ async fn parked_connections_close_after_the_idle_timeout_or_a_stalled_head_after
 #[tokio::test]
 async fn graceful_shutdown_closes_parked_connections_and_finishes_busy_ones() {
     let up = upstream().start().await;
-    let mut proxy = proxy(config_for(&up.url(), "shutdown_timeout: 10s\n"))
+    let mut proxy = proxy(config().upstream(&up.url()).shutdown_timeout("10s"))
         .start()
         .await;
     let mut parked = Raw::connect(proxy.addr).await;
@@ -564,7 +564,7 @@ fn ws_client_frame(text: &str) -> Vec<u8> {
 #[tokio::test]
 async fn a_websocket_frame_sent_with_the_upgrade_request_is_not_lost() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "")).start().await;
+    let proxy = proxy(config().upstream(&up.url())).start().await;
     let mut raw = Raw::connect(proxy.addr).await;
     // A keep-alive request first, so the upgrade happens on a connection that was parked.
     raw.send(&get("/download?size=4")).await;
@@ -589,7 +589,7 @@ async fn a_websocket_frame_sent_with_the_upgrade_request_is_not_lost() {
 #[tokio::test]
 async fn h2c_and_http1_are_told_apart_when_the_first_bytes_trickle_in() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "")).start().await;
+    let proxy = proxy(config().upstream(&up.url())).start().await;
 
     // The HTTP/2 preface in two writes, then an empty SETTINGS frame: the proxy answers with
     // its own SETTINGS frame, so it speaks HTTP/2.
@@ -621,7 +621,7 @@ async fn h2c_and_http1_are_told_apart_when_the_first_bytes_trickle_in() {
 #[tokio::test]
 async fn a_client_that_pauses_briefly_is_kept_unparked_and_a_quiet_one_is_parked_early_again() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "admin: 127.0.0.1:0\n"))
+    let proxy = proxy(config().upstream(&up.url()).admin("127.0.0.1:0"))
         .start()
         .await;
     let admin = proxy.admin.expect("admin listener");
@@ -693,7 +693,7 @@ async fn wait_for_gauges(admin: std::net::SocketAddr, want: (u64, u64)) {
 #[tokio::test]
 async fn metrics_show_idle_connections_parked_and_busy_ones_not() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "admin: 127.0.0.1:0\n"))
+    let proxy = proxy(config().upstream(&up.url()).admin("127.0.0.1:0"))
         .start()
         .await;
     let admin = proxy.admin.expect("admin listener");

@@ -164,8 +164,20 @@ async fn every_metric_the_dashboard_queries_is_served() {
     // A proxy after some traffic: allowed, limited and shadow-limited requests, upstream
     // responses, so every series (histograms included) has been touched.
     let up = upstream().start().await;
-    let routes = "admin: 127.0.0.1:0\nroutes:\n  - name: api\n    match: { path_prefix: /api/ }\n    limits:\n      - { algorithm: fixed_window, limit: 1, period: 24h }\n  - name: trial\n    match: { path_prefix: /trial }\n    limits:\n      - { algorithm: fixed_window, limit: 1, period: 24h, shadow: true }\n";
-    let proxy = proxy(config_for(&up.url(), routes)).start().await;
+    let routes = config()
+        .upstream(&up.url())
+        .admin("127.0.0.1:0")
+        .route(
+            route("api")
+                .prefix("/api/")
+                .limit(limit::fixed_window(1, "24h")),
+        )
+        .route(
+            route("trial")
+                .prefix("/trial")
+                .limit(limit::fixed_window(1, "24h").shadow()),
+        );
+    let proxy = proxy(routes).start().await;
     for path in ["/api/x", "/api/x", "/trial", "/trial", "/echo"] {
         let response = http1_client().request(get(&proxy.url(path))).await.unwrap();
         let _ = text(response).await;

@@ -10,14 +10,17 @@ use std::time::Duration;
 use http::{Request, StatusCode};
 use support::*;
 
-async fn start(up: &Upstream, redis: &RedisServer, limit: &str) -> ProxyHandle {
-    let yaml = config_for(
-        &up.url(),
-        &format!(
-            "store:\n  redis:\n    url: {}\n    key_prefix: \"dc:\"\n    timeout: 500ms\n  on_error: deny\nidentities:\n  user:\n    - header: x-user\nroutes:\n  - name: api\n    match: {{ path_prefix: / }}\n    key: user\n    limits:\n      - {limit}\n",
-            redis.url()
-        ),
-    );
+async fn start(up: &Upstream, redis: &RedisServer, limit: Limit) -> ProxyHandle {
+    let yaml = config()
+        .upstream(&up.url())
+        .store(
+            store::redis(&redis.url())
+                .key_prefix("dc:")
+                .timeout("500ms")
+                .on_error("deny"),
+        )
+        .identity("user", [source::header("x-user")])
+        .route(route("api").prefix("/").key("user").limit(limit));
     let proxy = proxy(yaml).start().await;
     // Redis connects in the background.
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -99,12 +102,7 @@ async fn reset_stats(redis: &RedisServer) {
 async fn a_cached_denial_answers_like_the_store_without_redis_or_upstream() {
     let redis = RedisServer::start();
     let up = upstream().start().await;
-    let proxy = start(
-        &up,
-        &redis,
-        "{ algorithm: gcra, limit: 2, period: 1m, burst: 2, name: per-user }",
-    )
-    .await;
+    let proxy = start(&up, &redis, limit::gcra(2, "1m").burst(2).name("per-user")).await;
 
     for _ in 0..2 {
         assert_eq!(ask(&proxy, "/api/x", "alice").await.status, StatusCode::OK);
@@ -151,12 +149,7 @@ async fn a_cached_denial_answers_like_the_store_without_redis_or_upstream() {
 async fn after_the_retry_time_the_store_decides_again() {
     let redis = RedisServer::start();
     let up = upstream().start().await;
-    let proxy = start(
-        &up,
-        &redis,
-        "{ algorithm: gcra, limit: 1, period: 2s, burst: 1 }",
-    )
-    .await;
+    let proxy = start(&up, &redis, limit::gcra(1, "2s").burst(1)).await;
 
     assert_eq!(ask(&proxy, "/api/x", "carol").await.status, StatusCode::OK);
     let denied = ask(&proxy, "/api/x", "carol").await;
@@ -175,7 +168,7 @@ async fn after_the_retry_time_the_store_decides_again() {
 async fn concurrency_denials_are_not_cached_so_a_freed_slot_admits_at_once() {
     let redis = RedisServer::start();
     let up = upstream().start().await;
-    let proxy = start(&up, &redis, "{ algorithm: concurrency, limit: 1 }").await;
+    let proxy = start(&up, &redis, limit::concurrency(1)).await;
 
     // Hold the only slot with a streaming response.
     let request = Request::get(proxy.url("/hold"))

@@ -8,39 +8,47 @@ use std::process::Command;
 use http::Request;
 use support::*;
 
-const CONFIG: &str = "listen: 127.0.0.1:0
-upstream: { url: \"http://127.0.0.1:1\" }
-STORE
-client_ip: { trusted_proxies: [10.0.0.0/8] }
-identities:
-  user:
-    - header: X-User-Id
-    - bearer: {}
-routes:
-  - name: login
-    match: { path_prefix: /login, methods: [POST] }
-    limits:
-      - { algorithm: sliding_log, limit: 5, period: 60s }
-  - name: api
-    match: { path_prefix: /api/ }
-    key: user
-    allow:
-      client_ips: [192.0.2.0/24]
-    overrides:
-      - { name: partner, values: [partner-1], limits: [ { algorithm: gcra, limit: 100, period: 1s } ] }
-    limits:
-      - { algorithm: fixed_window, limit: 3, period: 24h, name: daily }
-      - { algorithm: gcra, limit: 10, period: 1s, burst: 5, name: rate }
-      - { algorithm: concurrency, limit: 2, key: global, name: slots }
-  - name: loc
-    match: { path_prefix: /loc }
-    limits:
-      - { algorithm: fixed_window, limit: 2, period: 24h, scope: local }
-";
+/// Three routes: `login` by client IP, `api` by user with an allow list and a tier, `loc` in
+/// this instance's memory; behind `store` when given.
+fn explain_config(upstream_url: &str, store: Option<Store>) -> Config {
+    let config = config()
+        .upstream(upstream_url)
+        .trusted_proxies(["10.0.0.0/8"])
+        .identity("user", [source::header("X-User-Id"), source::bearer()])
+        .route(
+            route("login")
+                .prefix("/login")
+                .methods(["POST"])
+                .limit(limit::sliding_log(5, "60s")),
+        )
+        .route(
+            route("api")
+                .prefix("/api/")
+                .key("user")
+                .allow(allow().client_ips(["192.0.2.0/24"]))
+                .tier(
+                    tier("partner")
+                        .values(["partner-1"])
+                        .limit(limit::gcra(100, "1s")),
+                )
+                .limit(limit::fixed_window(3, "24h").name("daily"))
+                .limit(limit::gcra(10, "1s").burst(5).name("rate"))
+                .limit(limit::concurrency(2).key("global").name("slots")),
+        )
+        .route(
+            route("loc")
+                .prefix("/loc")
+                .limit(limit::fixed_window(2, "24h").scope("local")),
+        );
+    match store {
+        Some(store) => config.store(store),
+        None => config,
+    }
+}
 
-fn config_file(dir: &std::path::Path, store: &str) -> std::path::PathBuf {
+fn config_file(dir: &std::path::Path, store: Option<Store>) -> std::path::PathBuf {
     let path = dir.join("tollgate.yaml");
-    std::fs::write(&path, CONFIG.replace("STORE", store)).unwrap();
+    std::fs::write(&path, explain_config("http://127.0.0.1:1", store).yaml()).unwrap();
     path
 }
 
@@ -62,7 +70,7 @@ fn explain(config: &std::path::Path, args: &[&str]) -> (bool, String, String) {
 #[test]
 fn explains_route_identity_source_and_keys_in_text() {
     let dir = tempfile::tempdir().unwrap();
-    let config = config_file(dir.path(), "");
+    let config = config_file(dir.path(), None);
     let (ok, out, err) = explain(
         &config,
         &[
@@ -154,7 +162,7 @@ fn explains_route_identity_source_and_keys_in_text() {
 #[test]
 fn json_output_is_machine_readable() {
     let dir = tempfile::tempdir().unwrap();
-    let config = config_file(dir.path(), "");
+    let config = config_file(dir.path(), None);
     let (ok, out, err) = explain(&config, &["--json", "-H", "X-User-Id: bob", "/api/x"]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -175,7 +183,7 @@ fn json_output_is_machine_readable() {
 #[test]
 fn bad_input_is_refused_with_exit_2() {
     let dir = tempfile::tempdir().unwrap();
-    let config = config_file(dir.path(), "");
+    let config = config_file(dir.path(), None);
     let (ok, _, err) = explain(&config, &["-H", "no colon", "/x"]);
     assert!(!ok);
     assert!(err.contains("is not a header"), "{err}");
@@ -189,11 +197,9 @@ async fn live_reads_the_store_without_consuming() {
     let redis = RedisServer::start();
     let up = upstream().start().await;
     let dir = tempfile::tempdir().unwrap();
-    let store = format!("store:\n  redis: {{ url: \"{}\" }}", redis.url());
-    let config = config_file(dir.path(), &store);
-    let yaml = std::fs::read_to_string(&config)
-        .unwrap()
-        .replace("http://127.0.0.1:1", &up.url());
+    let store = store::redis(&redis.url());
+    let config = config_file(dir.path(), Some(store.clone()));
+    let yaml = explain_config(&up.url(), Some(store));
     let proxy = proxy(yaml).start().await;
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     for _ in 0..2 {

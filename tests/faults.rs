@@ -17,17 +17,20 @@ const STORE_TIMEOUT: Duration = Duration::from_millis(200);
 /// would cause.
 const MARGIN: Duration = Duration::from_millis(800);
 
-fn store_yaml(redis: &RedisServer, on_error: &str) -> String {
-    format!(
-        "store:\n  redis: {{ url: \"{}\", timeout: {}ms, key_prefix: \"faults:\" }}\n  on_error: {on_error}\n",
-        redis.url(),
-        STORE_TIMEOUT.as_millis()
-    )
+fn redis_store(redis: &RedisServer, on_error: &str) -> Store {
+    store::redis(&redis.url())
+        .timeout(&format!("{}ms", STORE_TIMEOUT.as_millis()))
+        .key_prefix("faults:")
+        .on_error(on_error)
 }
 
-fn user_route(limit: u64) -> String {
-    format!(
-        "identities:\n  user:\n    - header: x-user\nroutes:\n  - name: api\n    match: {{ path_prefix: /api/ }}\n    key: user\n    limits:\n      - {{ algorithm: fixed_window, limit: {limit}, period: 24h }}\n"
+/// Users by `x-user`, `limit` requests a day each on `/api/`.
+fn user_route(config: Config, limit: u64) -> Config {
+    config.identity("user", [source::header("x-user")]).route(
+        route("api")
+            .prefix("/api/")
+            .key("user")
+            .limit(limit::fixed_window(limit, "24h")),
     )
 }
 
@@ -107,14 +110,9 @@ async fn frozen_redis_under_load_is_bounded_and_follows_on_error() {
     const LOAD: usize = 40;
     let mut proxies = Vec::new();
     for on_error in ["allow", "deny", "local"] {
-        let yaml = config_for(
-            &up.url(),
-            &format!(
-                "admin: 127.0.0.1:0\n{}{}",
-                store_yaml(&redis, on_error),
-                user_route(LIMIT as u64)
-            ),
-        );
+        let yaml = user_route(config().upstream(&up.url()), LIMIT as u64)
+            .admin("127.0.0.1:0")
+            .store(redis_store(&redis, on_error));
         let proxy = proxy(yaml).start().await;
         until_limiting_answers(&proxy, Duration::from_secs(5)).await;
         proxies.push((on_error, proxy));
@@ -189,10 +187,7 @@ async fn frozen_redis_under_load_is_bounded_and_follows_on_error() {
 async fn restarted_redis_limits_again_within_a_second() {
     let mut redis = RedisServer::start();
     let up = upstream().start().await;
-    let yaml = config_for(
-        &up.url(),
-        &format!("{}{}", store_yaml(&redis, "deny"), user_route(3)),
-    );
+    let yaml = user_route(config().upstream(&up.url()), 3).store(redis_store(&redis, "deny"));
     let proxy = proxy(yaml).start().await;
     until_limiting_answers(&proxy, Duration::from_secs(5)).await;
     assert_eq!(admitted(&proxy, "ann", 5).await, 3);
@@ -232,10 +227,7 @@ async fn restarted_redis_limits_again_within_a_second() {
 async fn flushed_script_cache_is_reloaded() {
     let redis = RedisServer::start();
     let up = upstream().start().await;
-    let yaml = config_for(
-        &up.url(),
-        &format!("{}{}", store_yaml(&redis, "deny"), user_route(4)),
-    );
+    let yaml = user_route(config().upstream(&up.url()), 4).store(redis_store(&redis, "deny"));
     let proxy = proxy(yaml).start().await;
     until_limiting_answers(&proxy, Duration::from_secs(5)).await;
     assert_eq!(admitted(&proxy, "cy", 2).await, 2);
@@ -273,21 +265,21 @@ async fn leases_of_a_killed_proxy_expire_after_their_ttl() {
     let redis = RedisServer::start();
     let up = upstream().start().await;
     const TTL: Duration = Duration::from_secs(2);
-    let routes = format!(
-        "routes:\n  - name: hold\n    match: {{ path_prefix: /hold }}\n    key: global\n    limits:\n      - {{ algorithm: concurrency, limit: 1, lease_ttl: {}s }}\n",
-        TTL.as_secs()
-    );
+    let routes = config()
+        .upstream(&up.url())
+        .store(redis_store(&redis, "deny"))
+        .route(
+            route("hold")
+                .prefix("/hold")
+                .key("global")
+                .limit(limit::concurrency(1).lease_ttl(&format!("{}s", TTL.as_secs()))),
+        );
     let port = free_port();
     let dir = tempfile::TempDir::new().unwrap();
     let file = dir.path().join("tollgate.yaml");
     std::fs::write(
         &file,
-        format!(
-            "listen: 127.0.0.1:{port}\nupstream:\n  url: {}\n{}{}",
-            up.url(),
-            store_yaml(&redis, "deny"),
-            routes
-        ),
+        routes.clone().listen(&format!("127.0.0.1:{port}")).yaml(),
     )
     .unwrap();
     let mut killed = KillOnDrop(
@@ -316,12 +308,7 @@ async fn leases_of_a_killed_proxy_expire_after_their_ttl() {
     let first = held.body_mut().frame().await.unwrap().unwrap();
     assert_eq!(first.into_data().unwrap(), "first,");
 
-    let other = proxy(config_for(
-        &up.url(),
-        &format!("{}{}", store_yaml(&redis, "deny"), routes),
-    ))
-    .start()
-    .await;
+    let other = proxy(routes).start().await;
     let status = |p: &ProxyHandle| {
         let url = p.url("/hold");
         async move { http1_client().request(get(&url)).await.unwrap().status() }

@@ -21,13 +21,18 @@ use support::*;
 use tempfile::TempDir;
 use tonic::Code;
 
-/// Upstream section lines for an HTTP/2 (h2c) upstream, which gRPC needs.
-const HTTP2: &str = "  http2: true\n";
+/// In front of an HTTP/2 (h2c) upstream, which gRPC needs.
+fn h2c_upstream(url: &str) -> Config {
+    config().upstream(url).http2()
+}
 
-/// A route limiting each `x-user` to `limit` calls a day (memory store unless `store` says).
-fn limited(limit: u32, store: &str) -> String {
-    format!(
-        "{store}identities:\n  user:\n    - header: x-user\nroutes:\n  - name: api\n    match: {{ path_prefix: /test.Echo/ }}\n    key: user\n    limits:\n      - {{ algorithm: fixed_window, limit: {limit}, period: 24h }}\n"
+/// `config` with a route limiting each `x-user` to `limit` calls a day.
+fn limited(config: Config, limit: u64) -> Config {
+    config.identity("user", [source::header("x-user")]).route(
+        route("api")
+            .prefix("/test.Echo/")
+            .key("user")
+            .limit(limit::fixed_window(limit, "24h")),
     )
 }
 
@@ -118,12 +123,7 @@ fn channel_stream() -> (
 #[tokio::test]
 async fn unary_and_streaming_calls_pass_over_h2c() {
     let up = GrpcUpstream::start().await;
-    let proxy = proxy(config_for(
-        &up.url(),
-        &format!("{HTTP2}{}", limited(100, "")),
-    ))
-    .start()
-    .await;
+    let proxy = proxy(limited(h2c_upstream(&up.url()), 100)).start().await;
     calls_pass_through(&mut h2c_grpc_client(proxy.addr)).await;
     // Not limited, and not a route: passes the same way.
     let open = proxy_without_routes(&up).await;
@@ -131,7 +131,7 @@ async fn unary_and_streaming_calls_pass_over_h2c() {
 }
 
 async fn proxy_without_routes(up: &GrpcUpstream) -> ProxyHandle {
-    proxy(config_for(&up.url(), HTTP2)).start().await
+    proxy(h2c_upstream(&up.url())).start().await
 }
 
 #[tokio::test]
@@ -142,7 +142,7 @@ async fn unary_and_streaming_calls_pass_over_tls() {
     let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
     std::fs::write(&cert, certified.cert.pem()).unwrap();
     std::fs::write(&key, certified.key_pair.serialize_pem()).unwrap();
-    let proxy = proxy(tls_config(&up.url(), &cert, &key, &limited(100, "")))
+    let proxy = proxy(limited(tls_config(&up.url(), &cert, &key), 100))
         .start()
         .await;
 
@@ -177,16 +177,17 @@ async fn unary_and_streaming_calls_pass_over_tls() {
 }
 
 async fn proxy_tls_limited(up: &GrpcUpstream, cert: &Path, key: &Path) -> ProxyHandle {
-    proxy(tls_config(&up.url(), cert, key, &limited(1, "")))
+    proxy(limited(tls_config(&up.url(), cert, key), 1))
         .start()
         .await
 }
 
-fn tls_config(upstream_url: &str, cert: &Path, key: &Path, extra: &str) -> String {
-    format!(
-        "listen:\n  - address: 127.0.0.1:0\n    tls: {{ cert: \"{}\", key: \"{}\" }}\nupstream:\n  url: {upstream_url}\n{HTTP2}{extra}",
-        cert.display(),
-        key.display()
+/// A TLS listener in front of an HTTP/2 upstream.
+fn tls_config(upstream_url: &str, cert: &Path, key: &Path) -> Config {
+    h2c_upstream(upstream_url).listen_tls(
+        "127.0.0.1:0",
+        &cert.display().to_string(),
+        &key.display().to_string(),
     )
 }
 
@@ -204,9 +205,7 @@ fn trusting(cert: CertificateDer<'static>) -> ClientConfig {
 #[tokio::test]
 async fn a_limited_call_fails_with_resource_exhausted_and_pushback() {
     let up = GrpcUpstream::start().await;
-    let proxy = proxy(config_for(&up.url(), &format!("{HTTP2}{}", limited(2, ""))))
-        .start()
-        .await;
+    let proxy = proxy(limited(h2c_upstream(&up.url()), 2)).start().await;
     let mut client = h2c_grpc_client(proxy.addr);
     for _ in 0..2 {
         unary(&mut client, "Unary", b"hi", &[("x-user", "bob")])
@@ -262,9 +261,7 @@ async fn a_limited_call_fails_with_resource_exhausted_and_pushback() {
 #[tokio::test]
 async fn the_refusal_is_trailers_only_and_only_for_grpc() {
     let up = GrpcUpstream::start().await;
-    let proxy = proxy(config_for(&up.url(), &format!("{HTTP2}{}", limited(1, ""))))
-        .start()
-        .await;
+    let proxy = proxy(limited(h2c_upstream(&up.url()), 1)).start().await;
     let client = h2c_client();
     let call = |content_type: &'static str| {
         Request::post(proxy.url("/test.Echo/Unary"))
@@ -300,16 +297,10 @@ async fn the_refusal_is_trailers_only_and_only_for_grpc() {
 async fn store_down_with_on_error_deny_is_unavailable() {
     let mut redis = RedisServer::start();
     let up = GrpcUpstream::start().await;
-    let store = format!(
-        "store:\n  redis: {{ url: \"{}\", timeout: 100ms }}\n  on_error: deny\n",
-        redis.url()
-    );
-    let proxy = proxy(config_for(
-        &up.url(),
-        &format!("{HTTP2}{}", limited(100, &store)),
-    ))
-    .start()
-    .await;
+    let store = store::redis(&redis.url()).timeout("100ms").on_error("deny");
+    let proxy = proxy(limited(h2c_upstream(&up.url()), 100).store(store))
+        .start()
+        .await;
     let mut client = h2c_grpc_client(proxy.addr);
     // Redis connects in the background.
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -334,7 +325,7 @@ async fn store_down_with_on_error_deny_is_unavailable() {
 async fn an_upstream_that_cannot_serve_gives_the_mapped_status() {
     // Nothing listens on a port just freed: unreachable → UNAVAILABLE.
     let port = free_port();
-    let unreachable = proxy(config_for(&format!("http://127.0.0.1:{port}"), HTTP2))
+    let unreachable = proxy(h2c_upstream(&format!("http://127.0.0.1:{port}")))
         .start()
         .await;
     let error = unary(&mut h2c_grpc_client(unreachable.addr), "Unary", b"x", &[])
@@ -348,7 +339,7 @@ async fn an_upstream_that_cannot_serve_gives_the_mapped_status() {
 
     // No response head within the timeout → DEADLINE_EXCEEDED.
     let up = GrpcUpstream::start().await;
-    let proxy = proxy(config_for(&up.url(), &format!("{HTTP2}  timeout: 300ms\n")))
+    let proxy = proxy(h2c_upstream(&up.url()).upstream_timeout("300ms"))
         .start()
         .await;
     let mut client = h2c_grpc_client(proxy.addr);

@@ -16,11 +16,19 @@ use tokio::net::{TcpListener, TcpStream};
 
 const MARGIN: Duration = Duration::from_millis(800);
 
-fn redis_store(redis: &RedisServer) -> String {
-    format!(
-        "store:\n  redis: {{ url: \"{}\", timeout: 500ms, key_prefix: \"hostile:\" }}\n  on_error: deny\n",
-        redis.url()
-    )
+fn redis_store(redis: &RedisServer) -> Store {
+    store::redis(&redis.url())
+        .timeout("500ms")
+        .key_prefix("hostile:")
+        .on_error("deny")
+}
+
+/// The route `all` on `/l/`: 2 requests a day per client IP.
+fn per_client_ip() -> Route {
+    route("all")
+        .prefix("/l/")
+        .key("client_ip")
+        .limit(limit::fixed_window(2, "24h"))
 }
 
 /// Waits until Redis decides (on_error: deny answers 503 before the first connection).
@@ -74,8 +82,8 @@ async fn admitted(
 #[tokio::test]
 async fn untrusted_forwarded_for_is_ignored_for_the_bucket_but_forwarded_with_the_peer() {
     let up = upstream().start().await;
-    let routes = "routes:\n  - name: all\n    match: { path_prefix: /l/ }\n    key: client_ip\n    limits:\n      - { algorithm: fixed_window, limit: 2, period: 24h }\n";
-    let proxy = proxy(config_for(&up.url(), routes)).start().await;
+    let routes = config().upstream(&up.url()).route(per_client_ip());
+    let proxy = proxy(routes).start().await;
     let long = "203.0.113.1, ".repeat(3000); // ~40 KB, 3000 entries
     let garbage = "not-an-ip, ::::, [1.2.3.4], 300.1.1.1, \"\", ,,,, 1.2.3.4:99999";
     let values: Vec<String> = vec![
@@ -108,8 +116,11 @@ async fn untrusted_forwarded_for_is_ignored_for_the_bucket_but_forwarded_with_th
 #[tokio::test]
 async fn trusted_forwarded_for_picks_the_bucket_and_garbage_falls_back_to_the_peer() {
     let up = upstream().start().await;
-    let routes = "client_ip:\n  trusted_proxies: [127.0.0.0/8]\nroutes:\n  - name: all\n    match: { path_prefix: /l/ }\n    key: client_ip\n    limits:\n      - { algorithm: fixed_window, limit: 2, period: 24h }\n";
-    let proxy = proxy(config_for(&up.url(), routes)).start().await;
+    let routes = config()
+        .upstream(&up.url())
+        .trusted_proxies(["127.0.0.0/8"])
+        .route(per_client_ip());
+    let proxy = proxy(routes).start().await;
     let xff = |v: &'static str| Some(("x-forwarded-for", v.as_bytes()));
     assert_eq!(admitted(&proxy, "/l/x", xff("198.51.100.1"), 3).await, 2);
     assert_eq!(admitted(&proxy, "/l/x", xff("198.51.100.2"), 3).await, 2);
@@ -151,10 +162,21 @@ async fn every_bad_jwt_counts_as_absent() {
     let private = std::fs::read(format!("{fixtures}/rsa_private.pem")).unwrap();
     let public = std::fs::read(format!("{fixtures}/rsa_public.pem")).unwrap();
     let up = upstream().start().await;
-    let routes = format!(
-        "identities:\n  user:\n    - jwt: {{ claim: sub, algorithm: RS256, public_key_file: \"{fixtures}/rsa_public.pem\" }}\nroutes:\n  - name: api\n    match: {{ path_prefix: /api/ }}\n    key: user\n    limits:\n      - {{ algorithm: fixed_window, limit: 2, period: 24h }}\n"
-    );
-    let proxy = proxy(config_for(&up.url(), &routes)).start().await;
+    let routes = config()
+        .upstream(&up.url())
+        .identity(
+            "user",
+            [source::jwt(
+                Jwt::public_key("sub", &format!("{fixtures}/rsa_public.pem")).algorithm("RS256"),
+            )],
+        )
+        .route(
+            route("api")
+                .prefix("/api/")
+                .key("user")
+                .limit(limit::fixed_window(2, "24h")),
+        );
+    let proxy = proxy(routes).start().await;
     let rs = |claims: serde_json::Value| {
         encode(
             &Header::new(Algorithm::RS256),
@@ -232,7 +254,41 @@ async fn every_bad_jwt_counts_as_absent() {
 async fn hostile_identity_values_never_share_a_bucket_or_break_a_script() {
     let redis = RedisServer::start();
     let up = upstream().start().await;
-    let routes = "identities:\n  h:\n    - header: x-k\n  q:\n    - query: k\n  c:\n    - cookie: k\n  p:\n    - path_segment: 2\nroutes:\n  - name: warmup\n    match: { path_prefix: /warmup/ }\n    limits:\n      - { algorithm: fixed_window, limit: 1000, period: 24h }\n  - name: h\n    match: { path_prefix: /h/ }\n    key: h\n    limits:\n      - { algorithm: fixed_window, limit: 2, period: 24h }\n  - name: q\n    match: { path_prefix: /q/ }\n    key: q\n    limits:\n      - { algorithm: sliding_log, limit: 2, period: 1h }\n  - name: c\n    match: { path_prefix: /c/ }\n    key: c\n    limits:\n      - { algorithm: token_bucket, limit: 2, period: 1h }\n  - name: p\n    match: { path_prefix: /p/ }\n    key: p\n    limits:\n      - { algorithm: gcra, limit: 2, period: 1h }\n";
+    let routes = config()
+        .upstream(&up.url())
+        .identity("h", [source::header("x-k")])
+        .identity("q", [source::query("k")])
+        .identity("c", [source::cookie("k")])
+        .identity("p", [source::path_segment(2)])
+        .route(
+            route("warmup")
+                .prefix("/warmup/")
+                .limit(limit::fixed_window(1000, "24h")),
+        )
+        .route(
+            route("h")
+                .prefix("/h/")
+                .key("h")
+                .limit(limit::fixed_window(2, "24h")),
+        )
+        .route(
+            route("q")
+                .prefix("/q/")
+                .key("q")
+                .limit(limit::sliding_log(2, "1h")),
+        )
+        .route(
+            route("c")
+                .prefix("/c/")
+                .key("c")
+                .limit(limit::token_bucket(2, "1h")),
+        )
+        .route(
+            route("p")
+                .prefix("/p/")
+                .key("p")
+                .limit(limit::gcra(2, "1h")),
+        );
     let big_x = "x".repeat(10 * 1024);
     let big_y = format!("{}y", "x".repeat(10 * 1024 - 1));
     // Header values: anything HTTP allows in a field (no CR/LF), including bytes that are not
@@ -271,17 +327,11 @@ async fn hostile_identity_values_never_share_a_bucket_or_break_a_script() {
     ];
 
     for store in ["redis", "memory"] {
-        let yaml = config_for(
-            &up.url(),
-            &format!(
-                "{}{routes}",
-                if store == "redis" {
-                    redis_store(&redis)
-                } else {
-                    String::new()
-                }
-            ),
-        );
+        let yaml = if store == "redis" {
+            routes.clone().store(redis_store(&redis))
+        } else {
+            routes.clone()
+        };
         let proxy = proxy(yaml).start().await;
         if store == "redis" {
             wait_store(&proxy).await;
@@ -365,10 +415,13 @@ async fn read_until_closed(stream: &mut TcpStream, within: Duration) -> Vec<u8> 
 async fn slowloris_and_silent_clients_are_cut_and_slow_nobody_else() {
     let up = upstream().start().await;
     let timeout = Duration::from_secs(1);
-    let proxy = proxy(config_for(
-        &up.url(),
-        "header_read_timeout: 1s\nidle_timeout: 1s\nmax_connections: 100\n",
-    ))
+    let proxy = proxy(
+        config()
+            .upstream(&up.url())
+            .header_read_timeout("1s")
+            .idle_timeout("1s")
+            .max_connections(100),
+    )
     .start()
     .await;
     let addr = proxy.addr;
@@ -422,10 +475,13 @@ async fn slowloris_and_silent_clients_are_cut_and_slow_nobody_else() {
 #[tokio::test]
 async fn idle_keep_alive_connections_are_closed_and_max_connections_holds() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(
-        &up.url(),
-        "idle_timeout: 1s\nheader_read_timeout: 10s\nmax_connections: 2\n",
-    ))
+    let proxy = proxy(
+        config()
+            .upstream(&up.url())
+            .idle_timeout("1s")
+            .header_read_timeout("10s")
+            .max_connections(2),
+    )
     .start()
     .await;
     // A completed request, then silence: closed after idle_timeout, not header_read_timeout.
@@ -460,7 +516,7 @@ async fn idle_keep_alive_connections_are_closed_and_max_connections_holds() {
 #[tokio::test]
 async fn http2_streams_per_connection_are_capped() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "http2_max_concurrent_streams: 2\n"))
+    let proxy = proxy(config().upstream(&up.url()).http2_max_concurrent_streams(2))
         .start()
         .await;
     let client = h2c_client();
@@ -494,7 +550,7 @@ async fn http2_streams_per_connection_are_capped() {
 #[tokio::test]
 async fn oversized_bodies_get_413_without_being_sent_whole() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "max_request_body: 1KiB\n"))
+    let proxy = proxy(config().upstream(&up.url()).max_request_body("1KiB"))
         .start()
         .await;
     // Declared too large: answered at once although no body byte was sent.
@@ -613,10 +669,9 @@ async fn raw_upstream() -> RawUpstream {
 #[tokio::test]
 async fn upstream_faults_give_502_504_or_a_cut_stream_and_the_proxy_serves_on() {
     let raw = raw_upstream().await;
-    let yaml = format!(
-        "listen: 127.0.0.1:0\nupstream:\n  url: http://{}\n  timeout: 1s\n",
-        raw.addr
-    );
+    let yaml = config()
+        .upstream(&format!("http://{}", raw.addr))
+        .upstream_timeout("1s");
     let proxy = support::proxy(yaml).start().await;
 
     // Garbage instead of HTTP: 502.
@@ -671,11 +726,9 @@ async fn upstream_faults_give_502_504_or_a_cut_stream_and_the_proxy_serves_on() 
         .unwrap()
         .local_addr()
         .unwrap();
-    let refused = support::proxy(format!(
-        "listen: 127.0.0.1:0\nupstream:\n  url: http://{closed_port}\n"
-    ))
-    .start()
-    .await;
+    let refused = support::proxy(config().upstream(&format!("http://{closed_port}")))
+        .start()
+        .await;
     assert_eq!(
         send_raw_header(&refused, "/x", None).await.0,
         StatusCode::BAD_GATEWAY

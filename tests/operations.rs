@@ -47,8 +47,20 @@ fn assert_has(text: &str, line: &str) {
 #[tokio::test]
 async fn metrics_count_decisions_and_upstream_responses_per_route() {
     let up = upstream().start().await;
-    let routes = "admin: 127.0.0.1:0\nroutes:\n  - name: api\n    match: { path_prefix: /api/ }\n    limits:\n      - { algorithm: fixed_window, limit: 2, period: 24h }\n  - name: trial\n    match: { path_prefix: /trial }\n    limits:\n      - { algorithm: fixed_window, limit: 1, period: 24h, shadow: true }\n";
-    let proxy = proxy(config_for(&up.url(), routes)).start().await;
+    let routes = config()
+        .upstream(&up.url())
+        .admin("127.0.0.1:0")
+        .route(
+            route("api")
+                .prefix("/api/")
+                .limit(limit::fixed_window(2, "24h")),
+        )
+        .route(
+            route("trial")
+                .prefix("/trial")
+                .limit(limit::fixed_window(1, "24h").shadow()),
+        );
+    let proxy = proxy(routes).start().await;
     for _ in 0..3 {
         get_status(&proxy.url("/api/x"), &[]).await;
     }
@@ -100,7 +112,19 @@ async fn readiness_follows_the_store_when_on_error_is_deny() {
     let mut redis = RedisServer::start();
     let up = upstream().start().await;
     let yaml = |on_error: &str| {
-        config_for(&up.url(), &format!("admin: 127.0.0.1:0\nstore:\n  redis: {{ url: \"{}\", timeout: 100ms }}\n  on_error: {on_error}\nroutes:\n  - name: api\n    match: {{ path_prefix: / }}\n    limits:\n      - {{ algorithm: fixed_window, limit: 100, period: 24h }}\n", redis.url()))
+        config()
+            .upstream(&up.url())
+            .admin("127.0.0.1:0")
+            .store(
+                store::redis(&redis.url())
+                    .timeout("100ms")
+                    .on_error(on_error),
+            )
+            .route(
+                route("api")
+                    .prefix("/")
+                    .limit(limit::fixed_window(100, "24h")),
+            )
     };
     let deny = proxy(yaml("deny")).start().await;
     let allow = proxy(yaml("allow")).start().await;
@@ -137,8 +161,22 @@ async fn readiness_follows_the_store_when_on_error_is_deny() {
     assert_eq!(get_status(&deny.url("/"), &[]).await, StatusCode::OK);
 }
 
-fn route_with_limit(limit: u32) -> String {
-    format!("admin: 127.0.0.1:0\nidentities:\n  user:\n    - header: x-user\nroutes:\n  - name: api\n    match: {{ path_prefix: /api/ }}\n    key: user\n    limits:\n      - {{ algorithm: fixed_window, limit: {limit}, period: 24h }}\n")
+/// Users by `x-user`, `limit` requests a day each on `/api/`.
+fn route_with_limit(limit: u64) -> Config {
+    config().identity("user", [source::header("x-user")]).route(
+        route("api")
+            .prefix("/api/")
+            .key("user")
+            .limit(limit::fixed_window(limit, "24h")),
+    )
+}
+
+/// `route_with_limit` in front of `up`, with an admin listener.
+fn with_limit(up: &Upstream, limit: u64) -> String {
+    route_with_limit(limit)
+        .upstream(&up.url())
+        .admin("127.0.0.1:0")
+        .yaml()
 }
 
 /// Sends requests as `user` until one is limited; returns how many passed (bounded).
@@ -166,7 +204,7 @@ async fn reload_on_file_change_swaps_limits_keeps_state_and_refuses_invalid_file
     let up = upstream().start().await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tollgate.yaml");
-    std::fs::write(&path, config_for(&up.url(), &route_with_limit(3))).unwrap();
+    std::fs::write(&path, with_limit(&up, 3)).unwrap();
     let proxy = proxy_from_file(&path).await;
     assert_eq!(admitted_until_limited(&proxy, "a").await, 3);
 
@@ -183,7 +221,7 @@ async fn reload_on_file_change_swaps_limits_keeps_state_and_refuses_invalid_file
         failures
     });
 
-    std::fs::write(&path, config_for(&up.url(), &route_with_limit(5))).unwrap();
+    std::fs::write(&path, with_limit(&up, 5)).unwrap();
     wait_until("the new limit", async || {
         get_status(&proxy.url("/api/x"), &[("x-user", "probe")]).await == StatusCode::OK
             && admitted_until_limited(&proxy, &format!("u{}", rand_suffix())).await == 5
@@ -234,22 +272,14 @@ async fn reload_follows_a_configmap_style_symlink_swap() {
     let root = dir.path();
     // Kubernetes layout: config.yaml -> ..data/config.yaml, ..data -> ..v1
     std::fs::create_dir(root.join("..v1")).unwrap();
-    std::fs::write(
-        root.join("..v1/config.yaml"),
-        config_for(&up.url(), &route_with_limit(1)),
-    )
-    .unwrap();
+    std::fs::write(root.join("..v1/config.yaml"), with_limit(&up, 1)).unwrap();
     std::os::unix::fs::symlink("..v1", root.join("..data")).unwrap();
     std::os::unix::fs::symlink("..data/config.yaml", root.join("config.yaml")).unwrap();
     let proxy = proxy_from_file(&root.join("config.yaml")).await;
     assert_eq!(admitted_until_limited(&proxy, "x").await, 1);
 
     std::fs::create_dir(root.join("..v2")).unwrap();
-    std::fs::write(
-        root.join("..v2/config.yaml"),
-        config_for(&up.url(), &route_with_limit(4)),
-    )
-    .unwrap();
+    std::fs::write(root.join("..v2/config.yaml"), with_limit(&up, 4)).unwrap();
     std::os::unix::fs::symlink("..v2", root.join("..data_tmp")).unwrap();
     std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
     std::fs::remove_dir_all(root.join("..v1")).unwrap();
@@ -278,8 +308,11 @@ async fn sighup_reloads_and_access_log_lines_are_json() {
     let up = upstream().start().await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let yaml = |limit: u32| {
-        format!("listen: 127.0.0.1:{port}\nupstream: {{ url: \"{}\" }}\nidentities:\n  user:\n    - header: x-user\nroutes:\n  - name: api\n    match: {{ path_prefix: /api/ }}\n    key: user\n    limits:\n      - {{ algorithm: fixed_window, limit: {limit}, period: 24h }}\n", up.url())
+    let yaml = |limit: u64| {
+        route_with_limit(limit)
+            .listen(&format!("127.0.0.1:{port}"))
+            .upstream(&up.url())
+            .yaml()
     };
     let path = write_config(dir.path(), &yaml(1));
     let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
@@ -365,11 +398,24 @@ async fn sighup_reloads_and_access_log_lines_are_json() {
 #[tokio::test]
 async fn allow_lists_exempt_callers_and_tiers_give_their_own_limits() {
     let up = upstream().start().await;
-    let routes = "client_ip:\n  trusted_proxies: [127.0.0.1]\n\
-allow:\n  client_ips: [192.0.2.0/24]\n\
-identities:\n  user:\n    - header: x-user\n\
-routes:\n  - name: api\n    match: { path_prefix: /api/ }\n    key: user\n    allow:\n      identities: { user: [ops-bot, 127.0.0.1] }\n    overrides:\n      - { name: partner, values: [partner-1, partner-2], limits: [ { algorithm: fixed_window, limit: 5, period: 24h } ] }\n    limits:\n      - { algorithm: fixed_window, limit: 2, period: 24h }\n";
-    let proxy = proxy(config_for(&up.url(), routes)).start().await;
+    let routes = config()
+        .upstream(&up.url())
+        .trusted_proxies(["127.0.0.1"])
+        .allow(allow().client_ips(["192.0.2.0/24"]))
+        .identity("user", [source::header("x-user")])
+        .route(
+            route("api")
+                .prefix("/api/")
+                .key("user")
+                .allow(allow().identity("user", ["ops-bot", "127.0.0.1"]))
+                .tier(
+                    tier("partner")
+                        .values(["partner-1", "partner-2"])
+                        .limit(limit::fixed_window(5, "24h")),
+                )
+                .limit(limit::fixed_window(2, "24h")),
+        );
+    let proxy = proxy(routes).start().await;
     assert_eq!(admitted_until_limited(&proxy, "regular").await, 2);
     assert_eq!(admitted_until_limited(&proxy, "partner-1").await, 5);
     assert_eq!(
@@ -430,7 +476,19 @@ routes:\n  - name: api\n    match: { path_prefix: /api/ }\n    key: user\n    al
 async fn store_errors_are_counted_whatever_the_local_fallback_decides() {
     let mut redis = RedisServer::start();
     let up = upstream().start().await;
-    let yaml = config_for(&up.url(), &format!("admin: 127.0.0.1:0\nstore:\n  redis: {{ url: \"{}\", timeout: 100ms }}\n  on_error: local\nroutes:\n  - name: api\n    match: {{ path_prefix: / }}\n    limits:\n      - {{ algorithm: fixed_window, limit: 1, period: 24h }}\n", redis.url()));
+    let yaml = config()
+        .upstream(&up.url())
+        .admin("127.0.0.1:0")
+        .store(
+            store::redis(&redis.url())
+                .timeout("100ms")
+                .on_error("local"),
+        )
+        .route(
+            route("api")
+                .prefix("/")
+                .limit(limit::fixed_window(1, "24h")),
+        );
     let proxy = proxy(yaml).start().await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     redis.stop();

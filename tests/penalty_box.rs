@@ -11,8 +11,21 @@ use support::*;
 
 /// A caller sending the `x-user` header on `/login`: token_bucket of 2, refilled 1 per second
 /// (a denial alone would lift within a second) with a 3 s block.
-fn login_route(store: &str) -> String {
-    format!("admin: 127.0.0.1:0\n{store}identities:\n  user:\n    - header: x-user\nroutes:\n  - name: login\n    match: {{ path_prefix: /login }}\n    key: user\n    limits:\n      - {{ algorithm: token_bucket, limit: 1, period: 1s, burst: 2, block_for: 3s }}\n")
+fn login_route(up: &Upstream, store: Option<&Store>) -> Config {
+    let config = config()
+        .upstream(&up.url())
+        .admin("127.0.0.1:0")
+        .identity("user", [source::header("x-user")])
+        .route(
+            route("login")
+                .prefix("/login")
+                .key("user")
+                .limit(limit::token_bucket(1, "1s").burst(2).block_for("3s")),
+        );
+    match store {
+        Some(store) => config.store(store.clone()),
+        None => config,
+    }
 }
 
 /// What a caller sees: the status, Retry-After and the RateLimit field.
@@ -118,16 +131,9 @@ async fn blocked_for_the_duration(a: &ProxyHandle, b: &ProxyHandle) {
 async fn a_blocked_caller_is_refused_on_both_replicas_until_the_block_ends() {
     let server = RedisServer::start();
     let up = upstream().start().await;
-    let store = format!(
-        "store:\n  redis: {{ url: \"{}\", timeout: 500ms }}\n",
-        server.url()
-    );
-    let a = proxy(config_for(&up.url(), &login_route(&store)))
-        .start()
-        .await;
-    let b = proxy(config_for(&up.url(), &login_route(&store)))
-        .start()
-        .await;
+    let store = store::redis(&server.url()).timeout("500ms");
+    let a = proxy(login_route(&up, Some(&store))).start().await;
+    let b = proxy(login_route(&up, Some(&store))).start().await;
     // Both replicas have their Redis connection before the first request.
     for p in [&a, &b] {
         let url = format!("http://{}/readyz", p.admin.unwrap());
@@ -147,7 +153,7 @@ async fn a_blocked_caller_is_refused_on_both_replicas_until_the_block_ends() {
     }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tollgate.yaml");
-    std::fs::write(&path, config_for(&up.url(), &login_route(&store))).unwrap();
+    std::fs::write(&path, login_route(&up, Some(&store)).yaml()).unwrap();
     let output = tokio::task::spawn_blocking(move || {
         std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
             .args([
@@ -192,6 +198,6 @@ async fn a_blocked_caller_is_refused_on_both_replicas_until_the_block_ends() {
 #[tokio::test]
 async fn the_memory_store_blocks_the_same_way() {
     let up = upstream().start().await;
-    let a = proxy(config_for(&up.url(), &login_route(""))).start().await;
+    let a = proxy(login_route(&up, None)).start().await;
     blocked_for_the_duration(&a, &a).await;
 }

@@ -16,7 +16,7 @@ async fn echo_json(response: http::Response<hyper::body::Incoming>) -> serde_jso
 #[tokio::test]
 async fn multi_megabyte_upload_and_download_arrive_byte_for_byte() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "")).start().await;
+    let proxy = proxy(config().upstream(&up.url())).start().await;
     let client = http1_client();
 
     let payload = pattern(5 * 1024 * 1024 + 17);
@@ -44,7 +44,7 @@ async fn multi_megabyte_upload_and_download_arrive_byte_for_byte() {
 #[tokio::test]
 async fn chunked_upload_is_forwarded_intact() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "")).start().await;
+    let proxy = proxy(config().upstream(&up.url())).start().await;
     let chunks: Vec<
         Result<hyper::body::Frame<bytes::Bytes>, Box<dyn std::error::Error + Send + Sync>>,
     > = (0..64)
@@ -70,7 +70,7 @@ async fn chunked_upload_is_forwarded_intact() {
 #[tokio::test]
 async fn request_headers_are_rewritten_and_hop_by_hop_removed() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "")).start().await;
+    let proxy = proxy(config().upstream(&up.url())).start().await;
     let request = Request::get(proxy.url("/echo?q=1"))
         .header("host", "public.example")
         .header("connection", "keep-alive, x-drop-me")
@@ -102,7 +102,7 @@ async fn request_headers_are_rewritten_and_hop_by_hop_removed() {
 #[tokio::test]
 async fn host_upstream_mode_sends_the_upstream_authority() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "  host: upstream\n"))
+    let proxy = proxy(config().upstream(&up.url()).upstream_host("upstream"))
         .start()
         .await;
     let request = Request::get(proxy.url("/echo"))
@@ -117,7 +117,7 @@ async fn host_upstream_mode_sends_the_upstream_authority() {
 #[tokio::test]
 async fn response_hop_by_hop_removed_and_set_cookie_kept() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "")).start().await;
+    let proxy = proxy(config().upstream(&up.url())).start().await;
     let response = http1_client()
         .request(get(&proxy.url("/hop")))
         .await
@@ -139,7 +139,7 @@ async fn response_hop_by_hop_removed_and_set_cookie_kept() {
 #[tokio::test]
 async fn streamed_response_first_chunk_arrives_before_last_is_produced() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "")).start().await;
+    let proxy = proxy(config().upstream(&up.url())).start().await;
     let response = http1_client()
         .request(get(&proxy.url("/hold")))
         .await
@@ -159,7 +159,7 @@ async fn streamed_response_first_chunk_arrives_before_last_is_produced() {
 #[tokio::test]
 async fn websocket_echo_through_the_proxy() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "")).start().await;
+    let proxy = proxy(config().upstream(&up.url())).start().await;
     let (mut ws, response) = tokio_tungstenite::connect_async(format!("ws://{}/ws", proxy.addr))
         .await
         .expect("websocket handshake through the proxy");
@@ -177,7 +177,7 @@ async fn websocket_echo_through_the_proxy() {
 #[tokio::test]
 async fn h2c_client_is_served_and_forwarded_as_http11() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "")).start().await;
+    let proxy = proxy(config().upstream(&up.url())).start().await;
     let request = Request::get(proxy.url("/echo"))
         .version(http::Version::HTTP_2)
         .body(body(""))
@@ -192,9 +192,7 @@ async fn h2c_client_is_served_and_forwarded_as_http11() {
 #[tokio::test]
 async fn http2_upstream_carries_trailers_end_to_end() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "  http2: true\n"))
-        .start()
-        .await;
+    let proxy = proxy(config().upstream(&up.url()).http2()).start().await;
     let request = Request::post(proxy.url("/trailers"))
         .version(http::Version::HTTP_2)
         .header("te", "trailers")
@@ -230,7 +228,7 @@ async fn unreachable_upstream_is_502_with_a_short_body() {
         .local_addr()
         .unwrap()
         .port();
-    let proxy = proxy(config_for(&format!("http://127.0.0.1:{port}"), ""))
+    let proxy = proxy(config().upstream(&format!("http://127.0.0.1:{port}")))
         .start()
         .await;
     let response = http1_client().request(get(&proxy.url("/"))).await.unwrap();
@@ -244,7 +242,7 @@ async fn unreachable_upstream_is_502_with_a_short_body() {
 #[tokio::test]
 async fn slow_upstream_is_504_after_the_timeout() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "  timeout: 300ms\n"))
+    let proxy = proxy(config().upstream(&up.url()).upstream_timeout("300ms"))
         .start()
         .await;
     let started = Instant::now();
@@ -273,7 +271,7 @@ async fn slow_upstream_is_504_after_the_timeout() {
 #[tokio::test]
 async fn oversized_bodies_get_413_declared_or_chunked() {
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "max_request_body: 1KiB\n"))
+    let proxy = proxy(config().upstream(&up.url()).max_request_body("1KiB"))
         .start()
         .await;
     let client = http1_client();
@@ -327,7 +325,7 @@ async fn oversized_bodies_get_413_declared_or_chunked() {
 async fn oversized_request_head_is_431_and_the_proxy_serves_on() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let up = upstream().start().await;
-    let proxy = proxy(config_for(&up.url(), "")).start().await;
+    let proxy = proxy(config().upstream(&up.url())).start().await;
     let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     let big = "a".repeat(100 * 1024);
     let head = format!("GET / HTTP/1.1\r\nhost: x\r\nx-big: {big}\r\n\r\n");
@@ -356,10 +354,12 @@ async fn oversized_request_head_is_431_and_the_proxy_serves_on() {
 #[tokio::test]
 async fn graceful_shutdown_lets_the_in_flight_request_finish() {
     let up = upstream().start().await;
-    let mut proxy = proxy(config_for(
-        &up.url(),
-        "admin: 127.0.0.1:0\nshutdown_timeout: 10s\n",
-    ))
+    let mut proxy = proxy(
+        config()
+            .upstream(&up.url())
+            .admin("127.0.0.1:0")
+            .shutdown_timeout("10s"),
+    )
     .start()
     .await;
     let admin = proxy.admin.unwrap();
@@ -403,10 +403,14 @@ async fn every_serving_thread_serves_limits_stay_exact_and_shutdown_closes_the_l
     // (memory store, shared by the threads) admits exactly 50 of them, and after shutdown the
     // port refuses connections (no thread kept a copy of the listener).
     let up = upstream().start().await;
-    let mut proxy = proxy(config_for(
-        &up.url(),
-        "workers: 4\nroutes:\n  - name: downloads\n    match: { path_prefix: /download }\n    key: global\n    limits:\n      - { algorithm: fixed_window, limit: 50, period: 1h }\n",
-    ))
+    let mut proxy = proxy(
+        config().upstream(&up.url()).workers(4).route(
+            route("downloads")
+                .prefix("/download")
+                .key("global")
+                .limit(limit::fixed_window(50, "1h")),
+        ),
+    )
     .start()
     .await;
     let calls = (0..200).map(|i| {

@@ -37,8 +37,16 @@ async fn until_readyz(proxy: &ProxyHandle, want: StatusCode, limit: Duration) ->
 async fn readyz_follows_redis_with_no_traffic_when_on_error_is_deny() {
     let mut redis = RedisServer::start();
     let up = upstream().start().await;
-    let yaml = format!("admin: 127.0.0.1:0\nstore:\n  redis: {{ url: \"{}\", timeout: 100ms }}\n  on_error: deny\nroutes:\n  - name: api\n    match: {{ path_prefix: / }}\n    limits:\n      - {{ algorithm: fixed_window, limit: 100, period: 24h }}\n", redis.url());
-    let proxy = proxy(config_for(&up.url(), &yaml)).start().await;
+    let yaml = config()
+        .upstream(&up.url())
+        .admin("127.0.0.1:0")
+        .store(store::redis(&redis.url()).timeout("100ms").on_error("deny"))
+        .route(
+            route("api")
+                .prefix("/")
+                .limit(limit::fixed_window(100, "24h")),
+        );
+    let proxy = proxy(yaml).start().await;
     until_readyz(&proxy, StatusCode::OK, Duration::from_secs(10)).await;
 
     // Killed while no request flows: readiness notices by itself.

@@ -25,38 +25,47 @@ const REPLICAS: usize = 4;
 const CLIENTS_PER_REPLICA: usize = 100;
 const LIMIT: usize = 50;
 
-fn store_yaml(target: &str, timeout: &str) -> String {
-    format!(
-        "store:\n  redis:\n{target}    key_prefix: \"{PREFIX}\"\n    timeout: {timeout}\n  on_error: deny\n"
-    )
+/// `target` (where Redis is) with this test's key prefix, `timeout`, and `on_error: deny`.
+fn store_of(target: Store, timeout: &str) -> Store {
+    target.key_prefix(PREFIX).timeout(timeout).on_error("deny")
 }
 
-fn standalone(url: &str) -> String {
-    format!("    url: {url}\n")
+fn standalone(url: &str) -> Store {
+    store::redis(url)
 }
 
-fn cluster_target(cluster: &RedisCluster) -> String {
-    format!("    cluster: [{}]\n", cluster.urls().join(", "))
+fn cluster_target(cluster: &RedisCluster) -> Store {
+    store::cluster(cluster.urls())
 }
 
-fn sentinel_target(setup: &SentinelSetup) -> String {
-    format!(
-        "    sentinel:\n      master: {}\n      nodes: [{}]\n",
-        setup.name,
-        setup.sentinel_urls().join(", ")
-    )
+fn sentinel_target(setup: &SentinelSetup) -> Store {
+    store::sentinel(&setup.name, setup.sentinel_urls())
 }
 
-/// One route per algorithm, each on its own path, all keyed by the `x-user` header; plus a
-/// `warm` route used to tell when a replica's store connection is up.
-const EXACT_ROUTES: &str = "identities:\n  user:\n    - header: x-user\nroutes:\n\
-  - { name: warm, match: { path_prefix: /warm }, key: user, limits: [ { algorithm: fixed_window, limit: 1000000, period: 24h } ] }\n\
-  - { name: fw, match: { path_prefix: /fw }, key: user, limits: [ { algorithm: fixed_window, limit: 50, period: 24h } ] }\n\
-  - { name: sl, match: { path_prefix: /slog }, key: user, limits: [ { algorithm: sliding_log, limit: 50, period: 1h } ] }\n\
-  - { name: sw, match: { path_prefix: /sw }, key: user, limits: [ { algorithm: sliding_window, limit: 50, period: 24h } ] }\n\
-  - { name: tb, match: { path_prefix: /tb }, key: user, limits: [ { algorithm: token_bucket, limit: 50, period: 24h } ] }\n\
-  - { name: gcra, match: { path_prefix: /gcra }, key: user, limits: [ { algorithm: gcra, limit: 1, period: 24h, burst: 50 } ] }\n\
-  - { name: conc, match: { path_prefix: /sleep }, key: user, limits: [ { algorithm: concurrency, limit: 50 } ] }\n";
+/// A route `name` on `prefix` keyed by the `x-user` header.
+fn user_route(name: &str, prefix: &str) -> Route {
+    route(name).prefix(prefix).key("user")
+}
+
+/// Users by the `x-user` header, and a `warm` route used to tell when a replica's store
+/// connection is up.
+fn users() -> Config {
+    config()
+        .identity("user", [source::header("x-user")])
+        .route(user_route("warm", "/warm").limit(limit::fixed_window(1000000, "24h")))
+}
+
+/// One route per algorithm, each on its own path, all keyed by the `x-user` header; plus
+/// `warm`.
+fn exact_routes() -> Config {
+    users()
+        .route(user_route("fw", "/fw").limit(limit::fixed_window(50, "24h")))
+        .route(user_route("sl", "/slog").limit(limit::sliding_log(50, "1h")))
+        .route(user_route("sw", "/sw").limit(limit::sliding_window(50, "24h")))
+        .route(user_route("tb", "/tb").limit(limit::token_bucket(50, "24h")))
+        .route(user_route("gcra", "/gcra").limit(limit::gcra(1, "24h").burst(50)))
+        .route(user_route("conc", "/sleep").limit(limit::concurrency(50)))
+}
 
 async fn status_of(addr: SocketAddr, path: &str, user: &str) -> StatusCode {
     let request = Request::get(format!("http://{addr}{path}"))
@@ -71,10 +80,10 @@ async fn status_of(addr: SocketAddr, path: &str, user: &str) -> StatusCode {
 
 /// Starts `n` tollgate replicas and waits until each decides through the store (with
 /// `on_error: deny`, a 503 means "not connected yet").
-async fn replicas(up: &Upstream, yaml: &str, n: usize) -> Vec<ProxyHandle> {
+async fn replicas(up: &Upstream, yaml: &Config, n: usize) -> Vec<ProxyHandle> {
     let mut proxies = Vec::new();
     for _ in 0..n {
-        proxies.push(proxy(config_for(&up.url(), yaml)).start().await);
+        proxies.push(proxy(yaml.clone().upstream(&up.url())).start().await);
     }
     for p in &proxies {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -113,9 +122,9 @@ async fn hammer(proxies: &[ProxyHandle], path: &str, user: &str, per_replica: us
 }
 
 /// 4 replicas × 100 concurrent clients on one key, for every algorithm.
-async fn exact_across_replicas(target: String, what: &str) {
+async fn exact_across_replicas(target: Store, what: &str) {
     let up = upstream().start().await;
-    let yaml = format!("{}{EXACT_ROUTES}", store_yaml(&target, "2s"));
+    let yaml = exact_routes().store(store_of(target, "2s"));
     let proxies = replicas(&up, &yaml, REPLICAS).await;
     for path in ["/fw", "/slog", "/tb", "/gcra"] {
         let ok = hammer(&proxies, path, "alice", CLIENTS_PER_REPLICA).await;
@@ -156,27 +165,24 @@ async fn cluster_keeps_limits_exact_and_each_decision_in_one_slot() {
     // `mixed` has a limit on another key (tag: the route alone). A decision whose keys spanned
     // slots would fail with CROSSSLOT and, with on_error: deny, answer 503.
     let up = upstream().start().await;
-    let routes = r#"identities:
-  user:
-    - header: x-user
-routes:
-  - { name: warm, match: { path_prefix: /warm }, key: user, limits: [ { algorithm: fixed_window, limit: 1000000, period: 24h } ] }
-  - name: shared
-    match: { path_prefix: /shared }
-    key: user
-    limits:
-      - { algorithm: fixed_window, limit: 100, period: 24h, name: daily }
-      - { algorithm: sliding_log, limit: 10, period: 1m, name: minute }
-      - { algorithm: gcra, limit: 5, period: 1h, burst: 5, name: rate }
-      - { algorithm: concurrency, limit: 3, name: inflight }
-  - name: mixed
-    match: { path_prefix: /mixed }
-    key: user
-    limits:
-      - { algorithm: token_bucket, limit: 10, period: 1m, name: per-user }
-      - { algorithm: sliding_window, limit: 1000, period: 1h, key: global, name: all-users }
-"#;
-    let yaml = format!("{}{routes}", store_yaml(&cluster_target(&cluster), "2s"));
+    let routes = users()
+        .route(
+            user_route("shared", "/shared")
+                .limit(limit::fixed_window(100, "24h").name("daily"))
+                .limit(limit::sliding_log(10, "1m").name("minute"))
+                .limit(limit::gcra(5, "1h").burst(5).name("rate"))
+                .limit(limit::concurrency(3).name("inflight")),
+        )
+        .route(
+            user_route("mixed", "/mixed")
+                .limit(limit::token_bucket(10, "1m").name("per-user"))
+                .limit(
+                    limit::sliding_window(1000, "1h")
+                        .key("global")
+                        .name("all-users"),
+                ),
+        );
+    let yaml = routes.store(store_of(cluster_target(&cluster), "2s"));
     let proxies = replicas(&up, &yaml, 1).await;
     // Users chosen to land in different slots, one of them trying to smuggle a hash tag.
     let users = ["bob", "carol", "dave", "x}{evil", "{route}"];
@@ -281,18 +287,17 @@ const MARGIN: Duration = Duration::from_millis(1500);
 
 /// All keys of the `api` route share the `{api}` tag (one limit is keyed by `global`), so one
 /// node owns the whole route: killing it interrupts every decision of the route.
-const FAILOVER_ROUTES: &str = r#"identities:
-  user:
-    - header: x-user
-routes:
-  - { name: warm, match: { path_prefix: /warm }, key: user, limits: [ { algorithm: fixed_window, limit: 1000000, period: 24h } ] }
-  - name: api
-    match: { path_prefix: /api }
-    key: user
-    limits:
-      - { algorithm: fixed_window, limit: 5, period: 24h, name: per-user }
-      - { algorithm: fixed_window, limit: 1000000, period: 24h, key: global, name: everyone }
-"#;
+fn failover_routes() -> Config {
+    users().route(
+        user_route("api", "/api")
+            .limit(limit::fixed_window(5, "24h").name("per-user"))
+            .limit(
+                limit::fixed_window(1000000, "24h")
+                    .key("global")
+                    .name("everyone"),
+            ),
+    )
+}
 
 /// Checks what the clients saw through a failover: decisions (200/429) before, on_error
 /// (503, `deny`) while no primary served the slot, and nothing slower than the timeout.
@@ -370,10 +375,7 @@ async fn cluster_primary_failover_follows_on_error_then_limits_on_the_promoted_r
     let _turn = TURN.lock().await;
     let mut cluster = tokio::task::block_in_place(RedisCluster::start);
     let up = upstream().start().await;
-    let yaml = format!(
-        "{}{FAILOVER_ROUTES}",
-        store_yaml(&cluster_target(&cluster), "300ms")
-    );
+    let yaml = failover_routes().store(store_of(cluster_target(&cluster), "300ms"));
     let proxies = replicas(&up, &yaml, 2).await;
     assert_eq!(
         status_of(proxies[0].addr, "/api", "first").await,
@@ -436,10 +438,7 @@ async fn sentinel_master_failover_follows_on_error_then_limits_on_the_promoted_r
     let _turn = TURN.lock().await;
     let mut setup = tokio::task::block_in_place(SentinelSetup::start);
     let up = upstream().start().await;
-    let yaml = format!(
-        "{}{FAILOVER_ROUTES}",
-        store_yaml(&sentinel_target(&setup), "300ms")
-    );
+    let yaml = failover_routes().store(store_of(sentinel_target(&setup), "300ms"));
     let proxies = replicas(&up, &yaml, 2).await;
     assert_eq!(
         status_of(proxies[0].addr, "/api", "first").await,
@@ -510,21 +509,16 @@ async fn tls_with_custom_ca_client_certificate_and_acl_user() {
     std::env::set_var("TOLLGATE_TEST_REDIS_PASSWORD", "s3cret-pw");
     let up = upstream().start().await;
     let target = |password: &str| {
-        format!(
-            "    url: rediss://127.0.0.1:{}\n    username: tollgate\n    password: {password}\n    tls:\n      ca_file: {}\n      cert_file: {}\n      key_file: {}\n",
-            redis.node.port,
-            file("ca.pem"),
-            file("client.pem"),
-            file("client.key")
-        )
+        store::redis(&format!("rediss://127.0.0.1:{}", redis.node.port))
+            .username("tollgate")
+            .password(password)
+            .tls_ca_file(&file("ca.pem"))
+            .tls_client(&file("client.pem"), &file("client.key"))
     };
-    let routes = "identities:\n  user:\n    - header: x-user\nroutes:\n\
-  - { name: warm, match: { path_prefix: /warm }, key: user, limits: [ { algorithm: fixed_window, limit: 1000000, period: 24h } ] }\n\
-  - { name: api, match: { path_prefix: /api }, key: user, limits: [ { algorithm: fixed_window, limit: 3, period: 24h } ] }\n";
-    let yaml = format!(
-        "{}{routes}",
-        store_yaml(&target("${TOLLGATE_TEST_REDIS_PASSWORD}"), "2s")
-    );
+    let routes = users().route(user_route("api", "/api").limit(limit::fixed_window(3, "24h")));
+    let yaml = routes
+        .clone()
+        .store(store_of(target("${TOLLGATE_TEST_REDIS_PASSWORD}"), "2s"));
     let proxies = replicas(&up, &yaml, 1).await;
     let mut statuses = Vec::new();
     for _ in 0..5 {
@@ -542,8 +536,10 @@ async fn tls_with_custom_ca_client_certificate_and_acl_user() {
     );
 
     // A wrong password never connects: on_error (deny) answers.
-    let yaml = format!("{}{routes}", store_yaml(&target("wrong"), "300ms"));
-    let wrong = proxy(config_for(&up.url(), &yaml)).start().await;
+    let yaml = routes
+        .upstream(&up.url())
+        .store(store_of(target("wrong"), "300ms"));
+    let wrong = proxy(yaml).start().await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
         status_of(wrong.addr, "/api", "tls-user-2").await,
@@ -558,10 +554,7 @@ async fn memory_usage_per_key_for_each_algorithm() {
     let _turn = TURN.lock().await;
     let redis = RedisServer::start();
     let up = upstream().start().await;
-    let yaml = format!(
-        "{}{EXACT_ROUTES}",
-        store_yaml(&standalone(&redis.url()), "2s")
-    );
+    let yaml = exact_routes().store(store_of(standalone(&redis.url()), "2s"));
     let proxies = replicas(&up, &yaml, 1).await;
     let addr = proxies[0].addr;
     let conn = redis.client().await;

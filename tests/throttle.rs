@@ -19,12 +19,14 @@ impl Backend {
         Backend::Redis(RedisServer::start())
     }
 
-    fn store_yaml(&self) -> String {
+    fn store(&self, config: Config) -> Config {
         match self {
-            Backend::Memory => String::new(),
-            Backend::Redis(redis) => format!(
-                "store:\n  redis:\n    url: {}\n    key_prefix: \"tg-test:\"\n    timeout: 500ms\n  on_error: deny\n",
-                redis.url()
+            Backend::Memory => config,
+            Backend::Redis(redis) => config.store(
+                store::redis(&redis.url())
+                    .key_prefix("tg-test:")
+                    .timeout("500ms")
+                    .on_error("deny"),
             ),
         }
     }
@@ -34,9 +36,11 @@ fn backends() -> Vec<Backend> {
     vec![Backend::Memory, Backend::redis()]
 }
 
-async fn start(up: &Upstream, backend: &Backend, routes: &str) -> ProxyHandle {
-    let yaml = config_for(&up.url(), &format!("{}{}", backend.store_yaml(), routes));
-    let proxy = proxy(yaml).start().await;
+/// Starts tollgate in front of `up` with `config`'s identities and routes, on `backend`.
+async fn start(up: &Upstream, backend: &Backend, config: Config) -> ProxyHandle {
+    let proxy = proxy(backend.store(config.upstream(&up.url())))
+        .start()
+        .await;
     if let Backend::Redis(_) = backend {
         wait_store_ready(&proxy).await;
     }
@@ -118,28 +122,31 @@ async fn admitted_concurrent(
     ok
 }
 
-fn route(algorithm_line: &str) -> String {
-    format!(
-        "identities:\n  user:\n    - header: x-user\nroutes:\n  - name: api\n    match: {{ path_prefix: /api/ }}\n    key: user\n    limits:\n      - {algorithm_line}\n"
-    )
+/// Users identified by `x-user`, one route `api` on `/api/` keyed by them with this limit.
+fn api_limited(limit: Limit) -> Config {
+    config()
+        .identity("user", [source::header("x-user")])
+        .route(route("api").prefix("/api/").key("user").limit(limit))
 }
 
 /// Windows are aligned to multiples of the period on the store's clock; a day-long period keeps
 /// a test from straddling a boundary.
-const ALGORITHMS: [(&str, usize); 5] = [
-    ("{ algorithm: fixed_window, limit: 5, period: 24h }", 5),
-    ("{ algorithm: sliding_log, limit: 5, period: 1h }", 5),
-    ("{ algorithm: sliding_window, limit: 5, period: 24h }", 5),
-    ("{ algorithm: token_bucket, limit: 5, period: 1h }", 5),
-    ("{ algorithm: gcra, limit: 1, period: 1h, burst: 5 }", 5),
-];
+fn algorithms() -> [(Limit, usize); 5] {
+    [
+        (limit::fixed_window(5, "24h"), 5),
+        (limit::sliding_log(5, "1h"), 5),
+        (limit::sliding_window(5, "24h"), 5),
+        (limit::token_bucket(5, "1h"), 5),
+        (limit::gcra(1, "1h").burst(5), 5),
+    ]
+}
 
 #[tokio::test]
 async fn every_algorithm_admits_exactly_its_limit_sequentially() {
     for backend in backends() {
-        for (line, expected) in ALGORITHMS {
+        for (line, expected) in algorithms() {
             let up = upstream().start().await;
-            let proxy = start(&up, &backend, &route(line)).await;
+            let proxy = start(&up, &backend, api_limited(line.clone())).await;
             let ok = admitted_sequential(&proxy, "/api/x", &[("x-user", "alice")], 9).await;
             assert_eq!(ok, expected, "{line} on {}", backend.name());
             assert_eq!(
@@ -173,11 +180,11 @@ impl Backend {
 #[tokio::test]
 async fn concurrent_clients_on_two_proxies_sharing_redis_admit_exactly_the_limit() {
     let backend = Backend::redis();
-    for (line, expected) in ALGORITHMS {
+    for (i, (line, expected)) in algorithms().into_iter().enumerate() {
         let up = upstream().start().await;
-        let a = start(&up, &backend, &route(line)).await;
-        let b = start(&up, &backend, &route(line)).await;
-        let user = format!("user-{}", line.len());
+        let a = start(&up, &backend, api_limited(line.clone())).await;
+        let b = start(&up, &backend, api_limited(line.clone())).await;
+        let user = format!("user-{i}");
         let ok = admitted_concurrent(&[a.addr, b.addr], "/api/x", ("x-user", &user), 100).await;
         assert_eq!(ok, expected, "{line}");
         assert_eq!(up.request_count(), expected);
@@ -190,17 +197,20 @@ async fn concurrent_clients_on_two_proxies_sharing_redis_admit_exactly_the_limit
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coalescing_proxies_sharing_redis_admit_exactly_the_limit() {
     let redis = RedisServer::start();
-    let store = format!(
-        "store:\n  redis:\n    url: {}\n    key_prefix: \"tg-co:\"\n    timeout: 500ms\n    coalesce: true\n  on_error: deny\n",
-        redis.url()
-    );
-    for (line, expected) in ALGORITHMS {
+    let store = store::redis(&redis.url())
+        .key_prefix("tg-co:")
+        .timeout("500ms")
+        .coalesce()
+        .on_error("deny");
+    for (i, (line, expected)) in algorithms().into_iter().enumerate() {
         let up = upstream().start().await;
-        let yaml = config_for(&up.url(), &format!("{store}{}", route(line)));
-        let a = proxy(yaml.clone()).start().await;
+        let yaml = api_limited(line.clone())
+            .upstream(&up.url())
+            .store(store.clone());
+        let a = proxy(&yaml).start().await;
         let b = proxy(yaml).start().await;
         wait_store_ready(&a).await;
-        let user = format!("user-{}", line.len());
+        let user = format!("user-{i}");
         let ok = admitted_concurrent(&[a.addr, b.addr], "/api/x", ("x-user", &user), 100).await;
         assert_eq!(ok, expected, "{line}");
         assert_eq!(up.request_count(), expected);
@@ -225,9 +235,9 @@ async fn coalescing_proxies_sharing_redis_admit_exactly_the_limit() {
 
 #[tokio::test]
 async fn memory_store_admits_exactly_the_limit_under_concurrency() {
-    for (line, expected) in ALGORITHMS {
+    for (line, expected) in algorithms() {
         let up = upstream().start().await;
-        let proxy = start(&up, &Backend::Memory, &route(line)).await;
+        let proxy = start(&up, &Backend::Memory, api_limited(line.clone())).await;
         let ok = admitted_concurrent(&[proxy.addr], "/api/x", ("x-user", "carol"), 100).await;
         assert_eq!(ok, expected, "{line}");
     }
@@ -240,7 +250,7 @@ async fn limited_response_is_a_problem_with_headers_and_truthful_retry_after() {
         let proxy = start(
             &up,
             &backend,
-            &route("{ algorithm: sliding_log, limit: 2, period: 2s, name: burst }"),
+            api_limited(limit::sliding_log(2, "2s").name("burst")),
         )
         .await;
         for expected_r in [1, 0] {
@@ -288,7 +298,7 @@ async fn gcra_retry_after_is_truthful_and_follows_cl_throttle() {
         let proxy = start(
             &up,
             &backend,
-            &route("{ algorithm: gcra, limit: 1, period: 2s, burst: 1, name: slow }"),
+            api_limited(limit::gcra(1, "2s").burst(1).name("slow")),
         )
         .await;
         assert_eq!(
@@ -317,7 +327,13 @@ async fn gcra_retry_after_is_truthful_and_follows_cl_throttle() {
 async fn a_denied_request_consumes_no_quota_from_the_other_limits() {
     for backend in backends() {
         let up = upstream().start().await;
-        let routes = "identities:\n  user:\n    - header: x-user\nroutes:\n  - name: api\n    match: { path_prefix: /api/ }\n    key: user\n    limits:\n      - { algorithm: fixed_window, limit: 2, period: 24h, name: small }\n      - { algorithm: sliding_log, limit: 3, period: 1h, name: big }\n";
+        let routes = config().identity("user", [source::header("x-user")]).route(
+            route("api")
+                .prefix("/api/")
+                .key("user")
+                .limit(limit::fixed_window(2, "24h").name("small"))
+                .limit(limit::sliding_log(3, "1h").name("big")),
+        );
         let proxy = start(&up, &backend, routes).await;
         assert_eq!(
             admitted_sequential(&proxy, "/api/x", &[("x-user", "f")], 10).await,
@@ -348,13 +364,23 @@ async fn every_redis_key_has_the_prefix_and_a_ttl() {
         unreachable!()
     };
     let up = upstream().start().await;
-    let mut routes = String::from("identities:\n  user:\n    - header: x-user\nroutes:\n");
-    for (i, (line, _)) in ALGORITHMS.iter().enumerate() {
-        routes.push_str(&format!("  - name: r{i}\n    match: {{ path_prefix: /r{i}/ }}\n    key: user\n    limits:\n      - {line}\n"));
+    let mut routes = config().identity("user", [source::header("x-user")]);
+    for (i, (line, _)) in algorithms().into_iter().enumerate() {
+        routes = routes.route(
+            route(&format!("r{i}"))
+                .prefix(&format!("/r{i}/"))
+                .key("user")
+                .limit(line),
+        );
     }
-    routes.push_str("  - name: conc\n    match: { path_prefix: /hold }\n    key: user\n    limits:\n      - { algorithm: concurrency, limit: 3 }\n");
-    let proxy = start(&up, &backend, &routes).await;
-    for i in 0..ALGORITHMS.len() {
+    routes = routes.route(
+        route("conc")
+            .prefix("/hold")
+            .key("user")
+            .limit(limit::concurrency(3)),
+    );
+    let proxy = start(&up, &backend, routes).await;
+    for i in 0..algorithms().len() {
         for user in ["a", "{b}", "c:d*", &"x".repeat(500)] {
             status(&proxy, &format!("/r{i}/x"), &[("x-user", user)]).await;
         }
@@ -376,7 +402,7 @@ async fn every_redis_key_has_the_prefix_and_a_ttl() {
     up.first_chunk_sent.notified().await;
     let keys = redis_cmd(redis, &["KEYS", "*"]);
     let keys: Vec<&str> = keys.lines().collect();
-    assert!(keys.len() > ALGORITHMS.len() * 4, "{keys:?}");
+    assert!(keys.len() > algorithms().len() * 4, "{keys:?}");
     for key in keys {
         assert!(key.starts_with("tg-test:{"), "{key}");
         let ttl: i64 = redis_cmd(redis, &["PTTL", key]).parse().unwrap();
@@ -416,7 +442,18 @@ fn redis_cmd(redis: &RedisServer, args: &[&str]) -> String {
 async fn routes_match_in_order_and_unmatched_requests_are_unlimited() {
     for backend in backends() {
         let up = upstream().start().await;
-        let routes = "routes:\n  - name: login\n    match: { path_prefix: /login, methods: [POST] }\n    limits:\n      - { algorithm: fixed_window, limit: 1, period: 24h }\n  - name: everything\n    match: { path_prefix: / }\n    limits:\n      - { algorithm: fixed_window, limit: 3, period: 24h }\n";
+        let routes = config()
+            .route(
+                route("login")
+                    .prefix("/login")
+                    .methods(["POST"])
+                    .limit(limit::fixed_window(1, "24h")),
+            )
+            .route(
+                route("everything")
+                    .prefix("/")
+                    .limit(limit::fixed_window(3, "24h")),
+            );
         let proxy = start(&up, &backend, routes).await;
         let post = |p: &ProxyHandle| {
             let url = p.url("/login");
@@ -443,9 +480,14 @@ async fn routes_match_in_order_and_unmatched_requests_are_unlimited() {
 #[tokio::test]
 async fn client_ip_comes_from_x_forwarded_for_only_behind_trusted_proxies() {
     let up = upstream().start().await;
-    let routes = "routes:\n  - name: all\n    match: { path_prefix: / }\n    key: client_ip\n    limits:\n      - { algorithm: fixed_window, limit: 2, period: 24h }\n";
+    let routes = config().route(
+        route("all")
+            .prefix("/")
+            .key("client_ip")
+            .limit(limit::fixed_window(2, "24h")),
+    );
     // Untrusted peer: X-Forwarded-For cannot pick a fresh bucket per request.
-    let untrusted = start(&up, &Backend::Memory, routes).await;
+    let untrusted = start(&up, &Backend::Memory, routes.clone()).await;
     let mut ok = 0;
     for i in 0..5 {
         if status(
@@ -465,7 +507,7 @@ async fn client_ip_comes_from_x_forwarded_for_only_behind_trusted_proxies() {
     let trusted = start(
         &up,
         &Backend::Memory,
-        &format!("client_ip:\n  trusted_proxies: [127.0.0.0/8, 10.0.0.0/8]\n{routes}"),
+        routes.trusted_proxies(["127.0.0.0/8", "10.0.0.0/8"]),
     )
     .await;
     for i in 0..3 {
@@ -512,12 +554,31 @@ fn now_secs() -> u64 {
 async fn each_identity_source_gets_its_own_bucket() {
     std::env::set_var("TOLLGATE_TEST_JWT_SECRET", "s3cret-for-tests");
     let up = upstream().start().await;
-    let routes = "identities:\n  caller:\n    - header: x-api-key\n    - query: token\n    - cookie: session\n    - jwt: { claim: sub, secret_env: TOLLGATE_TEST_JWT_SECRET }\n    - path_segment: 2\nroutes:\n  - name: t\n    match: { path_prefix: /t/ }\n    key: caller\n    limits:\n      - { algorithm: fixed_window, limit: 1, period: 24h }\n  - name: b\n    match: { path_prefix: /b/ }\n    key: bearer_user\n    limits:\n      - { algorithm: fixed_window, limit: 1, period: 24h }\n";
-    let routes = routes.replace(
-        "identities:\n",
-        "identities:\n  bearer_user:\n    - bearer: {}\n",
-    );
-    let proxy = start(&up, &Backend::Memory, &routes).await;
+    let routes = config()
+        .identity("bearer_user", [source::bearer()])
+        .identity(
+            "caller",
+            [
+                source::header("x-api-key"),
+                source::query("token"),
+                source::cookie("session"),
+                source::jwt(Jwt::hmac("sub", "TOLLGATE_TEST_JWT_SECRET")),
+                source::path_segment(2),
+            ],
+        )
+        .route(
+            route("t")
+                .prefix("/t/")
+                .key("caller")
+                .limit(limit::fixed_window(1, "24h")),
+        )
+        .route(
+            route("b")
+                .prefix("/b/")
+                .key("bearer_user")
+                .limit(limit::fixed_window(1, "24h")),
+        );
+    let proxy = start(&up, &Backend::Memory, routes).await;
     let good = jwt(
         b"s3cret-for-tests",
         serde_json::json!({"sub": "jwt-user", "exp": now_secs() + 600}),
@@ -612,7 +673,12 @@ async fn delay_mode_waits_in_order_instead_of_rejecting() {
     for backend in backends() {
         let up = upstream().start().await;
         // 5 per second, no burst: requests 200 ms apart.
-        let proxy = start(&up, &backend, &route("{ algorithm: gcra, limit: 5, period: 1s, burst: 1, on_limit: delay, max_delay: 700ms }")).await;
+        let proxy = start(
+            &up,
+            &backend,
+            api_limited(limit::gcra(5, "1s").burst(1).delay("700ms")),
+        )
+        .await;
         let started = Instant::now();
         let mut tasks = Vec::new();
         for i in 0..3 {
@@ -671,7 +737,7 @@ async fn shadow_limits_count_and_report_but_never_block() {
         let proxy = start(
             &up,
             &backend,
-            &route("{ algorithm: fixed_window, limit: 2, period: 24h, shadow: true, name: trial }"),
+            api_limited(limit::fixed_window(2, "24h").shadow().name("trial")),
         )
         .await;
         let mut last = String::new();
@@ -692,7 +758,12 @@ async fn shadow_limits_count_and_report_but_never_block() {
 async fn concurrency_limit_holds_a_slot_until_the_response_body_ends() {
     for backend in backends() {
         let up = upstream().start().await;
-        let routes = "routes:\n  - name: upload\n    match: { path_prefix: /hold }\n    key: global\n    limits:\n      - { algorithm: concurrency, limit: 1 }\n";
+        let routes = config().route(
+            route("upload")
+                .prefix("/hold")
+                .key("global")
+                .limit(limit::concurrency(1)),
+        );
         let proxy = start(&up, &backend, routes).await;
         let url = proxy.url("/hold");
         let first = tokio::spawn(async move {
@@ -739,14 +810,13 @@ async fn redis_outage_follows_on_error() {
     let up = upstream().start().await;
     let mut configs = Vec::new();
     for on_error in ["allow", "deny", "local"] {
-        let yaml = config_for(
-            &up.url(),
-            &format!(
-                "store:\n  redis: {{ url: \"{}\", timeout: 100ms }}\n  on_error: {on_error}\n{}",
-                redis.url(),
-                route("{ algorithm: fixed_window, limit: 2, period: 24h }")
-            ),
-        );
+        let yaml = api_limited(limit::fixed_window(2, "24h"))
+            .upstream(&up.url())
+            .store(
+                store::redis(&redis.url())
+                    .timeout("100ms")
+                    .on_error(on_error),
+            );
         configs.push((on_error, proxy(yaml).start().await));
     }
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -44,17 +44,18 @@ fn make_cert() -> TestCert {
 async fn tls_proxy() -> (TestCert, Upstream, ProxyHandle) {
     let cert = make_cert();
     let up = upstream().start().await;
-    let proxy = proxy(tls_yaml(&up.url(), &cert.cert, &cert.key))
+    let proxy = proxy(tls_listener(&up.url(), &cert.cert, &cert.key))
         .start()
         .await;
     (cert, up, proxy)
 }
 
-fn tls_yaml(upstream_url: &str, cert: &Path, key: &Path) -> String {
-    format!(
-        "listen:\n  - address: 127.0.0.1:0\n    tls: {{ cert: \"{}\", key: \"{}\" }}\nupstream:\n  url: {upstream_url}\n",
-        cert.display(),
-        key.display()
+/// A TLS listener on 127.0.0.1:0 with this certificate and key, in front of `upstream_url`.
+fn tls_listener(upstream_url: &str, cert: &Path, key: &Path) -> Config {
+    config().upstream(upstream_url).listen_tls(
+        "127.0.0.1:0",
+        &cert.display().to_string(),
+        &key.display().to_string(),
     )
 }
 
@@ -280,8 +281,8 @@ async fn idle_tls_connections_close_at_once_when_the_server_drains() {
 async fn a_bad_key_file_is_a_tls_start_error() {
     let cert = make_cert();
     std::fs::write(&cert.key, "this is not a PEM private key\n").unwrap();
-    let yaml = tls_yaml("http://127.0.0.1:9", &cert.cert, &cert.key);
-    let config = tollgate::config::parse(Path::new("tls.yaml"), &yaml, |_| None).unwrap();
+    let yaml = tls_listener("http://127.0.0.1:9", &cert.cert, &cert.key);
+    let config = tollgate::config::parse(Path::new("tls.yaml"), &yaml.yaml(), |_| None).unwrap();
     match Server::bind(Arc::new(config)).await {
         Err(StartError::Tls { address, message }) => {
             assert_eq!(address.ip().to_string(), "127.0.0.1");
@@ -322,16 +323,18 @@ fn private_ca() -> PrivateCa {
 async fn an_https_upstream_behind_a_private_ca_is_verified_with_ca_file() {
     let up = upstream().start().await;
     let pki = private_ca();
-    let app = proxy(tls_yaml(&up.url(), &pki.cert, &pki.key))
+    let app = proxy(tls_listener(&up.url(), &pki.cert, &pki.key))
         .start()
         .await;
     let app_url = format!("https://127.0.0.1:{}", app.addr.port());
     let client = http1_client();
     for http2 in [false, true] {
-        let trusting = proxy(format!(
-            "listen: 127.0.0.1:0\nupstream:\n  url: {app_url}\n  http2: {http2}\n  ca_file: \"{}\"\n",
-            pki.ca.display()
-        ))
+        let trusting = proxy(
+            config()
+                .upstream(&app_url)
+                .upstream_http2(http2)
+                .ca_file(&pki.ca.display().to_string()),
+        )
         .start()
         .await;
         let response = client
@@ -348,11 +351,7 @@ async fn an_https_upstream_behind_a_private_ca_is_verified_with_ca_file() {
             serde_json::json!(["https"])
         );
     }
-    let public_roots = proxy(format!(
-        "listen: 127.0.0.1:0\nupstream:\n  url: {app_url}\n"
-    ))
-    .start()
-    .await;
+    let public_roots = proxy(config().upstream(&app_url)).start().await;
     let response = client
         .request(get(&public_roots.url("/echo")))
         .await

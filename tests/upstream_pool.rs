@@ -25,7 +25,7 @@ async fn bytes(response: http::Response<hyper::body::Incoming>) -> Bytes {
 #[tokio::test]
 async fn sequential_requests_share_one_upstream_connection() {
     let up = upstream().start().await;
-    let p = proxy(config_for(&up.url(), "workers: 1\n")).start().await;
+    let p = proxy(config().upstream(&up.url()).workers(1)).start().await;
     let client = http1_client();
     for i in 0..20 {
         let response = client
@@ -46,7 +46,7 @@ async fn sequential_requests_share_one_upstream_connection() {
 #[tokio::test]
 async fn concurrent_requests_each_get_a_connection_and_all_are_reused_after() {
     let up = upstream().start().await;
-    let p = proxy(config_for(&up.url(), "workers: 1\n")).start().await;
+    let p = proxy(config().upstream(&up.url()).workers(1)).start().await;
     for _ in 0..3 {
         let mut calls = Vec::new();
         for _ in 0..10 {
@@ -68,10 +68,12 @@ async fn concurrent_requests_each_get_a_connection_and_all_are_reused_after() {
 #[tokio::test]
 async fn idle_upstream_connections_close_after_the_pool_idle_timeout() {
     let up = upstream().start().await;
-    let p = proxy(config_for(
-        &up.url(),
-        "  pool_idle_timeout: 300ms\nworkers: 1\n",
-    ))
+    let p = proxy(
+        config()
+            .upstream(&up.url())
+            .pool_idle_timeout("300ms")
+            .workers(1),
+    )
     .start()
     .await;
     get_ok(&p.url("/download?size=10")).await;
@@ -125,7 +127,7 @@ async fn closing_upstream(linger: Duration) -> String {
 async fn an_upstream_that_closes_idle_connections_costs_no_request_an_error() {
     for linger in [Duration::ZERO, Duration::from_millis(20)] {
         let up = closing_upstream(linger).await;
-        let p = proxy(config_for(&up, "workers: 1\n")).start().await;
+        let p = proxy(config().upstream(&up).workers(1)).start().await;
         let client = http1_client();
         for i in 0..40 {
             let response = client.request(get(&p.url("/"))).await.unwrap();
@@ -228,7 +230,7 @@ async fn early_answer_to_upload(addr: std::net::SocketAddr, len: usize) -> Strin
 #[tokio::test]
 async fn an_upstream_that_refuses_an_upload_early_is_answered_not_a_502() {
     let up = refusing_upstream().await;
-    let p = proxy(config_for(&up, "workers: 1\n")).start().await;
+    let p = proxy(config().upstream(&up).workers(1)).start().await;
     const ANSWER: &str = "HTTP/1.1 413 Payload Too Large\r\n";
     for i in 0..60 {
         let answers = early_answer_to_upload(p.addr, 4 << 20).await;

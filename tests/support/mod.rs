@@ -2,6 +2,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod cluster;
+pub mod config;
 pub mod grpc;
 pub mod pki;
 pub mod proxy;
@@ -10,6 +11,7 @@ pub mod rng;
 pub mod upstream;
 
 pub use cluster::*;
+pub use config::*;
 pub use pki::*;
 pub use proxy::*;
 pub use redis::*;

@@ -1,4 +1,5 @@
-//! Starts tollgate in-process on 127.0.0.1:0 from YAML text, and clients to talk to it.
+//! Starts tollgate in-process on 127.0.0.1:0 from YAML text (usually rendered by the builders
+//! in config.rs: `proxy(config().upstream(&url)...)`), and clients to talk to it.
 
 use std::net::SocketAddr;
 use std::path::Path;
