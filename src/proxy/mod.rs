@@ -200,9 +200,7 @@ impl Proxy {
                 let outcome = runtime.limits.limit(routed.route, caller).await;
                 record.decided(&outcome);
                 match outcome {
-                    LimitOutcome::Admitted(admitted) => {
-                        Some(runtime.owed(admitted, runtime.route_metrics(Some(routed))))
-                    }
+                    LimitOutcome::Admitted(admitted) => Some(runtime.owed(admitted, routed)),
                     LimitOutcome::Limited(limited) => {
                         let response = limited_response(&throttle.response, &limited);
                         return refuse(response, &mut record, grpc, true);
@@ -396,9 +394,9 @@ impl Runtime {
 
     /// An admitted request's obligations, counted in its route's metrics from now on (a
     /// settlement dropped because the client left is counted too).
-    fn owed<'a>(&self, mut admitted: Admitted<'a>, metrics: &RouteMetrics) -> Admitted<'a> {
+    fn owed<'a>(&self, mut admitted: Admitted<'a>, routed: Routed<'_>) -> Admitted<'a> {
         if let Some(settlement) = admitted.settlement.as_mut() {
-            settlement.count_in(&metrics.settlement);
+            settlement.count_in(&self.route_metrics[routed.index].settlement);
         }
         admitted
     }

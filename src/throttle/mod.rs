@@ -19,6 +19,8 @@ mod lease;
 pub mod offenders;
 mod queue;
 pub mod settle;
+#[cfg(test)]
+mod stage_tests;
 pub mod sync;
 pub(crate) mod tiers;
 
@@ -255,8 +257,26 @@ impl LimitStage {
     /// The limit stage: decides for `caller` on `route`. An allow-listed caller is admitted
     /// without a decision; a caller the deny cache knows to be over a limit is refused without
     /// asking the store.
-    pub async fn limit<'a>(&self, route: &'a Route, mut caller: Caller<'_>) -> LimitOutcome<'a> {
-        let (set, keys, identity) = match tiers::applied(&self.config, route, &mut caller) {
+    ///
+    /// The caller is consumed before the returned future is built: its memo of identities is
+    /// not needed past the keys, and the future (part of every routed request's) does not
+    /// carry it.
+    pub fn limit<'a>(
+        &'a self,
+        route: &'a Route,
+        mut caller: Caller<'_>,
+    ) -> impl std::future::Future<Output = LimitOutcome<'a>> + 'a {
+        let applied = tiers::applied(&self.config, route, &mut caller);
+        self.limit_applied(route, applied)
+    }
+
+    /// [`LimitStage::limit`] once the limits that apply are known and keyed.
+    async fn limit_applied<'a>(
+        &self,
+        route: &'a Route,
+        applied: tiers::Applied<'a>,
+    ) -> LimitOutcome<'a> {
+        let (set, keys, identity) = match applied {
             tiers::Applied::Exempt => {
                 return LimitOutcome::Admitted(Admitted {
                     set: &route.limits,
@@ -274,8 +294,6 @@ impl LimitStage {
                 ..
             } => (set, keys, identity),
         };
-        // Identified: the caller's identities are not needed past its keys.
-        drop(caller);
 
         // A caller known to be over a limit the shared store decides is answered from memory
         // until the retry time the store gave (see deny_cache for why that never admits more).
