@@ -125,7 +125,7 @@ fn key_building(c: &mut Criterion) {
                     tollgate::throttle::keys::build(
                         black_box(prefix),
                         &route.limits,
-                        &mut tollgate::identity::Caller::new(black_box(&parts), IP),
+                        &mut tollgate::identity::caller::Caller::new(black_box(&parts), IP),
                     )
                 })
             },

@@ -84,7 +84,7 @@ pub fn request_parts(described: &Described) -> Result<Parts, String> {
 pub fn explain(config: &Config, parts: &Parts, peer: IpAddr) -> Explanation {
     let throttle = &config.throttle;
     let routed = routing::route(&throttle.routes, parts);
-    let mut caller = identity::identify(parts, peer, &throttle.trusted_proxies);
+    let mut caller = identity::caller::identify(parts, peer, &throttle.trusted_proxies);
     let mut explanation = Explanation {
         method: parts.method.clone(),
         uri: parts.uri.clone(),

@@ -12,7 +12,8 @@ use std::sync::Arc;
 
 use http::request::Parts;
 
-use super::{client_ip, Identified, Identity, TrustedProxies};
+use super::client_ip::{client_ip, TrustedProxies};
+use super::{Identified, Identity};
 
 /// Identities remembered without a vector: enough for a tier or allow-list identity beside the
 /// one a route's limits are keyed on.

@@ -18,7 +18,6 @@ use std::net::IpAddr;
 use http::header::{AUTHORIZATION, COOKIE};
 use http::HeaderName;
 
-pub use caller::{identify, Caller};
 pub use client_ip::{client_ip, TrustedProxies};
 pub use jwt::{JwtConfigError, JwtVerifier};
 

@@ -1,6 +1,8 @@
-//! The request path, top to bottom in the order it happens: accept (in `server`) → route →
-//! identify → limit → forward → respond. This module owns the order; each stage lives in its
-//! own module.
+//! The request path, top to bottom in the order it happens: accept (in `server`) → route
+//! ([`routing::Routed`]) → identify ([`identity::caller::Caller`]) → limit ([`LimitOutcome`]) →
+//! forward (`Result<Forwarded, ProxyError>`) → respond. This module owns the order; each stage
+//! lives in its own module. One `RequestRecord` per request (see `record`) collects what the
+//! stages found and writes it once to the metrics, the access log and `tracing`.
 
 mod early_answer;
 pub mod headers;
@@ -196,7 +198,8 @@ impl Proxy {
             None => None,
             Some(routed) => {
                 let throttle = &config.throttle;
-                let caller = identity::identify(&parts, conn.peer.ip(), &throttle.trusted_proxies);
+                let caller =
+                    identity::caller::identify(&parts, conn.peer.ip(), &throttle.trusted_proxies);
                 let outcome = runtime.limits.limit(routed.route, caller).await;
                 record.decided(&outcome);
                 match outcome {

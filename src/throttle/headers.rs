@@ -1,6 +1,9 @@
 //! What a client is told about its limits: the IETF RateLimit fields
 //! (draft-ietf-httpapi-ratelimit-headers, structured-field syntax), the legacy X-RateLimit-*
-//! trio, `Retry-After`, and the RFC 9457 problem body of a limited response.
+//! trio, `Retry-After`, and the RFC 9457 problem body of a limited response. Every rendering
+//! of the limit stage's outcomes is here: the limit stage decides, the proxy answers with
+//! what this module renders (a remembered denial's response is reused while it shows the
+//! same seconds).
 //!
 //! Seconds are whole and rounded *up*, so a client that waits `Retry-After` seconds is never
 //! early; `Retry-After` is never 0 (that invites an immediate retry).
@@ -110,7 +113,8 @@ pub fn add_fields(
 }
 
 /// The RFC 9457 body of a limited response. Serialized straight from borrowed fields (a
-/// denial flood builds one per request); fields in alphabetical order, as they always were.
+/// denial flood builds many); fields in alphabetical order, which clients may compare
+/// byte for byte.
 #[derive(serde::Serialize)]
 struct Problem<'a> {
     detail: &'a str,

@@ -10,7 +10,8 @@
 use std::sync::Arc;
 
 use crate::config::LimitSet;
-use crate::identity::{Caller, Identity};
+use crate::identity::caller::Caller;
+use crate::identity::Identity;
 
 /// One key per limit of `set`, in order, and the kind of source that identified the caller
 /// for the first limit (for the access log: never the value itself). Identities come from the

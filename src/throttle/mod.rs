@@ -32,7 +32,7 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use crate::config::{LimitSet, OnError, OnLimit, RedisConfig, Route, Scope, StoreConfig, Throttle};
-use crate::identity::Caller;
+use crate::identity::caller::Caller;
 use crate::limit::algorithm::Verdict;
 use crate::limit::memory::MemoryStore;
 use crate::limit::redis_store::RedisStore;

@@ -12,7 +12,7 @@ use http::request::Parts;
 use super::tiers::{self, Applied};
 use super::{AdmitReason, Admitted, Denial, LimitOutcome, LimitStage, Limited};
 use crate::config::{Config, Route};
-use crate::identity::Caller;
+use crate::identity::caller::Caller;
 
 const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 7));
 

@@ -5,7 +5,8 @@
 //! of the limits that apply: what the limit stage decides with, and what `explain` shows.
 
 use crate::config::{Allow, LimitSet, Override, Route, Throttle};
-use crate::identity::{Caller, Identified};
+use crate::identity::caller::Caller;
+use crate::identity::Identified;
 
 use super::keys;
 
