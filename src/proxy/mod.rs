@@ -532,4 +532,79 @@ mod tests {
         // `OPTIONS *` has no path to forward.
         assert!(matches!(forwarded("*"), Err(ProxyError::BadRequest(_))));
     }
+
+    /// A request whose client goes away while the upstream has not answered (its future
+    /// dropped) is recorded once all the same: counted as decided, no longer in flight.
+    #[tokio::test]
+    async fn a_request_dropped_while_forwarded_is_recorded_once() {
+        // An upstream that accepts and never answers.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let yaml = format!(
+            "listen: 127.0.0.1:0\nupstream: {{ url: \"http://{}\" }}\nroutes:\n  - name: api\n    match: {{ path_prefix: / }}\n    limits:\n      - {{ algorithm: fixed_window, limit: 5, period: 1m }}\n",
+            silent.local_addr().unwrap()
+        );
+        let config = crate::config::parse(std::path::Path::new("t.yaml"), &yaml, |_| None).unwrap();
+        let proxy = Proxy::new(Arc::new(config));
+        let request = Request::get("/x")
+            .body(http_body_util::Empty::<Bytes>::new())
+            .unwrap();
+        let conn = ConnInfo {
+            peer: "192.0.2.1:5000".parse().unwrap(),
+            tls: false,
+        };
+        // The access log, as this thread's subscriber writes it.
+        let lines = Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+        let writer = {
+            let lines = lines.clone();
+            move || Captured(lines.clone())
+        };
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(writer)
+            .with_ansi(false)
+            .finish();
+        let _logging = tracing::subscriber::set_default(subscriber);
+        let handled = proxy.clone().handle(request, conn);
+        let waited = tokio::time::timeout(std::time::Duration::from_millis(200), handled).await;
+        assert!(waited.is_err(), "the silent upstream answered");
+        let log = String::from_utf8(lines.lock().unwrap().clone()).unwrap();
+        let access: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("tollgate::access"))
+            .collect();
+        assert_eq!(access.len(), 1, "{log}");
+        for field in [
+            "route=\"api\"",
+            "decision=\"allowed\"",
+            "status=499",
+            "upstream_ms=-1",
+        ] {
+            assert!(access[0].contains(field), "{field} in {}", access[0]);
+        }
+        let text = proxy.metrics().render();
+        for line in [
+            "tollgate_requests_total{route=\"api\",decision=\"allowed\"} 1",
+            "tollgate_limit_check_duration_seconds_count 1",
+            "tollgate_upstream_duration_seconds_count 0",
+            "tollgate_inflight_requests 0",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+    }
+
+    /// A writer into a shared buffer.
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
 }
