@@ -314,7 +314,7 @@ impl LimitStage {
                 });
             }
         }
-        fn check<'k>((limit, key): (&crate::config::Limit, &'k String)) -> Check<'k> {
+        fn as_check<'k>((limit, key): (&crate::config::Limit, &'k String)) -> Check<'k> {
             Check {
                 key,
                 params: limit.params,
@@ -325,10 +325,10 @@ impl LimitStage {
         // One limit (the usual route) needs no vector of checks.
         let (one, many): ([Check<'_>; 1], Vec<Check<'_>>);
         let checks: &[Check<'_>] = if let ([limit], [key]) = (&set[..], &keys[..]) {
-            one = [check((limit, key))];
+            one = [as_check((limit, key))];
             &one
         } else {
-            many = set.iter().zip(&keys).map(check).collect();
+            many = set.iter().zip(&keys).map(as_check).collect();
             &many
         };
 
