@@ -125,8 +125,7 @@ fn key_building(c: &mut Criterion) {
                     tollgate::throttle::keys::build(
                         black_box(prefix),
                         &route.limits,
-                        black_box(&parts),
-                        IP,
+                        &mut tollgate::identity::caller::Caller::new(black_box(&parts), IP),
                     )
                 })
             },

@@ -1,4 +1,4 @@
-//! Errors on the request path, each knowing where it came from (client, upstream, store) and
+//! Errors on the request path, each knowing its side ([`Side`]: client, upstream, store) and
 //! mapping to exactly one status. They are turned into responses (with a short plain body and
 //! a log line naming the cause), never into a dropped connection.
 
@@ -7,6 +7,34 @@ use std::time::Duration;
 use http::{header, HeaderValue, Response, StatusCode};
 
 use crate::body::{full, BoxError, ProxyBody};
+
+/// Who is at fault for an error: what logs and metrics tell apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The client sent something that cannot be forwarded.
+    Client,
+    /// The upstream could not be reached or broke the exchange.
+    Upstream,
+    /// The rate limit store failed.
+    Store,
+}
+
+impl Side {
+    /// The side as logs name it (`side=client`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Side::Client => "client",
+            Side::Upstream => "upstream",
+            Side::Store => "store",
+        }
+    }
+}
+
+impl std::fmt::Display for Side {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
@@ -42,21 +70,27 @@ impl ProxyError {
         }
     }
 
-    /// Who is at fault, for logs.
-    pub fn source_side(&self) -> &'static str {
+    /// Who is at fault.
+    pub fn side(&self) -> Side {
         match self {
-            ProxyError::BadRequest(_) | ProxyError::BodyTooLarge { .. } => "client",
+            ProxyError::BadRequest(_) | ProxyError::BodyTooLarge { .. } => Side::Client,
             ProxyError::UpstreamConnect(_)
             | ProxyError::UpstreamTimeout(_)
-            | ProxyError::Upstream(_) => "upstream",
-            ProxyError::StoreUnavailable => "store",
+            | ProxyError::Upstream(_) => Side::Upstream,
+            ProxyError::StoreUnavailable => Side::Store,
         }
     }
 
     /// A short plain-text answer. Causes stay in the log: they can name internal hosts.
     pub fn into_response(self) -> Response<ProxyBody> {
+        self.response()
+    }
+
+    /// [`ProxyError::into_response`], keeping the error (for the request's record, which logs
+    /// its cause).
+    pub fn response(&self) -> Response<ProxyBody> {
         let status = self.status();
-        let text = match &self {
+        let text = match self {
             ProxyError::BadRequest(why) => format!("400 Bad Request: {why}\n"),
             ProxyError::BodyTooLarge { limit } => {
                 format!("413 Payload Too Large: the request body is limited to {limit} bytes\n")
@@ -113,7 +147,7 @@ mod tests {
             (ProxyError::StoreUnavailable, 503, "store"),
         ];
         for (error, status, side) in cases {
-            assert_eq!(error.source_side(), side);
+            assert_eq!(error.side().as_str(), side);
             let response = error.into_response();
             assert_eq!(response.status().as_u16(), status);
             assert_eq!(

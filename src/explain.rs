@@ -1,5 +1,5 @@
 //! `tollgate explain`: answers "why was this request limited?" without sending it. It runs the
-//! same stages as the proxy — route, tier, identify, key — on a request described on the
+//! same stage functions as the proxy — route, identify, tier and keys — on a request described on the
 //! command line, and prints what each decided: the route, which identity source answered (the
 //! value shown hashed when it is a secret or long), and each limit with its store key. With
 //! `--live` it also asks the store how much is left, without consuming anything.
@@ -15,7 +15,7 @@ use crate::config::{Config, Limit, Route, Scope};
 use crate::identity::{self, Identity};
 use crate::limit::algorithm::Verdict;
 use crate::routing;
-use crate::throttle::{keys, tiers};
+use crate::throttle::tiers;
 
 /// The request to explain, as given on the command line.
 pub struct Described {
@@ -79,46 +79,43 @@ pub fn request_parts(described: &Described) -> Result<Parts, String> {
     Ok(request.into_parts().0)
 }
 
-/// Runs route → tier → identify → key for `parts`, as the proxy would.
+/// Runs the request path's route, identify and tier/key stages for `parts` (the same
+/// functions the proxy runs), without deciding anything.
 pub fn explain(config: &Config, parts: &Parts, peer: IpAddr) -> Explanation {
     let throttle = &config.throttle;
-    let client_ip = identity::client_ip(peer, &parts.headers, &throttle.trusted_proxies);
+    let routed = routing::route(&throttle.routes, parts);
+    let mut caller = identity::caller::identify(parts, peer, &throttle.trusted_proxies);
     let mut explanation = Explanation {
         method: parts.method.clone(),
         uri: parts.uri.clone(),
         peer,
-        client_ip,
+        client_ip: caller.ip,
         route: None,
         tier: None,
         exempt: false,
         limits: Vec::new(),
         live_requested: false,
     };
-    let Some(route) = routing::find(&throttle.routes, parts) else {
+    let Some(routed) = routed else {
         return explanation;
     };
-    explanation.route = Some(route.clone());
-    let applied = match tiers::select(&throttle.allow, route, parts, client_ip) {
-        tiers::Selection::Exempt => {
+    explanation.route = Some(routed.route.clone());
+    let (applied, tier, store_keys) = match tiers::applied(throttle, routed.route, &mut caller) {
+        tiers::Applied::Exempt => {
             explanation.exempt = true;
             explanation.tier = Some("allow-list".into());
             return explanation;
         }
-        tiers::Selection::Limits(applied) => applied,
+        tiers::Applied::Keyed {
+            set, tier, keys, ..
+        } => (set, tier, keys),
     };
-    if !std::ptr::eq(applied, &route.limits) {
-        explanation.tier = route
-            .overrides
-            .iter()
-            .find(|t| std::ptr::eq(&t.limits, applied))
-            .map(|t| t.name.clone());
-    }
-    let (store_keys, _) = keys::build(&throttle.key_prefix, applied, parts, client_ip);
+    explanation.tier = tier.map(|t| t.name.clone());
     for (limit, key) in applied.limits.iter().zip(store_keys) {
         let identities = limit
             .key
             .iter()
-            .map(|identity| describe_identity(identity, parts, client_ip))
+            .map(|identity| describe_identity(identity, parts, caller.ip))
             .collect();
         explanation.limits.push(LimitExplained {
             limit: limit.clone(),

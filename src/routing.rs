@@ -17,9 +17,20 @@ use http::request::Parts;
 
 use crate::config::Route;
 
-/// Finds the first route matching `request`.
-pub fn find<'a>(routes: &'a [Arc<Route>], request: &Parts) -> Option<&'a Arc<Route>> {
-    position(routes, request).map(|i| &routes[i])
+/// What the route stage adds to a request: the route it matched and that route's place in
+/// the configuration's order (per-route state, such as its metrics, is kept in that order).
+#[derive(Debug, Clone, Copy)]
+pub struct Routed<'c> {
+    pub index: usize,
+    pub route: &'c Arc<Route>,
+}
+
+/// The route stage: the first route matching `request`, or None (forwarded unlimited).
+pub fn route<'c>(routes: &'c [Arc<Route>], request: &Parts) -> Option<Routed<'c>> {
+    position(routes, request).map(|index| Routed {
+        index,
+        route: &routes[index],
+    })
 }
 
 /// The index of the first route matching `request`.
@@ -217,7 +228,7 @@ mod tests {
     }
 
     fn found(routes: &[Arc<Route>], p: &Parts) -> Option<String> {
-        find(routes, p).map(|r| r.name.clone())
+        super::route(routes, p).map(|r| r.route.name.clone())
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! client. The key fragment also names the kind of source that answered, so a client cannot
 //! put a victim's IP address into, say, an API-key header and drain that victim's bucket.
 
+pub mod caller;
 pub mod client_ip;
 pub mod jwt;
 pub mod key;

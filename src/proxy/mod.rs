@@ -1,11 +1,13 @@
-//! The request path, top to bottom in the order it happens: accept (in `server`) → route →
-//! identify → limit → forward → respond. This module owns the order; each stage lives in its
-//! own module.
+//! The request path, top to bottom in the order it happens: accept (in `server`) → route
+//! ([`routing::Routed`]) → identify ([`identity::caller::Caller`]) → limit ([`LimitOutcome`]) →
+//! forward (`Result<Forwarded, ProxyError>`) → respond. This module owns the order; each stage
+//! lives in its own module. One `RequestRecord` per request (see `record`) collects what the
+//! stages found and writes it once to the metrics, the access log and `tracing`.
 
-mod access_log;
 mod early_answer;
 pub mod headers;
 mod http1_pool;
+mod record;
 pub mod upstream;
 
 use std::net::SocketAddr;
@@ -21,16 +23,14 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use crate::body::{self, LimitedBody, ProxyBody};
-use crate::config::LimitSet;
-use crate::config::{Config, HostMode};
+use crate::config::{Config, HostMode, ResponseConfig};
 use crate::error::ProxyError;
 use crate::identity;
-use crate::limit::Verdict;
-use crate::metrics::{Held, Metrics, RouteMetrics};
-use crate::routing;
-use crate::throttle::headers::{self as limit_headers, Rendered};
-use crate::throttle::{AdmitReason, LimitOutcome, LimitStage};
-use access_log::AccessLog;
+use crate::metrics::{Metrics, RouteMetrics};
+use crate::routing::{self, Routed};
+use crate::throttle::headers as limit_headers;
+use crate::throttle::{Admitted, Denial, LimitOutcome, LimitStage, Limited};
+use record::RequestRecord;
 use upstream::UpstreamClient;
 
 /// What the server knows about the connection a request came in on.
@@ -170,100 +170,59 @@ impl Proxy {
     /// fails: every error becomes a response.
     ///
     /// Takes the proxy by value so that the future owns everything it uses and can be
-    /// served without being boxed (see `conn`).
+    /// served without being boxed (see `conn`). The stages are plain functions awaited in this
+    /// one future: a nested async function would keep its own copy of the request in a
+    /// future of its own, moved as it is built.
     pub async fn handle<B>(self, request: Request<B>, conn: ConnInfo) -> Response<AnswerBody>
     where
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<body::BoxError>,
     {
-        let started = Instant::now();
-        // Counts the request in flight however it ends (including the client leaving).
-        let _inflight = Held::new(&self.inner.metrics.inflight);
         let runtime = self.inner.runtime.load_full();
         let config = &runtime.config;
         let (parts, body) = request.into_parts();
-        let mut log = AccessLog::new(&parts, started, config.access_log);
+        // Written once when this future ends, however it ends (the client may leave).
+        let mut record =
+            RequestRecord::new(&self.inner.metrics, &parts, conn.peer, config.access_log);
         // One pass over the request's headers answers what the path asks of them.
         let found = headers::scan(&parts.headers);
         // tollgate's own answers to a gRPC call are sent as gRPC (see `grpc`).
         let grpc = found.content_type && crate::grpc::is_grpc(&parts.headers);
 
         // Route.
-        let route_index = routing::position(&config.throttle.routes, &parts);
-        let metrics = match route_index {
-            Some(i) => &runtime.route_metrics[i],
-            None => &runtime.unrouted_metrics,
-        };
+        let routed = routing::route(&config.throttle.routes, &parts);
+        record.routed(routed.map(|r| r.route), runtime.route_metrics(routed));
 
         // Identify and limit.
-        let render = |set: &LimitSet, verdicts: &[Verdict]| {
-            limit_headers::render_limited(&config.throttle.response, set, verdicts)
-        };
-        let outcome = match route_index.map(|i| &config.throttle.routes[i]) {
+        let admitted = match routed {
             None => None,
-            Some(route) => {
-                log.route = Some(route.clone());
-                let client_ip = identity::client_ip(
-                    conn.peer.ip(),
-                    &parts.headers,
-                    &config.throttle.trusted_proxies,
-                );
-                let outcome = runtime.limits.check(route, &parts, client_ip, render).await;
-                self.inner
-                    .metrics
-                    .limit_check_duration
-                    .record(started.elapsed().as_secs_f64());
-                log.identity = outcome.identity();
-                Some(outcome)
-            }
-        };
-
-        // Count, as soon as it is decided (a client that leaves while the upstream answers
-        // was still admitted).
-        let counted = Counted::of(outcome.as_ref());
-        counted.record(&self.inner.metrics, metrics);
-        log.decision = counted.decision();
-        let admitted = match outcome {
-            None => None,
-            Some(LimitOutcome::Admitted {
-                set,
-                verdicts,
-                leases,
-                mut settlement,
-                ..
-            }) => {
-                if let Some(settlement) = settlement.as_mut() {
-                    settlement.count_in(&metrics.settlement);
+            Some(routed) => {
+                let throttle = &config.throttle;
+                let caller =
+                    identity::caller::identify(&parts, conn.peer.ip(), &throttle.trusted_proxies);
+                let outcome = runtime.limits.limit(routed.route, caller).await;
+                record.decided(&outcome);
+                match outcome {
+                    LimitOutcome::Admitted(admitted) => Some(runtime.owed(admitted, routed)),
+                    LimitOutcome::Limited(limited) => {
+                        let response = limited_response(&throttle.response, &limited);
+                        return refuse(response, &mut record, grpc, true);
+                    }
+                    LimitOutcome::StoreUnavailable { .. } => {
+                        let response = ProxyError::StoreUnavailable.into_response();
+                        return refuse(response, &mut record, grpc, false);
+                    }
                 }
-                Some((set, verdicts, leases, settlement))
-            }
-            Some(LimitOutcome::Limited { set, verdicts, .. }) => {
-                return refuse(limited_response(render(set, &verdicts)), &log, grpc, true);
-            }
-            Some(LimitOutcome::LimitedFromCache { rendered, .. }) => {
-                return refuse(limited_response(rendered), &log, grpc, true);
-            }
-            Some(LimitOutcome::StoreUnavailable { .. }) => {
-                return refuse(
-                    ProxyError::StoreUnavailable.into_response(),
-                    &log,
-                    grpc,
-                    false,
-                );
             }
         };
 
         // Forward.
-        let peer_is_trusted = config.throttle.trusted_proxies.contains(conn.peer.ip());
-        // Without a route nothing happened since `started` worth a clock read of its own.
-        let upstream_started = if route_index.is_some() {
-            Instant::now()
-        } else {
-            started
+        // Without a route nothing happened since the start worth a clock read of its own.
+        let upstream_started = match routed {
+            Some(_) => Instant::now(),
+            None => record.started(),
         };
-        // Prepared and finished here by plain functions, awaited in this one future: each
-        // nested async function keeps its own copy of the request in a future that is moved
-        // as it is built (measured in docs/performance.md).
+        let peer_is_trusted = config.throttle.trusted_proxies.contains(conn.peer.ip());
         let forwarded = match outbound(config, parts, body, found, conn, peer_is_trusted) {
             Ok((upstream_request, returning)) => {
                 let answered = runtime.upstream.send(upstream_request).await;
@@ -271,69 +230,11 @@ impl Proxy {
             }
             Err(error) => Err(error),
         };
-        // False when tollgate answered itself (an error on the way): such an answer settles
-        // nothing and is translated for gRPC clients.
-        let from_upstream = forwarded.is_ok();
-        let mut response = match forwarded {
-            Ok(response) => {
-                let elapsed = upstream_started.elapsed();
-                self.inner
-                    .metrics
-                    .upstream_duration
-                    .record(elapsed.as_secs_f64());
-                metrics.upstream_response(response.status().as_u16());
-                log.upstream = Some(elapsed);
-                response
-            }
-            Err(error) => {
-                let status = error.status().as_u16();
-                if error.source_side() == "upstream" {
-                    metrics.upstream_response(status);
-                }
-                log.upstream = Some(upstream_started.elapsed());
-                match &error {
-                    ProxyError::BadRequest(_) | ProxyError::BodyTooLarge { .. } => {
-                        tracing::info!(method = %log.method, path = %log.path(), peer = %conn.peer, status, side = error.source_side(), cause = %error, "request refused")
-                    }
-                    _ => {
-                        tracing::warn!(method = %log.method, path = %log.path(), peer = %conn.peer, status, side = error.source_side(), cause = %error, source = ?std::error::Error::source(&error), "request failed")
-                    }
-                }
-                error.into_response().map(AnswerBody::Right)
-            }
-        };
+        let status = forwarded.as_ref().ok().map(Response::status);
+        record.forwarded(upstream_started.elapsed(), status);
 
         // Respond.
-        if let Some((set, verdicts, leases, settlement)) = admitted {
-            if let Some(settlement) = settlement {
-                // count_statuses settles on this head, cost_from_response at the body's end.
-                response = settlement
-                    .on_response(response.map(boxed_answer), from_upstream)
-                    .map(AnswerBody::Right);
-            }
-            if !verdicts.is_empty() {
-                limit_headers::add_fields(
-                    response.headers_mut(),
-                    &config.throttle.response,
-                    set,
-                    &verdicts,
-                    false,
-                );
-            }
-            if let Some(leases) = leases {
-                // The slots are held until the response body is done (or the client leaves).
-                let (parts, body) = response.into_parts();
-                let body = body::with_guard(boxed_answer(body), leases);
-                response = Response::from_parts(parts, AnswerBody::Right(body));
-            }
-        }
-        log.finish(response.status().as_u16(), log.upstream);
-        if grpc && !from_upstream {
-            // After the log, which keeps the HTTP status tollgate chose.
-            response =
-                crate::grpc::translate(response.map(boxed_answer), false).map(AnswerBody::Right);
-        }
-        response
+        respond(config, admitted, forwarded, &mut record, grpc)
     }
 
     /// The upstream's answer as the client receives it: a refused oversized upload as 413, a
@@ -482,84 +383,86 @@ where
     Ok((Request::from_parts(parts, body), returning))
 }
 
-/// How a request is counted, worked out once from the limit stage's outcome (None: no route
-/// matched): the access log's `decision` and the counters that go up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Counted {
-    /// Forwarded within its limits, or no route matched.
-    Allowed,
-    /// Forwarded unlimited: on an allow-list.
-    Exempt,
-    /// Forwarded, though a shadow limit would have denied it.
-    ShadowLimited,
-    /// The store failed: forwarded (`on_error: allow` or `local`) or refused with 503.
-    StoreError,
-    /// Refused: over a limit.
-    Limited,
-    /// Refused: over a limit the in-memory fallback decided because the store failed.
-    LimitedByFallback,
-}
+/// The forward stage's answer: the upstream's response as the client receives it.
+pub type Forwarded = Response<AnswerBody>;
 
-impl Counted {
-    fn of(outcome: Option<&LimitOutcome<'_>>) -> Counted {
-        match outcome {
-            None => Counted::Allowed,
-            Some(LimitOutcome::Admitted { reason, .. }) => match reason {
-                AdmitReason::Allowed => Counted::Allowed,
-                AdmitReason::Exempt => Counted::Exempt,
-                AdmitReason::ShadowLimited => Counted::ShadowLimited,
-                AdmitReason::StoreError | AdmitReason::LocalFallback => Counted::StoreError,
-            },
-            Some(LimitOutcome::Limited {
-                local_fallback: true,
-                ..
-            }) => Counted::LimitedByFallback,
-            Some(LimitOutcome::Limited { .. } | LimitOutcome::LimitedFromCache { .. }) => {
-                Counted::Limited
-            }
-            Some(LimitOutcome::StoreUnavailable { .. }) => Counted::StoreError,
+impl Runtime {
+    /// The metrics a request is counted in: its route's, or the unrouted ones.
+    fn route_metrics(&self, routed: Option<Routed<'_>>) -> &RouteMetrics {
+        match routed {
+            Some(routed) => &self.route_metrics[routed.index],
+            None => &self.unrouted_metrics,
         }
     }
 
-    /// The access log's `decision` field.
-    fn decision(self) -> &'static str {
-        match self {
-            Counted::Allowed => "allowed",
-            Counted::Exempt => "exempt",
-            Counted::ShadowLimited => "shadow_limited",
-            Counted::StoreError => "store_error",
-            Counted::Limited | Counted::LimitedByFallback => "limited",
+    /// An admitted request's obligations, counted in its route's metrics from now on (a
+    /// settlement dropped because the client left is counted too).
+    fn owed<'a>(&self, mut admitted: Admitted<'a>, routed: Routed<'_>) -> Admitted<'a> {
+        if let Some(settlement) = admitted.settlement.as_mut() {
+            settlement.count_in(&self.route_metrics[routed.index].settlement);
         }
-    }
-
-    /// Store errors count twice: once in total and once on the route they hit.
-    fn record(self, global: &Metrics, route: &RouteMetrics) {
-        match self {
-            Counted::Allowed | Counted::Exempt => route.allowed.increment(1),
-            Counted::ShadowLimited => route.shadow_limited.increment(1),
-            Counted::StoreError => {
-                global.store_errors.increment(1);
-                route.store_error.increment(1);
-            }
-            Counted::Limited => route.limited.increment(1),
-            Counted::LimitedByFallback => {
-                global.store_errors.increment(1);
-                route.limited.increment(1);
-            }
-        }
+        admitted
     }
 }
 
-/// Answers a request the limit stage refused, without forwarding it. The access log keeps
-/// the HTTP status tollgate chose; a gRPC call then gets the answer as a trailers-only gRPC
+/// The respond stage: the answer as the client receives it. An admitted request's response
+/// settles what it owes, shows its rate-limit fields and holds its concurrency slots until
+/// its body ends; an error becomes tollgate's own answer, translated for a gRPC client.
+fn respond(
+    config: &Config,
+    admitted: Option<Admitted<'_>>,
+    forwarded: Result<Forwarded, ProxyError>,
+    record: &mut RequestRecord<'_>,
+    grpc: bool,
+) -> Response<AnswerBody> {
+    // False when tollgate answered itself (an error on the way): such an answer settles
+    // nothing and is translated for gRPC clients.
+    let from_upstream = forwarded.is_ok();
+    let mut response = match forwarded {
+        Ok(response) => response,
+        Err(error) => record.failed(error).map(AnswerBody::Right),
+    };
+    if let Some(admitted) = admitted {
+        if let Some(settlement) = admitted.settlement {
+            // count_statuses settles on this head, cost_from_response at the body's end.
+            response = settlement
+                .on_response(response.map(boxed_answer), from_upstream)
+                .map(AnswerBody::Right);
+        }
+        if !admitted.verdicts.is_empty() {
+            limit_headers::add_fields(
+                response.headers_mut(),
+                &config.throttle.response,
+                admitted.set,
+                &admitted.verdicts,
+                false,
+            );
+        }
+        if let Some(leases) = admitted.leases {
+            // The slots are held until the response body is done (or the client leaves).
+            let (parts, body) = response.into_parts();
+            let body = body::with_guard(boxed_answer(body), leases);
+            response = Response::from_parts(parts, AnswerBody::Right(body));
+        }
+    }
+    // The record keeps the HTTP status tollgate chose, before a gRPC translation.
+    record.answered(response.status());
+    if grpc && !from_upstream {
+        response = crate::grpc::translate(response.map(boxed_answer), false).map(AnswerBody::Right);
+    }
+    response
+}
+
+/// Answers a request the limit stage refused, without forwarding it. The record keeps the
+/// HTTP status tollgate chose; a gRPC call then gets the answer as a trailers-only gRPC
 /// response (see `grpc`), RESOURCE_EXHAUSTED when `limited`.
 fn refuse(
     response: Response<ProxyBody>,
-    log: &AccessLog,
+    record: &mut RequestRecord<'_>,
     grpc: bool,
     limited: bool,
 ) -> Response<AnswerBody> {
-    log.finish(response.status().as_u16(), None);
+    record.answered(response.status());
     let response = if grpc {
         crate::grpc::translate(response, limited)
     } else {
@@ -568,8 +471,17 @@ fn refuse(
     response.map(AnswerBody::Right)
 }
 
-/// A limited response as the client receives it.
-fn limited_response(rendered: Rendered) -> Response<ProxyBody> {
+/// A limited response as the client receives it, rendered from what the limit stage found.
+fn limited_response(config: &ResponseConfig, limited: &Limited<'_>) -> Response<ProxyBody> {
+    let rendered = match &limited.denial {
+        Denial::Decided(verdicts) => limit_headers::render_limited(config, limited.set, verdicts),
+        Denial::Remembered { denial, at } => limit_headers::render_remembered(
+            config,
+            limited.set,
+            denial.aged(*at),
+            &denial.rendered,
+        ),
+    };
     let mut response = Response::new(body::full(rendered.body));
     *response.status_mut() = rendered.status;
     *response.headers_mut() = rendered.headers;
@@ -621,102 +533,78 @@ mod tests {
         assert!(matches!(forwarded("*"), Err(ProxyError::BadRequest(_))));
     }
 
-    fn admitted(set: &LimitSet, reason: AdmitReason) -> LimitOutcome<'_> {
-        LimitOutcome::Admitted {
-            set,
-            identity: "header",
-            verdicts: Vec::new(),
-            reason,
-            leases: None,
-            settlement: None,
-        }
-    }
-
-    fn limited(set: &LimitSet, local_fallback: bool) -> LimitOutcome<'_> {
-        LimitOutcome::Limited {
-            set,
-            identity: "header",
-            verdicts: Vec::new(),
-            local_fallback,
-        }
-    }
-
-    /// Each outcome maps to one access-log decision and one set of counters, as they always
-    /// were: store errors also count in total, a fallback's denial is limited and an error.
-    #[test]
-    fn each_outcome_is_counted_once_as_it_always_was() {
-        let set = LimitSet::new("api", None, Vec::new(), true);
-        let cached = LimitOutcome::LimitedFromCache {
-            identity: "header",
-            rendered: Rendered {
-                status: StatusCode::TOO_MANY_REQUESTS,
-                headers: Default::default(),
-                body: Bytes::new(),
-            },
+    /// A request whose client goes away while the upstream has not answered (its future
+    /// dropped) is recorded once all the same: counted as decided, no longer in flight.
+    #[tokio::test]
+    async fn a_request_dropped_while_forwarded_is_recorded_once() {
+        // An upstream that accepts and never answers.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let yaml = format!(
+            "listen: 127.0.0.1:0\nupstream: {{ url: \"http://{}\" }}\nroutes:\n  - name: api\n    match: {{ path_prefix: / }}\n    limits:\n      - {{ algorithm: fixed_window, limit: 5, period: 1m }}\n",
+            silent.local_addr().unwrap()
+        );
+        let config = crate::config::parse(std::path::Path::new("t.yaml"), &yaml, |_| None).unwrap();
+        let proxy = Proxy::new(Arc::new(config));
+        let request = Request::get("/x")
+            .body(http_body_util::Empty::<Bytes>::new())
+            .unwrap();
+        let conn = ConnInfo {
+            peer: "192.0.2.1:5000".parse().unwrap(),
+            tls: false,
         };
-        let cases = [
-            (None, "allowed", "allowed", 0),
-            (
-                Some(admitted(&set, AdmitReason::Allowed)),
-                "allowed",
-                "allowed",
-                0,
-            ),
-            (
-                Some(admitted(&set, AdmitReason::Exempt)),
-                "exempt",
-                "allowed",
-                0,
-            ),
-            (
-                Some(admitted(&set, AdmitReason::ShadowLimited)),
-                "shadow_limited",
-                "shadow_limited",
-                0,
-            ),
-            (
-                Some(admitted(&set, AdmitReason::StoreError)),
-                "store_error",
-                "store_error",
-                1,
-            ),
-            (
-                Some(admitted(&set, AdmitReason::LocalFallback)),
-                "store_error",
-                "store_error",
-                1,
-            ),
-            (Some(limited(&set, false)), "limited", "limited", 0),
-            (Some(limited(&set, true)), "limited", "limited", 1),
-            (Some(cached), "limited", "limited", 0),
-            (
-                Some(LimitOutcome::StoreUnavailable { identity: "header" }),
-                "store_error",
-                "store_error",
-                1,
-            ),
-        ];
-        for (outcome, decision, counter, store_errors) in cases {
-            let counted = Counted::of(outcome.as_ref());
-            assert_eq!(counted.decision(), decision, "{counted:?}");
-            let metrics = Metrics::new();
-            counted.record(&metrics, &metrics.route("api"));
-            let text = metrics.render();
-            let line = format!("tollgate_requests_total{{route=\"api\",decision=\"{counter}\"}} 1");
+        // The access log, as this thread's subscriber writes it.
+        let lines = Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+        let writer = {
+            let lines = lines.clone();
+            move || Captured(lines.clone())
+        };
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(writer)
+            .with_ansi(false)
+            .finish();
+        let _logging = tracing::subscriber::set_default(subscriber);
+        let handled = proxy.clone().handle(request, conn);
+        let waited = tokio::time::timeout(std::time::Duration::from_millis(200), handled).await;
+        assert!(waited.is_err(), "the silent upstream answered");
+        let log = String::from_utf8(lines.lock().unwrap().clone()).unwrap();
+        let access: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("tollgate::access"))
+            .collect();
+        assert_eq!(access.len(), 1, "{log}");
+        for field in [
+            "route=\"api\"",
+            "decision=\"allowed\"",
+            "status=499",
+            "upstream_ms=-1",
+        ] {
+            assert!(access[0].contains(field), "{field} in {}", access[0]);
+        }
+        let text = proxy.metrics().render();
+        for line in [
+            "tollgate_requests_total{route=\"api\",decision=\"allowed\"} 1",
+            "tollgate_limit_check_duration_seconds_count 1",
+            "tollgate_upstream_duration_seconds_count 0",
+            "tollgate_inflight_requests 0",
+        ] {
             assert!(
-                text.contains(&line),
-                "{counted:?}: missing {line:?} in\n{text}"
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
             );
-            let counted_requests = text
-                .lines()
-                .filter(|l| l.starts_with("tollgate_requests_total") && !l.ends_with(" 0"))
-                .count();
-            assert_eq!(counted_requests, 1, "{counted:?}: counted once in\n{text}");
-            let errors = format!("tollgate_store_errors_total {store_errors}");
-            assert!(
-                text.contains(&errors),
-                "{counted:?}: missing {errors:?} in\n{text}"
-            );
+        }
+    }
+
+    /// A writer into a shared buffer.
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
         }
     }
 }

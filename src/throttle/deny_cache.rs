@@ -11,6 +11,10 @@
 //! limit (a release frees a slot at any moment) or an `on_limit: delay` limit (a denial there
 //! means "wait", not 429). Shadow limits never deny, so they never make an entry.
 //!
+//! An entry is what the denial was (the store's verdicts and when it gave them), not a
+//! response: the proxy renders the limited response from it (see
+//! [`crate::throttle::headers::render_remembered`]).
+//!
 //! The cache is bounded: past its capacity new denials are simply not remembered (the store
 //! keeps deciding them). Entries are keyed by the limit set (the very `LimitSet` the limits came
 //! from, so a tier with other limits never shares an entry) and all its store keys, and the clock is
@@ -25,7 +29,7 @@ use tokio::time::Instant;
 
 use crate::config::{LimitSet, OnLimit};
 use crate::limit::algorithm::{Algorithm, Verdict};
-use crate::throttle::headers::{self, Rendered};
+use crate::throttle::headers::RenderedCopy;
 
 /// Independent locks, so workers deciding for different callers rarely wait on each other.
 const SHARDS: usize = 16;
@@ -33,23 +37,24 @@ const SHARDS: usize = 16;
 /// Default bound on remembered denials (a few hundred bytes each).
 pub const DEFAULT_CAPACITY: usize = 32 * 1024;
 
-/// The whole seconds a rendered response shows, per verdict (see [`headers::seconds`]).
-type Shown = Box<[[u64; 2]]>;
-
-struct Entry {
+/// A denial the store gave: what the limited response is rendered from, at any moment until
+/// the store may change its answer. Shared (an `Arc`) between the cache and the requests it
+/// answers, so a hit copies nothing under the shard's lock.
+pub struct Remembered {
     /// When the store was asked: the verdicts' times count from here.
     asked_at: Instant,
     /// Denied at least until then.
     until: Instant,
     verdicts: Box<[Verdict]>,
-    /// The last response rendered for this denial and the whole seconds it shows
-    /// ([`headers::seconds`] of each aged verdict): reused while they stay the same.
-    rendered: Option<(Shown, Arc<Rendered>)>,
+    /// The renderer's copy of the response last rendered for this denial (see
+    /// [`crate::throttle::headers::render_remembered`]); only the renderer reads or writes it.
+    pub rendered: RenderedCopy,
 }
 
-impl Entry {
-    /// The verdicts as the store would give them `elapsed_us` after it was asked.
-    fn aged(&self, elapsed_us: i64) -> impl Iterator<Item = Verdict> + '_ {
+impl Remembered {
+    /// The verdicts as the store would give them at `now` (at most `until`).
+    pub fn aged(&self, now: Instant) -> impl Iterator<Item = Verdict> + Clone + '_ {
+        let elapsed_us = now.saturating_duration_since(self.asked_at).as_micros() as i64;
         self.verdicts.iter().map(move |v| Verdict {
             reset_after_us: (v.reset_after_us - elapsed_us).max(0),
             retry_after_us: if v.allowed {
@@ -65,7 +70,7 @@ impl Entry {
 
 /// One independently locked part of the cache: a table the caller hashes for, so the key is
 /// hashed once per lookup (for the shard and the table alike).
-type Shard = Mutex<HashTable<(Box<str>, Entry)>>;
+type Shard = Mutex<HashTable<(Box<str>, Arc<Remembered>)>>;
 
 pub struct DenyCache {
     shards: Box<[Shard]>,
@@ -125,63 +130,27 @@ impl DenyCache {
     /// The store's verdicts for a remembered denial, aged to `now`, or None when `key` is not
     /// known to be over its limit (an expired entry is dropped here).
     pub fn get(&self, key: &str, now: Instant) -> Option<Vec<Verdict>> {
-        self.with_live(key, now, |entry, elapsed| entry.aged(elapsed).collect())
+        self.recall(key, now)
+            .map(|denial| denial.aged(now).collect())
     }
 
-    /// The response for a remembered denial as of `now` (`render` turns aged verdicts into
-    /// one), or None when `key` is not known to be over its limit. A flood from one caller
-    /// renders once per second: the response is reused while the whole seconds it shows stay
-    /// the same.
-    pub fn respond(
-        &self,
-        key: &str,
-        now: Instant,
-        render: impl FnOnce(&[Verdict]) -> Rendered,
-    ) -> Option<Rendered> {
-        // Only a reference is taken under the shard's lock; the copy is made after it.
-        let shared = self.with_live(key, now, |entry, elapsed| {
-            if let Some((seconds, rendered)) = &entry.rendered {
-                if entry
-                    .aged(elapsed)
-                    .map(|v| headers::seconds(&v))
-                    .eq(seconds.iter().copied())
-                {
-                    return rendered.clone();
-                }
-            }
-            let verdicts: Vec<Verdict> = entry.aged(elapsed).collect();
-            let rendered = Arc::new(render(&verdicts));
-            let seconds = verdicts.iter().map(headers::seconds).collect();
-            entry.rendered = Some((seconds, rendered.clone()));
-            rendered
-        })?;
-        Some(Arc::unwrap_or_clone(shared))
-    }
-
-    /// Runs `f` on the live entry for `key` with the microseconds since the store was asked;
-    /// drops the entry if it has expired.
-    fn with_live<T>(
-        &self,
-        key: &str,
-        now: Instant,
-        f: impl FnOnce(&mut Entry, i64) -> T,
-    ) -> Option<T> {
+    /// The remembered denial for `key` while it holds at `now`, or None when `key` is not
+    /// known to be over its limit (an expired entry is dropped here).
+    pub fn recall(&self, key: &str, now: Instant) -> Option<Arc<Remembered>> {
         if self.is_empty() {
             return None;
         }
         let (hash, shard) = self.shard(key);
         let mut shard = shard.lock().expect("deny cache poisoned");
-        let Ok(mut found) = shard.find_entry(hash, |(k, _)| **k == *key) else {
+        let Ok(found) = shard.find_entry(hash, |(k, _)| **k == *key) else {
             return None;
         };
-        let entry = &mut found.get_mut().1;
-        if now >= entry.until {
+        if now >= found.get().1.until {
             found.remove();
             self.len.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
-        let elapsed = now.saturating_duration_since(entry.asked_at).as_micros() as i64;
-        Some(f(entry, elapsed))
+        Some(found.get().1.clone())
     }
 
     /// Forgets every remembered denial: after an operator's reset the store decides again
@@ -213,7 +182,7 @@ impl DenyCache {
         let until = asked_at + std::time::Duration::from_micros(wait as u64);
         let (hash, shard) = self.shard(&key);
         let mut shard = shard.lock().expect("deny cache poisoned");
-        let same = |(k, _): &(Box<str>, Entry)| **k == *key;
+        let same = |(k, _): &(Box<str>, Arc<Remembered>)| **k == *key;
         if shard.len() >= self.per_shard && shard.find(hash, same).is_none() {
             let before = shard.len();
             shard.retain(|(_, e)| e.until > asked_at);
@@ -222,12 +191,12 @@ impl DenyCache {
                 return;
             }
         }
-        let entry = Entry {
+        let entry = Arc::new(Remembered {
             asked_at,
             until,
             verdicts: verdicts.into(),
-            rendered: None,
-        };
+            rendered: RenderedCopy::default(),
+        });
         match shard.entry(hash, same, |(k, _)| self.hasher.hash_one(k)) {
             Slot::Occupied(mut occupied) => occupied.get_mut().1 = entry,
             Slot::Vacant(vacant) => {
@@ -447,6 +416,7 @@ mod tests {
     #[test]
     fn a_rendered_denial_is_reused_only_while_its_seconds_stay_the_same() {
         use crate::config::ResponseConfig;
+        use crate::throttle::headers;
         use std::cell::Cell;
 
         let cache = DenyCache::new(16);
@@ -472,12 +442,11 @@ mod tests {
         let mut last_body = None;
         for ms in (0..3_250).step_by(125) {
             let now = t0 + Duration::from_millis(ms);
-            let served = cache
-                .respond(&keys(&r, "u"), now, |v| {
-                    renders.set(renders.get() + 1);
-                    render(v)
-                })
-                .expect("still denied");
+            let denial = cache.recall(&keys(&r, "u"), now).expect("still denied");
+            let served = headers::render_reusing(&denial.rendered, denial.aged(now), |v| {
+                renders.set(renders.get() + 1);
+                render(v)
+            });
             let fresh = render(&cache.get(&keys(&r, "u"), now).unwrap());
             assert_eq!(served.status, fresh.status, "at {ms} ms");
             assert_eq!(served.headers, fresh.headers, "at {ms} ms");
@@ -491,7 +460,7 @@ mod tests {
         assert!(body.contains("retry after 8 second(s)"), "{body}");
         assert!(
             cache
-                .respond(&keys(&r, "u"), t0 + Duration::from_millis(3_250), render)
+                .recall(&keys(&r, "u"), t0 + Duration::from_millis(3_250))
                 .is_none(),
             "gone once the shortest wait has passed"
         );

@@ -1,10 +1,16 @@
 //! What a client is told about its limits: the IETF RateLimit fields
 //! (draft-ietf-httpapi-ratelimit-headers, structured-field syntax), the legacy X-RateLimit-*
-//! trio, `Retry-After`, and the RFC 9457 problem body of a limited response.
+//! trio, `Retry-After`, and the RFC 9457 problem body of a limited response. Every rendering
+//! of the limit stage's outcomes is here: the limit stage decides, the proxy answers with
+//! what this module renders (a remembered denial's response is reused while it shows the
+//! same seconds).
 //!
 //! Seconds are whole and rounded *up*, so a client that waits `Retry-After` seconds is never
 //! early; `Retry-After` is never 0 (that invites an immediate retry).
 
+use std::sync::Arc;
+
+use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
@@ -107,7 +113,8 @@ pub fn add_fields(
 }
 
 /// The RFC 9457 body of a limited response. Serialized straight from borrowed fields (a
-/// denial flood builds one per request); fields in alphabetical order, as they always were.
+/// denial flood builds many); fields in alphabetical order, which clients may compare
+/// byte for byte.
 #[derive(serde::Serialize)]
 struct Problem<'a> {
     detail: &'a str,
@@ -119,9 +126,7 @@ struct Problem<'a> {
     violated: Vec<&'a str>,
 }
 
-/// A limited response before it becomes a `Response` (the proxy makes it one): what the deny
-/// cache keeps, so a flood of denials for one caller renders it once per second rather than
-/// once per request.
+/// A limited response before it becomes a `Response` (the proxy makes it one).
 #[derive(Clone)]
 pub struct Rendered {
     pub status: StatusCode,
@@ -200,6 +205,44 @@ pub fn seconds(verdict: &Verdict) -> [u64; 2] {
         ceil_secs(verdict.retry_after_us),
         ceil_secs(verdict.reset_after_us),
     ]
+}
+
+/// The whole seconds a rendered response shows, per verdict (see [`seconds`]).
+type Shown = Box<[[u64; 2]]>;
+
+/// The last response rendered for one remembered denial (see the deny cache) and the whole
+/// seconds it shows: a flood of denials for one caller renders once per second rather than
+/// once per request, since the response changes only when a shown second does.
+#[derive(Default)]
+pub struct RenderedCopy(ArcSwapOption<(Shown, Rendered)>);
+
+/// The answer to a request the deny cache refused: [`render_limited`] of the remembered
+/// verdicts `aged` to now, reusing `copy` while the seconds it shows stay the same.
+pub fn render_remembered(
+    config: &ResponseConfig,
+    set: &LimitSet,
+    aged: impl Iterator<Item = Verdict> + Clone,
+    copy: &RenderedCopy,
+) -> Rendered {
+    render_reusing(copy, aged, |verdicts| render_limited(config, set, verdicts))
+}
+
+/// [`render_remembered`] with the rendering given (tests count it).
+pub(crate) fn render_reusing(
+    copy: &RenderedCopy,
+    aged: impl Iterator<Item = Verdict> + Clone,
+    render: impl FnOnce(&[Verdict]) -> Rendered,
+) -> Rendered {
+    if let Some(last) = copy.0.load().as_deref() {
+        if aged.clone().map(|v| seconds(&v)).eq(last.0.iter().copied()) {
+            return last.1.clone();
+        }
+    }
+    let verdicts: Vec<Verdict> = aged.collect();
+    let rendered = render(&verdicts);
+    let shown = verdicts.iter().map(seconds).collect();
+    copy.0.store(Some(Arc::new((shown, rendered.clone()))));
+    rendered
 }
 
 /// Status 429 as configured; used by tests and the docs.

@@ -7,41 +7,27 @@
 //! and different callers spread over the cluster. Otherwise (a limit with its own key, e.g.
 //! `global`) the tag is the route alone, so the one-script decision still sees one slot.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 
-use http::request::Parts;
-
 use crate::config::LimitSet;
+use crate::identity::caller::Caller;
 use crate::identity::Identity;
 
 /// One key per limit of `set`, in order, and the kind of source that identified the caller
-/// for the first limit (for the access log: never the value itself).
+/// for the first limit (for the access log: never the value itself). Identities come from the
+/// caller's memo, so one already evaluated (for an allow-list or a tier) is not evaluated again.
 ///
 /// This runs for every limited request, so each key is written once into a string of the
 /// right size (no intermediate parts, joins or format machinery).
-pub fn build(
-    prefix: &str,
-    set: &LimitSet,
-    request: &Parts,
-    client_ip: IpAddr,
-) -> (Vec<String>, &'static str) {
-    let mut identities = Identities {
-        // Identify each distinct identity once per request (JWT verification is not free);
-        // only worth remembering when more than one list of identities is written.
-        memo: !set.shared_key && set.len() > 1,
-        seen: Vec::new(),
-        first_kind: None,
-        request,
-        client_ip,
-    };
+pub fn build(prefix: &str, set: &LimitSet, caller: &mut Caller<'_>) -> (Vec<String>, &'static str) {
+    let mut first_kind = None;
     let mut keys = Vec::with_capacity(set.len());
     if set.shared_key {
         // The first key's identity is written in place; the others copy it from there (no
         // string of the identity alone).
         if let Some(first) = set.first() {
             let (key, identity) = shared_key_with(prefix, &set.key_name, &first.name, |key| {
-                identities.write(&first.key, key)
+                write_identities(caller, &first.key, key, &mut first_kind)
             });
             keys.push(key);
             for l in set.iter().skip(1) {
@@ -52,11 +38,29 @@ pub fn build(
     } else {
         for l in set.iter() {
             let mut key = own_key_head(prefix, &set.key_name, &l.name);
-            identities.write(&l.key, &mut key);
+            write_identities(caller, &l.key, &mut key, &mut first_kind);
             keys.push(key);
         }
     }
-    (keys, identities.first_kind.unwrap_or("none"))
+    (keys, first_kind.unwrap_or("none"))
+}
+
+/// Appends the key parts of `identities`, joined by `|`; `first_kind` keeps the source kind of
+/// the first one written.
+fn write_identities(
+    caller: &mut Caller<'_>,
+    identities: &[Arc<Identity>],
+    out: &mut String,
+    first_kind: &mut Option<&'static str>,
+) {
+    for (i, identity) in identities.iter().enumerate() {
+        if i > 0 {
+            out.push('|');
+        }
+        let identified = caller.identified(identity);
+        first_kind.get_or_insert(identified.source_kind);
+        out.push_str(&identified.key_part);
+    }
 }
 
 /// The key of limit `limit` when all of a set's limits share the caller's identity:
@@ -166,41 +170,23 @@ pub fn identity_of<'k>(prefix: &str, set: &LimitSet, key: &'k str) -> Option<&'k
     }
 }
 
-struct Identities<'a> {
-    memo: bool,
-    seen: Vec<(*const Identity, String)>,
-    first_kind: Option<&'static str>,
-    request: &'a Parts,
-    client_ip: IpAddr,
-}
-
-impl Identities<'_> {
-    /// Appends the key parts of `identities`, joined by `|`.
-    fn write(&mut self, identities: &[Arc<Identity>], out: &mut String) {
-        for (i, identity) in identities.iter().enumerate() {
-            if i > 0 {
-                out.push('|');
-            }
-            let ptr = Arc::as_ptr(identity);
-            if let Some((_, part)) = self.seen.iter().find(|(p, _)| *p == ptr) {
-                out.push_str(part);
-                continue;
-            }
-            let identified = identity.identify(self.request, self.client_ip);
-            self.first_kind.get_or_insert(identified.source_kind);
-            out.push_str(&identified.key_part);
-            if self.memo || identities.len() > 1 {
-                self.seen.push((ptr, identified.key_part));
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::net::IpAddr;
     use std::path::Path;
 
+    use http::request::Parts;
+
     use super::*;
+
+    fn build(
+        prefix: &str,
+        set: &LimitSet,
+        request: &Parts,
+        ip: IpAddr,
+    ) -> (Vec<String>, &'static str) {
+        super::build(prefix, set, &mut Caller::new(request, ip))
+    }
 
     /// Store keys are what shared state is found by: their text must never change between
     /// versions (a changed key silently resets every caller's count). A tier keys under

@@ -19,19 +19,20 @@ mod lease;
 pub mod offenders;
 mod queue;
 pub mod settle;
+#[cfg(test)]
+mod stage_tests;
 pub mod sync;
 pub(crate) mod tiers;
 
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::request::Parts;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use crate::config::{LimitSet, OnError, OnLimit, RedisConfig, Route, Scope, StoreConfig, Throttle};
+use crate::identity::caller::Caller;
 use crate::limit::algorithm::Verdict;
 use crate::limit::memory::MemoryStore;
 use crate::limit::redis_store::RedisStore;
@@ -45,11 +46,12 @@ const HEALTH_PROBE_EVERY: Duration = Duration::from_millis(500);
 /// Backoff bounds while the first Redis connection cannot be made.
 const CONNECT_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
 
-/// Why a request was let through, for logs and metrics.
+/// How a decision was reached, and for an admitted request why it was let through (for logs
+/// and metrics).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AdmitReason {
-    /// Within every limit.
-    Allowed,
+    /// The store answered: admitted within every limit, or denied.
+    Decided,
     /// A shadow limit would have denied it.
     ShadowLimited,
     /// The store failed and `on_error: allow` let it through.
@@ -60,49 +62,62 @@ pub enum AdmitReason {
     Exempt,
 }
 
-/// What the limit stage decided for one request. Each outcome carries the kind of source that
-/// identified the caller ("header", "jwt", ..., "allow_list"), for the access log.
+/// What the limit stage decided for one request. It renders nothing: the proxy answers a
+/// refused request from what is here (see [`headers`]).
 pub enum LimitOutcome<'a> {
     /// The request may go on to the upstream.
-    Admitted {
-        /// The limits that applied (the route's own for an exempt caller).
-        set: &'a LimitSet,
-        identity: &'static str,
-        /// For the response's rate-limit fields; empty when no store answered.
-        verdicts: Vec<Verdict>,
-        reason: AdmitReason,
-        /// Concurrency slots held until the response body ends.
-        leases: Option<LeaseGuard>,
-        /// Units to settle once the response is known (`count_statuses`,
-        /// `cost_from_response`): the proxy hands it the response head.
-        settlement: Option<settle::Obligation>,
-    },
-    /// Over a limit: the limited response is rendered from `set` and `verdicts`.
-    Limited {
-        set: &'a LimitSet,
-        identity: &'static str,
-        verdicts: Vec<Verdict>,
-        /// True when the store had failed and the in-memory fallback (`on_error: local`)
-        /// limited the request: still a store error.
-        local_fallback: bool,
-    },
-    /// Over a limit the store gave a moment ago: answered from the deny cache, already
-    /// rendered.
-    LimitedFromCache {
-        identity: &'static str,
-        rendered: headers::Rendered,
-    },
+    Admitted(Admitted<'a>),
+    /// Over a limit: refused with the limited response.
+    Limited(Limited<'a>),
     /// The store failed and `on_error: deny` refuses the request (503).
     StoreUnavailable { identity: &'static str },
+}
+
+/// An admitted request: what the response owes its limits.
+pub struct Admitted<'a> {
+    /// The limits that applied (the route's own for an exempt caller).
+    pub set: &'a LimitSet,
+    /// The kind of source that identified the caller ("header", "jwt", ..., "allow_list").
+    pub identity: &'static str,
+    /// For the response's rate-limit fields; empty when no store answered.
+    pub verdicts: Vec<Verdict>,
+    pub reason: AdmitReason,
+    /// Concurrency slots held until the response body ends.
+    pub leases: Option<LeaseGuard>,
+    /// Units to settle once the response is known (`count_statuses`, `cost_from_response`):
+    /// the proxy hands it the response head.
+    pub settlement: Option<settle::Obligation>,
+}
+
+/// A refused request: what the limited response is rendered from.
+pub struct Limited<'a> {
+    pub set: &'a LimitSet,
+    /// The kind of source that identified the caller.
+    pub identity: &'static str,
+    pub denial: Denial,
+    /// True when the store had failed and the in-memory fallback (`on_error: local`) limited
+    /// the request: still a store error.
+    pub by_fallback: bool,
+}
+
+/// The verdicts a denial is rendered from.
+pub enum Denial {
+    /// Given by the store (or the fallback) for this request.
+    Decided(Vec<Verdict>),
+    /// Given by the shared store a moment ago and answered from the deny cache: the verdicts
+    /// as of `at`.
+    Remembered {
+        denial: Arc<deny_cache::Remembered>,
+        at: Instant,
+    },
 }
 
 impl LimitOutcome<'_> {
     /// The kind of source that identified the caller.
     pub fn identity(&self) -> &'static str {
         match self {
-            LimitOutcome::Admitted { identity, .. }
-            | LimitOutcome::Limited { identity, .. }
-            | LimitOutcome::LimitedFromCache { identity, .. }
+            LimitOutcome::Admitted(Admitted { identity, .. })
+            | LimitOutcome::Limited(Limited { identity, .. })
             | LimitOutcome::StoreUnavailable { identity } => identity,
         }
     }
@@ -239,30 +254,46 @@ impl LimitStage {
         self.config.on_error
     }
 
-    /// Decides `request` against `route`. A caller the deny cache answers gets its limited
-    /// response from `render` (see [`headers::render_limited`]), which runs at most once a
-    /// second per caller there; every other outcome is left to the caller to render.
-    pub async fn check<'a>(
+    /// The limit stage: decides for `caller` on `route`. An allow-listed caller is admitted
+    /// without a decision; a caller the deny cache knows to be over a limit is refused without
+    /// asking the store.
+    ///
+    /// The caller is consumed before the returned future is built: its memo of identities is
+    /// not needed past the keys, and the future (part of every routed request's) does not
+    /// carry it.
+    pub fn limit<'a>(
+        &'a self,
+        route: &'a Route,
+        mut caller: Caller<'_>,
+    ) -> impl std::future::Future<Output = LimitOutcome<'a>> + 'a {
+        let applied = tiers::applied(&self.config, route, &mut caller);
+        self.limit_applied(route, applied)
+    }
+
+    /// [`LimitStage::limit`] once the limits that apply are known and keyed.
+    async fn limit_applied<'a>(
         &self,
         route: &'a Route,
-        request: &Parts,
-        client_ip: IpAddr,
-        render: impl FnOnce(&LimitSet, &[Verdict]) -> headers::Rendered,
+        applied: tiers::Applied<'a>,
     ) -> LimitOutcome<'a> {
-        let set = match tiers::select(&self.config.allow, route, request, client_ip) {
-            tiers::Selection::Exempt => {
-                return LimitOutcome::Admitted {
+        let (set, keys, identity) = match applied {
+            tiers::Applied::Exempt => {
+                return LimitOutcome::Admitted(Admitted {
                     set: &route.limits,
                     identity: "allow_list",
                     verdicts: Vec::new(),
                     reason: AdmitReason::Exempt,
                     leases: None,
                     settlement: None,
-                }
+                })
             }
-            tiers::Selection::Limits(set) => set,
+            tiers::Applied::Keyed {
+                set,
+                keys,
+                identity,
+                ..
+            } => (set, keys, identity),
         };
-        let (keys, identity) = keys::build(&self.config.key_prefix, set, request, client_ip);
 
         // A caller known to be over a limit the shared store decides is answered from memory
         // until the retry time the store gave (see deny_cache for why that never admits more).
@@ -272,16 +303,18 @@ impl LimitStage {
                 .all(|l| l.scope == Scope::Global && l.sync.is_none())
             && deny_cache::cacheable(set);
         if cache_denials && !self.denials.is_empty() {
-            let key = deny_cache::key(set, &keys);
-            let hit = self
-                .denials
-                .respond(&key, Instant::now(), |verdicts| render(set, verdicts));
-            if let Some(rendered) = hit {
+            let at = Instant::now();
+            if let Some(denial) = self.denials.recall(&deny_cache::key(set, &keys), at) {
                 self.record_denial(set, &keys);
-                return LimitOutcome::LimitedFromCache { identity, rendered };
+                return LimitOutcome::Limited(Limited {
+                    set,
+                    identity,
+                    denial: Denial::Remembered { denial, at },
+                    by_fallback: false,
+                });
             }
         }
-        fn check<'k>((limit, key): (&crate::config::Limit, &'k String)) -> Check<'k> {
+        fn as_check<'k>((limit, key): (&crate::config::Limit, &'k String)) -> Check<'k> {
             Check {
                 key,
                 params: limit.params,
@@ -292,10 +325,10 @@ impl LimitStage {
         // One limit (the usual route) needs no vector of checks.
         let (one, many): ([Check<'_>; 1], Vec<Check<'_>>);
         let checks: &[Check<'_>] = if let ([limit], [key]) = (&set[..], &keys[..]) {
-            one = [check((limit, key))];
+            one = [as_check((limit, key))];
             &one
         } else {
-            many = set.iter().zip(&keys).map(check).collect();
+            many = set.iter().zip(&keys).map(as_check).collect();
             &many
         };
 
@@ -330,12 +363,14 @@ impl LimitStage {
                 } else {
                     None
                 };
-                return self.admitted(set, identity, decision, reason, settlement);
+                return LimitOutcome::Admitted(
+                    self.admitted(set, identity, decision, reason, settlement),
+                );
             }
             let wait = match (deadline, &turn, delay_for(set, &decision.verdicts)) {
                 (Some(deadline), Some(_), Some(wait)) if Instant::now() + wait <= deadline => wait,
                 _ => {
-                    if cache_denials && reason == AdmitReason::Allowed {
+                    if cache_denials && reason == AdmitReason::Decided {
                         self.denials.remember(
                             set,
                             deny_cache::key(set, &keys),
@@ -344,12 +379,12 @@ impl LimitStage {
                         );
                     }
                     self.record_denial(set, &keys);
-                    return LimitOutcome::Limited {
+                    return LimitOutcome::Limited(Limited {
                         set,
                         identity,
-                        verdicts: decision.verdicts,
-                        local_fallback: reason == AdmitReason::LocalFallback,
-                    };
+                        denial: Denial::Decided(decision.verdicts),
+                        by_fallback: reason == AdmitReason::LocalFallback,
+                    });
                 }
             };
             tokio::time::sleep(wait).await;
@@ -363,9 +398,9 @@ impl LimitStage {
         decision: Decision,
         reason: AdmitReason,
         settlement: Option<settle::Obligation>,
-    ) -> LimitOutcome<'a> {
+    ) -> Admitted<'a> {
         let reason =
-            if reason == AdmitReason::Allowed && decision.verdicts.iter().any(|v| !v.allowed) {
+            if reason == AdmitReason::Decided && decision.verdicts.iter().any(|v| !v.allowed) {
                 tracing::info!(route = %set.key_name, "shadow limit exceeded (request forwarded)");
                 AdmitReason::ShadowLimited
             } else {
@@ -384,7 +419,7 @@ impl LimitStage {
             }
             LeaseGuard::new(stores, decision.leases)
         });
-        LimitOutcome::Admitted {
+        Admitted {
             set,
             identity,
             verdicts: decision.verdicts,
@@ -417,7 +452,7 @@ impl LimitStage {
     }
 
     /// One atomic decision over all limits of the set, with `on_error` applied: how it was
-    /// decided (`Allowed` when the store answered, whether it admitted or not), or None when
+    /// decided (`Decided` when the store answered, whether it admitted or not), or None when
     /// the store failed and `on_error: deny` refuses.
     async fn decide(
         &self,
@@ -431,7 +466,7 @@ impl LimitStage {
                     .decide(checks)
                     .await
                     .expect("memory store cannot fail"),
-                AdmitReason::Allowed,
+                AdmitReason::Decided,
             ));
         }
         // Local-first limits (every limit of the set has the same `sync`, see config) are
@@ -439,7 +474,7 @@ impl LimitStage {
         if let Some(local_first) = &self.local_first {
             if set.iter().all(|l| l.sync.is_some()) {
                 let decision = local_first.engine.decide(&set.key_name, checks);
-                return Some((decision, AdmitReason::Allowed));
+                return Some((decision, AdmitReason::Decided));
             }
         }
         let all_global = set.iter().all(|l| l.scope == Scope::Global);
@@ -480,7 +515,7 @@ impl LimitStage {
                     leases: vec![],
                     at: local.at,
                 },
-                AdmitReason::Allowed,
+                AdmitReason::Decided,
             ));
         }
         let Some((global, reason)) = self.decide_global(&pick(&global_idx)).await else {
@@ -536,7 +571,7 @@ impl LimitStage {
                 {
                     tracing::info!("rate limit store is back");
                 }
-                Some((decision, AdmitReason::Allowed))
+                Some((decision, AdmitReason::Decided))
             }
             Err(error) => {
                 if self.store_up.swap(false, Ordering::Relaxed) {

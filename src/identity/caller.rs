@@ -1,0 +1,137 @@
+//! The identify stage of the request path: who is calling. A [`Caller`] is the request with
+//! its client IP and one memo of the identities evaluated for it, shared by everything that
+//! asks (allow-lists, tiers, store keys), so each identity is evaluated at most once per
+//! request however many of them name it: a JWT that picks a tier and keys a limit is verified
+//! once.
+//!
+//! Identities are told apart by address: the configuration holds each one in a single `Arc`
+//! that every allow-list, tier and limit naming it shares, and it outlives the request.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use http::request::Parts;
+
+use super::client_ip::{client_ip, TrustedProxies};
+use super::{Identified, Identity};
+
+/// Identities remembered without a vector: enough for a tier or allow-list identity beside the
+/// one a route's limits are keyed on.
+const INLINE: usize = 2;
+
+/// What the identify stage adds to a routed request: the client IP and the identities
+/// evaluated so far.
+pub struct Caller<'r> {
+    pub request: &'r Parts,
+    /// The client's address (X-Forwarded-For resolved behind trusted proxies).
+    pub ip: IpAddr,
+    /// The first identities evaluated, by address (see the module docs).
+    inline: [Option<(usize, Identified)>; INLINE],
+    /// Any beyond those.
+    more: Vec<(usize, Identified)>,
+    #[cfg(test)]
+    evaluations: usize,
+}
+
+/// Identifies the caller of `request`, which came from `peer`: its client IP now, each identity
+/// when it is first asked for.
+pub fn identify<'r>(request: &'r Parts, peer: IpAddr, trusted: &TrustedProxies) -> Caller<'r> {
+    Caller::new(request, client_ip(peer, &request.headers, trusted))
+}
+
+impl<'r> Caller<'r> {
+    /// The caller of `request` whose client IP is `ip`.
+    pub fn new(request: &'r Parts, ip: IpAddr) -> Caller<'r> {
+        Caller {
+            request,
+            ip,
+            inline: [None, None],
+            more: Vec::new(),
+            #[cfg(test)]
+            evaluations: 0,
+        }
+    }
+
+    /// How `identity` identifies the caller: evaluated on the first call, remembered after.
+    pub fn identified(&mut self, identity: &Arc<Identity>) -> &Identified {
+        let id = Arc::as_ptr(identity) as usize;
+        let at = match self.position(id) {
+            Some(at) => at,
+            None => {
+                #[cfg(test)]
+                {
+                    self.evaluations += 1;
+                }
+                let identified = identity.identify(self.request, self.ip);
+                match self.inline.iter().position(Option::is_none) {
+                    Some(free) => {
+                        self.inline[free] = Some((id, identified));
+                        free
+                    }
+                    None => {
+                        self.more.push((id, identified));
+                        INLINE + self.more.len() - 1
+                    }
+                }
+            }
+        };
+        match self.inline.get(at) {
+            Some(slot) => &slot.as_ref().expect("a filled slot").1,
+            None => &self.more[at - INLINE].1,
+        }
+    }
+
+    fn position(&self, id: usize) -> Option<usize> {
+        let inline = self
+            .inline
+            .iter()
+            .map_while(Option::as_ref)
+            .position(|(seen, _)| *seen == id);
+        inline.or_else(|| {
+            self.more
+                .iter()
+                .position(|(seen, _)| *seen == id)
+                .map(|at| INLINE + at)
+        })
+    }
+
+    /// How many identities were evaluated (each at most once).
+    #[cfg(test)]
+    pub fn evaluations(&self) -> usize {
+        self.evaluations
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Source;
+
+    #[test]
+    fn each_identity_is_evaluated_once_however_often_it_is_asked_for() {
+        let request = http::Request::get("/x")
+            .header("x-user", "alice")
+            .header("x-team", "red")
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0;
+        let by = |name: &'static str| {
+            Arc::new(Identity {
+                name: name.into(),
+                sources: vec![Source::Header(http::HeaderName::from_static(name))],
+            })
+        };
+        let (user, team, org) = (by("x-user"), by("x-team"), by("x-org"));
+        let mut caller = Caller::new(&request, "192.0.2.1".parse().unwrap());
+        for _ in 0..3 {
+            assert_eq!(caller.identified(&user).key_part, "header=alice");
+            assert_eq!(caller.identified(&team).key_part, "header=red");
+            assert_eq!(caller.identified(&org).source_kind, "client_ip");
+        }
+        assert_eq!(caller.evaluations(), 3);
+        // The same identity in another Arc is another identity (configurations share one).
+        caller.identified(&by("x-user"));
+        assert_eq!(caller.evaluations(), 4);
+    }
+}

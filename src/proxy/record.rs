@@ -1,0 +1,394 @@
+//! One record per request: what each stage of the request path found out (the route, the kind
+//! of source that identified the caller, the decision, the upstream's status and time, an
+//! error and its side, the status sent), filled in as the stages run and written once to the
+//! metrics, the access log and `tracing` when the request's future ends. It is written from
+//! `Drop`, so a request whose client goes away mid-way (its future dropped) is recorded too:
+//! counted as decided, with status 499 in the access log (the client closed the request).
+//!
+//! The access-log line (method, path without the query, which can carry tokens, route,
+//! identity source kind but never its value, decision, status, upstream time, total time) goes
+//! through `tracing` with target `tollgate::access`, so `--log-format json` makes it JSON and
+//! `TOLLGATE_LOG` can silence it (`tollgate::access=off`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use http::{Method, StatusCode, Uri};
+use tokio::time::Instant;
+
+use crate::config::{LimitSet, Route};
+use crate::error::{ProxyError, Side};
+use crate::metrics::{Metrics, RouteMetrics};
+use crate::throttle::{AdmitReason, LimitOutcome, Limited};
+
+/// The access log's status for a request whose client went away before it was answered.
+const CLIENT_CLOSED: u16 = 499;
+
+/// The decision a request is counted under, worked out once from the limit stage's outcome:
+/// the access log's `decision` and the counters that go up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Forwarded within its limits, or no route matched.
+    Allowed,
+    /// Forwarded unlimited: on an allow-list.
+    Exempt,
+    /// Forwarded, though a shadow limit would have denied it.
+    ShadowLimited,
+    /// The store failed: forwarded (`on_error: allow` or `local`) or refused with 503.
+    StoreError,
+    /// Refused: over a limit.
+    Limited,
+    /// Refused: over a limit the in-memory fallback decided because the store failed.
+    LimitedByFallback,
+}
+
+impl Decision {
+    /// The decision of a routed request.
+    pub fn of(outcome: &LimitOutcome<'_>) -> Decision {
+        match outcome {
+            LimitOutcome::Admitted(admitted) => match admitted.reason {
+                AdmitReason::Decided => Decision::Allowed,
+                AdmitReason::Exempt => Decision::Exempt,
+                AdmitReason::ShadowLimited => Decision::ShadowLimited,
+                AdmitReason::StoreError | AdmitReason::LocalFallback => Decision::StoreError,
+            },
+            LimitOutcome::Limited(Limited {
+                by_fallback: true, ..
+            }) => Decision::LimitedByFallback,
+            LimitOutcome::Limited(_) => Decision::Limited,
+            LimitOutcome::StoreUnavailable { .. } => Decision::StoreError,
+        }
+    }
+
+    /// The access log's `decision` field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Allowed => "allowed",
+            Decision::Exempt => "exempt",
+            Decision::ShadowLimited => "shadow_limited",
+            Decision::StoreError => "store_error",
+            Decision::Limited | Decision::LimitedByFallback => "limited",
+        }
+    }
+
+    /// Store errors count twice: once in total and once on the route they hit.
+    fn count(self, global: &Metrics, route: &RouteMetrics) {
+        match self {
+            Decision::Allowed | Decision::Exempt => route.allowed.increment(1),
+            Decision::ShadowLimited => route.shadow_limited.increment(1),
+            Decision::StoreError => {
+                global.store_errors.increment(1);
+                route.store_error.increment(1);
+            }
+            Decision::Limited => route.limited.increment(1),
+            Decision::LimitedByFallback => {
+                global.store_errors.increment(1);
+                route.limited.increment(1);
+            }
+        }
+    }
+}
+
+/// What the forward stage saw: how long the upstream took (or tollgate, when it refused on the
+/// way), and the status the upstream answered with.
+#[derive(Debug, Clone, Copy)]
+struct Upstream {
+    elapsed: Duration,
+    /// None when no response came back (see the record's `error`).
+    status: Option<u16>,
+}
+
+/// The record of one request (see the module docs). Counts the request in flight while it
+/// lives.
+pub struct RequestRecord<'a> {
+    metrics: &'a Metrics,
+    access_log: bool,
+    started: Instant,
+    method: Method,
+    /// A clone shares the request's buffer: no copy of the path per request.
+    uri: Uri,
+    peer: SocketAddr,
+    /// The route stage's answer; None when no route matched.
+    route: Option<&'a Arc<Route>>,
+    /// The metrics of `route`, or of unrouted requests.
+    route_metrics: Option<&'a RouteMetrics>,
+    /// The kind of source that identified the caller ("-" when nothing did).
+    identity: &'static str,
+    /// None until decided (a request whose client left while it was being limited).
+    decision: Option<Decision>,
+    /// How long routing, identifying and limiting took, for a routed request.
+    limit_time: Option<Duration>,
+    upstream: Option<Upstream>,
+    /// What went wrong on the way to or from the upstream; its side says whose fault it was.
+    error: Option<ProxyError>,
+    /// The status tollgate sent (before a gRPC translation); None while unanswered.
+    status: Option<u16>,
+    /// A denied caller's limits and first store key, for the top-offenders sketch: filled
+    /// where the limit stage's outcome is limited, counted where the record is written.
+    #[allow(dead_code)]
+    pub denied: Option<(&'a LimitSet, String)>,
+}
+
+impl<'a> RequestRecord<'a> {
+    /// The record of the request `parts` from `peer`, started now.
+    pub fn new(
+        metrics: &'a Metrics,
+        parts: &Parts,
+        peer: SocketAddr,
+        access_log: bool,
+    ) -> RequestRecord<'a> {
+        metrics.inflight.increment(1.0);
+        RequestRecord {
+            metrics,
+            access_log,
+            started: Instant::now(),
+            method: parts.method.clone(),
+            uri: parts.uri.clone(),
+            peer,
+            route: None,
+            route_metrics: None,
+            identity: "-",
+            decision: None,
+            limit_time: None,
+            upstream: None,
+            error: None,
+            status: None,
+            denied: None,
+        }
+    }
+
+    /// When the request started.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// The route stage's answer and the metrics it is counted in. An unrouted request is
+    /// decided here: it is forwarded unlimited.
+    pub fn routed(&mut self, route: Option<&'a Arc<Route>>, metrics: &'a RouteMetrics) {
+        self.route = route;
+        self.route_metrics = Some(metrics);
+        if route.is_none() {
+            self.decision = Some(Decision::Allowed);
+        }
+    }
+
+    /// The limit stage's outcome.
+    pub fn decided(&mut self, outcome: &LimitOutcome<'_>) {
+        self.limit_time = Some(self.started.elapsed());
+        self.identity = outcome.identity();
+        self.decision = Some(Decision::of(outcome));
+    }
+
+    /// The forward stage's time, and the upstream's status when it answered.
+    pub fn forwarded(&mut self, elapsed: Duration, status: Option<StatusCode>) {
+        self.upstream = Some(Upstream {
+            elapsed,
+            status: status.map(|s| s.as_u16()),
+        });
+    }
+
+    /// The request failed on the way: `error` is kept for the log, its answer returned.
+    pub fn failed(&mut self, error: ProxyError) -> http::Response<crate::body::ProxyBody> {
+        let response = error.response();
+        self.error = Some(error);
+        response
+    }
+
+    /// The status tollgate answers with.
+    pub fn answered(&mut self, status: StatusCode) {
+        self.status = Some(status.as_u16());
+    }
+
+    /// Writes the record to the metrics, `tracing` and the access log.
+    fn write(&self) {
+        if let (Some(decision), Some(route)) = (self.decision, self.route_metrics) {
+            decision.count(self.metrics, route);
+        }
+        if let Some(limit_time) = self.limit_time {
+            self.metrics
+                .limit_check_duration
+                .record(limit_time.as_secs_f64());
+        }
+        if let (Some(upstream), Some(route)) = (self.upstream, self.route_metrics) {
+            match (&self.error, upstream.status) {
+                (None, Some(status)) => {
+                    self.metrics
+                        .upstream_duration
+                        .record(upstream.elapsed.as_secs_f64());
+                    route.upstream_response(status);
+                }
+                (Some(error), _) if error.side() == Side::Upstream => {
+                    route.upstream_response(error.status().as_u16());
+                }
+                _ => {}
+            }
+        }
+        let status = self.status.unwrap_or(CLIENT_CLOSED);
+        if let Some(error) = &self.error {
+            let (method, path, peer, side) = (
+                &self.method,
+                self.uri.path(),
+                self.peer,
+                error.side().as_str(),
+            );
+            match error.side() {
+                Side::Client => {
+                    tracing::info!(method = %method, path = %path, peer = %peer, status, side, cause = %error, "request refused")
+                }
+                _ => {
+                    tracing::warn!(method = %method, path = %path, peer = %peer, status, side, cause = %error, source = ?std::error::Error::source(error), "request failed")
+                }
+            }
+        }
+        if self.access_log {
+            let route = self.route.map_or("-", |r| r.name.as_str());
+            // Milliseconds to the microsecond: enough precision, short lines.
+            let ms = |d: Duration| (d.as_micros() as f64) / 1000.0;
+            let upstream_ms = self.upstream.map_or(-1.0, |u| ms(u.elapsed));
+            let total_ms = ms(self.started.elapsed());
+            tracing::info!(
+                target: "tollgate::access",
+                method = %self.method,
+                path = %self.uri.path(),
+                route,
+                identity = self.identity,
+                decision = self.decision.map_or("-", Decision::as_str),
+                status,
+                upstream_ms,
+                total_ms,
+                "request"
+            );
+        }
+    }
+}
+
+impl Drop for RequestRecord<'_> {
+    fn drop(&mut self) {
+        self.write();
+        self.metrics.inflight.decrement(1.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::throttle::{Admitted, Denial};
+
+    fn admitted(set: &LimitSet, reason: AdmitReason) -> LimitOutcome<'_> {
+        LimitOutcome::Admitted(Admitted {
+            set,
+            identity: "header",
+            verdicts: Vec::new(),
+            reason,
+            leases: None,
+            settlement: None,
+        })
+    }
+
+    fn limited(set: &LimitSet, by_fallback: bool) -> LimitOutcome<'_> {
+        LimitOutcome::Limited(Limited {
+            set,
+            identity: "header",
+            denial: Denial::Decided(Vec::new()),
+            by_fallback,
+        })
+    }
+
+    /// Each outcome maps to one access-log decision and one set of counters: store errors also
+    /// count in total, a fallback's denial is limited and an error.
+    #[test]
+    fn each_outcome_is_counted_once() {
+        let set = LimitSet::new("api", None, Vec::new(), true);
+        let cases = [
+            (
+                admitted(&set, AdmitReason::Decided),
+                "allowed",
+                "allowed",
+                0,
+            ),
+            (admitted(&set, AdmitReason::Exempt), "exempt", "allowed", 0),
+            (
+                admitted(&set, AdmitReason::ShadowLimited),
+                "shadow_limited",
+                "shadow_limited",
+                0,
+            ),
+            (
+                admitted(&set, AdmitReason::StoreError),
+                "store_error",
+                "store_error",
+                1,
+            ),
+            (
+                admitted(&set, AdmitReason::LocalFallback),
+                "store_error",
+                "store_error",
+                1,
+            ),
+            (limited(&set, false), "limited", "limited", 0),
+            (limited(&set, true), "limited", "limited", 1),
+            (
+                LimitOutcome::StoreUnavailable { identity: "header" },
+                "store_error",
+                "store_error",
+                1,
+            ),
+        ];
+        let parts = http::Request::get("/x").body(()).unwrap().into_parts().0;
+        let peer: SocketAddr = "192.0.2.1:5000".parse().unwrap();
+        for (outcome, decision, counter, store_errors) in cases {
+            let counted = Decision::of(&outcome);
+            assert_eq!(counted.as_str(), decision, "{counted:?}");
+            let metrics = Metrics::new();
+            let route = metrics.route("api");
+            let mut record = RequestRecord::new(&metrics, &parts, peer, false);
+            record.decided(&outcome);
+            record.route_metrics = Some(&route);
+            drop(record);
+            let text = metrics.render();
+            let line = format!("tollgate_requests_total{{route=\"api\",decision=\"{counter}\"}} 1");
+            assert!(
+                text.contains(&line),
+                "{counted:?}: missing {line:?} in\n{text}"
+            );
+            let counted_requests = text
+                .lines()
+                .filter(|l| l.starts_with("tollgate_requests_total") && !l.ends_with(" 0"))
+                .count();
+            assert_eq!(counted_requests, 1, "{counted:?}: counted once in\n{text}");
+            let errors = format!("tollgate_store_errors_total {store_errors}");
+            assert!(
+                text.contains(&errors),
+                "{counted:?}: missing {errors:?} in\n{text}"
+            );
+            assert!(text.contains("tollgate_inflight_requests 0"), "{text}");
+        }
+    }
+
+    /// A request whose client leaves mid-way (its future dropped) is still counted, once.
+    #[test]
+    fn a_request_dropped_mid_way_is_recorded_once() {
+        let metrics = Metrics::new();
+        let route = metrics.route("api");
+        let set = LimitSet::new("api", None, Vec::new(), true);
+        let parts = http::Request::get("/x").body(()).unwrap().into_parts().0;
+        let mut record =
+            RequestRecord::new(&metrics, &parts, "192.0.2.1:5000".parse().unwrap(), true);
+        record.route_metrics = Some(&route);
+        record.decided(&admitted(&set, AdmitReason::Decided));
+        assert!(metrics.render().contains("tollgate_inflight_requests 1"));
+        drop(record);
+        let text = metrics.render();
+        assert!(
+            text.contains("tollgate_requests_total{route=\"api\",decision=\"allowed\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tollgate_limit_check_duration_seconds_count 1"),
+            "{text}"
+        );
+        assert!(text.contains("tollgate_inflight_requests 0"), "{text}");
+    }
+}
