@@ -25,8 +25,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::algorithm::{self, Algorithm, Micros, Params, State, Verdict};
+use super::decision::{Check, Decision};
 use super::memory::Clock;
-use super::{Check, Decision};
 
 /// The most keys kept; a new key past it is refused until the next read drops idle keys
 /// (fail safe: it cannot over-admit).

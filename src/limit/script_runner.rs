@@ -27,6 +27,7 @@ use redis::{
     RedisResult, Script, ServerErrorKind, TlsCertificates,
 };
 
+use super::decision::StoreError;
 use super::lua::{
     decide_batch_script_source, decide_script_source, heartbeat_script_source, peek_script_source,
     refresh_script_source, release_script_source, settle_script_source, sync_script_source,
@@ -34,7 +35,6 @@ use super::lua::{
 };
 use super::redis_settings::{RedisMode, RedisSettings};
 use super::sentinel::SentinelMaster;
-use super::StoreError;
 
 /// Reconnection backoff bounds (before jitter): limiting resumes well within a second of
 /// Redis coming back.
