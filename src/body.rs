@@ -247,6 +247,73 @@ mod tests {
         StreamBody::new(stream::iter(frames))
     }
 
+    /// Records what an [`OnEnd`] tells its hook.
+    struct Record(Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl<B: Body> EndHook<B> for Record {
+        type Error = B::Error;
+
+        fn frame(&mut self, frame: &Frame<B::Data>, _inner: &B) -> Result<(), B::Error> {
+            let kind = if frame.is_data() { "data" } else { "trailers" };
+            self.0.lock().unwrap().push(kind.into());
+            Ok(())
+        }
+
+        fn end(&mut self, how: End) {
+            self.0.lock().unwrap().push(format!("{how:?}"));
+        }
+
+        fn dropped(&mut self, _inner: &B) {
+            self.0.lock().unwrap().push("dropped".into());
+        }
+    }
+
+    fn recorded<B: Body>(body: B) -> (OnEnd<B, Record>, Arc<std::sync::Mutex<Vec<String>>>) {
+        let log = Arc::default();
+        (OnEnd::with_hook(body, Record(Arc::clone(&log))), log)
+    }
+
+    #[tokio::test]
+    async fn the_hook_sees_each_frame_then_the_end_then_the_drop() {
+        let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = vec![
+            Ok(Frame::data(Bytes::from_static(b"a"))),
+            Ok(Frame::trailers(http::HeaderMap::new())),
+        ];
+        let (body, log) = recorded(StreamBody::new(stream::iter(frames)));
+        body.collect().await.unwrap();
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["data", "trailers", "Stream", "dropped"]
+        );
+
+        let frames: Vec<Result<Frame<Bytes>, BoxError>> = vec![
+            Ok(Frame::data(Bytes::from_static(b"a"))),
+            Err("broken".into()),
+        ];
+        let (body, log) = recorded(StreamBody::new(stream::iter(frames)));
+        assert!(body.collect().await.is_err());
+        assert_eq!(*log.lock().unwrap(), ["data", "Error", "dropped"]);
+
+        let (body, log) = recorded(chunks(&[1, 1]));
+        drop(body);
+        assert_eq!(*log.lock().unwrap(), ["dropped"]);
+    }
+
+    #[tokio::test]
+    async fn a_guard_is_let_go_at_the_end() {
+        let guard = Arc::new(());
+        let mut body = Guarded::new(chunks(&[1]), Arc::clone(&guard));
+        assert!(body.frame().await.is_some());
+        assert_eq!(Arc::strong_count(&guard), 2, "held while the body streams");
+        assert!(body.frame().await.is_none());
+        assert_eq!(
+            Arc::strong_count(&guard),
+            1,
+            "let go at the end, body still alive"
+        );
+        drop(body);
+    }
+
     #[tokio::test]
     async fn passes_bodies_up_to_the_limit() {
         let (body, exceeded) = LimitedBody::new(chunks(&[4, 4, 2]), 10);

@@ -69,8 +69,8 @@ pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 const PARK_AFTER: Duration = Duration::from_millis(20);
 
 /// The longest a connection waits before it is parked. A parked connection that is woken
-/// sooner than this was parked in vain (rebuilding hyper's connection costs about a third of
-/// a request: docs/performance.md), so its next wait doubles, up to this; one woken later
+/// sooner than this was parked in vain (rebuilding hyper's connection costs a good part of a
+/// request), so its next wait doubles, up to this; one woken later
 /// starts again from [`PARK_AFTER`]. A client that pauses 50 ms between requests is parked
 /// twice and then kept; one that sends a request and goes quiet is parked after 20 ms.
 const PARK_AFTER_MAX: Duration = Duration::from_secs(1);
@@ -474,9 +474,9 @@ async fn serve_http1(
     // doubles (up to PARK_AFTER_MAX), so a connection that stays busy is woken about once a
     // second; once quiet, it is parked within twice its last wait. `armed_at` is how many
     // requests had started when it was armed. The timer is polled once after each arming
-    // (which registers the task's waker with it) and
-    // afterwards only asked whether it has fired: polling a registered timer on every idle
-    // moment re-registered the same waker each time, about 550 instructions per request.
+    // (which registers the task's waker with it) and afterwards only asked whether it has
+    // fired: polling a registered timer on every idle moment would register the same waker
+    // again each time.
     let mut settle: Option<Pin<Box<Sleep>>> = None;
     let mut settle_registered = false;
     let mut armed_at = 0;

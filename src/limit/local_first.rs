@@ -105,8 +105,9 @@ pub struct LocalFirst {
 
 struct Inner {
     /// hashbrown's map with its default hasher (foldhash, seeded per map): every local-first
-    /// decision looks its keys up twice, and SipHash cost 550 instructions of a decision's
-    /// 2,000; foldhash keeps a per-map random seed against crafted keys.
+    /// decision looks its keys up twice, so the hash is a large part of a decision, and
+    /// foldhash is much cheaper than SipHash while its per-map random seed still stands
+    /// against crafted keys.
     keys: hashbrown::HashMap<String, Entry>,
     /// The store's clock minus the local clock, as measured at the last read.
     offset: Micros,

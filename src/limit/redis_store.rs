@@ -334,8 +334,7 @@ impl RedisStore {
         now: Option<Micros>,
     ) -> Result<(Micros, Vec<Option<State>>), StoreError> {
         // The order of the call: the items with usage in runs of one limit's params (sent once
-        // per run: each argument costs Redis about 0.05 µs, a fifth of what reading the key
-        // costs), then the items without, which are only read and need no argument at all
+        // per run, since every argument costs Redis time to read), then the items without, which are only read and need no argument at all
         // (every item of the read 3/4 into the interval).
         let mut runs: Vec<(Params, Vec<usize>)> = Vec::new();
         let mut run_of: HashMap<Params, usize> = HashMap::new();
