@@ -206,7 +206,8 @@ fn paths(code: &str) -> Vec<Vec<String>> {
     while i < chars.len() {
         let starts = is_ident_char(chars[i])
             && !chars[i].is_ascii_digit()
-            && (i == 0 || !(is_ident_char(chars[i - 1]) || chars[i - 1] == ':'));
+            && (i == 0 || !is_ident_char(chars[i - 1]))
+            && !(i >= 2 && chars[i - 2..i] == [':', ':']);
         if !starts {
             i += 1;
             continue;
@@ -224,10 +225,22 @@ fn paths(code: &str) -> Vec<Vec<String>> {
 /// Whether a path that follows `before` is a visibility (`pub(super)`, `pub(in crate::x)`),
 /// which restricts who may use an item and depends on nothing.
 fn is_visibility(before: &[char]) -> bool {
-    let text: String = before.iter().rev().take(16).collect::<String>();
-    // Reversed: the text just before the path, nearest first.
-    let near: String = text.chars().filter(|c| !c.is_whitespace()).collect();
-    near.starts_with("(bup") || near.starts_with("ni(bup")
+    // The text just before the path, nearest first, without spaces.
+    let near: Vec<char> = before
+        .iter()
+        .rev()
+        .filter(|c| !c.is_whitespace())
+        .take(8)
+        .copied()
+        .collect();
+    let keyword = |rest: &[char]| {
+        rest.starts_with(&['b', 'u', 'p']) && rest.get(3).is_none_or(|c| !is_ident_char(*c))
+    };
+    match near.as_slice() {
+        ['(', rest @ ..] if keyword(rest) => true,
+        ['n', 'i', '(', rest @ ..] => keyword(rest),
+        _ => false,
+    }
 }
 
 /// Reads the path that starts at `chars[at]` after `prefix`, pushing each path it spells
