@@ -1,7 +1,9 @@
 //! Body types that flow through the proxy: one boxed body type for every response (streamed
-//! from the upstream or made here), and a request body wrapper that enforces
-//! `max_request_body` while streaming, so an oversized chunked upload is cut off without
-//! being read whole.
+//! from the upstream or made here), and [`OnEnd`], the one body wrapper that passes a body
+//! through and tells a hook about its frames and its end. Every wrapper that must act when a
+//! body ends (release a slot, hand a connection back, settle a cost) or watch its frames
+//! (enforce `max_request_body` while streaming, so an oversized chunked upload is cut off
+//! without being read whole) is a hook on it, kept in the module it belongs to.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,52 +37,144 @@ where
     body.map_err(Into::into).boxed_unsync()
 }
 
+/// How a body came to its end, as [`OnEnd`] tells its hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The last frame was read: `poll_frame` returned `None`.
+    Stream,
+    /// The body failed: the inner body's error, or a frame the hook refused.
+    Error,
+}
+
+/// What an [`OnEnd`] body does as its frames pass and when it ends. The methods are called
+/// from the body's own `poll_frame` and drop, one at a time, so a hook needs no locking;
+/// each is a no-op unless the hook says otherwise.
+pub trait EndHook<B: Body> {
+    /// The error the wrapped body yields: the inner body's, or a wider one for a hook that
+    /// refuses frames (the inner body's errors are converted into it).
+    type Error;
+
+    /// A frame went by. `inner` is the body after yielding it, so `inner.is_end_stream()`
+    /// tells whether it was the last. An error refuses the frame: the body yields the error
+    /// instead (and the hook's [`EndHook::end`] sees [`End::Error`]).
+    #[inline]
+    fn frame(&mut self, _frame: &Frame<B::Data>, _inner: &B) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
+    /// The body ended. A body polled again past its end calls it again, so it must be
+    /// idempotent.
+    #[inline]
+    fn end(&mut self, _how: End) {}
+
+    /// The body is being dropped, whether it ended or not (a client that went away drops it
+    /// mid-stream). Runs before the inner body and the hook themselves are dropped.
+    #[inline]
+    fn dropped(&mut self, _inner: &B) {}
+}
+
 pin_project_lite::pin_project! {
-    /// A body that keeps `guard` alive until the body ends or is dropped (the client went
-    /// away): how concurrency slots stay taken for exactly the life of a response.
-    pub struct Guarded<B, G> {
+    /// Passes `inner` through unchanged (its frames, `is_end_stream` and `size_hint`) and
+    /// calls `hook` as frames pass, when the body ends and when it is dropped. Generic over
+    /// the hook, so each use is its own type with nothing boxed or dispatched at run time.
+    pub struct OnEnd<B, H>
+    where
+        B: Body,
+        H: EndHook<B>,
+    {
         #[pin]
         inner: B,
-        guard: Option<G>,
+        hook: H,
+    }
+
+    impl<B, H> PinnedDrop for OnEnd<B, H>
+    where
+        B: Body,
+        H: EndHook<B>,
+    {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            this.hook.dropped(&this.inner);
+        }
     }
 }
 
-impl<B, G> Guarded<B, G> {
+impl<B: Body, H: EndHook<B>> OnEnd<B, H> {
+    pub fn with_hook(inner: B, hook: H) -> Self {
+        OnEnd { inner, hook }
+    }
+}
+
+impl<B, H> Body for OnEnd<B, H>
+where
+    B: Body,
+    H: EndHook<B>,
+    B::Error: Into<H::Error>,
+{
+    type Data = B::Data;
+    type Error = H::Error;
+
+    #[inline]
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, H::Error>>> {
+        let mut this = self.project();
+        let polled = match this.inner.as_mut().poll_frame(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(polled) => polled,
+        };
+        let ended = match polled {
+            Some(Ok(frame)) => match this.hook.frame(&frame, &this.inner) {
+                Ok(()) => return Poll::Ready(Some(Ok(frame))),
+                Err(refused) => Some(Err(refused)),
+            },
+            Some(Err(e)) => Some(Err(e.into())),
+            None => None,
+        };
+        this.hook.end(match ended {
+            None => End::Stream,
+            Some(_) => End::Error,
+        });
+        Poll::Ready(ended)
+    }
+
+    #[inline]
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    #[inline]
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Keeps a guard alive until the body ends, fails or is dropped (the client went away): how
+/// concurrency slots and a connection's request in flight stay taken for exactly the life of
+/// a response.
+pub struct Guard<G>(Option<G>);
+
+impl<B: Body, G> EndHook<B> for Guard<G> {
+    type Error = B::Error;
+
+    #[inline]
+    fn end(&mut self, _how: End) {
+        self.0 = None;
+    }
+}
+
+/// A body holding a [`Guard`].
+pub type Guarded<B, G> = OnEnd<B, Guard<G>>;
+
+impl<B: Body, G> Guarded<B, G> {
     pub fn new(inner: B, guard: G) -> Self {
-        Guarded {
-            inner,
-            guard: Some(guard),
-        }
+        OnEnd::with_hook(inner, Guard(Some(guard)))
     }
 }
 
 pub fn with_guard<G: Send + 'static>(body: ProxyBody, guard: G) -> ProxyBody {
     Guarded::new(body, guard).boxed_unsync()
-}
-
-impl<B: Body, G> Body for Guarded<B, G> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        let this = self.project();
-        let polled = this.inner.poll_frame(cx);
-        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
-            this.guard.take();
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
 }
 
 /// The request body was larger than allowed.
@@ -90,71 +184,52 @@ pub struct BodyTooLarge {
     pub limit: u64,
 }
 
-pin_project_lite::pin_project! {
-    /// Passes a body through, failing it once more than `limit` bytes have gone by. The flag
-    /// tells the proxy afterwards that the upstream request failed *because* of the limit
-    /// (hyper reports only that the body errored), so the client gets 413, not 502.
-    pub struct LimitedBody<B> {
-        #[pin]
-        inner: B,
-        remaining: u64,
-        limit: u64,
-        exceeded: Arc<AtomicBool>,
-    }
+/// Fails a body once more than `limit` bytes have gone by. The flag tells the proxy
+/// afterwards that the upstream request failed *because* of the limit (hyper reports only
+/// that the body errored), so the client gets 413, not 502.
+pub struct SizeLimit {
+    remaining: u64,
+    limit: u64,
+    exceeded: Arc<AtomicBool>,
 }
 
-impl<B> LimitedBody<B> {
-    pub fn new(inner: B, limit: u64) -> (Self, Arc<AtomicBool>) {
-        let exceeded = Arc::new(AtomicBool::new(false));
-        let body = LimitedBody {
-            inner,
-            remaining: limit,
-            limit,
-            exceeded: exceeded.clone(),
-        };
-        (body, exceeded)
-    }
-}
-
-impl<B> Body for LimitedBody<B>
+impl<B> EndHook<B> for SizeLimit
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.project();
-        match this.inner.poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    let len = data.len() as u64;
-                    if len > *this.remaining {
-                        this.exceeded.store(true, Ordering::Release);
-                        return Poll::Ready(Some(Err(Box::new(BodyTooLarge {
-                            limit: *this.limit,
-                        }))));
-                    }
-                    *this.remaining -= len;
-                }
-                Poll::Ready(Some(Ok(frame)))
+    #[inline]
+    fn frame(&mut self, frame: &Frame<Bytes>, _inner: &B) -> Result<(), BoxError> {
+        if let Some(data) = frame.data_ref() {
+            let len = data.len() as u64;
+            if len > self.remaining {
+                self.exceeded.store(true, Ordering::Release);
+                return Err(Box::new(BodyTooLarge { limit: self.limit }));
             }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
+            self.remaining -= len;
         }
+        Ok(())
     }
+}
 
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
+/// A request body under `max_request_body`.
+pub type LimitedBody<B> = OnEnd<B, SizeLimit>;
 
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+impl<B> LimitedBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    pub fn new(inner: B, limit: u64) -> (Self, Arc<AtomicBool>) {
+        let exceeded = Arc::new(AtomicBool::new(false));
+        let hook = SizeLimit {
+            remaining: limit,
+            limit,
+            exceeded: exceeded.clone(),
+        };
+        (OnEnd::with_hook(inner, hook), exceeded)
     }
 }
 
@@ -170,6 +245,73 @@ mod tests {
             .map(|n| Ok(Frame::data(Bytes::from(vec![b'x'; *n]))))
             .collect();
         StreamBody::new(stream::iter(frames))
+    }
+
+    /// Records what an [`OnEnd`] tells its hook.
+    struct Record(Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl<B: Body> EndHook<B> for Record {
+        type Error = B::Error;
+
+        fn frame(&mut self, frame: &Frame<B::Data>, _inner: &B) -> Result<(), B::Error> {
+            let kind = if frame.is_data() { "data" } else { "trailers" };
+            self.0.lock().unwrap().push(kind.into());
+            Ok(())
+        }
+
+        fn end(&mut self, how: End) {
+            self.0.lock().unwrap().push(format!("{how:?}"));
+        }
+
+        fn dropped(&mut self, _inner: &B) {
+            self.0.lock().unwrap().push("dropped".into());
+        }
+    }
+
+    fn recorded<B: Body>(body: B) -> (OnEnd<B, Record>, Arc<std::sync::Mutex<Vec<String>>>) {
+        let log = Arc::default();
+        (OnEnd::with_hook(body, Record(Arc::clone(&log))), log)
+    }
+
+    #[tokio::test]
+    async fn the_hook_sees_each_frame_then_the_end_then_the_drop() {
+        let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = vec![
+            Ok(Frame::data(Bytes::from_static(b"a"))),
+            Ok(Frame::trailers(http::HeaderMap::new())),
+        ];
+        let (body, log) = recorded(StreamBody::new(stream::iter(frames)));
+        body.collect().await.unwrap();
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["data", "trailers", "Stream", "dropped"]
+        );
+
+        let frames: Vec<Result<Frame<Bytes>, BoxError>> = vec![
+            Ok(Frame::data(Bytes::from_static(b"a"))),
+            Err("broken".into()),
+        ];
+        let (body, log) = recorded(StreamBody::new(stream::iter(frames)));
+        assert!(body.collect().await.is_err());
+        assert_eq!(*log.lock().unwrap(), ["data", "Error", "dropped"]);
+
+        let (body, log) = recorded(chunks(&[1, 1]));
+        drop(body);
+        assert_eq!(*log.lock().unwrap(), ["dropped"]);
+    }
+
+    #[tokio::test]
+    async fn a_guard_is_let_go_at_the_end() {
+        let guard = Arc::new(());
+        let mut body = Guarded::new(chunks(&[1]), Arc::clone(&guard));
+        assert!(body.frame().await.is_some());
+        assert_eq!(Arc::strong_count(&guard), 2, "held while the body streams");
+        assert!(body.frame().await.is_none());
+        assert_eq!(
+            Arc::strong_count(&guard),
+            1,
+            "let go at the end, body still alive"
+        );
+        drop(body);
     }
 
     #[tokio::test]

@@ -54,10 +54,10 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::body::Guarded;
-use crate::idle::{Activity, IdleIo, RequestBody, RequestInFlight};
+use crate::idle::{Activity, IdleIo, Idleness, RequestInFlight};
 use crate::metrics::Held;
 use crate::proxy::{AnswerBody, ConnInfo, Proxy};
-use crate::upgrade::{Handoff, Rewind};
+use crate::upgrade::{rewind, Handoff, Rewind};
 
 /// hyper answers 431 when the request head does not fit this buffer.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -69,8 +69,8 @@ pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 const PARK_AFTER: Duration = Duration::from_millis(20);
 
 /// The longest a connection waits before it is parked. A parked connection that is woken
-/// sooner than this was parked in vain (rebuilding hyper's connection costs about a third of
-/// a request: docs/performance.md), so its next wait doubles, up to this; one woken later
+/// sooner than this was parked in vain (rebuilding hyper's connection costs a good part of a
+/// request), so its next wait doubles, up to this; one woken later
 /// starts again from [`PARK_AFTER`]. A client that pauses 50 ms between requests is parked
 /// twice and then kept; one that sends a request and goes quiet is parked after 20 ms.
 const PARK_AFTER_MAX: Duration = Duration::from_secs(1);
@@ -142,7 +142,7 @@ impl ConnectionService {
         // In flight from the moment hyper hands the request over, before the future first
         // runs: the connection must not be parked between the two.
         let in_flight = self.activity.start();
-        let mut request = request.map(|body| RequestBody::new(body, &self.activity));
+        let mut request = request.map(|body| self.activity.request_body(body));
         if let Some(handoff) = &self.handoff {
             handoff.prepare(&mut request);
         }
@@ -259,7 +259,7 @@ pub async fn serve_plain(mut stream: TcpStream, info: ConnInfo, shared: Arc<Shar
                         handoff: None,
                         ..service
                     };
-                    let serving = Box::pin(serve_h2(Rewind::new(read, stream), service, &shared));
+                    let serving = Box::pin(serve_h2(rewind(read, stream), service, &shared));
                     return serving.await;
                 }
                 Ok(Sniffed::Closed) | Err(_) => return,
@@ -361,7 +361,7 @@ pub async fn serve_tls(
 ) {
     let peer = info.peer;
     let activity = Arc::new(Activity::default());
-    let stream = IdleIo::new(stream, shared.idle_timeout, activity.clone());
+    let stream = IdleIo::with_hook(stream, Idleness::new(shared.idle_timeout, activity.clone()));
     let service = ConnectionService::new(shared.proxy.clone(), info, activity);
     // The handshake runs in the connection's task so a slow client cannot hold up accepting;
     // it is bounded like a request head.
@@ -394,7 +394,7 @@ pub async fn serve_tls(
         }
     };
     // At the end of input, hyper's HTTP/1 connection sees it and closes cleanly.
-    let io = TokioIo::new(Rewind::new(Bytes::copy_from_slice(&buf[..got]), tls_stream));
+    let io = TokioIo::new(rewind(Bytes::copy_from_slice(&buf[..got]), tls_stream));
     let served = if is_h2 {
         let conn = pin!(shared.http2.serve_connection(io, service.hyper()));
         until_drained(conn, &shared.stop, |c| c.graceful_shutdown()).await
@@ -414,7 +414,7 @@ pub async fn serve_tls(
 async fn serve_h2(io: Rewind<TcpStream>, service: ConnectionService, shared: &Shared) {
     let peer = service.info.peer;
     let activity = service.activity.clone();
-    let io = IdleIo::new(io, shared.idle_timeout, activity);
+    let io = IdleIo::with_hook(io, Idleness::new(shared.idle_timeout, activity));
     let conn = shared
         .http2
         .serve_connection(TokioIo::new(io), service.hyper());
@@ -451,11 +451,13 @@ async fn serve_http1(
 ) -> Option<(TcpStream, Bytes)> {
     let activity = &service.activity;
     let peer = service.info.peer;
-    let io = IdleIo::parking(
-        Rewind::new(carried, stream),
-        shared.idle_timeout,
-        shared.header_read_timeout,
-        activity.clone(),
+    let io = IdleIo::with_hook(
+        rewind(carried, stream),
+        Idleness::parking(
+            shared.idle_timeout,
+            shared.header_read_timeout,
+            activity.clone(),
+        ),
     );
     // Boxed so that taking it apart moves a pointer, not the whole connection.
     let mut conn = Box::new(
@@ -472,9 +474,9 @@ async fn serve_http1(
     // doubles (up to PARK_AFTER_MAX), so a connection that stays busy is woken about once a
     // second; once quiet, it is parked within twice its last wait. `armed_at` is how many
     // requests had started when it was armed. The timer is polled once after each arming
-    // (which registers the task's waker with it) and
-    // afterwards only asked whether it has fired: polling a registered timer on every idle
-    // moment re-registered the same waker each time, about 550 instructions per request.
+    // (which registers the task's waker with it) and afterwards only asked whether it has
+    // fired: polling a registered timer on every idle moment would register the same waker
+    // again each time.
     let mut settle: Option<Pin<Box<Sleep>>> = None;
     let mut settle_registered = false;
     let mut armed_at = 0;
@@ -543,11 +545,12 @@ async fn serve_http1(
         }
     }
     let parts = conn.into_parts();
-    let (rest, mut stream) = parts.io.into_inner().into_inner().into_parts();
+    let (mut stream, rest) = parts.io.into_inner().into_inner().into_parts();
+    let rest = rest.into_bytes();
     let unparsed = join(parts.read_buf, rest);
     let handoff = service.handoff.as_ref().and_then(Handoff::take);
     if let Some(handoff) = handoff.filter(|_| activity.is_upgraded()) {
-        let _ = handoff.send(Rewind::new(unparsed, stream));
+        let _ = handoff.send(rewind(unparsed, stream));
         return None;
     }
     if served.is_ok() && parking && !draining {

@@ -36,10 +36,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
+use http_body::{Body, Frame};
 use hyper::body::Incoming;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
+
+use crate::body::{End, EndHook, OnEnd};
+use crate::hooked_io::{HookedIo, IoHook};
 
 /// What the service and the socket tell the connection about its requests.
 #[derive(Debug, Default)]
@@ -83,12 +86,12 @@ impl Activity {
         self.write_pending.load(Ordering::Acquire)
     }
 
-    /// Whether [`IdleIo`] found the connection parkable, and no byte was read since.
     /// How many requests (and request bodies) have started on this connection.
     pub fn started(&self) -> u64 {
         self.started.load(Ordering::Relaxed)
     }
 
+    /// Whether [`IdleIo`] found the connection parkable, and no byte was read since.
     pub fn park_signalled(&self) -> bool {
         self.park.load(Ordering::Acquire)
     }
@@ -139,81 +142,74 @@ impl Drop for RequestInFlight {
     }
 }
 
-/// A request body that counts as in flight until its end (or until it is dropped): while the
+/// Keeps a request body in flight until its last frame (or until it is dropped): while the
 /// proxy still forwards an upload, the connection is not idle even if the response is done.
-#[derive(Debug)]
-pub struct RequestBody {
-    inner: Incoming,
-    guard: Option<RequestInFlight>,
-}
+/// A body that fails stays in flight until it is dropped.
+pub struct BodyInFlight(Option<RequestInFlight>);
 
-impl RequestBody {
-    pub fn new(inner: Incoming, activity: &Arc<Activity>) -> Self {
-        let guard = (!inner.is_end_stream()).then(|| activity.start());
-        RequestBody { inner, guard }
-    }
-}
-
-impl Body for RequestBody {
-    type Data = Bytes;
+impl EndHook<Incoming> for BodyInFlight {
     type Error = hyper::Error;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(None) => self.guard = None,
-            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.guard = None,
-            _ => {}
+    #[inline]
+    fn frame(&mut self, _frame: &Frame<Bytes>, inner: &Incoming) -> Result<(), hyper::Error> {
+        if inner.is_end_stream() {
+            self.0 = None;
         }
-        polled
+        Ok(())
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// A socket that reports end of input after `timeout` of idleness, and (with `park`) finds
-    /// the moment its HTTP/1 connection can be parked and bounds the time a request head may
-    /// take to arrive; see the module docs.
-    pub struct IdleIo<T> {
-        #[pin]
-        inner: T,
-        // Made on the first wait that needs it: most waits are for a request in flight, which
-        // no timer can cut, or end in parking.
-        timer: Option<Pin<Box<Sleep>>>,
-        timeout: Duration,
-        // When a byte last moved either way, as far as the timer needs to know: set when a
-        // wait begins after bytes moved (`moved`), not on every read and write, so that a
-        // request costs no clock read here. A wait begins right after the last transfer, so
-        // the two differ by one poll.
-        last_activity: Instant,
-        moved: bool,
-        activity: Arc<Activity>,
-        park: bool,
-        // `header_read_timeout` for an HTTP/1 connection that parks (None otherwise): a head
-        // that has begun (a byte read while no request is in flight) must be whole by then.
-        // Kept here rather than by hyper, whose own timer is a new allocation and a timer
-        // registration for every request.
-        head_timeout: Option<Duration>,
-        // The deadline of the head being read, and `Activity::started` when it was set (a
-        // new request since means a new head).
-        head_deadline: Option<(u64, Instant)>,
+    #[inline]
+    fn end(&mut self, how: End) {
+        if how == End::Stream {
+            self.0 = None;
+        }
     }
 }
 
-impl<T> IdleIo<T> {
-    pub fn new(inner: T, timeout: Duration, activity: Arc<Activity>) -> Self {
-        IdleIo {
-            inner,
+/// A request body as the connection hands it to the proxy; see [`BodyInFlight`].
+pub type RequestBody = OnEnd<Incoming, BodyInFlight>;
+
+impl Activity {
+    /// `inner`, counted as in flight until its end (an empty body never is).
+    pub fn request_body(self: &Arc<Self>, inner: Incoming) -> RequestBody {
+        let in_flight = (!inner.is_end_stream()).then(|| self.start());
+        OnEnd::with_hook(inner, BodyInFlight(in_flight))
+    }
+}
+
+/// A socket that reports end of input after its timeout of idleness, and (when parking)
+/// finds the moment its HTTP/1 connection can be parked and bounds the time a request head
+/// may take to arrive; see the module docs.
+pub type IdleIo<T> = HookedIo<T, Idleness>;
+
+/// The hook of an [`IdleIo`]: watches reads and writes, and ends input when idle.
+pub struct Idleness {
+    // Made on the first wait that needs it: most waits are for a request in flight, which
+    // no timer can cut, or end in parking.
+    timer: Option<Pin<Box<Sleep>>>,
+    timeout: Duration,
+    // When a byte last moved either way, as far as the timer needs to know: set when a wait
+    // begins after bytes moved (`moved`), not on every read and write, so that a request
+    // costs no clock read here. A wait begins right after the last transfer, so the two
+    // differ by one poll.
+    last_activity: Instant,
+    moved: bool,
+    activity: Arc<Activity>,
+    park: bool,
+    // `header_read_timeout` for an HTTP/1 connection that parks (None otherwise): a head
+    // that has begun (a byte read while no request is in flight) must be whole by then.
+    // Kept here rather than by hyper, whose own timer is an allocation and a timer
+    // registration for every request.
+    head_timeout: Option<Duration>,
+    // The deadline of the head being read, and `Activity::started` when it was set (a new
+    // request since means a new head).
+    head_deadline: Option<(u64, Instant)>,
+}
+
+impl Idleness {
+    /// Ends input after `timeout` with nothing in flight and no byte moved.
+    pub fn new(timeout: Duration, activity: Arc<Activity>) -> Self {
+        Idleness {
             timer: None,
             timeout,
             last_activity: Instant::now(),
@@ -225,77 +221,63 @@ impl<T> IdleIo<T> {
         }
     }
 
-    /// Like [`IdleIo::new`], for a plain HTTP/1 connection that is parked when idle and whose
-    /// request heads must arrive within `head_timeout` of their first byte.
-    pub fn parking(
-        inner: T,
-        timeout: Duration,
-        head_timeout: Duration,
-        activity: Arc<Activity>,
-    ) -> Self {
+    /// Like [`Idleness::new`], for a plain HTTP/1 connection that is parked when idle and
+    /// whose request heads must arrive within `head_timeout` of their first byte.
+    pub fn parking(timeout: Duration, head_timeout: Duration, activity: Arc<Activity>) -> Self {
         activity.unparked();
-        IdleIo {
+        Idleness {
             park: true,
             head_timeout: Some(head_timeout),
-            ..IdleIo::new(inner, timeout, activity)
+            ..Idleness::new(timeout, activity)
         }
     }
 
-    pub fn into_inner(self) -> T {
-        self.inner
-    }
-
-    fn note_write<R>(
-        self: Pin<&mut Self>,
-        write: impl FnOnce(Pin<&mut T>) -> Poll<io::Result<R>>,
-        moved: impl FnOnce(&R) -> bool,
-    ) -> Poll<io::Result<R>> {
-        let this = self.project();
-        let polled = write(this.inner);
-        match &polled {
-            Poll::Pending => this.activity.write_pending.store(true, Ordering::Release),
+    /// Notes a write's outcome: pending means hyper holds bytes the socket did not take.
+    #[inline]
+    fn note_write<R>(&mut self, polled: &Poll<io::Result<R>>, moved: impl FnOnce(&R) -> bool) {
+        match polled {
+            Poll::Pending => self.activity.write_pending.store(true, Ordering::Release),
             Poll::Ready(result) => {
-                this.activity.write_pending.store(false, Ordering::Release);
+                self.activity.write_pending.store(false, Ordering::Release);
                 if result.as_ref().is_ok_and(moved) {
-                    *this.moved = true;
+                    self.moved = true;
                 }
             }
         }
-        polled
     }
 }
 
-impl<T: AsyncRead> AsyncRead for IdleIo<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
+impl IoHook for Idleness {
+    fn poll_read<T: AsyncRead>(
+        &mut self,
+        inner: Pin<&mut T>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = self.project();
         let before = buf.filled().len();
-        match this.inner.poll_read(cx, buf) {
+        match inner.poll_read(cx, buf) {
             Poll::Ready(result) => {
-                if *this.park {
-                    this.activity.read_waiting.store(false, Ordering::Release);
+                if self.park {
+                    self.activity.read_waiting.store(false, Ordering::Release);
                 }
                 if buf.filled().len() > before {
-                    *this.moved = true;
-                    this.activity.read_since_idle.store(true, Ordering::Release);
-                    this.activity.park.store(false, Ordering::Release);
+                    self.moved = true;
+                    self.activity.read_since_idle.store(true, Ordering::Release);
+                    self.activity.park.store(false, Ordering::Release);
                 }
                 return Poll::Ready(result);
             }
             Poll::Pending => {}
         }
-        if *this.park {
-            this.activity.read_waiting.store(true, Ordering::Release);
+        if self.park {
+            self.activity.read_waiting.store(true, Ordering::Release);
         }
-        if *this.park && this.activity.parkable() {
+        if self.park && self.activity.parkable() {
             // The connection closes hyper and waits for the socket itself: no timer needed.
-            this.activity.park.store(true, Ordering::Release);
+            self.activity.park.store(true, Ordering::Release);
             return Poll::Pending;
         }
-        if this.activity.busy() {
+        if self.activity.busy() {
             // Only the request's end can make the connection idle, and hyper reads again then.
             return Poll::Pending;
         }
@@ -303,29 +285,30 @@ impl<T: AsyncRead> AsyncRead for IdleIo<T> {
         // transfer here and moving the deadline only when the timer fires keeps reads and
         // writes free of clock reads.
         let now = Instant::now();
-        if std::mem::take(this.moved) {
-            *this.last_activity = now;
+        if std::mem::take(&mut self.moved) {
+            self.last_activity = now;
         }
         let mut head = None;
-        if let Some(head_timeout) = *this.head_timeout {
-            if this.activity.read_since_idle.load(Ordering::Acquire) {
+        if let Some(head_timeout) = self.head_timeout {
+            if self.activity.read_since_idle.load(Ordering::Acquire) {
                 // Part of a request head is here: hyper hands the request over (and it is in
                 // flight) once the head is whole.
-                let started = this.activity.started();
-                let (_, deadline) = this
+                let started = self.activity.started();
+                let (_, deadline) = self
                     .head_deadline
                     .filter(|(at, _)| *at == started)
                     .unwrap_or((started, now + head_timeout));
-                *this.head_deadline = Some((started, deadline));
+                self.head_deadline = Some((started, deadline));
                 head = Some(deadline);
             }
         }
+        let timeout = self.timeout;
         let deadline = |last_activity: Instant| {
-            let idle = last_activity + *this.timeout;
+            let idle = last_activity + timeout;
             head.map_or(idle, |head: Instant| head.min(idle))
         };
-        let wanted = deadline(*this.last_activity);
-        let timer = this
+        let wanted = deadline(self.last_activity);
+        let timer = self
             .timer
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(wanted)));
         if wanted < timer.deadline() {
@@ -336,62 +319,63 @@ impl<T: AsyncRead> AsyncRead for IdleIo<T> {
                 return Poll::Pending;
             }
             let now = Instant::now();
-            if std::mem::take(this.moved) {
-                *this.last_activity = now;
+            if std::mem::take(&mut self.moved) {
+                self.last_activity = now;
             }
-            let deadline = deadline(*this.last_activity);
+            let deadline = deadline(self.last_activity);
             if deadline > now {
                 timer.as_mut().reset(deadline);
-            } else if this.activity.busy() {
-                timer.as_mut().reset(now + *this.timeout);
+            } else if self.activity.busy() {
+                timer.as_mut().reset(now + timeout);
             } else {
                 // End of input: hyper closes an idle connection cleanly on it, and one in the
                 // middle of a head as an incomplete message, without an answer, as hyper's
                 // own header timeout does.
                 if head.is_some_and(|head| head <= now) {
-                    tracing::debug!(timeout = ?this.head_timeout, "closing a client connection whose request head did not arrive in time");
+                    tracing::debug!(timeout = ?self.head_timeout, "closing a client connection whose request head did not arrive in time");
                 } else {
-                    tracing::debug!(timeout = ?this.timeout, "closing idle client connection");
+                    tracing::debug!(timeout = ?self.timeout, "closing idle client connection");
                 }
                 return Poll::Ready(Ok(()));
             }
         }
     }
-}
 
-impl<T: AsyncWrite> AsyncWrite for IdleIo<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
+    #[inline]
+    fn poll_write<T: AsyncWrite>(
+        &mut self,
+        inner: Pin<&mut T>,
         cx: &mut Context<'_>,
-        buf: &[u8],
+        write: impl FnOnce(Pin<&mut T>, &mut Context<'_>) -> Poll<io::Result<usize>>,
     ) -> Poll<io::Result<usize>> {
-        self.note_write(|inner| inner.poll_write(cx, buf), |n| *n > 0)
+        let polled = write(inner, cx);
+        self.note_write(&polled, |n| *n > 0);
+        polled
     }
 
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
+    #[inline]
+    fn poll_flush<T: AsyncWrite>(
+        &mut self,
+        inner: Pin<&mut T>,
         cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        self.note_write(|inner| inner.poll_write_vectored(cx, bufs), |n| *n > 0)
+    ) -> Poll<io::Result<()>> {
+        let polled = inner.poll_flush(cx);
+        self.note_write(&polled, |_| false);
+        polled
     }
 
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.note_write(|inner| inner.poll_flush(cx), |_| false)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    fn poll_shutdown<T: AsyncWrite>(
+        &mut self,
+        inner: Pin<&mut T>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
         if self.park {
             // A parking connection's socket outlives its hyper connection (parked, or handed
             // to a tunnel): hyper's shutdown at its end must not close it. The connection
             // shuts the socket down itself when it is really done (`conn::serve_http1`).
-            return self.project().inner.poll_flush(cx);
+            return inner.poll_flush(cx);
         }
-        self.project().inner.poll_shutdown(cx)
+        inner.poll_shutdown(cx)
     }
 }
 
@@ -405,7 +389,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_idle_connection_ends_after_the_timeout() {
         let (client, server) = tokio::io::duplex(64);
-        let mut io = IdleIo::new(server, TIMEOUT, Arc::default());
+        let mut io = IdleIo::with_hook(server, Idleness::new(TIMEOUT, Arc::default()));
         let start = Instant::now();
         let mut buf = [0u8; 8];
         assert_eq!(io.read(&mut buf).await.unwrap(), 0);
@@ -416,7 +400,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn traffic_pushes_the_deadline_back() {
         let (mut client, server) = tokio::io::duplex(64);
-        let mut io = IdleIo::new(server, TIMEOUT, Arc::default());
+        let mut io = IdleIo::with_hook(server, Idleness::new(TIMEOUT, Arc::default()));
         let start = Instant::now();
         let mut buf = [0u8; 8];
         tokio::time::sleep(Duration::from_secs(4)).await;
@@ -434,7 +418,10 @@ mod tests {
         let head_timeout = Duration::from_secs(2);
         let (mut client, server) = tokio::io::duplex(64);
         let activity = Arc::new(Activity::default());
-        let mut io = IdleIo::parking(server, TIMEOUT, head_timeout, activity.clone());
+        let mut io = IdleIo::with_hook(
+            server,
+            Idleness::parking(TIMEOUT, head_timeout, activity.clone()),
+        );
         let start = Instant::now();
         client.write_all(b"GET / HT").await.unwrap();
         let trickle = tokio::spawn(async move {
@@ -465,7 +452,10 @@ mod tests {
         // A request that started ends the head: the next one gets its own deadline.
         let (mut client, server) = tokio::io::duplex(64);
         let activity = Arc::new(Activity::default());
-        let mut io = IdleIo::parking(server, TIMEOUT, head_timeout, activity.clone());
+        let mut io = IdleIo::with_hook(
+            server,
+            Idleness::parking(TIMEOUT, head_timeout, activity.clone()),
+        );
         client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
         let _ = io.read(&mut buf).await.unwrap();
         tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -481,7 +471,7 @@ mod tests {
     async fn a_request_in_flight_or_an_upgrade_keeps_it_open() {
         let (_client, server) = tokio::io::duplex(64);
         let activity = Arc::new(Activity::default());
-        let mut io = IdleIo::new(server, TIMEOUT, activity.clone());
+        let mut io = IdleIo::with_hook(server, Idleness::new(TIMEOUT, activity.clone()));
         let start = Instant::now();
         let request = activity.start();
         let mut buf = [0u8; 8];
@@ -493,7 +483,7 @@ mod tests {
 
         let (_client, server) = tokio::io::duplex(64);
         let activity = Arc::new(Activity::default());
-        let mut io = IdleIo::new(server, TIMEOUT, activity.clone());
+        let mut io = IdleIo::with_hook(server, Idleness::new(TIMEOUT, activity.clone()));
         activity.upgraded();
         let read = tokio::time::timeout(TIMEOUT * 10, io.read(&mut buf)).await;
         assert!(read.is_err(), "upgraded connections are never cut");

@@ -12,6 +12,7 @@ pub mod conn;
 pub mod error;
 pub mod explain;
 pub mod grpc;
+pub mod hooked_io;
 pub mod identity;
 pub mod idle;
 pub mod limit;

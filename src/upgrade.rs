@@ -27,6 +27,8 @@ use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio_util::task::TaskTracker;
 
+use crate::hooked_io::{HookedIo, IoHook};
+
 /// A plain client socket after an upgrade, with the bytes read from it past the request.
 pub type Upgraded = Rewind<TcpStream>;
 
@@ -142,75 +144,44 @@ where
     }
 }
 
-pin_project_lite::pin_project! {
-    /// A socket that first yields bytes already taken off it.
-    #[derive(Debug)]
-    pub struct Rewind<T> {
-        prefix: Bytes,
-        #[pin]
-        inner: T,
+/// A socket that first yields bytes already taken off it.
+pub type Rewind<T> = HookedIo<T, Prefix>;
+
+/// `prefix`, then what `inner` reads.
+pub fn rewind<T>(prefix: Bytes, inner: T) -> Rewind<T> {
+    HookedIo::with_hook(inner, Prefix(prefix))
+}
+
+/// The hook of a [`Rewind`]: the bytes not yet read.
+#[derive(Debug)]
+pub struct Prefix(Bytes);
+
+impl Prefix {
+    pub fn into_bytes(self) -> Bytes {
+        self.0
     }
 }
 
-impl<T> Rewind<T> {
-    pub fn new(prefix: Bytes, inner: T) -> Self {
-        Rewind { prefix, inner }
-    }
-
-    /// The bytes not yet read, and the socket.
-    pub fn into_parts(self) -> (Bytes, T) {
-        (self.prefix, self.inner)
-    }
-}
-
-impl<T: AsyncRead> AsyncRead for Rewind<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
+impl IoHook for Prefix {
+    #[inline]
+    fn poll_read<T: AsyncRead>(
+        &mut self,
+        inner: Pin<&mut T>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = self.project();
-        if !this.prefix.is_empty() {
-            let n = this.prefix.len().min(buf.remaining());
-            buf.put_slice(&this.prefix[..n]);
-            this.prefix.advance(n);
-            if this.prefix.is_empty() {
+        let prefix = &mut self.0;
+        if !prefix.is_empty() {
+            let n = prefix.len().min(buf.remaining());
+            buf.put_slice(&prefix[..n]);
+            prefix.advance(n);
+            if prefix.is_empty() {
                 // Drop the allocation now rather than with the connection.
-                *this.prefix = Bytes::new();
+                *prefix = Bytes::new();
             }
             return Poll::Ready(Ok(()));
         }
-        this.inner.poll_read(cx, buf)
-    }
-}
-
-impl<T: AsyncWrite> AsyncWrite for Rewind<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        self.project().inner.poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        self.project().inner.poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.project().inner.poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.project().inner.poll_shutdown(cx)
+        inner.poll_read(cx, buf)
     }
 }
 
@@ -228,11 +199,11 @@ mod tests {
             .unwrap();
         let (server, _) = listener.accept().await.unwrap();
         client.write_all(b" world").await.unwrap();
-        let mut io = Rewind::new(Bytes::from_static(b"hello"), server);
+        let mut io = rewind(Bytes::from_static(b"hello"), server);
         let mut got = vec![0u8; 11];
         io.read_exact(&mut got).await.unwrap();
         assert_eq!(got, b"hello world");
-        let (rest, _) = io.into_parts();
-        assert!(rest.is_empty());
+        let (_, rest) = io.into_parts();
+        assert!(rest.into_bytes().is_empty());
     }
 }

@@ -1,11 +1,21 @@
-//! The crate's module structure: dependencies between the top-level modules run one way.
+//! The crate's module structure: dependencies run one way, between the top-level modules and
+//! between the files of each module folder.
 //!
 //! A module that imports one that imports it back cannot be read, tested or replaced on its
-//! own, and each new feature built on such a pair tightens the knot. This test reads the
-//! sources (not the compiled crate, so it sees `use` lines and paths alike), builds the graph
-//! of which top-level module (`config`, `limit`, `throttle`, `proxy`, ...) names which other,
-//! and fails with the cycle it finds. Unit tests (`#[cfg(test)] mod tests`) and comments are
-//! left out: a test may reach anywhere, and a doc link is not a dependency.
+//! own, and each new feature built on such a pair tightens the knot. These tests read the
+//! sources (not the compiled crate, so they see `use` lines and paths alike) and fail with
+//! the cycle they find:
+//!
+//! - between top-level modules (`config`, `limit`, `throttle`, `proxy`, ...), named through
+//!   `crate::`;
+//! - inside each module folder (`src/limit/`, ...), between its files: a file names a sibling
+//!   through `super::x`, `crate::limit::x` or `self::x`, and the folder's root (`mod.rs`)
+//!   names a child as `x::` too. A child that names an item of the root (`super::Check`,
+//!   `use super::*`) depends on the root; the root's `mod x;` declares a child and is no
+//!   dependency. A subfolder counts as one node of its parent folder.
+//!
+//! Unit tests (`#[cfg(test)] mod ...`, at the end of a file) and comments are left out: a
+//! test may reach anywhere, and a doc link is not a dependency.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -31,9 +41,9 @@ fn top_module(src: &Path, file: &Path) -> Option<String> {
     (!matches!(name, "lib" | "main")).then(|| name.to_string())
 }
 
-/// The code of a file without comments and without its unit-test module.
+/// The code of a file without comments and without its unit-test modules (which come last).
 fn code(text: &str) -> String {
-    let text = match text.find("#[cfg(test)]\nmod tests") {
+    let text = match text.find("#[cfg(test)]\nmod ") {
         Some(at) => &text[..at],
         None => text,
     };
@@ -164,4 +174,471 @@ fn the_cycle_finder_finds_a_cycle_and_the_parser_sees_groups() {
         Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
     );
     assert_eq!(code("x\n#[cfg(test)]\nmod tests { crate::y }"), "x");
+}
+
+/// A module path: `src/limit/memory.rs` is `["limit", "memory"]`, `src/limit/mod.rs` (or
+/// `src/limit.rs`) is `["limit"]`.
+type ModPath = Vec<String>;
+
+/// The module path of a file given relative to `src/` (with `/` between folders), or `None`
+/// for the crate roots.
+fn module_path(relative: &str) -> Option<ModPath> {
+    let stem = relative.strip_suffix(".rs")?;
+    let mut path: ModPath = stem.split('/').map(str::to_string).collect();
+    if path.last().is_some_and(|last| last == "mod") {
+        path.pop();
+    }
+    (!(path.len() == 1 && matches!(path[0].as_str(), "lib" | "main"))).then_some(path)
+}
+
+fn is_ident_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// Every path written in `code`, its `use` groups expanded (`super::{a, b::{c, self}}` gives
+/// `super::a`, `super::b::c` and `super::b`; a glob stops at its prefix). A path starts at an
+/// identifier that does not continue another path (`::http::X` and `a::b` yield no path at
+/// `http` or `b`); `pub(super)` and `pub(in crate::x)` are visibilities, not paths.
+fn paths(code: &str) -> Vec<Vec<String>> {
+    let chars: Vec<char> = code.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let starts = is_ident_char(chars[i])
+            && !chars[i].is_ascii_digit()
+            && (i == 0 || !is_ident_char(chars[i - 1]))
+            && !(i >= 2 && chars[i - 2..i] == [':', ':']);
+        if !starts {
+            i += 1;
+            continue;
+        }
+        let before = out.len();
+        let start = i;
+        i = read_path(&chars, i, Vec::new(), &mut out);
+        if is_visibility(&chars[..start]) {
+            out.truncate(before);
+        }
+    }
+    out
+}
+
+/// Whether a path that follows `before` is a visibility (`pub(super)`, `pub(in crate::x)`),
+/// which restricts who may use an item and depends on nothing.
+fn is_visibility(before: &[char]) -> bool {
+    // The text just before the path, nearest first, without spaces.
+    let near: Vec<char> = before
+        .iter()
+        .rev()
+        .filter(|c| !c.is_whitespace())
+        .take(8)
+        .copied()
+        .collect();
+    let keyword = |rest: &[char]| {
+        rest.starts_with(&['b', 'u', 'p']) && rest.get(3).is_none_or(|c| !is_ident_char(*c))
+    };
+    match near.as_slice() {
+        ['(', rest @ ..] if keyword(rest) => true,
+        ['n', 'i', '(', rest @ ..] => keyword(rest),
+        _ => false,
+    }
+}
+
+/// Reads the path that starts at `chars[at]` after `prefix`, pushing each path it spells
+/// (one, or one per item of a group) onto `out`; returns where it ends.
+fn read_path(
+    chars: &[char],
+    mut at: usize,
+    mut prefix: Vec<String>,
+    out: &mut Vec<Vec<String>>,
+) -> usize {
+    let skip_space = |mut at: usize| {
+        while at < chars.len() && chars[at].is_whitespace() {
+            at += 1;
+        }
+        at
+    };
+    loop {
+        at = skip_space(at);
+        if at < chars.len() && chars[at] == '{' {
+            // A group: each item is a path after the prefix.
+            at += 1;
+            loop {
+                at = skip_space(at);
+                match chars.get(at) {
+                    None => return at,
+                    Some('}') => return at + 1,
+                    Some(',') => at += 1,
+                    Some(_) => {
+                        let next = read_path(chars, at, prefix.clone(), out);
+                        // Something that is not a path (a stray character): move on.
+                        at = if next == at { at + 1 } else { next };
+                    }
+                }
+            }
+        }
+        if at < chars.len() && chars[at] == '*' {
+            out.push(prefix);
+            return at + 1;
+        }
+        let start = at;
+        while at < chars.len() && is_ident_char(chars[at]) {
+            at += 1;
+        }
+        if at == start {
+            if !prefix.is_empty() {
+                out.push(prefix);
+            }
+            return at;
+        }
+        let segment: String = chars[start..at].iter().collect();
+        if segment != "self" || prefix.is_empty() {
+            prefix.push(segment);
+        }
+        let after = skip_space(at);
+        if chars.get(after) == Some(&':') && chars.get(after + 1) == Some(&':') {
+            at = after + 2;
+        } else {
+            out.push(prefix);
+            return at;
+        }
+    }
+}
+
+/// The module a path written in the file of module `from` lands in: the longest known
+/// module it names, or `None` for a path outside the crate's files (std, another crate, a
+/// local item, a single identifier).
+fn target(from: &ModPath, path: &[String], modules: &BTreeSet<ModPath>) -> Option<ModPath> {
+    let (mut at, rest) = match path.first()?.as_str() {
+        "crate" => (Vec::new(), &path[1..]),
+        "self" => (from.clone(), &path[1..]),
+        "super" => {
+            let mut at = from.clone();
+            let mut rest = path;
+            while rest.first().is_some_and(|s| s == "super") {
+                at.pop()?;
+                rest = &rest[1..];
+            }
+            (at, rest)
+        }
+        // A bare name is a child module (`x::` in a folder's root) or nothing of ours.
+        first => {
+            let mut child = from.clone();
+            child.push(first.to_string());
+            if path.len() < 2 || !modules.contains(&child) {
+                return None;
+            }
+            (from.clone(), path)
+        }
+    };
+    let mut found = modules.contains(&at).then(|| at.clone());
+    for segment in rest {
+        at.push(segment.clone());
+        if !modules.contains(&at) {
+            break;
+        }
+        found = Some(at.clone());
+    }
+    found
+}
+
+/// Which module names which (file modules only, each edge between two different ones), from
+/// files given as (path relative to `src/`, code without comments and tests).
+fn file_graph(files: &[(String, String)]) -> BTreeMap<ModPath, BTreeSet<ModPath>> {
+    let parsed: Vec<(ModPath, &str)> = files
+        .iter()
+        .filter_map(|(relative, code)| Some((module_path(relative)?, code.as_str())))
+        .collect();
+    let modules: BTreeSet<ModPath> = parsed.iter().map(|(m, _)| m.clone()).collect();
+    let mut graph: BTreeMap<ModPath, BTreeSet<ModPath>> = BTreeMap::new();
+    for (from, code) in &parsed {
+        let named = graph.entry(from.clone()).or_default();
+        for path in paths(code) {
+            if let Some(to) = target(from, &path, &modules) {
+                if &to != from {
+                    named.insert(to);
+                }
+            }
+        }
+    }
+    graph
+}
+
+/// For each module folder (a module with children, below the crate root) with an import
+/// cycle between its nodes (its root and its direct children, a child's own subtree counted
+/// as the child): one cycle, as the list of modules along it, and the knots it lies in.
+fn folder_cycles(files: &[(String, String)]) -> Vec<(Vec<ModPath>, BTreeSet<BTreeSet<String>>)> {
+    let graph = file_graph(files);
+    let folders: BTreeSet<ModPath> = graph
+        .keys()
+        .filter(|m| m.len() >= 2)
+        .map(|m| m[..m.len() - 1].to_vec())
+        .collect();
+    let mut cycles = Vec::new();
+    for folder in folders {
+        let node = |m: &ModPath| -> Option<ModPath> {
+            m.starts_with(&folder)
+                .then(|| m[..m.len().min(folder.len() + 1)].to_vec())
+        };
+        let mut local: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let name = |m: ModPath| m.join("::");
+        for (from, named) in &graph {
+            let Some(a) = node(from) else { continue };
+            local.entry(name(a.clone())).or_default();
+            for to in named {
+                if let Some(b) = node(to).filter(|b| *b != a) {
+                    local.entry(name(a.clone())).or_default().insert(name(b));
+                }
+            }
+        }
+        if let Some(cycle) = find_cycle(&local) {
+            let cycle = cycle
+                .iter()
+                .map(|m| m.split("::").map(str::to_string).collect())
+                .collect();
+            cycles.push((cycle, knots(&local)));
+        }
+    }
+    cycles
+}
+
+/// The knots of `graph`: each set of nodes that all reach each other (its strongly connected
+/// components of more than one node). A cycle shows one way around a knot; the knot is all
+/// that must be untied.
+fn knots(graph: &BTreeMap<String, BTreeSet<String>>) -> BTreeSet<BTreeSet<String>> {
+    let reach = |from: &String| {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![from.clone()];
+        while let Some(node) = todo.pop() {
+            for next in graph.get(&node).into_iter().flatten() {
+                if seen.insert(next.clone()) {
+                    todo.push(next.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reached: BTreeMap<&String, BTreeSet<String>> =
+        graph.keys().map(|n| (n, reach(n))).collect();
+    reached
+        .iter()
+        .map(|(node, seen)| {
+            seen.iter()
+                .filter(|other| reached.get(other).is_some_and(|r| r.contains(*node)))
+                .cloned()
+                .collect::<BTreeSet<String>>()
+        })
+        .filter(|knot| knot.len() > 1)
+        .collect()
+}
+
+/// Every file under src/, relative to it, with its code.
+fn source_files() -> Vec<(String, String)> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    files
+        .iter()
+        .map(|file| {
+            let relative = file.strip_prefix(&src).expect("under src/");
+            let relative = relative
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join("/");
+            let text = std::fs::read_to_string(file).expect("source is readable");
+            (relative, code(&text))
+        })
+        .collect()
+}
+
+#[test]
+fn files_of_a_module_folder_depend_on_each_other_one_way() {
+    let files = source_files();
+    let graph = file_graph(&files);
+    let inside: usize = graph
+        .iter()
+        .filter(|(from, _)| from.len() >= 2)
+        .map(|(from, named)| named.iter().filter(|to| to.starts_with(&from[..1])).count())
+        .sum();
+    assert!(
+        inside >= 20,
+        "the source walk found too few imports inside module folders to mean anything: {graph:?}"
+    );
+    let cycles = folder_cycles(&files);
+    let shown: Vec<String> = cycles
+        .iter()
+        .map(|(cycle, knots)| {
+            let cycle: Vec<String> = cycle.iter().map(|m| m.join("::")).collect();
+            format!("{} (tangled: {knots:?})", cycle.join(" → "))
+        })
+        .collect();
+    assert!(
+        cycles.is_empty(),
+        "import cycles inside module folders (each names the next through `super::`, \
+         `crate::…` or, from a folder's root, a child's name; a child naming an item of the \
+         root depends on the root): move the shared piece into a file both can import\n  {}",
+        shown.join("\n  ")
+    );
+}
+
+mod folder_detector {
+    use super::*;
+
+    fn files(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(path, text)| (path.to_string(), code(text)))
+            .collect()
+    }
+
+    fn module(path: &str) -> ModPath {
+        path.split("::").map(str::to_string).collect()
+    }
+
+    fn cycles(list: &[(&str, &str)]) -> Vec<String> {
+        folder_cycles(&files(list))
+            .iter()
+            .map(|(c, _)| c.iter().map(|m| m.join("::")).collect::<Vec<_>>().join(" "))
+            .collect()
+    }
+
+    #[test]
+    fn paths_are_read_with_their_groups() {
+        let read =
+            |code: &str| -> Vec<String> { paths(code).iter().map(|p| p.join("::")).collect() };
+        assert_eq!(
+            read("use super::{a, b::{c, self}, d::*};"),
+            ["use", "super::a", "super::b::c", "super::b", "super::d"]
+        );
+        assert_eq!(
+            read("let x = ::http::Y; a::b::c()"),
+            ["let", "x", "a::b::c"]
+        );
+        assert_eq!(read("pub(in crate::limit) fn f"), ["pub", "fn", "f"]);
+        assert_eq!(
+            read("pub(super) fn g(x: super::T)"),
+            ["pub", "fn", "g", "x", "super::T"]
+        );
+        assert_eq!(
+            read("pub ( crate ) use self::a;"),
+            ["pub", "use", "self::a"]
+        );
+        assert_eq!(read("crate :: limit :: x ()"), ["crate::limit::x"]);
+    }
+
+    #[test]
+    fn paths_land_in_the_longest_module_they_name() {
+        let modules: BTreeSet<ModPath> = ["limit", "limit::a", "limit::b", "http"]
+            .iter()
+            .map(|m| module(m))
+            .collect();
+        let land = |from: &str, path: &str| {
+            target(&module(from), &module(path), &modules).map(|m| m.join("::"))
+        };
+        assert_eq!(land("limit::a", "super::b::X").as_deref(), Some("limit::b"));
+        assert_eq!(land("limit::a", "super::Check").as_deref(), Some("limit"));
+        assert_eq!(
+            land("limit::a", "crate::limit::b").as_deref(),
+            Some("limit::b")
+        );
+        assert_eq!(
+            land("limit::a", "super::super::http").as_deref(),
+            Some("http")
+        );
+        assert_eq!(land("limit", "b::f").as_deref(), Some("limit::b"));
+        assert_eq!(land("limit", "self::a::X").as_deref(), Some("limit::a"));
+        // A bare name in a child is another crate (or a local item), never a sibling.
+        assert_eq!(land("limit::a", "b::f"), None);
+        assert_eq!(land("limit::a", "std::f"), None);
+    }
+
+    #[test]
+    fn a_loop_between_siblings_is_found_directly_or_around_several() {
+        assert_eq!(
+            cycles(&[
+                ("limit/mod.rs", "mod a;\nmod b;\n"),
+                ("limit/a.rs", "use super::b::Runner;\n"),
+                ("limit/b.rs", "fn f() -> crate::limit::a::Arg { todo!() }\n"),
+            ]),
+            ["limit::a limit::b limit::a"]
+        );
+        assert_eq!(
+            cycles(&[
+                ("limit/a.rs", "use super::{b, x::Y};\n"),
+                ("limit/b.rs", "use super::c::Z;\n"),
+                (
+                    "limit/c.rs",
+                    "use self::inner::Q;\nfn g() { super::a::h() }\n"
+                ),
+            ]),
+            ["limit::a limit::b limit::c limit::a"]
+        );
+    }
+
+    #[test]
+    fn a_root_and_a_child_loop_only_when_the_root_names_the_child() {
+        let child = ("limit/a.rs", "use super::{Shared, *};\n");
+        assert!(cycles(&[
+            ("limit/mod.rs", "mod a;\npub mod b;\npub struct Shared;\n"),
+            child,
+        ])
+        .is_empty());
+        assert_eq!(
+            cycles(&[
+                (
+                    "limit/mod.rs",
+                    "mod a;\npub struct Shared;\nfn f() { a::g() }\n"
+                ),
+                child,
+            ]),
+            ["limit limit::a limit"]
+        );
+        assert_eq!(
+            cycles(&[
+                ("limit/mod.rs", "pub use a::Thing;\npub struct Shared;\n"),
+                ("limit/a.rs", "use crate::limit::Shared;\n"),
+            ]),
+            ["limit limit::a limit"]
+        );
+    }
+
+    #[test]
+    fn a_subfolder_is_one_node_and_has_its_own_loops() {
+        let loops = cycles(&[
+            (
+                "config/mod.rs",
+                "mod validate;\npub struct Route;\nfn f() { validate::all() }\n",
+            ),
+            ("config/validate/mod.rs", "mod routes;\n"),
+            ("config/validate/routes.rs", "use super::super::Route;\n"),
+        ]);
+        assert_eq!(loops, ["config config::validate config"]);
+        let loops = cycles(&[
+            ("config/mod.rs", "mod validate;\n"),
+            (
+                "config/validate/mod.rs",
+                "mod routes;\nfn f() { routes::g() }\n",
+            ),
+            ("config/validate/routes.rs", "use super::Ctx;\n"),
+        ]);
+        assert_eq!(
+            loops,
+            ["config::validate config::validate::routes config::validate"]
+        );
+    }
+
+    #[test]
+    fn comments_tests_and_other_crates_are_no_imports() {
+        assert!(cycles(&[
+            ("limit/mod.rs", "mod http;\nmod b;\n"),
+            ("limit/http.rs", "use super::b::X;\n"),
+            (
+                "limit/b.rs",
+                "use http::HeaderMap; // super::http\n/// crate::limit::http\nfn f() {}\n\
+                 #[cfg(test)]\nmod tests {\n    use super::super::http;\n}\n",
+            ),
+        ])
+        .is_empty());
+        // The top-level roots are not a folder of their own here.
+        assert!(cycles(&[("lib.rs", "pub mod a;"), ("a.rs", "use crate::b;")]).is_empty());
+    }
 }

@@ -4,11 +4,10 @@
 //! Most of what Redis spends on a decision is per call, not per limit: reading and parsing
 //! the command, setting up the script, reading the clock, building the reply. A proxy under
 //! load has many decisions waiting at once, so sending them in one call saves Redis most of
-//! that (measured with the script alone: about 14 µs of Redis CPU per one-limit decision sent
-//! alone, about 8 µs each in calls of eight; through the proxy, see docs/performance.md). Each request still waits for exactly one round
-//! trip, and nothing waits on purpose: a decision that finds a call slot free goes out at once
-//! (alone, with the ordinary script), and only decisions that arrive while every slot is busy
-//! are gathered for the next call. Under light load nothing changes; under heavy load calls
+//! that. Each request still waits for exactly one round trip, and nothing waits on purpose:
+//! a decision that finds a call slot free goes out at once (alone, with the ordinary
+//! script), and only decisions that arrive while every slot is busy are gathered for the
+//! next call. Under light load nothing changes; under heavy load calls
 //! grow by themselves.
 //!
 //! The batch runs the decisions one after another inside one atomic script, on one reading of
@@ -24,10 +23,9 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use super::lua::{split_batch_reply, PackedInts};
-use super::redis_store::CheckArg;
+use super::decision::StoreError;
+use super::lua::{split_batch_reply, CheckArg, PackedInts};
 use super::script_runner::ScriptRunner;
-use super::StoreError;
 
 /// Calls in flight at once. Two keep Redis busy while the next batch gathers; more would
 /// only make batches smaller.

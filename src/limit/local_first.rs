@@ -25,8 +25,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::algorithm::{self, Algorithm, Micros, Params, State, Verdict};
+use super::decision::{Check, Decision};
 use super::memory::Clock;
-use super::{Check, Decision};
 
 /// The most keys kept; a new key past it is refused until the next read drops idle keys
 /// (fail safe: it cannot over-admit).
@@ -105,8 +105,9 @@ pub struct LocalFirst {
 
 struct Inner {
     /// hashbrown's map with its default hasher (foldhash, seeded per map): every local-first
-    /// decision looks its keys up twice, and SipHash cost 550 instructions of a decision's
-    /// 2,000; foldhash keeps a per-map random seed against crafted keys.
+    /// decision looks its keys up twice, so the hash is a large part of a decision, and
+    /// foldhash is much cheaper than SipHash while its per-map random seed still stands
+    /// against crafted keys.
     keys: hashbrown::HashMap<String, Entry>,
     /// The store's clock minus the local clock, as measured at the last read.
     offset: Micros,

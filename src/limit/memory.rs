@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::algorithm::{self, Algorithm, Micros, State};
-use super::{new_lease_id, Check, Decision, Lease, Settlement};
+use super::decision::{block_key, new_lease_id, Check, Decision, Lease, Settlement};
 
 const SHARDS: usize = 16;
 
@@ -351,7 +351,7 @@ struct Locked<'a> {
 fn block_markers(checks: &[Check<'_>]) -> Vec<Option<String>> {
     checks
         .iter()
-        .map(|c| (c.block_us > 0).then(|| super::block_key(c.key)))
+        .map(|c| (c.block_us > 0).then(|| block_key(c.key)))
         .collect()
 }
 

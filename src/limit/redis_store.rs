@@ -16,17 +16,17 @@ use std::time::Duration;
 use redis::FromRedisValue;
 
 use super::coalesce::Coalescer;
+use super::lua::{check_arg, split_batch_reply, PackedInts};
 pub use super::lua::{
     decide_batch_script_source, decide_script_source, peek_script_source, refresh_script_source,
     release_script_source, settle_script_source, ScriptClock,
 };
-use super::lua::{split_batch_reply, PackedInts};
 use super::redis_settings::{RedisMode, RedisSettings};
 use super::script_runner::{LuaScript, ScriptRunner};
 
-use super::algorithm::{Algorithm, Micros, Params, State, Verdict, MAX_PRODUCT};
+use super::algorithm::{Algorithm, Micros, Params, Settle, State, Verdict, MAX_PRODUCT};
+use super::decision::{new_lease_id, Check, Decision, Lease, Settlement, StoreError};
 use super::local_first::SyncItem;
-use super::{new_lease_id, Check, Decision, Lease, Settle, Settlement, StoreError};
 
 /// Limit states in Redis. Clone is cheap: clones share the connection.
 #[derive(Clone)]
@@ -334,8 +334,7 @@ impl RedisStore {
         now: Option<Micros>,
     ) -> Result<(Micros, Vec<Option<State>>), StoreError> {
         // The order of the call: the items with usage in runs of one limit's params (sent once
-        // per run: each argument costs Redis about 0.05 µs, a fifth of what reading the key
-        // costs), then the items without, which are only read and need no argument at all
+        // per run, since every argument costs Redis time to read), then the items without, which are only read and need no argument at all
         // (every item of the read 3/4 into the interval).
         let mut runs: Vec<(Params, Vec<usize>)> = Vec::new();
         let mut run_of: HashMap<Params, usize> = HashMap::new();
@@ -562,59 +561,6 @@ fn settle_args(s: &Settlement) -> [i64; 7] {
 /// Script arguments per check (`decide.lua`'s `ARGS`).
 #[cfg(test)]
 const ARGS_PER_CHECK: usize = 1;
-
-/// Fields of a check's argument (see [`check_arg`]).
-const CHECK_FIELDS: usize = 8;
-
-/// The one script argument of a check: its fields in decimal, separated by single spaces, on
-/// the stack (at most 20 digits each).
-#[derive(Clone, Copy)]
-pub(crate) struct CheckArg {
-    len: u8,
-    bytes: [u8; CHECK_FIELDS * 21],
-}
-
-impl CheckArg {
-    pub(crate) fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..usize::from(self.len)]
-    }
-}
-
-/// The script argument of one check, its fields in `decide.lua`'s order: algorithm code,
-/// limit, period_us, burst, cost, shadow, lease id, block_us. One argument rather than eight:
-/// redis-rs builds and encodes each argument for about 200 instructions.
-fn check_arg(c: &Check<'_>, lease: u64) -> CheckArg {
-    let p = &c.params;
-    let fields: [u64; CHECK_FIELDS] = [
-        u64::from(p.algorithm.code()),
-        p.limit,
-        // Validated positive.
-        p.period_us.max(0) as u64,
-        p.burst,
-        p.cost,
-        u64::from(c.shadow),
-        lease,
-        // block_for; validated positive when set.
-        c.block_us.max(0) as u64,
-    ];
-    let mut arg = CheckArg {
-        len: 0,
-        bytes: [0; CHECK_FIELDS * 21],
-    };
-    let mut len = 0;
-    let mut digits = itoa::Buffer::new();
-    for (i, field) in fields.into_iter().enumerate() {
-        if i > 0 {
-            arg.bytes[len] = b' ';
-            len += 1;
-        }
-        let text = digits.format(field).as_bytes();
-        arg.bytes[len..len + text.len()].copy_from_slice(text);
-        len += text.len();
-    }
-    arg.len = len as u8;
-    arg
-}
 
 fn parse_decision(
     checks: &[Check<'_>],

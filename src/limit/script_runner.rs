@@ -11,7 +11,7 @@
 //! calls pipeline on it instead of waiting for a pool slot. On one server, each serving thread
 //! (`crate::workers`) also opens a connection of its own on its first call: its calls are
 //! then written and their replies read on the thread that waits for them, instead of waking
-//! another thread twice per call (measured: docs/performance.md). Every call is bounded by the
+//! another thread twice per call. Every call is bounded by the
 //! configured timeout so a stuck Redis surfaces as [`StoreError::Timeout`] instead of stalling
 //! the proxy.
 
@@ -27,6 +27,7 @@ use redis::{
     RedisResult, Script, ServerErrorKind, TlsCertificates,
 };
 
+use super::decision::StoreError;
 use super::lua::{
     decide_batch_script_source, decide_script_source, heartbeat_script_source, peek_script_source,
     refresh_script_source, release_script_source, settle_script_source, sync_script_source,
@@ -34,7 +35,6 @@ use super::lua::{
 };
 use super::redis_settings::{RedisMode, RedisSettings};
 use super::sentinel::SentinelMaster;
-use super::StoreError;
 
 /// Reconnection backoff bounds (before jitter): limiting resumes well within a second of
 /// Redis coming back.
@@ -197,7 +197,7 @@ impl ScriptRunner {
                     // and a long sleep between attempts would delay limiting by that much
                     // after Redis returns. No response timeout inside redis-rs: every call is
                     // already bounded by `timeout` (`bounded`), and a second timer per call
-                    // cost about 600 instructions of an exact decision.
+                    // would be a timer registration on every decision for nothing.
                     let manager = ConnectionManagerConfig::new()
                         .set_response_timeout(None)
                         .set_connection_timeout(Some(timeout))

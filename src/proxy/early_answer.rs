@@ -24,52 +24,25 @@ use std::task::{Context, Poll, Waker};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+use crate::hooked_io::{HookedIo, IoHook};
+
 /// A plain TCP connection to the upstream whose write side gives way to an answer waiting to be
 /// read (see the module docs).
-pub struct EarlyAnswerIo {
-    stream: TcpStream,
-    writes: Writes,
+pub type EarlyAnswerIo = HookedIo<TcpStream, Writes>;
+
+/// `stream`, whose writes give way to an early answer.
+pub fn early_answer_io(stream: TcpStream) -> EarlyAnswerIo {
+    HookedIo::with_hook(stream, Writes::Open)
 }
 
-enum Writes {
+/// The hook of an [`EarlyAnswerIo`]: the state of its write side.
+pub enum Writes {
     Open,
     /// A write met a reset (its error's kind): writes wait until the read side has met the end
     /// of input, which then wakes the waiting writer.
     GivenWay(io::ErrorKind, Option<Waker>),
     /// The read side has met the end too: writes fail with the error the first one met.
     Failed(io::ErrorKind),
-}
-
-impl EarlyAnswerIo {
-    pub fn new(stream: TcpStream) -> Self {
-        EarlyAnswerIo {
-            stream,
-            writes: Writes::Open,
-        }
-    }
-
-    /// A write on this connection: `write` on the socket while it is open; after a reset,
-    /// pending until the read side has met the end, then the reset's error.
-    fn poll_written(
-        &mut self,
-        cx: &mut Context<'_>,
-        write: impl FnOnce(Pin<&mut TcpStream>, &mut Context<'_>) -> Poll<io::Result<usize>>,
-    ) -> Poll<io::Result<usize>> {
-        match &mut self.writes {
-            Writes::Open => match write(Pin::new(&mut self.stream), cx) {
-                Poll::Ready(Err(e)) if is_reset(e.kind()) => {
-                    self.writes = Writes::GivenWay(e.kind(), Some(cx.waker().clone()));
-                    Poll::Pending
-                }
-                other => other,
-            },
-            Writes::GivenWay(_, waiting) => {
-                *waiting = Some(cx.waker().clone());
-                Poll::Pending
-            }
-            Writes::Failed(kind) => Poll::Ready(Err(io::Error::from(*kind))),
-        }
-    }
 }
 
 /// Errors that mean the peer reset or closed the connection (as opposed to a local failure).
@@ -80,16 +53,16 @@ fn is_reset(kind: io::ErrorKind) -> bool {
     )
 }
 
-impl AsyncRead for EarlyAnswerIo {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
+impl IoHook for Writes {
+    fn poll_read<T: AsyncRead>(
+        &mut self,
+        inner: Pin<&mut T>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = &mut *self;
         let before = buf.filled().len();
-        let read = Pin::new(&mut this.stream).poll_read(cx, buf);
-        if let Writes::GivenWay(kind, waiting) = &mut this.writes {
+        let read = inner.poll_read(cx, buf);
+        if let Writes::GivenWay(kind, waiting) = self {
             let ended = match &read {
                 Poll::Ready(Ok(())) => buf.filled().len() == before && buf.remaining() > 0,
                 Poll::Ready(Err(_)) => true,
@@ -99,40 +72,34 @@ impl AsyncRead for EarlyAnswerIo {
                 if let Some(writer) = waiting.take() {
                     writer.wake();
                 }
-                this.writes = Writes::Failed(*kind);
+                *self = Writes::Failed(*kind);
             }
         }
         read
     }
-}
 
-impl AsyncWrite for EarlyAnswerIo {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
+    /// A write on this connection: on the socket while it is open; after a reset, pending
+    /// until the read side has met the end, then the reset's error.
+    fn poll_write<T: AsyncWrite>(
+        &mut self,
+        inner: Pin<&mut T>,
         cx: &mut Context<'_>,
-        buf: &[u8],
+        write: impl FnOnce(Pin<&mut T>, &mut Context<'_>) -> Poll<io::Result<usize>>,
     ) -> Poll<io::Result<usize>> {
-        self.poll_written(cx, |stream, cx| stream.poll_write(cx, buf))
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        self.poll_written(cx, |stream, cx| stream.poll_write_vectored(cx, bufs))
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
+        match self {
+            Writes::Open => match write(inner, cx) {
+                Poll::Ready(Err(e)) if is_reset(e.kind()) => {
+                    *self = Writes::GivenWay(e.kind(), Some(cx.waker().clone()));
+                    Poll::Pending
+                }
+                other => other,
+            },
+            Writes::GivenWay(_, waiting) => {
+                *waiting = Some(cx.waker().clone());
+                Poll::Pending
+            }
+            Writes::Failed(kind) => Poll::Ready(Err(io::Error::from(*kind))),
+        }
     }
 }
 
@@ -154,7 +121,7 @@ mod tests {
             .await
             .unwrap();
         let (mut server, _) = listener.accept().await.unwrap();
-        let mut io = EarlyAnswerIo::new(client);
+        let mut io = early_answer_io(client);
         io.write_all(b"a request the peer never reads")
             .await
             .unwrap();

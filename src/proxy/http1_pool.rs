@@ -4,8 +4,8 @@
 //! every return hashes the origin key (SipHash), locks a map shared by every thread, and each
 //! response spawns a task that waits to hand the connection back. tollgate has one upstream and
 //! one pool per serving thread, so a pool is a stack of idle connections: a checkout pops, the
-//! end of the response body pushes, and nothing is hashed or spawned per request (measured in
-//! docs/performance.md). HTTP/2 and TLS upstreams keep hyper-util's client.
+//! end of the response body pushes, and nothing is hashed or spawned per request. HTTP/2 and
+//! TLS upstreams keep hyper-util's client.
 //!
 //! What the pool keeps from hyper-util's: a connection is reused only once its previous
 //! exchange has ended; it is not reused after `pool_idle_timeout` idle, and a reaper closes it
@@ -15,22 +15,19 @@
 //! upstream sends before reading the whole upload reaches the client even when the upstream
 //! then resets the connection (`early_answer`).
 
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::uri::Authority;
 use http::{Request, Response};
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 
-use super::early_answer::EarlyAnswerIo;
-use crate::body::ProxyBody;
+use super::early_answer::early_answer_io;
+use crate::body::{End, EndHook, OnEnd, ProxyBody};
 use crate::error::ProxyError;
 
 type Sender = SendRequest<ProxyBody>;
@@ -99,11 +96,13 @@ impl Http1Pool {
                     // An upgraded connection belongs to its tunnel from now on.
                     let upgraded = response.status() == http::StatusCode::SWITCHING_PROTOCOLS;
                     let (parts, body) = response.into_parts();
-                    let body = PooledBody {
-                        inner: body,
-                        ended: false,
-                        give_back: (!upgraded).then(|| (sender, self.clone())),
-                    };
+                    let body = OnEnd::with_hook(
+                        body,
+                        GiveBack {
+                            ended: false,
+                            to: (!upgraded).then(|| (sender, self.clone())),
+                        },
+                    );
                     return Ok(Response::from_parts(parts, body));
                 }
                 Err(mut failed) => match (failed.take_message(), replay) {
@@ -190,7 +189,7 @@ impl Http1Pool {
         // Requests and responses are small writes that must not wait for an ACK.
         let _ = stream.set_nodelay(true);
         let (sender, connection) = http1::Builder::new()
-            .handshake(TokioIo::new(EarlyAnswerIo::new(stream)))
+            .handshake(TokioIo::new(early_answer_io(stream)))
             .await
             .map_err(|e| ProxyError::UpstreamConnect(Box::new(e)))?;
         // Runs on this serving thread's runtime, beside the requests it carries.
@@ -217,47 +216,36 @@ fn replayable(request: &Request<ProxyBody>) -> Option<Request<ProxyBody>> {
     Some(copy)
 }
 
-/// A response body from a pooled connection: passes the body through and, once it has ended,
-/// gives the connection back. A body dropped before its end (the client left) keeps its
-/// connection out of the pool: hyper closes it rather than read what is left.
-pub struct PooledBody {
-    inner: Incoming,
+/// A response body from a pooled connection; see [`GiveBack`].
+pub type PooledBody = OnEnd<Incoming, GiveBack>;
+
+/// Gives a pooled connection back once its response body has ended and is let go. A body
+/// dropped before its end (the client left) or failed keeps its connection out of the pool:
+/// hyper closes it rather than read what is left.
+pub struct GiveBack {
     ended: bool,
-    give_back: Option<(Sender, Arc<Http1Pool>)>,
+    to: Option<(Sender, Arc<Http1Pool>)>,
 }
 
-impl Body for PooledBody {
-    type Data = Bytes;
+impl EndHook<Incoming> for GiveBack {
     type Error = hyper::Error;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(None) => self.ended = true,
-            Poll::Ready(Some(Err(_))) => self.give_back = None,
-            _ => {}
+    #[inline]
+    fn end(&mut self, how: End) {
+        match how {
+            End::Stream => self.ended = true,
+            End::Error => self.to = None,
         }
-        polled
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for PooledBody {
-    fn drop(&mut self) {
-        if !(self.ended || self.inner.is_end_stream()) {
+    #[inline]
+    fn dropped(&mut self, inner: &Incoming) {
+        // A body never read to its `None` (an empty one, or one the reader stopped polling
+        // at its last frame) has still ended when hyper says so.
+        if !(self.ended || inner.is_end_stream()) {
             return;
         }
-        if let Some((sender, pool)) = self.give_back.take() {
+        if let Some((sender, pool)) = self.to.take() {
             pool.give_back(sender);
         }
     }

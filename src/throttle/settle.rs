@@ -20,16 +20,13 @@
 //! timeout. A failed settlement is logged and counted (`tollgate_settlement_errors_total`);
 //! it never holds up a client.
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Response};
-use http_body::{Body, Frame, SizeHint};
+use http_body::Frame;
 use http_body_util::BodyExt;
 use metrics::Counter;
 
-use crate::body::{BoxError, ProxyBody};
+use crate::body::{BoxError, End, EndHook, OnEnd, ProxyBody};
 use crate::config::{ByResponse, LimitSet};
 use crate::limit::{Decision, Micros, Params, Settle, Settlement, Store};
 
@@ -151,13 +148,13 @@ impl Obligation {
             return response;
         }
         let (parts, body) = response.into_parts();
-        let body = CostBody {
-            inner: body,
-            settler: Some(CostSettler {
+        let body = OnEnd::with_hook(
+            body,
+            SettleAtEnd(Some(CostSettler {
                 obligation: self,
                 costs,
-            }),
-        };
+            })),
+        );
         Response::from_parts(parts, body.boxed_unsync())
     }
 }
@@ -234,48 +231,23 @@ impl Drop for CostSettler {
     }
 }
 
-pin_project_lite::pin_project! {
-    /// Passes the response body through, noting the cost trailer; settles when the body ends,
-    /// fails, or is dropped (the client left: the header's report, or the configured cost).
-    struct CostBody {
-        #[pin]
-        inner: ProxyBody,
-        settler: Option<CostSettler>,
-    }
-}
+/// The hook of a response body with `cost_from_response` limits: notes the cost trailer, and
+/// settles when the body ends, fails, or is dropped (the client left: the header's report, or
+/// the configured cost).
+struct SettleAtEnd(Option<CostSettler>);
 
-impl Body for CostBody {
-    type Data = Bytes;
+impl EndHook<ProxyBody> for SettleAtEnd {
     type Error = BoxError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.project();
-        let polled = this.inner.poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let (Some(trailers), Some(settler)) =
-                    (frame.trailers_ref(), this.settler.as_mut())
-                {
-                    settler.trailers(trailers);
-                }
-            }
-            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => {
-                this.settler.take();
-            }
-            Poll::Pending => {}
+    fn frame(&mut self, frame: &Frame<Bytes>, _inner: &ProxyBody) -> Result<(), BoxError> {
+        if let (Some(trailers), Some(settler)) = (frame.trailers_ref(), self.0.as_mut()) {
+            settler.trailers(trailers);
         }
-        polled
+        Ok(())
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+    fn end(&mut self, _how: End) {
+        self.0.take();
     }
 }
 
