@@ -391,12 +391,8 @@ fn caller_error(e: CallerError) -> Response<ProxyBody> {
 }
 
 async fn state<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
-    let CallerQuery {
-        route,
-        identity,
-        text,
-    } = match caller_query(request) {
-        Ok(query) => query,
+    let (route, identity, text) = match caller_query(request) {
+        Ok(query) => (query.route, query.identity, query.text),
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
     };
     match proxy.throttle_control().state(&route, &identity).await {
@@ -407,12 +403,8 @@ async fn state<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
 }
 
 async fn reset<B>(request: &Request<B>, proxy: &Proxy, caller: Caller) -> Response<ProxyBody> {
-    let CallerQuery {
-        route,
-        identity,
-        text,
-    } = match caller_query(request) {
-        Ok(query) => query,
+    let (route, identity, text) = match caller_query(request) {
+        Ok(query) => (query.route, query.identity, query.text),
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
     };
     let shown = key::display_value(&identity);
