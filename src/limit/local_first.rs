@@ -18,7 +18,8 @@
 //! own): the most the other replicas can have spent unseen; plus what the limit surely refills
 //! over the interval ([`share`]). So all replicas together admit at most `A_k + R − 1`
 //! in an interval, and the `R − 1` is taken off the next share. While the views are stale
-//! (Redis slow or down), each replica decides alone with limit ÷ R ([`divided`]).
+//! (Redis slow or down), each replica decides alone with limit ÷ R ([`divided`]), on a copy
+//! kept across stale spells so that spells that come and go do not give it again.
 //! docs/algorithms.md ("Local-first limits") states the bounds.
 
 use std::collections::HashMap;
