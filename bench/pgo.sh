@@ -9,8 +9,12 @@
 #                              floor trained and built the same way, so that tollgate's
 #                              profile-guided build is compared with a floor built alike
 #
-# Knobs: SECONDS_PER_SCENARIO=4, PGO_BUILD=tollgate|hyper_floor. Needs the rustup component llvm-tools (installed when missing)
-# for llvm-profdata of the compiler's own LLVM version.
+# Knobs: SECONDS_PER_SCENARIO=4, PGO_BUILD=tollgate|hyper_floor, PGO_PROFILE_DIR (where the
+# instrumented build writes its raw profiles; default a fresh temporary directory. The path is
+# part of the instrumented build's flags, so a fixed one lets cargo reuse dependencies built
+# earlier with the same flags, as the Dockerfile's dependency layer does). Needs the rustup
+# component llvm-tools (installed when missing) for llvm-profdata of the compiler's own LLVM
+# version.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -22,6 +26,7 @@ LOG_TAG=pgo
 need_tools nginx wrk
 WORK=$(mktemp -d)
 CLEANUP_DIR=$WORK
+RAW=${PGO_PROFILE_DIR:-$WORK/raw}
 
 sysroot=$(rustc --print sysroot)
 host=$(rustc -vV | awk '/^host:/ { print $2 }')
@@ -37,13 +42,13 @@ case ${PGO_BUILD:-tollgate} in
   *) log "PGO_BUILD: tollgate or hyper_floor"; exit 2 ;;
 esac
 log "building the instrumented ${PGO_BUILD:-tollgate} (target/pgo-gen)"
-rm -rf "$WORK/raw"
-(cd "$ROOT" && RUSTFLAGS="-Cprofile-generate=$WORK/raw" \
+rm -rf "$RAW"
+(cd "$ROOT" && RUSTFLAGS="-Cprofile-generate=$RAW" \
   cargo build --release --locked "${TARGET_ARGS[@]}" --target-dir target/pgo-gen) >&2
 INSTRUMENTED="$ROOT/target/pgo-gen/$BUILT"
 # The build scripts were instrumented too and wrote profiles of their own while building:
 # only the training's go into the profile.
-rm -rf "$WORK/raw"
+rm -rf "$RAW"
 
 UP_PORT=$(free_port)
 REDIS_PORT=$(free_port)
@@ -81,7 +86,8 @@ EOF
 train ""
 train 100ms
 
-"$PROFDATA" merge -o "$WORK/merged.profdata" "$WORK/raw"
+"$PROFDATA" merge -o "$WORK/merged.profdata" "$RAW"
+rm -rf "$RAW"
 log "building with the profile (target/pgo)"
 (cd "$ROOT" && RUSTFLAGS="-Cprofile-use=$WORK/merged.profdata" \
   cargo build --release --locked "${TARGET_ARGS[@]}" --target-dir target/pgo) >&2

@@ -121,18 +121,60 @@ async fn respond<B>(
     proxy: &Proxy,
     caller: Caller,
 ) -> Response<ProxyBody> {
-    match request.uri().path() {
-        "/limits/top" => only(request, Method::GET, || top(request, proxy)),
-        "/limits/state" => match allowed(request, Method::GET) {
-            Some(refused) => refused,
-            None => state(request, proxy).await,
-        },
-        "/limits/reset" => match allowed(request, Method::POST) {
-            Some(refused) => refused,
-            None => reset(request, proxy, caller).await,
-        },
-        _ => health_response(request, health, proxy),
+    let path = request.uri().path();
+    let (method, known) = match path {
+        "/limits/top" => (Method::GET, TOP_PARAMS),
+        "/limits/state" => (Method::GET, STATE_PARAMS),
+        "/limits/reset" => (Method::POST, RESET_PARAMS),
+        _ => return health_response(request, health, proxy),
+    };
+    if let Some(refused) = allowed(request, method) {
+        return refused;
     }
+    if let Err(why) = known_params(request, path, known) {
+        return error(StatusCode::BAD_REQUEST, why);
+    }
+    match path {
+        "/limits/top" => top(request, proxy),
+        "/limits/state" => state(request, proxy).await,
+        _ => reset(request, proxy, caller).await,
+    }
+}
+
+/// The query parameters each operator endpoint takes; any other is refused (400) with these
+/// named, so that a misspelt parameter is never silently ignored. The health endpoints
+/// (`/healthz`, `/readyz`, `/metrics`) take none and ignore the query: probes and scrapers may
+/// add their own.
+const TOP_PARAMS: &[&str] = &["k", "format"];
+const STATE_PARAMS: &[&str] = &["route", "identity", "format"];
+const RESET_PARAMS: &[&str] = &["route", "identity", "format"];
+
+/// Every query parameter is one of `known`, each at most once; otherwise why not.
+fn known_params<B>(request: &Request<B>, path: &str, known: &[&str]) -> Result<(), String> {
+    let Some(query) = request.uri().query() else {
+        return Ok(());
+    };
+    let mut seen = vec![false; known.len()];
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        // One pair through the query decoder: its name compared as the endpoint reads it.
+        let Some(index) = known
+            .iter()
+            .position(|name| crate::identity::query_param(pair, name).is_some())
+        else {
+            let name = pair.split_once('=').map_or(pair, |(name, _)| name);
+            return Err(format!(
+                "unknown query parameter `{name}`: {path} takes {}",
+                known.join(", ")
+            ));
+        };
+        if std::mem::replace(&mut seen[index], true) {
+            return Err(format!(
+                "query parameter `{}` given more than once",
+                known[index]
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The endpoints that existed before the operators' ones, unchanged.
@@ -176,14 +218,6 @@ fn allowed<B>(request: &Request<B>, method: Method) -> Option<Response<ProxyBody
     Some(response)
 }
 
-fn only<B>(
-    request: &Request<B>,
-    method: Method,
-    then: impl FnOnce() -> Response<ProxyBody>,
-) -> Response<ProxyBody> {
-    allowed(request, method).unwrap_or_else(then)
-}
-
 fn json_response(status: StatusCode, value: &Value) -> Response<ProxyBody> {
     let mut text = serde_json::to_string_pretty(value).expect("JSON");
     text.push('\n');
@@ -214,33 +248,42 @@ fn param<B>(request: &Request<B>, name: &str) -> Option<Vec<u8>> {
     crate::identity::query_param(request.uri().query()?, name)
 }
 
-/// `?format=text`, or a client that accepts text/plain and not JSON.
-fn wants_text<B>(request: &Request<B>) -> bool {
-    if let Some(format) = param(request, "format") {
-        return format == b"text";
+/// `?format=text`, or no `format` and a client that accepts text/plain and not JSON;
+/// Err for a `format` other than `json` or `text`.
+fn wants_text<B>(request: &Request<B>) -> Result<bool, String> {
+    match param(request, "format").as_deref() {
+        Some(b"text") => Ok(true),
+        Some(b"json") => Ok(false),
+        Some(_) => Err("format must be `json` or `text`".to_owned()),
+        None => Ok(request
+            .headers()
+            .get(ACCEPT)
+            .and_then(|a| a.to_str().ok())
+            .is_some_and(|a| a.contains("text/plain") && !a.contains("json"))),
     }
-    request
-        .headers()
-        .get(ACCEPT)
-        .and_then(|a| a.to_str().ok())
-        .is_some_and(|a| a.contains("text/plain") && !a.contains("json"))
+}
+
+/// `?k=`: how many callers per route, from 1 to what the sketch holds.
+fn top_k<B>(request: &Request<B>) -> Result<usize, String> {
+    let Some(text) = param(request, "k") else {
+        return Ok(DEFAULT_TOP);
+    };
+    std::str::from_utf8(&text)
+        .ok()
+        .and_then(|t| t.parse::<usize>().ok())
+        .filter(|k| (1..=offenders::CAPACITY).contains(k))
+        .ok_or_else(|| {
+            format!(
+                "k must be a whole number from 1 to {} (the callers each route keeps)",
+                offenders::CAPACITY
+            )
+        })
 }
 
 fn top<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
-    let k = match param(request, "k") {
-        None => DEFAULT_TOP,
-        Some(text) => match std::str::from_utf8(&text)
-            .ok()
-            .and_then(|t| t.parse::<usize>().ok())
-        {
-            Some(k) if k >= 1 => k.min(offenders::CAPACITY),
-            _ => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "k must be a whole number of at least 1",
-                )
-            }
-        },
+    let (k, text) = match top_k(request).and_then(|k| wants_text(request).map(|text| (k, text))) {
+        Ok(parsed) => parsed,
+        Err(why) => return error(StatusCode::BAD_REQUEST, why),
     };
     let control = proxy.throttle_control();
     let routes = control.offenders().map(|o| o.top(k)).unwrap_or_default();
@@ -262,7 +305,7 @@ fn top<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
         "k": k,
         "routes": routes,
     });
-    if wants_text(request) {
+    if text {
         return text_response(StatusCode::OK, top_text(&body));
     }
     json_response(StatusCode::OK, &body)
@@ -311,14 +354,26 @@ fn top_text(body: &Value) -> String {
     out
 }
 
-/// `route` and `identity` from the query, or why the request is a bad one (400).
-fn route_and_identity<B>(request: &Request<B>) -> Result<(String, Vec<u8>), String> {
+/// What `/limits/state` and `/limits/reset` are asked.
+struct CallerQuery {
+    route: String,
+    identity: Vec<u8>,
+    /// Answer in text rather than JSON.
+    text: bool,
+}
+
+/// `route`, `identity` and the format from the query, or why the request is a bad one (400).
+/// An unknown route is the store side's to say (404, with the routes there are).
+fn caller_query<B>(request: &Request<B>) -> Result<CallerQuery, String> {
     let route = param(request, "route").filter(|r| !r.is_empty());
     let identity = param(request, "identity").filter(|i| !i.is_empty());
+    let text = wants_text(request)?;
     match (route, identity) {
-        (Some(route), Some(identity)) => {
-            Ok((String::from_utf8_lossy(&route).into_owned(), identity))
-        }
+        (Some(route), Some(identity)) => Ok(CallerQuery {
+            route: String::from_utf8_lossy(&route).into_owned(),
+            identity,
+            text,
+        }),
         (route, _) => Err(format!(
             "missing query parameter `{}`: write ?route=ROUTE&identity=VALUE",
             if route.is_none() { "route" } else { "identity" }
@@ -336,22 +391,20 @@ fn caller_error(e: CallerError) -> Response<ProxyBody> {
 }
 
 async fn state<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
-    let (route, identity) = match route_and_identity(request) {
-        Ok(pair) => pair,
+    let (route, identity, text) = match caller_query(request) {
+        Ok(query) => (query.route, query.identity, query.text),
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
     };
     match proxy.throttle_control().state(&route, &identity).await {
-        Ok(state) if wants_text(request) => {
-            text_response(StatusCode::OK, caller::state_text(&state))
-        }
+        Ok(state) if text => text_response(StatusCode::OK, caller::state_text(&state)),
         Ok(state) => json_response(StatusCode::OK, &state),
         Err(e) => caller_error(e),
     }
 }
 
 async fn reset<B>(request: &Request<B>, proxy: &Proxy, caller: Caller) -> Response<ProxyBody> {
-    let (route, identity) = match route_and_identity(request) {
-        Ok(pair) => pair,
+    let (route, identity, text) = match caller_query(request) {
+        Ok(query) => (query.route, query.identity, query.text),
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
     };
     let shown = key::display_value(&identity);
@@ -363,7 +416,7 @@ async fn reset<B>(request: &Request<B>, proxy: &Proxy, caller: Caller) -> Respon
     match proxy.throttle_control().reset(&route, &identity).await {
         Ok(done) => {
             tracing::info!(target: "tollgate::admin", peer = %caller.peer, action = "reset", route, identity = shown, result = "ok", deleted = done["deleted"].as_u64().unwrap_or(0), "admin mutation");
-            if wants_text(request) {
+            if text {
                 return text_response(StatusCode::OK, caller::reset_text(&done));
             }
             json_response(StatusCode::OK, &done)
@@ -440,6 +493,60 @@ mod tests {
         assert!(authorize(&with_auth(Some("Basic czNjcmV0")), Some(&token), true).is_err());
         assert!(authorize(&with_auth(None), None, true).is_ok());
         assert!(authorize(&with_auth(Some("Bearer s3cret")), None, false).is_err());
+    }
+
+    #[test]
+    fn only_known_parameters_once_each() {
+        let check = |uri: &str| {
+            known_params(
+                &Request::get(uri).body(()).unwrap(),
+                "/limits/top",
+                TOP_PARAMS,
+            )
+        };
+        assert_eq!(check("/limits/top"), Ok(()));
+        assert_eq!(check("/limits/top?"), Ok(()));
+        assert_eq!(check("/limits/top?k=3&format=text&"), Ok(()));
+        // A name is read as the endpoint reads it: decoded.
+        assert_eq!(check("/limits/top?%6B=3"), Ok(()));
+        assert_eq!(
+            check("/limits/top?k=3&kk=4"),
+            Err("unknown query parameter `kk`: /limits/top takes k, format".into())
+        );
+        assert_eq!(
+            check("/limits/top?format"),
+            Ok(()),
+            "a name without a value is still that parameter"
+        );
+        assert_eq!(
+            check("/limits/top?k=3&k=4"),
+            Err("query parameter `k` given more than once".into())
+        );
+    }
+
+    #[test]
+    fn k_and_format_are_refused_outside_what_is_allowed() {
+        let get = |uri: &str| Request::get(uri).body(()).unwrap();
+        assert_eq!(top_k(&get("/limits/top")), Ok(DEFAULT_TOP));
+        assert_eq!(top_k(&get("/limits/top?k=1")), Ok(1));
+        assert_eq!(top_k(&get("/limits/top?k=128")), Ok(offenders::CAPACITY));
+        for bad in ["0", "129", "1000000", "-1", "2.5", "", "nope"] {
+            assert!(
+                top_k(&get(&format!("/limits/top?k={bad}"))).is_err(),
+                "{bad}"
+            );
+        }
+        assert_eq!(wants_text(&get("/limits/top?format=text")), Ok(true));
+        assert_eq!(wants_text(&get("/limits/top?format=json")), Ok(false));
+        assert_eq!(
+            wants_text(&get("/limits/top?format=xml")),
+            Err("format must be `json` or `text`".into())
+        );
+        let by_accept = Request::get("/limits/top")
+            .header(ACCEPT, "text/plain")
+            .body(())
+            .unwrap();
+        assert_eq!(wants_text(&by_accept), Ok(true));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The command line: `tollgate [run] --config FILE`, `tollgate check --config FILE`,
-//! `tollgate explain ...`, `tollgate limits get|reset ...`.
+//! `tollgate explain ...`, `tollgate limits get|reset ...`, `tollgate health [--url URL]`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -29,6 +30,9 @@ pub enum Command {
     /// Read or reset one caller's limits ("someone is being blocked").
     #[command(subcommand)]
     Limits(LimitsCommand),
+    /// Ask a running instance whether it is ready (GET /readyz on its admin listener): exit 0
+    /// on a 2xx answer, 1 otherwise with the reason. A health check that needs no curl.
+    Health(HealthArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -100,6 +104,23 @@ pub struct CheckArgs {
     /// The configuration file.
     #[arg(long, short = 'c', env = "TOLLGATE_CONFIG")]
     pub config: PathBuf,
+}
+
+/// Where `tollgate health` asks when neither `--url` nor a configuration is given.
+pub const DEFAULT_HEALTH_URL: &str = "http://127.0.0.1:9901/readyz";
+
+#[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// The URL to ask (plain http://). Default: /readyz on the configuration's `admin`
+    /// address when a configuration is given, else http://127.0.0.1:9901/readyz.
+    #[arg(long)]
+    pub url: Option<String>,
+    /// The configuration file whose `admin` address is asked (ignored with --url).
+    #[arg(long, short = 'c', env = "TOLLGATE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// How long to wait for the whole answer.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -101,7 +101,7 @@ pub async fn run(
 
 /// An address to connect to for a listener bound to `address` (an unspecified address
 /// listens on loopback too).
-fn reachable(address: std::net::SocketAddr) -> std::net::SocketAddr {
+pub fn reachable(address: std::net::SocketAddr) -> std::net::SocketAddr {
     let mut address = address;
     if address.ip().is_unspecified() {
         address.set_ip(match address {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use tollgate::cli::{Cli, Command, ExplainArgs, LimitsArgs, LimitsCommand, LogFormat, RunArgs};
+use tollgate::cli::{HealthArgs, DEFAULT_HEALTH_URL};
 use tollgate::config;
 use tollgate::server::Server;
 
@@ -28,6 +29,7 @@ fn main() -> ExitCode {
         Some(Command::Limits(LimitsCommand::Reset(args))) => {
             limits(args, tollgate::limits_cli::Action::Reset)
         }
+        Some(Command::Health(args)) => health(args),
         Some(Command::Run(args)) => run(args),
         None => run(cli.run),
     }
@@ -139,6 +141,111 @@ fn limits(args: LimitsArgs, action: tollgate::limits_cli::Action) -> ExitCode {
         print!("{}", tollgate::throttle::caller::reset_text(&value));
     }
     ExitCode::SUCCESS
+}
+
+/// `tollgate health`: exit 0 when the URL answers 2xx, 1 otherwise (never 2: container
+/// engines reserve it), with one line saying why.
+fn health(args: HealthArgs) -> ExitCode {
+    let url = match (args.url, args.config) {
+        (Some(url), _) => url,
+        (None, None) => DEFAULT_HEALTH_URL.to_owned(),
+        (None, Some(path)) => match config::load(&path).map(|config| config.admin) {
+            Ok(Some(address)) => {
+                format!("http://{}/readyz", tollgate::limits_cli::reachable(address))
+            }
+            Ok(None) => {
+                eprintln!(
+                    "tollgate health: {} has no `admin` listener: pass --url",
+                    path.display()
+                );
+                return ExitCode::from(1);
+            }
+            Err(_) => {
+                eprintln!(
+                    "tollgate health: {} is not a valid configuration (see `tollgate check`), so its admin address is unknown",
+                    path.display()
+                );
+                return ExitCode::from(1);
+            }
+        },
+    };
+    let runtime = match new_runtime() {
+        Ok(rt) => rt,
+        Err(_) => return ExitCode::from(1),
+    };
+    match runtime.block_on(probe(&url, args.timeout)) {
+        Ok(answer) => {
+            println!("{url}: {answer}");
+            ExitCode::SUCCESS
+        }
+        Err(why) => {
+            eprintln!("tollgate health: {why}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// GETs `url` within `timeout`: Ok with the status and the body's first line on a 2xx answer,
+/// otherwise Err with the same or with why there was no answer.
+async fn probe(url: &str, timeout: std::time::Duration) -> Result<String, String> {
+    use http_body_util::{BodyExt, Empty};
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(format!(
+            "`{url}`: only http:// URLs (the admin listener speaks plain HTTP)"
+        ));
+    }
+    let request = http::Request::get(uri)
+        .body(Empty::<bytes::Bytes>::new())
+        .map_err(|e| format!("`{url}` is not a usable URL: {e}"))?;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let exchange = async {
+        let response = client.request(request).await.map_err(|e| causes(&e))?;
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| causes(&e))?
+            .to_bytes();
+        Ok::<_, String>((status, body))
+    };
+    let (status, body) = tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| {
+            format!(
+                "{url} did not answer within {}",
+                humantime::format_duration(timeout)
+            )
+        })?
+        .map_err(|e| format!("cannot reach {url}: {e}"))?;
+    let text = String::from_utf8_lossy(&body);
+    let first_line = text.lines().next().unwrap_or("").trim();
+    let answer = if first_line.is_empty() {
+        status.to_string()
+    } else {
+        format!("{status}: {first_line}")
+    };
+    if status.is_success() {
+        Ok(answer)
+    } else {
+        Err(format!("{url} answered {answer}"))
+    }
+}
+
+/// An error and its causes as one sentence, joined with ": ".
+fn causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 fn run(args: RunArgs) -> ExitCode {

@@ -724,3 +724,102 @@ async fn a_reset_lifts_a_penalty_box_in_memory() {
     let a = start(api_config(&up, None, blocking_limit())).await;
     a_reset_lifts_a_penalty_box(&a, &a).await;
 }
+
+/// Every operator endpoint refuses what it does not take with 400 and says what it does take:
+/// `k` out of range, a `format` other than json or text, an unknown or repeated parameter.
+/// A refused reset changes nothing; the allowed values still work.
+#[tokio::test]
+async fn admin_parameters_outside_what_is_allowed_get_400_naming_what_is() {
+    let up = upstream().start().await;
+    let limits = "      - { algorithm: fixed_window, limit: 1, period: 1h, name: one }\n";
+    let proxy = start(config(&up, "127.0.0.1:0", "", limits)).await;
+    assert_eq!(call(&proxy, "alice").await, StatusCode::OK);
+    assert_eq!(call(&proxy, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+
+    let refused = [
+        (
+            "GET",
+            "/limits/top?k=0",
+            "k must be a whole number from 1 to 128 (the callers each route keeps)",
+        ),
+        (
+            "GET",
+            "/limits/top?k=1000000",
+            "k must be a whole number from 1 to 128 (the callers each route keeps)",
+        ),
+        (
+            "GET",
+            "/limits/top?format=xml",
+            "format must be `json` or `text`",
+        ),
+        (
+            "GET",
+            "/limits/top?kk=3",
+            "unknown query parameter `kk`: /limits/top takes k, format",
+        ),
+        (
+            "GET",
+            "/limits/top?k=3&k=4",
+            "query parameter `k` given more than once",
+        ),
+        (
+            "GET",
+            "/limits/state?route=api&identity=alice&format=xml",
+            "format must be `json` or `text`",
+        ),
+        (
+            "GET",
+            "/limits/state?route=api&identity=alice&user=bob",
+            "unknown query parameter `user`: /limits/state takes route, identity, format",
+        ),
+        (
+            "POST",
+            "/limits/reset?route=api&identity=alice&all=1",
+            "unknown query parameter `all`: /limits/reset takes route, identity, format",
+        ),
+        (
+            "POST",
+            "/limits/reset?route=api&identity=alice&format=yaml",
+            "format must be `json` or `text`",
+        ),
+    ];
+    for (method, path, why) in refused {
+        let (status, answer) = admin_json(&proxy, method, path).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{method} {path}: {answer}");
+        assert_eq!(
+            answer,
+            serde_json::json!({ "error": why }),
+            "{method} {path}"
+        );
+    }
+    // The refused resets reset nothing.
+    assert_eq!(call(&proxy, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+
+    // The allowed values, at the edges.
+    for path in [
+        "/limits/top?k=1",
+        "/limits/top?k=128",
+        "/limits/top?k=128&format=json",
+        "/limits/state?route=api&identity=alice&format=json",
+    ] {
+        let (status, answer) = admin_json(&proxy, "GET", path).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {answer}");
+    }
+    let (_, top) = admin_json(&proxy, "GET", "/limits/top?k=128").await;
+    assert_eq!(top["k"], 128);
+    assert_eq!(listed(&top), vec![("alice".to_owned(), 2, 0)]);
+    let (status, text) = admin(&proxy, "GET", "/limits/top?format=text&k=1", &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        text.contains("route api\n") && text.contains("alice (header)"),
+        "{text}"
+    );
+    let (status, answer) = admin_json(
+        &proxy,
+        "POST",
+        "/limits/reset?route=api&identity=alice&format=json",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(call(&proxy, "alice").await, StatusCode::OK);
+}

@@ -469,3 +469,65 @@ async fn a_failed_settlement_is_counted_and_never_holds_up_the_client() {
         "{metrics}"
     );
 }
+
+/// An HTTP/1.1 upstream (no `http2`) that ends its chunked answers with a trailer: the trailer
+/// settles the cost as an HTTP/2 one does, whether or not the client asked for trailers. An
+/// HTTP/1.1 client sees the trailer only when it sent `TE: trailers`.
+#[tokio::test]
+async fn http1_chunked_trailers_settle_whether_or_not_the_client_asked_for_them() {
+    let app = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app_url = format!("http://{}", app.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = app.accept().await {
+            tokio::spawn(answer_with_a_trailer(stream, "x-tokens-used: 20"));
+        }
+    });
+    let proxy = proxy(config_for(&app_url, BUDGET)).start().await;
+    for (user, te) in [("asked", Some("trailers")), ("did-not-ask", None)] {
+        let mut request = Request::get(proxy.url("/respond")).header("x-user", user);
+        if let Some(te) = te {
+            request = request.header("te", te);
+        }
+        let response = http1_client()
+            .request(request.body(body("")).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{user}");
+        assert_eq!(response.version(), http::Version::HTTP_11);
+        assert_eq!(response.headers()["transfer-encoding"], "chunked", "{user}");
+        let rest = response.into_body().collect().await.unwrap();
+        match te {
+            Some(_) => assert_eq!(rest.trailers().unwrap()["x-tokens-used"], "20"),
+            None => assert!(rest.trailers().is_none(), "{:?}", rest.trailers()),
+        }
+        assert_eq!(rest.to_bytes(), "hello", "{user}");
+        settled().await;
+        // 20 charged: balance 10 - 20 = -10, 11 s until one token.
+        let (status, headers) = send(proxy.addr, "/respond", user).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{user}");
+        assert_eq!(headers["retry-after"], "11", "{user}");
+    }
+}
+
+/// Answers every request on the connection (requests without a body) with a chunked "hello"
+/// and `trailer`, declared in the head, whatever the request's `TE`.
+async fn answer_with_a_trailer(mut stream: tokio::net::TcpStream, trailer: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut received = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        while let Some(end) = received.windows(4).position(|w| w == b"\r\n\r\n") {
+            received.drain(..end + 4);
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-tokens-used\r\n\r\n5\r\nhello\r\n0\r\n{trailer}\r\n\r\n"
+            );
+            if stream.write_all(answer.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => received.extend_from_slice(&buf[..n]),
+        }
+    }
+}

@@ -691,3 +691,91 @@ fn sigterm_as_soon_as_the_port_answers_still_exits_0() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// tollgate health
+
+/// `tollgate health ARGS...`: (exit code, stdout, stderr).
+fn run_health(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let mut command = tollgate();
+    command.arg("health").args(args);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let output = command.output().expect("running tollgate health");
+    (output.status.code(), stdout_of(&output), stderr_of(&output))
+}
+
+#[tokio::test]
+async fn health_asks_readyz_on_the_admin_listener_and_exits_0_or_1_with_the_reason() {
+    let dir = TempDir::new().unwrap();
+    let port = free_port();
+    let admin = free_port();
+    let config = write(
+        &dir,
+        "health.yaml",
+        &run_config(
+            port,
+            "http://127.0.0.1:9",
+            &format!("admin: 127.0.0.1:{admin}\n"),
+        ),
+    );
+    let mut command = tollgate();
+    command.arg("--config").arg(&config);
+    let mut running = Running::spawn(command, admin);
+    running.wait_until_listening().await;
+
+    let readyz = format!("http://127.0.0.1:{admin}/readyz");
+    let (code, stdout, stderr) = run_health(&["--url", &readyz], &[]);
+    assert_eq!(code, Some(0), "stderr: {stderr}");
+    assert_eq!(stdout, format!("{readyz}: 200 OK: ready\n"));
+    // The admin address from the configuration, by flag and through TOLLGATE_CONFIG.
+    let config_text = config.to_str().unwrap();
+    let (code, stdout, stderr) = run_health(&["--config", config_text], &[]);
+    assert_eq!(code, Some(0), "stderr: {stderr}");
+    assert_eq!(stdout, format!("{readyz}: 200 OK: ready\n"));
+    let (code, stdout, _) = run_health(&[], &[("TOLLGATE_CONFIG", config_text)]);
+    assert_eq!(code, Some(0));
+    assert_eq!(stdout, format!("{readyz}: 200 OK: ready\n"));
+
+    // A non-2xx answer: exit 1, one line with the status and the answer's first line.
+    let nope = format!("http://127.0.0.1:{admin}/nope");
+    let (code, stdout, stderr) = run_health(&["--url", &nope], &[]);
+    assert_eq!(code, Some(1));
+    assert_eq!(stdout, "");
+    assert_eq!(
+        stderr,
+        format!(
+            "tollgate health: {nope} answered 404 Not Found: not found: try /healthz or /readyz\n"
+        )
+    );
+
+    // Nothing listening: exit 1, one line naming the URL and the cause.
+    let closed = format!("http://127.0.0.1:{}/readyz", free_port());
+    let (code, stdout, stderr) = run_health(&["--url", &closed], &[]);
+    assert_eq!(code, Some(1));
+    assert_eq!(stdout, "");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("tollgate health: cannot reach {closed}: "))
+            && stderr.contains("Connection refused"),
+        "{stderr}"
+    );
+
+    // A configuration without an admin listener cannot say where to ask.
+    let no_admin = write(
+        &dir,
+        "no-admin.yaml",
+        &run_config(port, "http://127.0.0.1:9", ""),
+    );
+    let (code, _, stderr) = run_health(&["--config", no_admin.to_str().unwrap()], &[]);
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        stderr,
+        format!(
+            "tollgate health: {} has no `admin` listener: pass --url\n",
+            no_admin.display()
+        )
+    );
+    drop(running);
+}

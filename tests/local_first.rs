@@ -1,6 +1,7 @@
 //! Local-first limits (`sync: 100ms`): four replicas decide in memory and share through one
 //! real Redis in batched rounds. Held here: the admitted count stays within the documented
-//! bound for each algorithm under 4 × 100 concurrent clients over several intervals; with Redis
+//! bound for each algorithm under 4 × 100 concurrent clients over several intervals; continuous
+//! traffic over all replicas spends the whole limit and at most R − 1 more; with Redis
 //! frozen no request waits on it and each replica enforces limit ÷ R; when Redis answers again
 //! every unit admitted meanwhile is counted once (neither lost nor twice).
 
@@ -380,4 +381,78 @@ async fn a_lone_client_retrying_at_retry_after_succeeds() {
         }
         assert_eq!(denied, 3);
     }
+}
+
+/// Every replica's clients send requests one after another on one key until `for_how_long`
+/// has passed. Returns the number admitted per replica (every other answer is a 429).
+async fn flood(
+    proxies: &[ProxyHandle],
+    path: &str,
+    user: &str,
+    clients_per_replica: usize,
+    for_how_long: Duration,
+) -> Vec<usize> {
+    let until = Instant::now() + for_how_long;
+    let mut tasks = Vec::new();
+    for (i, p) in proxies.iter().enumerate() {
+        for _ in 0..clients_per_replica {
+            let (addr, path, user) = (p.addr, path.to_string(), user.to_string());
+            tasks.push((
+                i,
+                tokio::spawn(async move {
+                    let mut admitted = 0;
+                    while Instant::now() < until {
+                        match status_of(addr, &path, &user).await {
+                            StatusCode::OK => admitted += 1,
+                            StatusCode::TOO_MANY_REQUESTS => {}
+                            other => panic!("unexpected status {other} on {path}"),
+                        }
+                    }
+                    admitted
+                }),
+            ));
+        }
+    }
+    let mut admitted = vec![0; proxies.len()];
+    for (i, task) in tasks {
+        admitted[i] += task.await.unwrap();
+    }
+    admitted
+}
+
+/// The lower bound (docs/algorithms.md): a key under continuous traffic over all replicas
+/// reaches its full limit, and passes it by at most R − 1. Twenty keys, one after another: each
+/// met by every replica first (one request each, then a read), as the bound assumes, then
+/// flooded on all four for 30 intervals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn continuous_traffic_over_all_replicas_spends_the_whole_limit() {
+    const FLOOD_LIMIT: usize = 200;
+    let _turn = TURN.lock().await;
+    let redis = RedisServer::start();
+    let up = upstream().start().await;
+    let proxies = replicas(&up, &yaml(&redis.url(), FLOOD_LIMIT, SYNC)).await;
+    let mut runs = Vec::new();
+    for run in 0..20 {
+        let user = format!("run-{run}");
+        let mut admitted = 0;
+        for p in &proxies {
+            if status_of(p.addr, "/fw", &user).await == StatusCode::OK {
+                admitted += 1;
+            }
+        }
+        tokio::time::sleep(SYNC * 2).await;
+        let per_replica = flood(&proxies, "/fw", &user, 8, SYNC * 30).await;
+        admitted += per_replica.iter().sum::<usize>();
+        runs.push((admitted, per_replica));
+    }
+    let outside: Vec<_> = runs
+        .iter()
+        .filter(|(admitted, _)| !(FLOOD_LIMIT..=FLOOD_LIMIT + REPLICAS - 1).contains(admitted))
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "admitted outside [{FLOOD_LIMIT}, {}] in {} of 20 runs: {outside:?} (all: {runs:?})",
+        FLOOD_LIMIT + REPLICAS - 1,
+        outside.len()
+    );
 }

@@ -18,7 +18,8 @@
 //! own): the most the other replicas can have spent unseen; plus what the limit surely refills
 //! over the interval ([`share`]). So all replicas together admit at most `A_k + R − 1`
 //! in an interval, and the `R − 1` is taken off the next share. While the views are stale
-//! (Redis slow or down), each replica decides alone with limit ÷ R ([`divided`]).
+//! (Redis slow or down), each replica decides alone with limit ÷ R ([`divided`]), on a copy
+//! kept across stale spells so that spells that come and go do not give it again.
 //! docs/algorithms.md ("Local-first limits") states the bounds.
 
 use std::collections::HashMap;
@@ -44,7 +45,9 @@ struct Entry {
     view: Option<State>,
     /// What decisions run on: the view plus this replica's usage since it was complete.
     local: Option<State>,
-    /// The copy used while the views are stale (limit ÷ R).
+    /// The copy used while the views are stale (limit ÷ R): this replica's usage while alone,
+    /// kept across stale spells so that R replicas stay within the limit however often the
+    /// views go stale.
     divided: Option<State>,
     /// Units admitted here not sent yet.
     pending: u64,
@@ -438,7 +441,9 @@ impl LocalFirst {
             entry.others_share = entry.others_share.max(entry.share);
             entry.view = view;
             entry.unseen = 0;
-            entry.divided = None;
+            // The divided copy is kept: it is what this replica admitted alone, and a view that
+            // goes stale again (a loaded machine whose rounds run late, Redis flapping) goes on
+            // from it rather than from a whole limit ÷ R again.
         }
         // Idle keys (not touched since the last read, nothing to send) whose state is full
         // again are dropped: a new copy starts from the same idle state.
@@ -752,6 +757,128 @@ mod tests {
         assert_eq!(admitted(&engine, "k", p, 200), 25);
         // The usage is kept for when Redis answers again.
         assert_eq!(engine.tick().1[0].amount, 25);
+    }
+
+    #[test]
+    fn stale_spells_go_on_from_what_was_admitted_alone() {
+        let clock = Arc::new(ManualClock::new(10 * SECOND));
+        let engine = LocalFirst::new(clock.clone(), 100_000);
+        engine.set_replicas(4);
+        let p = params(Algorithm::FixedWindow, 100, 60 * SECOND);
+        clock.advance(STALE_AFTER_INTERVALS * 100_000 + 1);
+        assert_eq!(admitted(&engine, "k", p, 200), 25);
+        let (round, _) = engine.tick();
+        engine.written(round);
+        // A read: fresh again, the view holds the 25, and the share is what is left of it.
+        engine.read_done(
+            &engine.read_batch(),
+            vec![Some(State::FixedWindow {
+                window: 0,
+                count: 25,
+            })],
+            clock.now_us(),
+            0,
+        );
+        assert!(engine.fresh());
+        // Stale again: this replica's limit ÷ R is spent, not given again.
+        clock.advance(STALE_AFTER_INTERVALS * 100_000 + 1);
+        assert!(!engine.fresh());
+        assert_eq!(admitted(&engine, "k", p, 200), 0);
+    }
+
+    /// R replicas sharing one store, on one clock: at every step each replica tries `rate`
+    /// requests on one key (replica `i` from `starts[i]` on), and the rounds run on time (the
+    /// writes at the ticks, the reads 3/4 into the interval). Returns the admissions per
+    /// interval, counted from the first request.
+    fn continuous(p: Params, starts: [Micros; 4], rate: usize, intervals: usize) -> Vec<u64> {
+        const INTERVAL: Micros = 100_000;
+        const STEP: Micros = 5_000;
+        let first = *starts.iter().min().unwrap();
+        let clock = Arc::new(ManualClock::new(first));
+        let engines: Vec<LocalFirst> = starts
+            .iter()
+            .map(|_| {
+                let engine = LocalFirst::new(clock.clone(), INTERVAL);
+                engine.set_replicas(starts.len() as u64);
+                engine
+            })
+            .collect();
+        let mut shared: Option<State> = None;
+        let mut per_interval = vec![0; intervals];
+        for step in 0..intervals as Micros * INTERVAL / STEP {
+            let now = first + step * STEP;
+            if now % INTERVAL == 0 {
+                for engine in &engines {
+                    let (round, batch) = engine.tick();
+                    for item in batch {
+                        shared = algorithm::charge(&p, shared.as_ref(), now, item.amount)
+                            .map(|(s, _)| s);
+                    }
+                    engine.written(round);
+                }
+            }
+            if now % INTERVAL == INTERVAL * 3 / 4 {
+                for engine in &engines {
+                    let batch = engine.read_batch();
+                    let states = batch.iter().map(|_| shared.clone()).collect();
+                    engine.read_done(&batch, states, now, 0);
+                }
+            }
+            clock.set(now);
+            for (engine, start) in engines.iter().zip(starts) {
+                if now >= start {
+                    per_interval[((now - first) / INTERVAL) as usize] +=
+                        admitted(engine, "k", p, rate) as u64;
+                }
+            }
+        }
+        per_interval
+    }
+
+    #[test]
+    fn continuous_traffic_over_all_replicas_spends_the_limit_within_5_intervals() {
+        let day = 86_400 * SECOND;
+        let limit = 200;
+        let every = [
+            params(Algorithm::FixedWindow, limit, day),
+            params(Algorithm::SlidingWindow, limit, day),
+            params(Algorithm::TokenBucket, limit, day),
+            Params {
+                limit: 1,
+                ..params(Algorithm::Gcra, limit, day)
+            },
+        ];
+        // The replicas meet the key before the first read (the bound's precondition): at once,
+        // or spread over the interval.
+        let starts = [
+            [10 * SECOND; 4],
+            [
+                10 * SECOND,
+                10 * SECOND + 20_000,
+                10 * SECOND + 45_000,
+                10 * SECOND + 70_000,
+            ],
+        ];
+        for p in every {
+            for starts in starts {
+                // Traffic of at least a first share (limit / R) per interval on each replica
+                // spends the limit within 5 intervals; slower traffic takes longer, but gets
+                // there too.
+                for (rate, within) in [(1, 30), (2, 30), (3, 5), (5, 5), (50, 5)] {
+                    let per_interval = continuous(p, starts, rate, 30);
+                    let what = format!(
+                        "{:?} from {starts:?}, {rate} a step: {per_interval:?}",
+                        p.algorithm
+                    );
+                    let total: u64 = per_interval.iter().sum();
+                    assert!((limit..=limit + 3).contains(&total), "{what}");
+                    assert!(
+                        per_interval[..within].iter().sum::<u64>() >= limit,
+                        "{what}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
