@@ -23,11 +23,14 @@ use tokio_util::task::TaskTracker;
 use crate::body::{self, LimitedBody, ProxyBody};
 use crate::config::LimitSet;
 use crate::config::{Config, HostMode};
+use crate::control::offenders::Offenders;
+use crate::control::{caller, sync, Control};
 use crate::error::ProxyError;
 use crate::identity;
 use crate::limit::Verdict;
 use crate::metrics::{Held, Metrics, RouteMetrics};
 use crate::routing;
+use crate::store::Stores;
 use crate::throttle::headers::{self as limit_headers, Rendered};
 use crate::throttle::{AdmitReason, LimitOutcome, LimitStage};
 use access_log::AccessLog;
@@ -60,6 +63,10 @@ struct Runtime {
     config: Arc<Config>,
     upstream: UpstreamClient,
     limits: LimitStage,
+    /// Who is denied most (the admin's `/limits/top`); carried over reloads with the stores.
+    offenders: Arc<Offenders>,
+    /// The rounds of local-first limits, when any (the limit stage holds their engine).
+    local_first: Option<Arc<sync::Sync>>,
     /// One per route, in route order.
     route_metrics: Vec<RouteMetrics>,
     unrouted_metrics: RouteMetrics,
@@ -71,12 +78,27 @@ impl Runtime {
             Some(p) if p.config.upstream == config.upstream => p.upstream.clone(),
             _ => UpstreamClient::new(&config.upstream, config.workers),
         };
+        let throttle = &config.throttle;
+        let previous_stores = previous.map(|p| p.limits.stores());
+        let stores = Stores::new(&throttle.store, throttle.on_error, previous_stores);
+        let carried = previous.filter(|p| stores.carried_from(p.limits.stores()));
         // Registered whether or not a limit is local-first, so the dashboard's panels always
         // have their series.
-        let sync_metrics = metrics.sync(&config.throttle);
-        let limits = LimitStage::new(config.throttle.clone(), previous.map(|p| &p.limits), || {
-            sync_metrics
-        });
+        let sync_metrics = metrics.sync(throttle);
+        let local_first = sync::carry_or_start(
+            throttle,
+            &stores,
+            previous.map(|p| (p.limits.stores(), p.local_first.as_ref())),
+            sync_metrics,
+        );
+        let offenders = carried.map_or_else(Arc::default, |p| p.offenders.clone());
+        let denials = caller::new_deny_cache(&stores, &throttle.key_prefix);
+        let limits = LimitStage::new(
+            throttle.clone(),
+            stores,
+            denials,
+            local_first.as_ref().map(|rounds| rounds.engine.clone()),
+        );
         let route_metrics = config
             .throttle
             .routes
@@ -86,6 +108,8 @@ impl Runtime {
         Runtime {
             upstream,
             limits,
+            offenders,
+            local_first,
             route_metrics,
             unrouted_metrics: metrics.route(crate::metrics::UNROUTED),
             config,
@@ -154,16 +178,17 @@ impl Proxy {
 
     /// The stores, deny cache and top-offenders sketch of the running configuration, for the
     /// admin endpoints.
-    pub fn throttle_control(&self) -> crate::throttle::caller::Control {
-        self.inner.runtime.load().limits.control()
+    pub fn throttle_control(&self) -> Control {
+        let runtime = self.inner.runtime.load();
+        Control::new(&runtime.limits, runtime.offenders.clone())
     }
 
     /// Whether this instance should receive traffic as far as the store is concerned: a store
     /// that cannot be reached matters only when `on_error: deny` would refuse everything.
     pub fn store_ready(&self) -> bool {
         let runtime = self.inner.runtime.load();
-        let limits = &runtime.limits;
-        limits.store_ready() || limits.on_error() != crate::config::OnError::Deny
+        let stores = runtime.limits.stores();
+        stores.ready() || stores.on_error() != crate::config::OnError::Deny
     }
 
     /// Handles one request, in order: route → identify → limit → forward → respond. Never
@@ -222,6 +247,11 @@ impl Proxy {
         // was still admitted).
         let counted = Counted::of(outcome.as_ref());
         counted.record(&self.inner.metrics, metrics);
+        if let Some((set, key)) = outcome.as_ref().and_then(LimitOutcome::denied) {
+            runtime
+                .offenders
+                .record_denial(&config.throttle.key_prefix, set, key);
+        }
         log.decision = counted.decision();
         let admitted = match outcome {
             None => None,
@@ -638,6 +668,7 @@ mod tests {
             identity: "header",
             verdicts: Vec::new(),
             local_fallback,
+            key: String::new(),
         }
     }
 
@@ -647,12 +678,14 @@ mod tests {
     fn each_outcome_is_counted_once_as_it_always_was() {
         let set = LimitSet::new("api", None, Vec::new(), true);
         let cached = LimitOutcome::LimitedFromCache {
+            set: &set,
             identity: "header",
             rendered: Rendered {
                 status: StatusCode::TOO_MANY_REQUESTS,
                 headers: Default::default(),
                 body: Bytes::new(),
             },
+            key: String::new(),
         };
         let cases = [
             (None, "allowed", "allowed", 0),
