@@ -5,10 +5,10 @@
 //! from). Responses are built by the proxy, from the outcome; this stage builds none.
 //!
 //! The stores are owned by [`crate::store`], which applies `on_error` to a decision the
-//! shared store could not make; `on_limit: delay` waits here, in per-key order, for a request that would fit within
-//! `max_delay`. A denial the shared store gave is remembered ([`deny_cache`]) until its retry
-//! time, so a caller hammering a limit it is over costs neither a Redis round trip nor an
-//! upstream request.
+//! shared store could not make. `on_limit: delay` waits here, in per-key order, for a request
+//! that would fit within `max_delay`. A denial the shared store gave is remembered
+//! ([`deny_cache`]) until its retry time, so a caller hammering a limit it is over costs
+//! neither a Redis round trip nor an upstream request.
 
 pub mod deny_cache;
 pub mod headers;
