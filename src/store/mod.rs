@@ -301,3 +301,110 @@ async fn connect_redis(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::Throttle;
+    use crate::limit::algorithm::{Algorithm, Params};
+
+    fn throttle(store: &str) -> Throttle {
+        let text = format!("listen: 127.0.0.1:0\nupstream: {{ url: \"http://a:1\" }}\n{store}");
+        crate::config::parse(Path::new("t.yaml"), &text, |_| None)
+            .unwrap()
+            .throttle
+    }
+
+    /// A Redis store on a local port nothing listens on: never connected.
+    fn unreachable(on_error: &str) -> Throttle {
+        throttle(&format!(
+            "store:\n  redis: {{ url: \"redis://127.0.0.1:1\", timeout: 50ms }}\n  on_error: {on_error}\n"
+        ))
+    }
+
+    fn stores(config: &Throttle, previous: Option<&Stores>) -> Stores {
+        Stores::new(&config.store, config.on_error, previous)
+    }
+
+    fn one_per_minute(key: &str) -> Check<'_> {
+        Check {
+            key,
+            params: Params {
+                algorithm: Algorithm::FixedWindow,
+                limit: 1,
+                period_us: 60_000_000,
+                burst: 1,
+                cost: 1,
+            },
+            shadow: false,
+            block_us: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_memory_store_alone_is_always_ready_and_not_shared() {
+        let stores = stores(&throttle(""), None);
+        assert!(stores.ready());
+        assert!(!stores.is_shared());
+        assert!(stores.shared().is_none() && stores.shared_slot().is_none());
+        assert!(matches!(stores.memory(), Store::Memory(_)));
+    }
+
+    /// A decision Redis could not make (not connected) is what `on_error` says: let through
+    /// undecided, refused, or decided by the memory store; and the store is not ready.
+    #[tokio::test]
+    async fn on_error_decides_what_the_shared_store_could_not() {
+        let check = [one_per_minute("k")];
+
+        let allow = stores(&unreachable("allow"), None);
+        assert!(allow.is_shared() && allow.shared().is_none());
+        assert!(!allow.ready());
+        let (decision, how) = allow.decide_shared(&check).await.unwrap();
+        assert_eq!(how, How::FailedOpen);
+        assert!(decision.allowed && decision.verdicts.is_empty());
+
+        let deny = stores(&unreachable("deny"), None);
+        assert!(deny.decide_shared(&check).await.is_none());
+
+        let local = stores(&unreachable("local"), None);
+        let (first, how) = local.decide_shared(&check).await.unwrap();
+        assert_eq!(how, How::LocalFallback);
+        assert!(first.allowed);
+        assert_eq!(first.verdicts[0].remaining, 0);
+        let (second, how) = local.decide_shared(&check).await.unwrap();
+        assert_eq!(how, How::LocalFallback);
+        assert!(!second.allowed, "the fallback counts in memory");
+    }
+
+    /// A reload keeps the stores (and their counts) when the store settings are the same,
+    /// whatever else changed, `on_error` included, which applies from then on.
+    #[tokio::test]
+    async fn a_reload_carries_the_stores_over_only_when_their_settings_are_unchanged() {
+        let check = [one_per_minute("k")];
+        let first = stores(&unreachable("local"), None);
+        assert!(first.decide_shared(&check).await.unwrap().0.allowed);
+
+        let same = stores(&unreachable("local"), Some(&first));
+        assert!(same.carried_from(&first));
+        let (decision, _) = same.decide_shared(&check).await.unwrap();
+        assert!(!decision.allowed, "the count carried over");
+
+        let stricter = stores(&unreachable("deny"), Some(&same));
+        assert!(stricter.carried_from(&same));
+        assert_eq!(stricter.on_error(), OnError::Deny);
+        assert!(stricter.decide_shared(&check).await.is_none());
+
+        let memory = stores(&throttle(""), Some(&stricter));
+        assert!(!memory.carried_from(&stricter));
+        assert!(!memory.is_shared());
+        let elsewhere = stores(
+            &throttle("store:\n  redis: { url: \"redis://127.0.0.1:2\", timeout: 50ms }\n  on_error: local\n"),
+            Some(&first),
+        );
+        assert!(!elsewhere.carried_from(&first));
+        let (decision, _) = elsewhere.decide_shared(&check).await.unwrap();
+        assert!(decision.allowed, "a new store counts afresh");
+    }
+}
