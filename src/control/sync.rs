@@ -65,17 +65,18 @@ pub fn interval(config: &Throttle) -> Option<Duration> {
         .min()
 }
 
-/// The rounds for `config` on `stores`: `previous`'s (the running configuration's stores and
-/// rounds, on a reload) when the stores were carried over and the interval is the same, with
-/// the usage not sent yet; else new ones when a limit is local-first and the store is Redis.
+/// The rounds for `config` on `stores`: `running` (the rounds of the configuration a reload
+/// replaces, given only when `stores` were carried over from it) when the interval is the
+/// same, with the usage not sent yet; else new ones when a limit is local-first and the store
+/// is Redis.
 pub fn carry_or_start(
     config: &Throttle,
     stores: &Stores,
-    previous: Option<(&Stores, Option<&Arc<Sync>>)>,
+    running: Option<&Arc<Sync>>,
     metrics: SyncMetrics,
 ) -> Option<Arc<Sync>> {
     let interval = interval(config)?;
-    if let Some((_, Some(kept))) = previous.filter(|(p, _)| stores.carried_from(p)) {
+    if let Some(kept) = running {
         if kept.engine.interval_us() == interval.as_micros() as i64 {
             return Some(kept.clone());
         }

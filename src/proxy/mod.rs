@@ -79,8 +79,13 @@ impl Runtime {
             _ => UpstreamClient::new(&config.upstream, config.workers),
         };
         let throttle = &config.throttle;
-        let previous_stores = previous.map(|p| p.limits.stores());
-        let stores = Stores::new(&throttle.store, throttle.on_error, previous_stores);
+        let stores = Stores::new(
+            &throttle.store,
+            throttle.on_error,
+            previous.map(|p| p.limits.stores()),
+        );
+        // The offenders sketch and the local-first rounds go on only with the stores they
+        // counted on.
         let carried = previous.filter(|p| stores.carried_from(p.limits.stores()));
         // Registered whether or not a limit is local-first, so the dashboard's panels always
         // have their series.
@@ -88,7 +93,7 @@ impl Runtime {
         let local_first = sync::carry_or_start(
             throttle,
             &stores,
-            previous.map(|p| (p.limits.stores(), p.local_first.as_ref())),
+            carried.and_then(|p| p.local_first.as_ref()),
             sync_metrics,
         );
         let offenders = carried.map_or_else(Arc::default, |p| p.offenders.clone());
