@@ -14,8 +14,9 @@
 //! runs on the store's own connection whatever the deployment (one server, Cluster, Sentinel:
 //! no subscriber connection to follow through failovers, and a replica that was disconnected
 //! cannot miss a message), and it costs one `GET` per [`WATCH_EVERY`] while someone is being
-//! denied, one a second otherwise. The replica that serves the reset clears its own cache at once; the others
-//! within [`WATCH_EVERY`].
+//! denied, one a second otherwise. The replica that serves the reset clears its own cache at
+//! once; the others within [`WATCH_EVERY`]. The watch is started with the deny cache of each
+//! configuration ([`new_deny_cache`]), which the limit stage is then given.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;

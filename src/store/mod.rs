@@ -1,7 +1,7 @@
 //! The stores limits live in, and everything about owning them: the memory store (swept in
 //! the background), the shared Redis store connected in the background with backoff (tollgate
 //! starts, and applies `on_error`, while Redis is not there yet), its health probe, the
-//! circuit breaker in front of it ([`breaker`]), whether it is up, readiness, and `on_error`
+//! circuit breaker in front of it (`breaker.rs`), whether it is up, readiness, and `on_error`
 //! for a decision the shared store could not make.
 //!
 //! One [`Stores`] serves one configuration; a reload that keeps the store settings carries it
