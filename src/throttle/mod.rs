@@ -175,7 +175,7 @@ impl LimitStage {
             }
             tiers::Selection::Limits(set) => set,
         };
-        let (keys, identity) = keys::build(&self.config.key_prefix, set, request, client_ip);
+        let (mut keys, identity) = keys::build(&self.config.key_prefix, set, request, client_ip);
 
         // A caller known to be over a limit the shared store decides is answered from memory
         // until the retry time the store gave (see deny_cache for why that never admits more).
@@ -194,7 +194,7 @@ impl LimitStage {
                     set,
                     identity,
                     rendered,
-                    key: first_key(keys),
+                    key: first_key(&mut keys),
                 };
             }
         }
@@ -265,7 +265,7 @@ impl LimitStage {
                         identity,
                         verdicts: decision.verdicts,
                         local_fallback: reason == AdmitReason::LocalFallback,
-                        key: first_key(keys),
+                        key: first_key(&mut keys),
                     };
                 }
             };
@@ -357,7 +357,11 @@ impl LimitStage {
         }
         let all_global = set.iter().all(|l| l.scope == Scope::Global);
         if all_global {
-            return self.decide_global(checks).await;
+            return self
+                .stores
+                .decide_shared(checks)
+                .await
+                .map(with_admit_reason);
         }
         // Mixed scopes: local limits first (a local denial never touches Redis), then the global
         // ones. A global denial after a local admission leaves the local units spent; the docs
@@ -397,7 +401,12 @@ impl LimitStage {
                 AdmitReason::Allowed,
             ));
         }
-        let Some((global, reason)) = self.decide_global(&pick(&global_idx)).await else {
+        let Some((global, reason)) = self
+            .stores
+            .decide_shared(&pick(&global_idx))
+            .await
+            .map(with_admit_reason)
+        else {
             // Refused (on_error: deny): hand back the local slots taken a moment ago.
             let _ = self.stores.memory().release(&local.leases).await;
             return None;
@@ -420,23 +429,23 @@ impl LimitStage {
             reason,
         ))
     }
-
-    /// The global limits of a set, decided by the shared store with `on_error` applied.
-    async fn decide_global(&self, checks: &[Check<'_>]) -> Option<(Decision, AdmitReason)> {
-        let (decision, how) = self.stores.decide_shared(checks).await?;
-        let reason = match how {
-            How::Answered => AdmitReason::Allowed,
-            How::FailedOpen => AdmitReason::StoreError,
-            How::LocalFallback => AdmitReason::LocalFallback,
-        };
-        Some((decision, reason))
-    }
 }
 
-/// The store key of a limited set's first limit, moved out of the keys the stage built (none
-/// for a set without limits).
-fn first_key(keys: Vec<String>) -> String {
-    keys.into_iter().next().unwrap_or_default()
+/// A shared decision's `how` as the admit reason it gives.
+fn with_admit_reason((decision, how): (Decision, How)) -> (Decision, AdmitReason) {
+    let reason = match how {
+        How::Answered => AdmitReason::Allowed,
+        How::FailedOpen => AdmitReason::StoreError,
+        How::LocalFallback => AdmitReason::LocalFallback,
+    };
+    (decision, reason)
+}
+
+/// The store key of a limited set's first limit, taken out of the keys the stage built (none
+/// for a set without limits). Taken, not moved with the vector: a vector moved on some paths
+/// only would need a drop flag in the request's future.
+fn first_key(keys: &mut [String]) -> String {
+    keys.first_mut().map(std::mem::take).unwrap_or_default()
 }
 
 /// How long to wait before deciding again, if every violated limit is in delay mode.
