@@ -28,10 +28,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::body::{full, ProxyBody};
 use crate::config::Secret;
+use crate::control::caller::{self, CallerError};
+use crate::control::offenders;
 use crate::identity::key;
 use crate::proxy::Proxy;
-use crate::throttle::caller::{self, CallerError};
-use crate::throttle::offenders;
 
 /// What readiness depends on: not draining, and a store that answers unless `on_error`
 /// makes its absence harmless. Lives here, beside `/readyz`, so that the server (which drains

@@ -14,7 +14,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
 use crate::config::{Config, StoreConfig};
-use crate::throttle::caller::{CallerError, Control};
+use crate::control::caller::{CallerError, Control};
 
 /// How long the command waits for an admin listener.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);

@@ -136,9 +136,9 @@ fn limits(args: LimitsArgs, action: tollgate::limits_cli::Action) -> ExitCode {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
     } else if action == tollgate::limits_cli::Action::Get {
-        print!("{}", tollgate::throttle::caller::state_text(&value));
+        print!("{}", tollgate::control::caller::state_text(&value));
     } else {
-        print!("{}", tollgate::throttle::caller::reset_text(&value));
+        print!("{}", tollgate::control::caller::reset_text(&value));
     }
     ExitCode::SUCCESS
 }

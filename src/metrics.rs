@@ -194,7 +194,7 @@ impl Metrics {
     /// The handles of local-first rounds (`sync: <duration>`) for the limits of `throttle`:
     /// drift is counted per route (and tier), by the key name the limit stage knows it by,
     /// and shown under the route's name.
-    pub fn sync(&self, throttle: &crate::config::Throttle) -> crate::throttle::sync::SyncMetrics {
+    pub fn sync(&self, throttle: &crate::config::Throttle) -> crate::control::sync::SyncMetrics {
         let rounds = |result: &'static str| {
             self.recorder.register_counter(
                 &Key::from_parts(
@@ -212,7 +212,7 @@ impl Metrics {
                 drift.insert(tier.limits.key_name.clone(), counter.clone());
             }
         }
-        crate::throttle::sync::SyncMetrics {
+        crate::control::sync::SyncMetrics {
             rounds_ok: rounds("ok"),
             rounds_error: rounds("error"),
             keys: self

@@ -731,8 +731,12 @@ async fn a_reset_lifts_a_penalty_box_in_memory() {
 #[tokio::test]
 async fn admin_parameters_outside_what_is_allowed_get_400_naming_what_is() {
     let up = upstream().start().await;
-    let limits = "      - { algorithm: fixed_window, limit: 1, period: 1h, name: one }\n";
-    let proxy = start(config(&up, "127.0.0.1:0", "", limits)).await;
+    let proxy = start(api_config(
+        &up,
+        None,
+        api([limit::fixed_window(1, "1h").name("one")]),
+    ))
+    .await;
     assert_eq!(call(&proxy, "alice").await, StatusCode::OK);
     assert_eq!(call(&proxy, "alice").await, StatusCode::TOO_MANY_REQUESTS);
 

@@ -482,7 +482,7 @@ async fn http1_chunked_trailers_settle_whether_or_not_the_client_asked_for_them(
             tokio::spawn(answer_with_a_trailer(stream, "x-tokens-used: 20"));
         }
     });
-    let proxy = proxy(config_for(&app_url, BUDGET)).start().await;
+    let proxy = proxy(budget(&app_url)).start().await;
     for (user, te) in [("asked", Some("trailers")), ("did-not-ask", None)] {
         let mut request = Request::get(proxy.url("/respond")).header("x-user", user);
         if let Some(te) = te {

@@ -714,11 +714,7 @@ async fn health_asks_readyz_on_the_admin_listener_and_exits_0_or_1_with_the_reas
     let config = write(
         &dir,
         "health.yaml",
-        &run_config(
-            port,
-            "http://127.0.0.1:9",
-            &format!("admin: 127.0.0.1:{admin}\n"),
-        ),
+        &(run_config(port, "http://127.0.0.1:9") + &format!("admin: 127.0.0.1:{admin}\n")),
     );
     let mut command = tollgate();
     command.arg("--config").arg(&config);
@@ -766,7 +762,7 @@ async fn health_asks_readyz_on_the_admin_listener_and_exits_0_or_1_with_the_reas
     let no_admin = write(
         &dir,
         "no-admin.yaml",
-        &run_config(port, "http://127.0.0.1:9", ""),
+        &run_config(port, "http://127.0.0.1:9"),
     );
     let (code, _, stderr) = run_health(&["--config", no_admin.to_str().unwrap()], &[]);
     assert_eq!(code, Some(1));

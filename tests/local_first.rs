@@ -430,7 +430,7 @@ async fn continuous_traffic_over_all_replicas_spends_the_whole_limit() {
     let _turn = TURN.lock().await;
     let redis = RedisServer::start();
     let up = upstream().start().await;
-    let proxies = replicas(&up, &yaml(&redis.url(), FLOOD_LIMIT, SYNC)).await;
+    let proxies = replicas(&up, &replica_config(&redis.url(), FLOOD_LIMIT, SYNC)).await;
     let mut runs = Vec::new();
     for run in 0..20 {
         let user = format!("run-{run}");

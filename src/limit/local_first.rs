@@ -1,5 +1,5 @@
 //! Local-first limits (`sync: <duration>`): decided in this process's memory, on a local copy
-//! of each key's shared state, and shared through Redis in batches (see `throttle::sync`), so
+//! of each key's shared state, and shared through Redis in batches (see `control::sync`), so
 //! no request waits on Redis.
 //!
 //! Every interval has two phases on the store's clock, the same for every replica: at each

@@ -24,10 +24,13 @@ use tokio_util::task::TaskTracker;
 
 use crate::body::{self, LimitedBody, ProxyBody};
 use crate::config::{Config, HostMode, ResponseConfig};
+use crate::control::offenders::Offenders;
+use crate::control::{caller, sync, Control};
 use crate::error::ProxyError;
 use crate::identity;
 use crate::metrics::{Metrics, RouteMetrics};
 use crate::routing::{self, Routed};
+use crate::store::Stores;
 use crate::throttle::headers as limit_headers;
 use crate::throttle::{Admitted, Denial, LimitOutcome, LimitStage, Limited};
 use record::RequestRecord;
@@ -60,6 +63,10 @@ struct Runtime {
     config: Arc<Config>,
     upstream: UpstreamClient,
     limits: LimitStage,
+    /// Who is denied most (the admin's `/limits/top`); carried over reloads with the stores.
+    offenders: Arc<Offenders>,
+    /// The rounds of local-first limits, when any (the limit stage holds their engine).
+    local_first: Option<Arc<sync::Sync>>,
     /// One per route, in route order.
     route_metrics: Vec<RouteMetrics>,
     unrouted_metrics: RouteMetrics,
@@ -71,12 +78,32 @@ impl Runtime {
             Some(p) if p.config.upstream == config.upstream => p.upstream.clone(),
             _ => UpstreamClient::new(&config.upstream, config.workers),
         };
+        let throttle = &config.throttle;
+        let stores = Stores::new(
+            &throttle.store,
+            throttle.on_error,
+            previous.map(|p| p.limits.stores()),
+        );
+        // The offenders sketch and the local-first rounds go on only with the stores they
+        // counted on.
+        let carried = previous.filter(|p| stores.carried_from(p.limits.stores()));
         // Registered whether or not a limit is local-first, so the dashboard's panels always
         // have their series.
-        let sync_metrics = metrics.sync(&config.throttle);
-        let limits = LimitStage::new(config.throttle.clone(), previous.map(|p| &p.limits), || {
-            sync_metrics
-        });
+        let sync_metrics = metrics.sync(throttle);
+        let local_first = sync::carry_or_start(
+            throttle,
+            &stores,
+            carried.and_then(|p| p.local_first.as_ref()),
+            sync_metrics,
+        );
+        let offenders = carried.map_or_else(Arc::default, |p| p.offenders.clone());
+        let denials = caller::new_deny_cache(&stores, &throttle.key_prefix);
+        let limits = LimitStage::new(
+            throttle.clone(),
+            stores,
+            denials,
+            local_first.as_ref().map(|rounds| rounds.engine.clone()),
+        );
         let route_metrics = config
             .throttle
             .routes
@@ -86,6 +113,8 @@ impl Runtime {
         Runtime {
             upstream,
             limits,
+            offenders,
+            local_first,
             route_metrics,
             unrouted_metrics: metrics.route(crate::metrics::UNROUTED),
             config,
@@ -154,16 +183,17 @@ impl Proxy {
 
     /// The stores, deny cache and top-offenders sketch of the running configuration, for the
     /// admin endpoints.
-    pub fn throttle_control(&self) -> crate::throttle::caller::Control {
-        self.inner.runtime.load().limits.control()
+    pub fn throttle_control(&self) -> Control {
+        let runtime = self.inner.runtime.load();
+        Control::new(&runtime.limits, runtime.offenders.clone())
     }
 
     /// Whether this instance should receive traffic as far as the store is concerned: a store
     /// that cannot be reached matters only when `on_error: deny` would refuse everything.
     pub fn store_ready(&self) -> bool {
         let runtime = self.inner.runtime.load();
-        let limits = &runtime.limits;
-        limits.store_ready() || limits.on_error() != crate::config::OnError::Deny
+        let stores = runtime.limits.stores();
+        stores.ready() || stores.on_error() != crate::config::OnError::Deny
     }
 
     /// Handles one request, in order: route → identify → limit → forward → respond. Never
@@ -205,6 +235,11 @@ impl Proxy {
                 match outcome {
                     LimitOutcome::Admitted(admitted) => Some(runtime.owed(admitted, routed)),
                     LimitOutcome::Limited(limited) => {
+                        runtime.offenders.record_denial(
+                            &throttle.key_prefix,
+                            limited.set,
+                            &limited.key,
+                        );
                         let response = limited_response(&throttle.response, &limited);
                         return refuse(response, &mut record, grpc, true);
                     }

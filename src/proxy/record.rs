@@ -18,7 +18,7 @@ use http::request::Parts;
 use http::{Method, StatusCode, Uri};
 use tokio::time::Instant;
 
-use crate::config::{LimitSet, Route};
+use crate::config::Route;
 use crate::error::{ProxyError, Side};
 use crate::metrics::{Metrics, RouteMetrics};
 use crate::throttle::{AdmitReason, LimitOutcome, Limited};
@@ -125,10 +125,6 @@ pub struct RequestRecord<'a> {
     error: Option<ProxyError>,
     /// The status tollgate sent (before a gRPC translation); None while unanswered.
     status: Option<u16>,
-    /// A denied caller's limits and first store key, for the top-offenders sketch: filled
-    /// where the limit stage's outcome is limited, counted where the record is written.
-    #[allow(dead_code)]
-    pub denied: Option<(&'a LimitSet, String)>,
 }
 
 impl<'a> RequestRecord<'a> {
@@ -155,7 +151,6 @@ impl<'a> RequestRecord<'a> {
             upstream: None,
             error: None,
             status: None,
-            denied: None,
         }
     }
 
@@ -274,6 +269,7 @@ impl Drop for RequestRecord<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::LimitSet;
     use crate::throttle::{Admitted, Denial};
 
     fn admitted(set: &LimitSet, reason: AdmitReason) -> LimitOutcome<'_> {
@@ -293,6 +289,7 @@ mod tests {
             identity: "header",
             denial: Denial::Decided(Vec::new()),
             by_fallback,
+            key: String::new(),
         })
     }
 

@@ -4,47 +4,34 @@
 //! any concurrency leases to hold) or limited (with what the limited response is rendered
 //! from). Responses are built by the proxy, from the outcome; this stage builds none.
 //!
-//! Store faults are decided by `on_error`, at once while the circuit breaker ([`breaker`]) is
-//! open; `on_limit: delay` waits here, in per-key order, for a request that would fit within
-//! `max_delay`. A denial the shared store gave is remembered ([`deny_cache`]) until its retry
-//! time, so a caller hammering a limit it is over costs neither a Redis round trip nor an
-//! upstream request.
+//! The stores are owned by [`crate::store`], which applies `on_error` to a decision the
+//! shared store could not make. `on_limit: delay` waits here, in per-key order, for a request
+//! that would fit within `max_delay`. A denial the shared store gave is remembered
+//! ([`deny_cache`]) until its retry time, so a caller hammering a limit it is over costs
+//! neither a Redis round trip nor an upstream request.
 
-mod breaker;
-pub mod caller;
 pub mod deny_cache;
 pub mod headers;
 pub mod keys;
 mod lease;
-pub mod offenders;
 mod queue;
 pub mod settle;
 #[cfg(test)]
 mod stage_tests;
-pub mod sync;
 pub(crate) mod tiers;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use crate::config::{LimitSet, OnError, OnLimit, RedisConfig, Route, Scope, StoreConfig, Throttle};
+use crate::config::{LimitSet, OnLimit, Route, Scope, Throttle};
 use crate::identity::caller::Caller;
 use crate::limit::algorithm::Verdict;
-use crate::limit::memory::MemoryStore;
-use crate::limit::redis_store::RedisStore;
-use crate::limit::{Check, Decision, Store, StoreError};
+use crate::limit::local_first::LocalFirst;
+use crate::limit::{Check, Decision, Store};
+use crate::store::{How, Stores};
 pub use lease::LeaseGuard;
-
-/// How often idle in-memory keys are swept away.
-const SWEEP_EVERY: Duration = Duration::from_secs(10);
-/// How often the store is checked (for its loss while up, for its return while down).
-const HEALTH_PROBE_EVERY: Duration = Duration::from_millis(500);
-/// Backoff bounds while the first Redis connection cannot be made.
-const CONNECT_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
 
 /// How a decision was reached, and for an admitted request why it was let through (for logs
 /// and metrics).
@@ -98,6 +85,8 @@ pub struct Limited<'a> {
     /// True when the store had failed and the in-memory fallback (`on_error: local`) limited
     /// the request: still a store error.
     pub by_fallback: bool,
+    /// The store key of the set's first limit: who was denied, for the top offenders.
+    pub key: String,
 }
 
 /// The verdicts a denial is rendered from.
@@ -123,135 +112,47 @@ impl LimitOutcome<'_> {
     }
 }
 
-/// The limit stage: owns the stores and decides for every request.
+/// The limit stage: decides for every request, on the stores it is given.
 pub struct LimitStage {
     config: Throttle,
-    memory: Store,
-    redis: Option<Arc<OnceCell<Store>>>,
-    store_up: Arc<AtomicBool>,
-    /// Stops waiting on a failing Redis: `on_error` applies at once until a probe answers.
-    /// Shared with the limit stages of later reloads, like the connection it guards.
-    breaker: Arc<breaker::Breaker>,
+    stores: Stores,
     queues: queue::KeyedQueues,
     /// Requests the store denied a moment ago, answered here until their retry time.
     denials: Arc<deny_cache::DenyCache>,
-    /// Who is denied most (the admin's `/limits/top`); carried over reloads.
-    offenders: Arc<offenders::Offenders>,
-    /// Local-first limits (`sync: <duration>`): their engine and rounds, when any limit has
-    /// one and the store is Redis. Carried over reloads that keep the store and the interval,
-    /// with the usage not sent yet.
-    local_first: Option<Arc<sync::Sync>>,
+    /// Local-first limits (`sync: <duration>`): their engine, when any limit has one and the
+    /// store is Redis (its rounds run beside the stage, see `crate::control::sync`).
+    local_first: Option<LocalFirst>,
 }
 
 impl LimitStage {
-    /// Builds the stores. Redis is connected in the background, so tollgate starts (and
-    /// applies `on_error`) even while Redis is not there yet.
-    ///
-    /// On a reload, `previous` hands over its stores when the store settings did not change:
-    /// the same memory state and the same Redis connection, so limits that did not change
-    /// keep counting where they were.
+    /// The stage for `config`, deciding on `stores`, remembering denials in `denials` (a new
+    /// one for each configuration: limits may have changed), and deciding local-first limits
+    /// on `local_first`.
     pub fn new(
         config: Throttle,
-        previous: Option<&LimitStage>,
-        sync_metrics: impl FnOnce() -> sync::SyncMetrics,
+        stores: Stores,
+        denials: Arc<deny_cache::DenyCache>,
+        local_first: Option<LocalFirst>,
     ) -> Self {
-        if let Some(previous) = previous.filter(|p| p.config.store == config.store) {
-            // Limits may have changed: remembered denials do not carry over.
-            let denials = caller::new_deny_cache(&previous.redis, &config.key_prefix);
-            let interval = sync::interval(&config);
-            let local_first = match (&previous.local_first, &previous.redis, interval) {
-                (Some(kept), _, Some(interval))
-                    if kept.engine.interval_us() == interval.as_micros() as i64 =>
-                {
-                    Some(kept.clone())
-                }
-                (_, Some(cell), Some(interval)) => Some(Arc::new(sync::start(
-                    interval,
-                    &config.key_prefix,
-                    cell.clone(),
-                    sync_metrics(),
-                ))),
-                _ => None,
-            };
-            return LimitStage {
-                config,
-                memory: previous.memory.clone(),
-                redis: previous.redis.clone(),
-                store_up: previous.store_up.clone(),
-                breaker: previous.breaker.clone(),
-                queues: queue::KeyedQueues::default(),
-                denials,
-                offenders: previous.offenders.clone(),
-                local_first,
-            };
-        }
-        let memory = MemoryStore::new();
-        if tokio::runtime::Handle::try_current().is_ok() {
-            memory.spawn_sweeper(SWEEP_EVERY);
-        }
-        let store_up = Arc::new(AtomicBool::new(true));
-        let probe_timeout = match &config.store {
-            StoreConfig::Redis(redis) => redis.timeout,
-            StoreConfig::Memory => Duration::ZERO,
-        };
-        let breaker = Arc::new(breaker::Breaker::new(
-            breaker::DEFAULT_THRESHOLD,
-            breaker::DEFAULT_COOL_DOWN,
-            probe_timeout,
-        ));
-        let redis = match &config.store {
-            StoreConfig::Memory => {
-                tracing::info!("no store configured: limits live in this process's memory and are not shared between instances");
-                None
-            }
-            StoreConfig::Redis(redis) => {
-                let cell = Arc::new(OnceCell::new());
-                tokio::spawn(connect_redis(
-                    redis.clone(),
-                    cell.clone(),
-                    store_up.clone(),
-                    breaker.clone(),
-                ));
-                Some(cell)
-            }
-        };
-        let denials = caller::new_deny_cache(&redis, &config.key_prefix);
-        let local_first = match (&redis, sync::interval(&config)) {
-            (Some(cell), Some(interval)) => Some(Arc::new(sync::start(
-                interval,
-                &config.key_prefix,
-                cell.clone(),
-                sync_metrics(),
-            ))),
-            _ => None,
-        };
         LimitStage {
             config,
-            memory: Store::Memory(memory),
-            redis,
-            store_up,
-            breaker,
+            stores,
             queues: queue::KeyedQueues::default(),
             denials,
-            offenders: Arc::new(offenders::Offenders::default()),
             local_first,
         }
     }
 
-    /// True while the store answers (always true for the memory store).
-    pub fn store_ready(&self) -> bool {
-        match &self.redis {
-            None => true,
-            Some(cell) => {
-                cell.initialized()
-                    && self.store_up.load(Ordering::Relaxed)
-                    && !self.breaker.is_open()
-            }
-        }
+    pub fn config(&self) -> &Throttle {
+        &self.config
     }
 
-    pub fn on_error(&self) -> OnError {
-        self.config.on_error
+    pub fn stores(&self) -> &Stores {
+        &self.stores
+    }
+
+    pub fn denials(&self) -> &Arc<deny_cache::DenyCache> {
+        &self.denials
     }
 
     /// The limit stage: decides for `caller` on `route`. An allow-listed caller is admitted
@@ -276,7 +177,7 @@ impl LimitStage {
         route: &'a Route,
         applied: tiers::Applied<'a>,
     ) -> LimitOutcome<'a> {
-        let (set, keys, identity) = match applied {
+        let (set, mut keys, identity) = match applied {
             tiers::Applied::Exempt => {
                 return LimitOutcome::Admitted(Admitted {
                     set: &route.limits,
@@ -297,7 +198,7 @@ impl LimitStage {
 
         // A caller known to be over a limit the shared store decides is answered from memory
         // until the retry time the store gave (see deny_cache for why that never admits more).
-        let cache_denials = self.redis.is_some()
+        let cache_denials = self.stores.is_shared()
             && set
                 .iter()
                 .all(|l| l.scope == Scope::Global && l.sync.is_none())
@@ -305,12 +206,12 @@ impl LimitStage {
         if cache_denials && !self.denials.is_empty() {
             let at = Instant::now();
             if let Some(denial) = self.denials.recall(&deny_cache::key(set, &keys), at) {
-                self.record_denial(set, &keys);
                 return LimitOutcome::Limited(Limited {
                     set,
                     identity,
                     denial: Denial::Remembered { denial, at },
                     by_fallback: false,
+                    key: first_key(&mut keys),
                 });
             }
         }
@@ -378,12 +279,12 @@ impl LimitStage {
                             &decision.verdicts,
                         );
                     }
-                    self.record_denial(set, &keys);
                     return LimitOutcome::Limited(Limited {
                         set,
                         identity,
                         denial: Denial::Decided(decision.verdicts),
                         by_fallback: reason == AdmitReason::LocalFallback,
+                        key: first_key(&mut keys),
                     });
                 }
             };
@@ -411,7 +312,7 @@ impl LimitStage {
             // local fallback, Redis for global limits that Redis decided.
             let mut stores = Vec::new();
             if reason == AdmitReason::LocalFallback || set.iter().any(|l| l.scope == Scope::Local) {
-                stores.push(self.memory.clone());
+                stores.push(self.stores.memory().clone());
             }
             if reason != AdmitReason::LocalFallback && set.iter().any(|l| l.scope == Scope::Global)
             {
@@ -434,21 +335,16 @@ impl LimitStage {
     fn deciding_store(&self, set: &LimitSet, reason: AdmitReason) -> Option<Store> {
         match reason {
             AdmitReason::StoreError | AdmitReason::Exempt => None,
-            AdmitReason::LocalFallback => Some(self.memory.clone()),
-            _ if self.redis.is_none() || set.iter().all(|l| l.scope == Scope::Local) => {
-                Some(self.memory.clone())
+            AdmitReason::LocalFallback => Some(self.stores.memory().clone()),
+            _ if !self.stores.is_shared() || set.iter().all(|l| l.scope == Scope::Local) => {
+                Some(self.stores.memory().clone())
             }
             _ => self.global_store(),
         }
     }
 
     fn global_store(&self) -> Option<Store> {
-        self.global_store_ref().cloned()
-    }
-
-    /// The Redis store once connected, borrowed (a decision needs no clone of it).
-    fn global_store_ref(&self) -> Option<&Store> {
-        self.redis.as_ref().and_then(|cell| cell.get())
+        self.stores.shared().cloned()
     }
 
     /// One atomic decision over all limits of the set, with `on_error` applied: how it was
@@ -460,9 +356,10 @@ impl LimitStage {
         checks: &[Check<'_>],
     ) -> Option<(Decision, AdmitReason)> {
         let all_local = set.iter().all(|l| l.scope == Scope::Local);
-        if all_local || self.redis.is_none() {
+        if all_local || !self.stores.is_shared() {
             return Some((
-                self.memory
+                self.stores
+                    .memory()
                     .decide(checks)
                     .await
                     .expect("memory store cannot fail"),
@@ -473,13 +370,17 @@ impl LimitStage {
         // decided on the local copies: never waiting on Redis.
         if let Some(local_first) = &self.local_first {
             if set.iter().all(|l| l.sync.is_some()) {
-                let decision = local_first.engine.decide(&set.key_name, checks);
+                let decision = local_first.decide(&set.key_name, checks);
                 return Some((decision, AdmitReason::Decided));
             }
         }
         let all_global = set.iter().all(|l| l.scope == Scope::Global);
         if all_global {
-            return self.decide_global(checks).await;
+            return self
+                .stores
+                .decide_shared(checks)
+                .await
+                .map(with_admit_reason);
         }
         // Mixed scopes: local limits first (a local denial never touches Redis), then the global
         // ones. A global denial after a local admission leaves the local units spent; the docs
@@ -488,7 +389,8 @@ impl LimitStage {
             (0..checks.len()).partition(|&i| set[i].scope == Scope::Local);
         let pick = |idx: &[usize]| idx.iter().map(|&i| checks[i]).collect::<Vec<_>>();
         let local = self
-            .memory
+            .stores
+            .memory()
             .decide(&pick(&local_idx))
             .await
             .expect("memory store cannot fail");
@@ -518,13 +420,18 @@ impl LimitStage {
                 AdmitReason::Decided,
             ));
         }
-        let Some((global, reason)) = self.decide_global(&pick(&global_idx)).await else {
+        let Some((global, reason)) = self
+            .stores
+            .decide_shared(&pick(&global_idx))
+            .await
+            .map(with_admit_reason)
+        else {
             // Refused (on_error: deny): hand back the local slots taken a moment ago.
-            let _ = self.memory.release(&local.leases).await;
+            let _ = self.stores.memory().release(&local.leases).await;
             return None;
         };
         if !global.allowed {
-            let _ = self.memory.release(&local.leases).await;
+            let _ = self.stores.memory().release(&local.leases).await;
         }
         for (&i, v) in global_idx.iter().zip(&global.verdicts) {
             verdicts[i] = Some(*v);
@@ -541,64 +448,23 @@ impl LimitStage {
             reason,
         ))
     }
+}
 
-    async fn decide_global(&self, checks: &[Check<'_>]) -> Option<(Decision, AdmitReason)> {
-        let result = match (self.global_store_ref(), self.breaker.permit()) {
-            (None, _) => Err(StoreError::Protocol("not connected yet".into())),
-            (Some(_), breaker::Permit::Refuse) => Err(StoreError::CircuitOpen),
-            (Some(store), breaker::Permit::Call) => {
-                // Boxed: a Redis call's future is large (the client's command and reply
-                // state), and in place it would size every request's future, including the
-                // ones that never ask Redis (unrouted, local-first), which are moved as they
-                // are built. One allocation beside a network round trip is noise.
-                let result = Box::pin(store.decide(checks)).await;
-                match &result {
-                    Ok(_) => self.breaker.success(),
-                    Err(_) => {
-                        if self.breaker.failure() {
-                            tracing::debug!(cool_down = ?breaker::DEFAULT_COOL_DOWN, "store circuit open: not calling Redis for the cool-down");
-                        }
-                    }
-                }
-                result
-            }
-        };
-        match result {
-            Ok(decision) => {
-                // Read first: while the store is up (every call) nothing is written.
-                if !self.store_up.load(Ordering::Relaxed)
-                    && !self.store_up.swap(true, Ordering::Relaxed)
-                {
-                    tracing::info!("rate limit store is back");
-                }
-                Some((decision, AdmitReason::Decided))
-            }
-            Err(error) => {
-                if self.store_up.swap(false, Ordering::Relaxed) {
-                    tracing::error!(cause = %error, on_error = ?self.config.on_error, "rate limit store failed; applying on_error until it answers again");
-                }
-                match self.config.on_error {
-                    OnError::Allow => Some((
-                        Decision {
-                            allowed: true,
-                            verdicts: vec![],
-                            leases: vec![],
-                            at: 0,
-                        },
-                        AdmitReason::StoreError,
-                    )),
-                    OnError::Deny => None,
-                    OnError::Local => Some((
-                        self.memory
-                            .decide(checks)
-                            .await
-                            .expect("memory store cannot fail"),
-                        AdmitReason::LocalFallback,
-                    )),
-                }
-            }
-        }
-    }
+/// A shared decision's `how` as the admit reason it gives.
+fn with_admit_reason((decision, how): (Decision, How)) -> (Decision, AdmitReason) {
+    let reason = match how {
+        How::Answered => AdmitReason::Decided,
+        How::FailedOpen => AdmitReason::StoreError,
+        How::LocalFallback => AdmitReason::LocalFallback,
+    };
+    (decision, reason)
+}
+
+/// The store key of a limited set's first limit, taken out of the keys the stage built (none
+/// for a set without limits). Taken, not moved with the vector: a vector moved on some paths
+/// only would need a drop flag in the request's future.
+fn first_key(keys: &mut [String]) -> String {
+    keys.first_mut().map(std::mem::take).unwrap_or_default()
 }
 
 /// How long to wait before deciding again, if every violated limit is in delay mode.
@@ -614,67 +480,4 @@ fn delay_for(set: &LimitSet, verdicts: &[Verdict]) -> Option<Duration> {
         retry = retry.max(verdict.retry_after_us);
     }
     Some(Duration::from_micros(retry as u64))
-}
-
-async fn connect_redis(
-    config: RedisConfig,
-    cell: Arc<OnceCell<Store>>,
-    up: Arc<AtomicBool>,
-    breaker: Arc<breaker::Breaker>,
-) {
-    let mut backoff = CONNECT_BACKOFF.0;
-    let mut logged = false;
-    let redis = loop {
-        match RedisStore::open(&config).await {
-            Ok(redis) => {
-                let store = Store::Redis(redis.clone());
-                tracing::info!(store = %store.describe(), "rate limit store connected");
-                up.store(true, Ordering::Relaxed);
-                let _ = cell.set(store);
-                break redis;
-            }
-            Err(e) => {
-                if !logged {
-                    tracing::error!(cause = %e, "cannot connect to the rate limit store yet; applying on_error and retrying");
-                    logged = true;
-                }
-                up.store(false, Ordering::Relaxed);
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(CONNECT_BACKOFF.1);
-            }
-        }
-    };
-    // Check the store in the background whether or not traffic flows: while it is down, for
-    // its return (an unready pod gets no traffic to find out), and while it is up, for its
-    // loss (a quiet pod would otherwise report ready while it would refuse every request with
-    // `on_error: deny`). One PING per tick, bounded by the store timeout; requests still mark
-    // it down the moment one fails. Each transition is logged once, by whoever sees it first.
-    let alive = Arc::downgrade(&cell);
-    drop(cell);
-    let mut tick = tokio::time::interval(HEALTH_PROBE_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        if alive.strong_count() == 0 {
-            return; // Every limit stage using this store is gone (a reload replaced it).
-        }
-        match redis.ping().await {
-            Ok(()) => {
-                let down = !up.load(Ordering::Relaxed) || breaker.is_open();
-                if down {
-                    // Close the breaker too: readiness waits on both, and nothing else would
-                    // close it without a request.
-                    breaker.success();
-                    if !up.swap(true, Ordering::Relaxed) {
-                        tracing::info!("rate limit store is back");
-                    }
-                }
-            }
-            Err(error) => {
-                if up.swap(false, Ordering::Relaxed) {
-                    tracing::error!(cause = %error, "rate limit store stopped answering its health check; applying on_error until it answers again");
-                }
-            }
-        }
-    }
 }

@@ -9,10 +9,12 @@ use std::time::Duration;
 
 use http::request::Parts;
 
+use super::deny_cache::DenyCache;
 use super::tiers::{self, Applied};
 use super::{AdmitReason, Admitted, Denial, LimitOutcome, LimitStage, Limited};
 use crate::config::{Config, Route};
 use crate::identity::caller::Caller;
+use crate::store::Stores;
 
 const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 7));
 
@@ -22,13 +24,10 @@ fn config(yaml: &str) -> Config {
 }
 
 fn stage(config: &Config) -> LimitStage {
-    LimitStage::new(
-        config.throttle.clone(),
-        None,
-        || -> super::sync::SyncMetrics {
-            unreachable!("the memory store has no local-first rounds")
-        },
-    )
+    let throttle = &config.throttle;
+    let stores = Stores::new(&throttle.store, throttle.on_error, None);
+    let denials = Arc::new(DenyCache::new(super::deny_cache::DEFAULT_CAPACITY));
+    LimitStage::new(throttle.clone(), stores, denials, None)
 }
 
 fn request(user: Option<&str>) -> Parts {

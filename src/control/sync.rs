@@ -1,5 +1,5 @@
-//! The background rounds of local-first limits (`sync: <duration>`): one task per limit
-//! stage that, at every tick (a multiple of the interval on the store's clock, the same for
+//! The background rounds of local-first limits (`sync: <duration>`): one task per
+//! configuration (carried over a reload that keeps the store and the interval) that, at every tick (a multiple of the interval on the store's clock, the same for
 //! every replica), writes each key's usage in one `sync.lua` call (on a Cluster one per hash
 //! tag, all at once) with the replica's heartbeat, and 3/4 of an interval later reads every
 //! key's shared state, which then holds every replica's write of the tick; the replies go to
@@ -11,12 +11,11 @@ use std::time::{Duration, Instant};
 
 use metrics::{Counter, Gauge, Histogram};
 
-use tokio::sync::OnceCell;
-
 use crate::config::Throttle;
 use crate::limit::local_first::LocalFirst;
 use crate::limit::memory::SystemClock;
 use crate::limit::{new_lease_id, Store};
+use crate::store::{Shared, Stores};
 
 /// How long a heartbeat counts, in intervals (a replica that stops is forgotten after it).
 const HEARTBEAT_INTERVALS: u32 = 3;
@@ -40,8 +39,8 @@ pub struct SyncMetrics {
     pub drift: HashMap<String, Counter>,
 }
 
-/// The local-first engine of a limit stage and the task that runs its rounds; the task stops
-/// when this is dropped (a reload that replaced it).
+/// The local-first engine (the limit stage decides on a clone of it) and the task that runs
+/// its rounds; the task stops when this is dropped (a reload that replaced it).
 pub struct Sync {
     pub engine: LocalFirst,
     task: tokio::task::JoinHandle<()>,
@@ -66,13 +65,28 @@ pub fn interval(config: &Throttle) -> Option<Duration> {
         .min()
 }
 
-/// Starts the rounds on the Redis store `cell` will hold, every `interval`.
-pub fn start(
-    interval: Duration,
-    key_prefix: &str,
-    cell: Arc<OnceCell<Store>>,
+/// The rounds for `config` on `stores`: `running` (the rounds of the configuration a reload
+/// replaces, given only when `stores` were carried over from it) when the interval is the
+/// same, with the usage not sent yet; else new ones when a limit is local-first and the store
+/// is Redis.
+pub fn carry_or_start(
+    config: &Throttle,
+    stores: &Stores,
+    running: Option<&Arc<Sync>>,
     metrics: SyncMetrics,
-) -> Sync {
+) -> Option<Arc<Sync>> {
+    let interval = interval(config)?;
+    if let Some(kept) = running {
+        if kept.engine.interval_us() == interval.as_micros() as i64 {
+            return Some(kept.clone());
+        }
+    }
+    let cell = stores.shared_slot()?.clone();
+    Some(Arc::new(start(interval, &config.key_prefix, cell, metrics)))
+}
+
+/// Starts the rounds on the Redis store `cell` will hold, every `interval`.
+fn start(interval: Duration, key_prefix: &str, cell: Shared, metrics: SyncMetrics) -> Sync {
     let engine = LocalFirst::new(Arc::new(SystemClock), interval.as_micros() as i64);
     let replicas_key = format!("{key_prefix}{{replicas}}");
     let task = tokio::spawn(rounds(
@@ -89,7 +103,7 @@ async fn rounds(
     engine: LocalFirst,
     interval: Duration,
     replicas_key: String,
-    cell: Arc<OnceCell<Store>>,
+    cell: Shared,
     metrics: SyncMetrics,
 ) {
     let id = format!("{:016x}", new_lease_id());

@@ -9,11 +9,15 @@
 //! any caller denied more than `total / capacity` times is guaranteed to be listed.
 //!
 //! "The last minute" is [`WINDOWS`] sub-windows of [`WINDOW_MS`] each, rotated as time moves;
-//! a query merges the live ones. This module is pure (the caller passes the time) so the
-//! tests drive it.
+//! a query merges the live ones. The sketch is pure (the caller passes the time) so the
+//! tests drive it. The proxy records each limited request here, by the store key the limit
+//! stage denied ([`Offenders::record_denial`]).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+
+use crate::config::LimitSet;
+use crate::throttle::keys;
 
 /// Counters per route and sub-window.
 pub const CAPACITY: usize = 128;
@@ -245,6 +249,14 @@ impl Offenders {
                 minute.record(item, now);
                 routes.insert(route.to_owned(), minute);
             }
+        }
+    }
+
+    /// Counts a denial under `set` (`key`: the store key of its first limit, in `key_prefix`),
+    /// under the route's name (a tier's denials count for its route).
+    pub fn record_denial(&self, key_prefix: &str, set: &LimitSet, key: &str) {
+        if let Some(item) = keys::identity_of(key_prefix, set, key) {
+            self.record(&set.route, item);
         }
     }
 

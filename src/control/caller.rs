@@ -7,28 +7,29 @@
 //! `explain --live` reads it); a reset deletes the keys of every limit, whatever the
 //! algorithm, in memory and in Redis.
 //!
-//! Every replica also remembers recent denials in its deny cache ([`super::deny_cache`]),
+//! Every replica also remembers recent denials in its deny cache ([`crate::throttle::deny_cache`]),
 //! which would keep refusing the caller until the retry time. A reset therefore bumps a reset
 //! generation in Redis (`<key_prefix>resets`), and every replica watches it while its deny
 //! cache holds anything, clearing the cache when it moves. Chosen over Redis pub/sub because it
 //! runs on the store's own connection whatever the deployment (one server, Cluster, Sentinel:
 //! no subscriber connection to follow through failovers, and a replica that was disconnected
 //! cannot miss a message), and it costs one `GET` per [`WATCH_EVERY`] while someone is being
-//! denied, one a second otherwise. The replica that serves the reset clears its own cache at once; the others
-//! within [`WATCH_EVERY`].
+//! denied, one a second otherwise. The replica that serves the reset clears its own cache at
+//! once; the others within [`WATCH_EVERY`]. The watch is started with the deny cache of each
+//! configuration ([`new_deny_cache`]), which the limit stage is then given.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio::sync::OnceCell;
 
-use super::deny_cache::DenyCache;
 use super::offenders::Offenders;
-use super::{keys, LimitStage};
 use crate::config::{Limit, LimitSet, Scope, StoreConfig, Throttle};
 use crate::identity::key;
 use crate::limit::{Check, Store, StoreError};
+use crate::store::{Shared, Stores};
+use crate::throttle::deny_cache::{self, DenyCache};
+use crate::throttle::{keys, LimitStage};
 
 /// How often a replica with remembered denials looks at the reset generation.
 pub const WATCH_EVERY: Duration = Duration::from_millis(50);
@@ -61,7 +62,7 @@ pub enum CallerError {
 pub struct Control {
     pub throttle: Throttle,
     memory: Store,
-    redis: Option<Arc<OnceCell<Store>>>,
+    redis: Option<Shared>,
     denials: Option<Arc<DenyCache>>,
     offenders: Option<Arc<Offenders>>,
 }
@@ -74,46 +75,22 @@ struct Target<'a> {
     keys: Vec<Vec<String>>,
 }
 
-impl LimitStage {
-    /// The handle the admin endpoints use.
-    pub fn control(&self) -> Control {
-        Control {
-            throttle: self.config.clone(),
-            memory: self.memory.clone(),
-            redis: self.redis.clone(),
-            denials: Some(self.denials.clone()),
-            offenders: Some(self.offenders.clone()),
-        }
-    }
-
-    /// Counts a denial under `set` (keyed `keys`) in the top-offenders sketch, under the
-    /// route's name (a tier's denials count for its route).
-    pub(super) fn record_denial(&self, set: &LimitSet, keys: &[String]) {
-        if let Some(item) = keys
-            .first()
-            .and_then(|k| keys::identity_of(&self.config.key_prefix, set, k))
-        {
-            self.offenders.record(&set.route, item);
-        }
-    }
-}
-
-/// A throttler's deny cache, watched for resets when the store is Redis.
-pub(super) fn new_deny_cache(redis: &Option<Arc<OnceCell<Store>>>, prefix: &str) -> Arc<DenyCache> {
-    let denials = Arc::new(DenyCache::new(super::deny_cache::DEFAULT_CAPACITY));
-    if let Some(redis) = redis {
+/// A limit stage's deny cache, watched for resets when the store is Redis.
+pub fn new_deny_cache(stores: &Stores, prefix: &str) -> Arc<DenyCache> {
+    let denials = Arc::new(DenyCache::new(deny_cache::DEFAULT_CAPACITY));
+    if let Some(redis) = stores.shared_slot() {
         watch_resets(redis, &denials, prefix);
     }
     denials
 }
 
 /// Starts the watch on the reset generation for `denials` (see the module docs). It ends when
-/// the throttler owning `denials` is gone.
-fn watch_resets(redis: &Arc<OnceCell<Store>>, denials: &Arc<DenyCache>, prefix: &str) {
+/// the limit stage owning `denials` is gone.
+fn watch_resets(redis: &Shared, denials: &Arc<DenyCache>, prefix: &str) {
     if tokio::runtime::Handle::try_current().is_err() {
         return;
     }
-    let redis: Weak<OnceCell<Store>> = Arc::downgrade(redis);
+    let redis = redis.downgrade();
     let denials: Weak<DenyCache> = Arc::downgrade(denials);
     let key = generation_key(prefix);
     tokio::spawn(async move {
@@ -165,12 +142,24 @@ fn watch_resets(redis: &Arc<OnceCell<Store>>, denials: &Arc<DenyCache>, prefix: 
 }
 
 impl Control {
+    /// The handle the admin endpoints use: the running configuration's stores and deny cache
+    /// (from its limit stage), and the top-offenders sketch.
+    pub fn new(stage: &LimitStage, offenders: Arc<Offenders>) -> Control {
+        Control {
+            throttle: stage.config().clone(),
+            memory: stage.stores().memory().clone(),
+            redis: stage.stores().shared_slot().cloned(),
+            denials: Some(stage.denials().clone()),
+            offenders: Some(offenders),
+        }
+    }
+
     /// For `tollgate limits` against Redis: no deny cache or sketch of its own.
     pub fn direct(throttle: Throttle, redis: Store) -> Control {
         Control {
             throttle,
             memory: Store::Memory(crate::limit::memory::MemoryStore::new()),
-            redis: Some(Arc::new(OnceCell::new_with(Some(redis)))),
+            redis: Some(Shared::connected(redis)),
             denials: None,
             offenders: None,
         }

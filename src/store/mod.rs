@@ -1,0 +1,410 @@
+//! The stores limits live in, and everything about owning them: the memory store (swept in
+//! the background), the shared Redis store connected in the background with backoff (tollgate
+//! starts, and applies `on_error`, while Redis is not there yet), its health probe, the
+//! circuit breaker in front of it (`breaker.rs`), whether it is up, readiness, and `on_error`
+//! for a decision the shared store could not make.
+//!
+//! One [`Stores`] serves one configuration; a reload that keeps the store settings carries it
+//! over (the same memory state, connection, breaker and up flag), so limits that did not change
+//! keep counting where they were. The limit stage asks it for the memory store, the connected
+//! shared store, and shared decisions with `on_error` applied ([`Stores::decide_shared`]).
+
+mod breaker;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::sync::OnceCell;
+
+use crate::config::{OnError, RedisConfig, StoreConfig};
+use crate::limit::memory::MemoryStore;
+use crate::limit::redis_store::RedisStore;
+use crate::limit::{Check, Decision, Store, StoreError};
+
+/// How often idle in-memory keys are swept away.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+/// How often the store is checked (for its loss while up, for its return while down).
+const HEALTH_PROBE_EVERY: Duration = Duration::from_millis(500);
+/// Backoff bounds while the first Redis connection cannot be made.
+const CONNECT_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
+
+/// The slot of the shared (Redis) store: empty until the background connection is made.
+/// Clones share the slot; the health probe runs while any clone is held.
+#[derive(Clone)]
+pub struct Shared(Arc<OnceCell<Store>>);
+
+/// A [`Shared`] that does not keep the store's health probe running.
+#[derive(Clone)]
+pub struct WeakShared(Weak<OnceCell<Store>>);
+
+impl Shared {
+    /// A slot holding a store connected elsewhere (`tollgate limits` against Redis); no probe
+    /// runs for it.
+    pub fn connected(store: Store) -> Shared {
+        Shared(Arc::new(OnceCell::new_with(Some(store))))
+    }
+
+    /// The store, once connected.
+    pub fn get(&self) -> Option<&Store> {
+        self.0.get()
+    }
+
+    pub fn downgrade(&self) -> WeakShared {
+        WeakShared(Arc::downgrade(&self.0))
+    }
+}
+
+impl WeakShared {
+    /// The slot, while a holder of a [`Shared`] still uses it.
+    pub fn upgrade(&self) -> Option<Shared> {
+        self.0.upgrade().map(Shared)
+    }
+}
+
+/// How a decision over global limits was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum How {
+    /// The shared store answered (whether it admitted or not).
+    Answered,
+    /// The store failed and `on_error: allow` let the request through undecided.
+    FailedOpen,
+    /// The store failed and the memory store decided (`on_error: local`).
+    LocalFallback,
+}
+
+/// The stores of one configuration and their upkeep (see the module docs).
+pub struct Stores {
+    config: StoreConfig,
+    on_error: OnError,
+    memory: Store,
+    shared: Option<Shared>,
+    /// False from a failure seen (by a request or the probe) until the store answers again.
+    up: Arc<AtomicBool>,
+    /// Stops waiting on a failing Redis: `on_error` applies at once until a probe answers.
+    breaker: Arc<breaker::Breaker>,
+}
+
+impl Stores {
+    /// The stores for `config`. Redis is connected in the background. `previous` (the running
+    /// configuration's, on a reload) hands over its stores when the store settings did not
+    /// change.
+    pub fn new(config: &StoreConfig, on_error: OnError, previous: Option<&Stores>) -> Stores {
+        if let Some(previous) = previous.filter(|p| &p.config == config) {
+            return Stores {
+                config: config.clone(),
+                on_error,
+                memory: previous.memory.clone(),
+                shared: previous.shared.clone(),
+                up: previous.up.clone(),
+                breaker: previous.breaker.clone(),
+            };
+        }
+        let memory = MemoryStore::new();
+        if tokio::runtime::Handle::try_current().is_ok() {
+            memory.spawn_sweeper(SWEEP_EVERY);
+        }
+        let up = Arc::new(AtomicBool::new(true));
+        let probe_timeout = match config {
+            StoreConfig::Redis(redis) => redis.timeout,
+            StoreConfig::Memory => Duration::ZERO,
+        };
+        let breaker = Arc::new(breaker::Breaker::new(
+            breaker::DEFAULT_THRESHOLD,
+            breaker::DEFAULT_COOL_DOWN,
+            probe_timeout,
+        ));
+        let shared = match config {
+            StoreConfig::Memory => {
+                tracing::info!("no store configured: limits live in this process's memory and are not shared between instances");
+                None
+            }
+            StoreConfig::Redis(redis) => {
+                let cell = Arc::new(OnceCell::new());
+                tokio::spawn(connect_redis(
+                    redis.clone(),
+                    cell.clone(),
+                    up.clone(),
+                    breaker.clone(),
+                ));
+                Some(Shared(cell))
+            }
+        };
+        Stores {
+            config: config.clone(),
+            on_error,
+            memory: Store::Memory(memory),
+            shared,
+            up,
+            breaker,
+        }
+    }
+
+    /// Whether these are `previous`'s stores carried over a reload (the same state).
+    pub fn carried_from(&self, previous: &Stores) -> bool {
+        Arc::ptr_eq(&self.up, &previous.up)
+    }
+
+    /// The memory store: local limits, and the `on_error: local` fallback.
+    pub fn memory(&self) -> &Store {
+        &self.memory
+    }
+
+    /// Whether a shared store is configured (connected or not).
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
+    }
+
+    /// The shared store once connected, borrowed (a decision needs no clone of it).
+    pub fn shared(&self) -> Option<&Store> {
+        self.shared.as_ref().and_then(Shared::get)
+    }
+
+    /// The shared store's slot, for background work that waits for the connection.
+    pub fn shared_slot(&self) -> Option<&Shared> {
+        self.shared.as_ref()
+    }
+
+    pub fn on_error(&self) -> OnError {
+        self.on_error
+    }
+
+    /// True while the store answers (always true for the memory store).
+    pub fn ready(&self) -> bool {
+        match &self.shared {
+            None => true,
+            Some(shared) => {
+                shared.0.initialized() && self.up.load(Ordering::Relaxed) && !self.breaker.is_open()
+            }
+        }
+    }
+
+    /// One atomic decision of `checks` by the shared store, with `on_error` applied when it
+    /// fails (or is not connected, or the breaker is open): how it was decided, or None when
+    /// `on_error: deny` refuses.
+    pub async fn decide_shared(&self, checks: &[Check<'_>]) -> Option<(Decision, How)> {
+        let result = match (self.shared(), self.breaker.permit()) {
+            (None, _) => Err(StoreError::Protocol("not connected yet".into())),
+            (Some(_), breaker::Permit::Refuse) => Err(StoreError::CircuitOpen),
+            (Some(store), breaker::Permit::Call) => {
+                // Boxed: a Redis call's future is large (the client's command and reply
+                // state), and in place it would size every request's future, including the
+                // ones that never ask Redis (unrouted, local-first), which are moved as they
+                // are built. One allocation beside a network round trip is noise.
+                let result = Box::pin(store.decide(checks)).await;
+                match &result {
+                    Ok(_) => self.breaker.success(),
+                    Err(_) => {
+                        if self.breaker.failure() {
+                            tracing::debug!(cool_down = ?breaker::DEFAULT_COOL_DOWN, "store circuit open: not calling Redis for the cool-down");
+                        }
+                    }
+                }
+                result
+            }
+        };
+        match result {
+            Ok(decision) => {
+                // Read first: while the store is up (every call) nothing is written.
+                if !self.up.load(Ordering::Relaxed) && !self.up.swap(true, Ordering::Relaxed) {
+                    tracing::info!("rate limit store is back");
+                }
+                Some((decision, How::Answered))
+            }
+            Err(error) => {
+                if self.up.swap(false, Ordering::Relaxed) {
+                    tracing::error!(cause = %error, on_error = ?self.on_error, "rate limit store failed; applying on_error until it answers again");
+                }
+                match self.on_error {
+                    OnError::Allow => Some((
+                        Decision {
+                            allowed: true,
+                            verdicts: vec![],
+                            leases: vec![],
+                            at: 0,
+                        },
+                        How::FailedOpen,
+                    )),
+                    OnError::Deny => None,
+                    OnError::Local => Some((
+                        self.memory
+                            .decide(checks)
+                            .await
+                            .expect("memory store cannot fail"),
+                        How::LocalFallback,
+                    )),
+                }
+            }
+        }
+    }
+}
+
+async fn connect_redis(
+    config: RedisConfig,
+    cell: Arc<OnceCell<Store>>,
+    up: Arc<AtomicBool>,
+    breaker: Arc<breaker::Breaker>,
+) {
+    let mut backoff = CONNECT_BACKOFF.0;
+    let mut logged = false;
+    let redis = loop {
+        match RedisStore::open(&config).await {
+            Ok(redis) => {
+                let store = Store::Redis(redis.clone());
+                tracing::info!(store = %store.describe(), "rate limit store connected");
+                up.store(true, Ordering::Relaxed);
+                let _ = cell.set(store);
+                break redis;
+            }
+            Err(e) => {
+                if !logged {
+                    tracing::error!(cause = %e, "cannot connect to the rate limit store yet; applying on_error and retrying");
+                    logged = true;
+                }
+                up.store(false, Ordering::Relaxed);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(CONNECT_BACKOFF.1);
+            }
+        }
+    };
+    // Check the store in the background whether or not traffic flows: while it is down, for
+    // its return (an unready pod gets no traffic to find out), and while it is up, for its
+    // loss (a quiet pod would otherwise report ready while it would refuse every request with
+    // `on_error: deny`). One PING per tick, bounded by the store timeout; requests still mark
+    // it down the moment one fails. Each transition is logged once, by whoever sees it first.
+    let alive = Arc::downgrade(&cell);
+    drop(cell);
+    let mut tick = tokio::time::interval(HEALTH_PROBE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if alive.strong_count() == 0 {
+            return; // Every holder of this store is gone (a reload replaced it).
+        }
+        match redis.ping().await {
+            Ok(()) => {
+                let down = !up.load(Ordering::Relaxed) || breaker.is_open();
+                if down {
+                    // Close the breaker too: readiness waits on both, and nothing else would
+                    // close it without a request.
+                    breaker.success();
+                    if !up.swap(true, Ordering::Relaxed) {
+                        tracing::info!("rate limit store is back");
+                    }
+                }
+            }
+            Err(error) => {
+                if up.swap(false, Ordering::Relaxed) {
+                    tracing::error!(cause = %error, "rate limit store stopped answering its health check; applying on_error until it answers again");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::Throttle;
+    use crate::limit::algorithm::{Algorithm, Params};
+
+    fn throttle(store: &str) -> Throttle {
+        let text = format!("listen: 127.0.0.1:0\nupstream: {{ url: \"http://a:1\" }}\n{store}");
+        crate::config::parse(Path::new("t.yaml"), &text, |_| None)
+            .unwrap()
+            .throttle
+    }
+
+    /// A Redis store on a local port nothing listens on: never connected.
+    fn unreachable(on_error: &str) -> Throttle {
+        throttle(&format!(
+            "store:\n  redis: {{ url: \"redis://127.0.0.1:1\", timeout: 50ms }}\n  on_error: {on_error}\n"
+        ))
+    }
+
+    fn stores(config: &Throttle, previous: Option<&Stores>) -> Stores {
+        Stores::new(&config.store, config.on_error, previous)
+    }
+
+    fn one_per_minute(key: &str) -> Check<'_> {
+        Check {
+            key,
+            params: Params {
+                algorithm: Algorithm::FixedWindow,
+                limit: 1,
+                period_us: 60_000_000,
+                burst: 1,
+                cost: 1,
+            },
+            shadow: false,
+            block_us: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_memory_store_alone_is_always_ready_and_not_shared() {
+        let stores = stores(&throttle(""), None);
+        assert!(stores.ready());
+        assert!(!stores.is_shared());
+        assert!(stores.shared().is_none() && stores.shared_slot().is_none());
+        assert!(matches!(stores.memory(), Store::Memory(_)));
+    }
+
+    /// A decision Redis could not make (not connected) is what `on_error` says: let through
+    /// undecided, refused, or decided by the memory store; and the store is not ready.
+    #[tokio::test]
+    async fn on_error_decides_what_the_shared_store_could_not() {
+        let check = [one_per_minute("k")];
+
+        let allow = stores(&unreachable("allow"), None);
+        assert!(allow.is_shared() && allow.shared().is_none());
+        assert!(!allow.ready());
+        let (decision, how) = allow.decide_shared(&check).await.unwrap();
+        assert_eq!(how, How::FailedOpen);
+        assert!(decision.allowed && decision.verdicts.is_empty());
+
+        let deny = stores(&unreachable("deny"), None);
+        assert!(deny.decide_shared(&check).await.is_none());
+
+        let local = stores(&unreachable("local"), None);
+        let (first, how) = local.decide_shared(&check).await.unwrap();
+        assert_eq!(how, How::LocalFallback);
+        assert!(first.allowed);
+        assert_eq!(first.verdicts[0].remaining, 0);
+        let (second, how) = local.decide_shared(&check).await.unwrap();
+        assert_eq!(how, How::LocalFallback);
+        assert!(!second.allowed, "the fallback counts in memory");
+    }
+
+    /// A reload keeps the stores (and their counts) when the store settings are the same,
+    /// whatever else changed, `on_error` included, which applies from then on.
+    #[tokio::test]
+    async fn a_reload_carries_the_stores_over_only_when_their_settings_are_unchanged() {
+        let check = [one_per_minute("k")];
+        let first = stores(&unreachable("local"), None);
+        assert!(first.decide_shared(&check).await.unwrap().0.allowed);
+
+        let same = stores(&unreachable("local"), Some(&first));
+        assert!(same.carried_from(&first));
+        let (decision, _) = same.decide_shared(&check).await.unwrap();
+        assert!(!decision.allowed, "the count carried over");
+
+        let stricter = stores(&unreachable("deny"), Some(&same));
+        assert!(stricter.carried_from(&same));
+        assert_eq!(stricter.on_error(), OnError::Deny);
+        assert!(stricter.decide_shared(&check).await.is_none());
+
+        let memory = stores(&throttle(""), Some(&stricter));
+        assert!(!memory.carried_from(&stricter));
+        assert!(!memory.is_shared());
+        let elsewhere = stores(
+            &throttle("store:\n  redis: { url: \"redis://127.0.0.1:2\", timeout: 50ms }\n  on_error: local\n"),
+            Some(&first),
+        );
+        assert!(!elsewhere.carried_from(&first));
+        let (decision, _) = elsewhere.decide_shared(&check).await.unwrap();
+        assert!(decision.allowed, "a new store counts afresh");
+    }
+}
