@@ -3,8 +3,8 @@
 //!
 //! Why: on Tokio's work-stealing runtime a request's tasks (the client connection, the
 //! upstream connection, timers) wander between threads, and every hand-over is a futex
-//! wake-up and a cache miss. Measured on the plain proxy path, that scheduling cost more
-//! system time than the request's own socket I/O (docs/performance.md). Like nginx's worker
+//! wake-up and a cache miss; on a small proxied request that scheduling outweighs the request's
+//! own socket I/O (docs/performance-history.md has the measurements). Like nginx's worker
 //! processes, a serving thread here owns its connections; its upstream connection pool is its
 //! own too (`crate::proxy::upstream` picks it by [`current`]), so a request never crosses
 //! threads on the way to the upstream and back. The kernel hands each new connection to
@@ -27,8 +27,7 @@ use tokio_util::sync::CancellationToken;
 /// plain HTTP/1 upstream's socket keeps such an answer itself (`proxy::early_answer`), so the
 /// threads can keep Tokio's default; a TLS or HTTP/2 upstream goes through hyper-util's client,
 /// which that wrapper does not cover, and there fresh readiness keeps the window narrow. The
-/// default saved 0–7% of an exact request's CPU and 4–13% of a local-first one
-/// (docs/performance.md, eleventh round).
+/// default is kept wherever it is safe because refreshing readiness costs a reactor turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Readiness {
     /// Tokio's default, every 61 polls: every upstream is plain HTTP/1.
