@@ -77,31 +77,26 @@ async fn until_readyz(proxy: &ProxyHandle, want: StatusCode, within: Duration) {
     }
 }
 
-/// Warms every serving thread's connection (opened on its first call), then runs `outage`
-/// (which takes Redis away and brings it back with no traffic), waits for readiness, and
-/// requires every request after it to be admitted.
-async fn every_request_succeeds_after(
-    what: &str,
-    yaml: Config,
-    outage: impl std::future::Future<Output = ()>,
-) {
-    let proxy = proxy(yaml).start().await;
-    until_readyz(&proxy, StatusCode::OK, Duration::from_secs(10)).await;
+/// Sends traffic until every serving thread has opened its own connection (on its first
+/// call), then requires a round in which every request is admitted.
+async fn warm(proxy: &ProxyHandle, what: &str) {
+    until_readyz(proxy, StatusCode::OK, Duration::from_secs(10)).await;
     for round in 0..3 {
-        // Until every thread has opened its own connection; failures here are not the point.
-        let _ = spread(&proxy, &format!("warm{round}")).await;
+        // Failures here are not the point: the connections are still being opened.
+        let _ = spread(proxy, &format!("warm{round}")).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let warm = spread(&proxy, "warm").await;
+    let warm = spread(proxy, "warm").await;
     assert!(
         warm.iter().all(|s| *s == StatusCode::OK),
         "{what}: before the outage: {warm:?}"
     );
+}
 
-    outage.await;
-    until_readyz(&proxy, StatusCode::OK, Duration::from_secs(10)).await;
-
-    let after = spread(&proxy, "after").await;
+/// Waits for readiness, then requires every request on every thread to be admitted.
+async fn every_request_succeeds_once_ready(proxy: &ProxyHandle, what: &str) {
+    until_readyz(proxy, StatusCode::OK, Duration::from_secs(10)).await;
+    let after = spread(proxy, "after").await;
     let failed = after.iter().filter(|s| **s != StatusCode::OK).count();
     assert_eq!(
         failed,
@@ -109,6 +104,19 @@ async fn every_request_succeeds_after(
         "{what}: {failed} of {} requests failed after /readyz said 200: {after:?}",
         after.len()
     );
+}
+
+/// Warms the proxy, runs `outage` (which takes Redis away and brings it back with no
+/// traffic), and requires every request to be admitted once ready.
+async fn every_request_succeeds_after(
+    what: &str,
+    yaml: Config,
+    outage: impl std::future::Future<Output = ()>,
+) {
+    let proxy = proxy(yaml).start().await;
+    warm(&proxy, what).await;
+    outage.await;
+    every_request_succeeds_once_ready(&proxy, what).await;
 }
 
 fn standalone(redis: &RedisServer) -> Store {
@@ -119,10 +127,10 @@ fn standalone(redis: &RedisServer) -> Store {
 }
 
 /// Kills `redis`, waits until readiness has seen it gone, starts it again on the same port.
-async fn restart_standalone(proxy_admin_wait: &ProxyHandle, redis: &mut RedisServer) {
+async fn restart_standalone(proxy: &ProxyHandle, redis: &mut RedisServer) {
     redis.stop();
     until_readyz(
-        proxy_admin_wait,
+        proxy,
         StatusCode::SERVICE_UNAVAILABLE,
         Duration::from_secs(5),
     )
@@ -130,8 +138,7 @@ async fn restart_standalone(proxy_admin_wait: &ProxyHandle, redis: &mut RedisSer
     tokio::task::block_in_place(|| redis.restart());
 }
 
-/// The standalone cases share one shape: the proxy is started inside so the outage can wait on
-/// its readiness.
+/// One server: the outage waits for readiness to see Redis gone before restarting it.
 async fn standalone_case(what: &str, limit: Limit, coalesce: bool) {
     let mut redis = RedisServer::start();
     let up = upstream().start().await;
@@ -141,28 +148,9 @@ async fn standalone_case(what: &str, limit: Limit, coalesce: bool) {
     }
     let yaml = routes(&up, limit).store(target);
     let proxy = proxy(yaml).start().await;
-    until_readyz(&proxy, StatusCode::OK, Duration::from_secs(10)).await;
-    for round in 0..3 {
-        let _ = spread(&proxy, &format!("warm{round}")).await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let warm = spread(&proxy, "warm").await;
-    assert!(
-        warm.iter().all(|s| *s == StatusCode::OK),
-        "{what}: before the outage: {warm:?}"
-    );
-
+    warm(&proxy, what).await;
     restart_standalone(&proxy, &mut redis).await;
-    until_readyz(&proxy, StatusCode::OK, Duration::from_secs(10)).await;
-
-    let after = spread(&proxy, "after").await;
-    let failed = after.iter().filter(|s| **s != StatusCode::OK).count();
-    assert_eq!(
-        failed,
-        0,
-        "{what}: {failed} of {} requests failed after /readyz said 200: {after:?}",
-        after.len()
-    );
+    every_request_succeeds_once_ready(&proxy, what).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -485,3 +485,27 @@ fn map_err(e: redis::RedisError, timeout: Duration) -> StoreError {
         StoreError::Redis(e)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::ErrorKind::{
+        BrokenPipe, ConnectionRefused, ConnectionReset, TimedOut, UnexpectedEof,
+    };
+
+    use super::*;
+
+    fn io(kind: std::io::ErrorKind) -> RedisError {
+        RedisError::from(std::io::Error::from(kind))
+    }
+
+    /// Only a refused connection proves a command never reached Redis; a broken pipe or reset
+    /// may be the loss of a reply to a command already written, so it is not sent again.
+    #[test]
+    fn only_a_refused_connection_is_sent_again() {
+        assert!(never_sent(&io(ConnectionRefused)));
+        for kind in [BrokenPipe, ConnectionReset, UnexpectedEof, TimedOut] {
+            assert!(!never_sent(&io(kind)), "{kind:?}");
+        }
+        assert!(!never_sent(&RedisError::from((ErrorKind::Io, "closed"))));
+    }
+}
