@@ -478,6 +478,12 @@ impl RedisStore {
             .await
             .map(drop)
     }
+
+    /// The health probe's check: every connection requests use answers `PING`, a broken one
+    /// replaced first (see [`ScriptRunner::check_connections`]).
+    pub async fn check_connections(&self) -> Result<(), StoreError> {
+        self.runner.check_connections().await
+    }
 }
 
 fn describe(config: &RedisSettings) -> String {

@@ -115,6 +115,9 @@ struct Standalone {
 #[derive(Default)]
 struct PerThread {
     connection: std::sync::OnceLock<ConnectionManager>,
+    /// The serving thread's runtime, set with `connection`: the health probe checks the
+    /// connection there, so a replacement it causes runs its task on that thread too.
+    runtime: std::sync::OnceLock<tokio::runtime::Handle>,
     opening: std::sync::atomic::AtomicBool,
 }
 
@@ -158,7 +161,9 @@ impl Standalone {
             tokio::spawn(async move {
                 match ConnectionManager::new_with_config(client, config).await {
                     Ok(own) => {
-                        let _ = per_thread[index].connection.set(own);
+                        let slot = &per_thread[index];
+                        let _ = slot.runtime.set(tokio::runtime::Handle::current());
+                        let _ = slot.connection.set(own);
                     }
                     Err(e) => {
                         tracing::debug!(cause = %e, "a serving thread keeps the shared Redis connection")
@@ -318,11 +323,70 @@ impl ScriptRunner {
         self.bounded(self.query_raw(command)).await
     }
 
+    /// One command; sent a second time only when the first attempt provably never reached
+    /// Redis (see [`never_sent`]), so a call that may have been applied is never repeated.
     async fn query_raw<T: FromRedisValue>(&self, command: &redis::Cmd) -> RedisResult<T> {
+        match self.send(command).await {
+            Err(e) if never_sent(&e) => self.send(command).await,
+            other => other,
+        }
+    }
+
+    async fn send<T: FromRedisValue>(&self, command: &redis::Cmd) -> RedisResult<T> {
         match &self.conn {
             Conn::Standalone(c) => command.query_async(&mut c.connection().clone()).await,
             Conn::Cluster(c) => command.query_async(&mut c.clone()).await,
             Conn::Sentinel(s) => s.query(command).await,
+        }
+    }
+
+    /// What the health probe runs: a `PING` through every connection requests use (on one
+    /// server: the shared one and each serving thread's, each on its own thread), each bounded
+    /// by the timeout. A connection found broken (Redis restarted while it was idle) is
+    /// replaced by redis-rs on that error, and pinged again through its replacement, so once
+    /// this succeeds no request meets a connection broken before the check.
+    pub async fn check_connections(&self) -> Result<(), StoreError> {
+        let timeout = self.timeout;
+        match &self.conn {
+            Conn::Standalone(c) => {
+                let threads: Vec<_> = c
+                    .per_thread
+                    .iter()
+                    .filter_map(|slot| {
+                        let conn = slot.connection.get()?.clone();
+                        let runtime = slot.runtime.get()?;
+                        Some(runtime.spawn(tokio::time::timeout(timeout, ping_fresh(conn))))
+                    })
+                    .collect();
+                let mut result = self.bounded(ping_fresh(c.shared.clone())).await;
+                for thread in threads {
+                    // A thread whose runtime has stopped serves nothing: nothing to check.
+                    let Ok(checked) = thread.await else { continue };
+                    let checked = match checked {
+                        Ok(pinged) => pinged.map_err(|e| map_err(e, timeout)),
+                        Err(_) => Err(StoreError::Timeout(timeout)),
+                    };
+                    if result.is_ok() {
+                        result = checked;
+                    }
+                }
+                result
+            }
+            _ => {
+                let ping = redis::cmd("PING");
+                let call = async {
+                    match self.send::<String>(&ping).await {
+                        // PING is safe to repeat: the second one goes through the replacement
+                        // the error started (a Cluster reconnects the node; a Sentinel
+                        // master's rediscovery may still be running, then the next check).
+                        Err(e) if e.is_io_error() || e.is_unrecoverable_error() => {
+                            self.send::<String>(&ping).await
+                        }
+                        other => other,
+                    }
+                };
+                self.bounded(call).await.map(drop)
+            }
         }
     }
 
@@ -341,6 +405,29 @@ impl ScriptRunner {
                 Err(StoreError::Timeout(self.timeout))
             }
         }
+    }
+}
+
+/// Whether `e` proves the command never reached Redis, so sending it again cannot apply it
+/// twice. Only a refused connection does: the connection it was to be written on was never
+/// made (a `ConnectionManager` returns the failed reconnection's error without writing, and
+/// starts another one, which the second attempt waits for). A broken pipe or reset does
+/// not: redis-rs reports the loss of a reply to a command already written with the same
+/// error as a write into a connection that had already closed.
+fn never_sent(e: &RedisError) -> bool {
+    e.is_connection_refusal()
+}
+
+/// `PING` through `conn`, and once more if that failed on the connection itself: the
+/// `ConnectionManager` replaces its connection on such an error, and the second `PING` waits
+/// for the replacement.
+async fn ping_fresh(mut conn: ConnectionManager) -> RedisResult<()> {
+    let ping = redis::cmd("PING");
+    match ping.query_async::<String>(&mut conn).await {
+        Err(e) if e.is_io_error() || e.is_unrecoverable_error() => {
+            ping.query_async::<String>(&mut conn).await.map(drop)
+        }
+        other => other.map(drop),
     }
 }
 
@@ -396,5 +483,29 @@ fn map_err(e: redis::RedisError, timeout: Duration) -> StoreError {
         StoreError::Timeout(timeout)
     } else {
         StoreError::Redis(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::ErrorKind::{
+        BrokenPipe, ConnectionRefused, ConnectionReset, TimedOut, UnexpectedEof,
+    };
+
+    use super::*;
+
+    fn io(kind: std::io::ErrorKind) -> RedisError {
+        RedisError::from(std::io::Error::from(kind))
+    }
+
+    /// Only a refused connection proves a command never reached Redis; a broken pipe or reset
+    /// may be the loss of a reply to a command already written, so it is not sent again.
+    #[test]
+    fn only_a_refused_connection_is_sent_again() {
+        assert!(never_sent(&io(ConnectionRefused)));
+        for kind in [BrokenPipe, ConnectionReset, UnexpectedEof, TimedOut] {
+            assert!(!never_sent(&io(kind)), "{kind:?}");
+        }
+        assert!(!never_sent(&RedisError::from((ErrorKind::Io, "closed"))));
     }
 }

@@ -4,6 +4,22 @@
 //! circuit breaker in front of it (`breaker.rs`), whether it is up, readiness, and `on_error`
 //! for a decision the shared store could not make.
 //!
+//! Health, readiness and `on_error` follow one state, the shared `up` flag:
+//!
+//! - **Up**: requests ask Redis. A failed call (or an open breaker) applies `on_error` to
+//!   that request; the first failure marks the store **down** and wakes the health probe.
+//! - **Down**: requests apply `on_error` at once, without asking Redis (one relaxed atomic
+//!   load decides, so nothing waits for the store timeout), and `/readyz` says 503. The
+//!   probe keeps checking.
+//! - Back **up** only through the probe: every connection requests use (on one server, each
+//!   serving thread's too) answered a `PING`, a broken one replaced first; the breaker is
+//!   closed at the same moment. So readiness says ready only once the connections requests
+//!   will use are good, and a Redis restarted while the proxy was idle costs no request.
+//!
+//! The probe runs every [`HEALTH_PROBE_EVERY`] whether or not traffic flows, so it also
+//! finds a store lost while idle (down) and connections broken by a quick restart it never
+//! saw as down (replaced). Before the first connection the store is down as well.
+//!
 //! One [`Stores`] serves one configuration; a reload that keeps the store settings carries it
 //! over (the same memory state, connection, breaker and up flag), so limits that did not change
 //! keep counting where they were. The limit stage asks it for the memory store, the connected
@@ -79,10 +95,14 @@ pub struct Stores {
     on_error: OnError,
     memory: Store,
     shared: Option<Shared>,
-    /// False from a failure seen (by a request or the probe) until the store answers again.
+    /// False from a failure seen (by a request or the probe) until the probe finds every
+    /// connection answering again (see the module docs).
     up: Arc<AtomicBool>,
     /// Stops waiting on a failing Redis: `on_error` applies at once until a probe answers.
     breaker: Arc<breaker::Breaker>,
+    /// Wakes the health probe at once when a request finds the store failing, so a store
+    /// that still answers is back without waiting for the probe's next tick.
+    probe_now: Arc<tokio::sync::Notify>,
 }
 
 impl Stores {
@@ -98,6 +118,7 @@ impl Stores {
                 shared: previous.shared.clone(),
                 up: previous.up.clone(),
                 breaker: previous.breaker.clone(),
+                probe_now: previous.probe_now.clone(),
             };
         }
         let memory = MemoryStore::new();
@@ -105,6 +126,7 @@ impl Stores {
             memory.spawn_sweeper(SWEEP_EVERY);
         }
         let up = Arc::new(AtomicBool::new(true));
+        let probe_now = Arc::new(tokio::sync::Notify::new());
         let probe_timeout = match config {
             StoreConfig::Redis(redis) => redis.timeout,
             StoreConfig::Memory => Duration::ZERO,
@@ -126,6 +148,7 @@ impl Stores {
                     cell.clone(),
                     up.clone(),
                     breaker.clone(),
+                    probe_now.clone(),
                 ));
                 Some(Shared(cell))
             }
@@ -137,6 +160,7 @@ impl Stores {
             shared,
             up,
             breaker,
+            probe_now,
         }
     }
 
@@ -180,9 +204,13 @@ impl Stores {
     }
 
     /// One atomic decision of `checks` by the shared store, with `on_error` applied when it
-    /// fails (or is not connected, or the breaker is open): how it was decided, or None when
-    /// `on_error: deny` refuses.
+    /// fails (or is known down, not connected, or the breaker is open): how it was decided, or
+    /// None when `on_error: deny` refuses.
     pub async fn decide_shared(&self, checks: &[Check<'_>]) -> Option<(Decision, How)> {
+        if !self.up.load(Ordering::Relaxed) {
+            // Known down: the probe brings it back; asking Redis now would only wait.
+            return self.apply_on_error(checks).await;
+        }
         let result = match (self.shared(), self.breaker.permit()) {
             (None, _) => Err(StoreError::Protocol("not connected yet".into())),
             (Some(_), breaker::Permit::Refuse) => Err(StoreError::CircuitOpen),
@@ -204,37 +232,38 @@ impl Stores {
             }
         };
         match result {
-            Ok(decision) => {
-                // Read first: while the store is up (every call) nothing is written.
-                if !self.up.load(Ordering::Relaxed) && !self.up.swap(true, Ordering::Relaxed) {
-                    tracing::info!("rate limit store is back");
-                }
-                Some((decision, How::Answered))
-            }
+            // Only the probe marks the store up again: it checks every connection first.
+            Ok(decision) => Some((decision, How::Answered)),
             Err(error) => {
                 if self.up.swap(false, Ordering::Relaxed) {
-                    tracing::error!(cause = %error, on_error = ?self.on_error, "rate limit store failed; applying on_error until it answers again");
+                    tracing::error!(cause = %error, on_error = %self.on_error, "rate limit store failed; applying on_error until it answers again");
+                    self.probe_now.notify_one();
                 }
-                match self.on_error {
-                    OnError::Allow => Some((
-                        Decision {
-                            allowed: true,
-                            verdicts: vec![],
-                            leases: vec![],
-                            at: 0,
-                        },
-                        How::FailedOpen,
-                    )),
-                    OnError::Deny => None,
-                    OnError::Local => Some((
-                        self.memory
-                            .decide(checks)
-                            .await
-                            .expect("memory store cannot fail"),
-                        How::LocalFallback,
-                    )),
-                }
+                self.apply_on_error(checks).await
             }
+        }
+    }
+
+    /// What `on_error` says for a decision the shared store did not make.
+    async fn apply_on_error(&self, checks: &[Check<'_>]) -> Option<(Decision, How)> {
+        match self.on_error {
+            OnError::Allow => Some((
+                Decision {
+                    allowed: true,
+                    verdicts: vec![],
+                    leases: vec![],
+                    at: 0,
+                },
+                How::FailedOpen,
+            )),
+            OnError::Deny => None,
+            OnError::Local => Some((
+                self.memory
+                    .decide(checks)
+                    .await
+                    .expect("memory store cannot fail"),
+                How::LocalFallback,
+            )),
         }
     }
 }
@@ -244,6 +273,7 @@ async fn connect_redis(
     cell: Arc<OnceCell<Store>>,
     up: Arc<AtomicBool>,
     breaker: Arc<breaker::Breaker>,
+    probe_now: Arc<tokio::sync::Notify>,
 ) {
     let mut backoff = CONNECT_BACKOFF.0;
     let mut logged = false;
@@ -269,19 +299,23 @@ async fn connect_redis(
     };
     // Check the store in the background whether or not traffic flows: while it is down, for
     // its return (an unready pod gets no traffic to find out), and while it is up, for its
-    // loss (a quiet pod would otherwise report ready while it would refuse every request with
-    // `on_error: deny`). One PING per tick, bounded by the store timeout; requests still mark
-    // it down the moment one fails. Each transition is logged once, by whoever sees it first.
+    // loss and for connections broken while idle (a quiet pod would otherwise report ready
+    // while its first requests fail). One PING per connection per tick, bounded by the store
+    // timeout, and at once when a request marks the store down. Each transition is logged
+    // once, by whoever sees it first.
     let alive = Arc::downgrade(&cell);
     drop(cell);
     let mut tick = tokio::time::interval(HEALTH_PROBE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = probe_now.notified() => {}
+        }
         if alive.strong_count() == 0 {
             return; // Every holder of this store is gone (a reload replaced it).
         }
-        match redis.ping().await {
+        match redis.check_connections().await {
             Ok(()) => {
                 let down = !up.load(Ordering::Relaxed) || breaker.is_open();
                 if down {

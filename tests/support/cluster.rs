@@ -51,6 +51,9 @@ fn temp_dir(kind: &str) -> PathBuf {
 pub struct Node {
     pub port: u16,
     child: Option<Child>,
+    /// How it was started, so [`Node::restart`] can start it again the same way.
+    dir: PathBuf,
+    args: Vec<String>,
 }
 
 impl Node {
@@ -71,6 +74,8 @@ impl Node {
         let mut node = Node {
             port,
             child: Some(child),
+            dir: dir.to_path_buf(),
+            args: args.to_vec(),
         };
         node.wait_ping()?;
         Ok(node)
@@ -109,6 +114,18 @@ impl Node {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Starts a killed node again on the same port, with the same arguments (and, for a
+    /// cluster node, the same node file: it rejoins as the same node, without its data).
+    pub fn restart(&mut self) {
+        self.kill();
+        let started = Node::spawn(&self.dir, self.port, &self.args);
+        self.child = Some(started.into_child());
+    }
+
+    fn into_child(mut self) -> Child {
+        self.child.take().expect("a started node")
     }
 
     /// Runs a command through redis-cli on this node.
