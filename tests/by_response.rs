@@ -155,6 +155,11 @@ async fn upstream_failures_refund_and_classes_count() {
 
 /// A token budget per user, over HTTP/2 to the upstream (so trailers come through).
 fn budget(up_url: &str) -> Config {
+    budget_over_http1(up_url).http2()
+}
+
+/// The same token budget in front of an HTTP/1.1 upstream.
+fn budget_over_http1(up_url: &str) -> Config {
     per_user(
         up_url,
         route("llm").limit(
@@ -163,7 +168,6 @@ fn budget(up_url: &str) -> Config {
                 .cost_from_response("X-Tokens-Used"),
         ),
     )
-    .http2()
 }
 
 /// Sends one request over h2c (so the upstream's trailers come through) and reads the body.
@@ -482,7 +486,7 @@ async fn http1_chunked_trailers_settle_whether_or_not_the_client_asked_for_them(
             tokio::spawn(answer_with_a_trailer(stream, "x-tokens-used: 20"));
         }
     });
-    let proxy = proxy(budget(&app_url)).start().await;
+    let proxy = proxy(budget_over_http1(&app_url)).start().await;
     for (user, te) in [("asked", Some("trailers")), ("did-not-ask", None)] {
         let mut request = Request::get(proxy.url("/respond")).header("x-user", user);
         if let Some(te) = te {
