@@ -29,7 +29,7 @@ use crate::identity::key;
 use crate::limit::{Check, Store, StoreError};
 use crate::store::{Shared, Stores};
 use crate::throttle::deny_cache::{self, DenyCache};
-use crate::throttle::overrides::Overrides;
+use crate::throttle::overrides::{override_key, Overrides};
 use crate::throttle::{keys, LimitStage};
 
 /// How often a replica with remembered denials looks at the reset generation.
@@ -258,6 +258,11 @@ impl Control {
                         .as_ref()
                         .and_then(|(_, a)| *a)
                         .filter(|_| !everyones(identity_part(target.set, store_key)));
+                    // While overridden the caller counts on keys of its own.
+                    let instead = overridden.map(|_| {
+                        override_key(&self.throttle.key_prefix, &target.set.key_name, store_key)
+                    });
+                    let store_key = instead.as_ref().unwrap_or(store_key);
                     let check = Check {
                         key: store_key,
                         params: overridden.map_or(limit.params, |a| a.apply(limit.params)),
@@ -321,10 +326,29 @@ impl Control {
         // A running penalty box (`block_for`) is the caller's state too: its marker goes with
         // the limit's own key (same hash tag, so the same DEL below).
         let markers: Vec<String> = all.iter().map(|k| crate::limit::block_key(k)).collect();
+        // So are the keys it counts on while a temporary override is in force (same hash tag
+        // shape: the route's key name with a suffix).
+        let prefix = &self.throttle.key_prefix;
+        let overridden: Vec<String> = targets
+            .iter()
+            .flat_map(|t| {
+                t.keys
+                    .iter()
+                    .flatten()
+                    .filter(|k| !everyones(identity_part(t.set, k)))
+                    .map(|k| override_key(prefix, &t.set.key_name, k))
+            })
+            .collect();
+        let overridden_markers: Vec<String> = overridden
+            .iter()
+            .map(|k| crate::limit::block_key(k))
+            .collect();
         let doomed: Vec<&str> = all
             .iter()
             .copied()
             .chain(markers.iter().map(String::as_str))
+            .chain(overridden.iter().map(String::as_str))
+            .chain(overridden_markers.iter().map(String::as_str))
             .collect();
         let mut deleted = 0u64;
         if let Store::Memory(m) = &self.memory {

@@ -30,7 +30,7 @@ use crate::limit::redis_store::RedisStore;
 use crate::limit::{params_fit, Store, StoreError};
 use crate::store::{Shared, Stores};
 use crate::throttle::keys;
-use crate::throttle::overrides::{now_ms, Active, Adjust, Overrides};
+use crate::throttle::overrides::{now_ms, override_key, Active, Adjust, Overrides};
 
 /// The most overrides in force at once.
 pub const MAX_OVERRIDES: usize = 10_000;
@@ -197,12 +197,12 @@ fn sets<'t>(throttle: &'t Throttle, route: &str, raw: &[u8]) -> Vec<&'t LimitSet
 }
 
 /// The store keys of `raw`'s own limits on `route` (not those every caller shares), with
-/// each limit's params.
+/// each limit's params, name, and the key counted on while overridden.
 fn caller_keys(
     throttle: &Throttle,
     route: &str,
     raw: &[u8],
-) -> Vec<(String, crate::limit::Params, String)> {
+) -> Vec<(String, crate::limit::Params, String, String)> {
     let mut out = Vec::new();
     for set in sets(throttle, route, raw) {
         for (limit, candidates) in set
@@ -211,7 +211,8 @@ fn caller_keys(
         {
             for k in candidates {
                 if !everyones(identity_part(set, &k)) {
-                    out.push((k, limit.params, limit.name.clone()));
+                    let instead = override_key(&throttle.key_prefix, &set.key_name, &k);
+                    out.push((k, limit.params, limit.name.clone(), instead));
                 }
             }
         }
@@ -227,12 +228,22 @@ pub fn compile(throttle: &Throttle, records: &[Record]) -> HashMap<String, Activ
         let Some(adjust) = record.adjust() else {
             continue;
         };
-        for (k, _, _) in caller_keys(throttle, &record.route, record.identity.as_bytes()) {
+        for (k, _, _, instead) in caller_keys(throttle, &record.route, record.identity.as_bytes()) {
+            let until_ms = record.until_ms;
             table.insert(
                 k,
                 Active {
                     adjust,
-                    until_ms: record.until_ms,
+                    until_ms,
+                    key: Some(instead.clone()),
+                },
+            );
+            table.insert(
+                instead,
+                Active {
+                    adjust,
+                    until_ms,
+                    key: None,
                 },
             );
         }
@@ -260,7 +271,7 @@ impl Control {
                 "route `{route}` has no limit of the caller's own to override (only limits every caller shares)"
             )));
         }
-        for (_, params, name) in &owned {
+        for (_, params, name, _) in &owned {
             if !params_fit(&adjust.apply(*params)) {
                 return Err(CallerError::BadOverride(format!(
                     "the override would take limit `{name}` past what the store counts exactly: ask for less"

@@ -209,6 +209,8 @@ impl LimitStage {
                 ..
             } => (set, keys, identity),
         };
+        // A caller with a temporary override counts on keys of its own, with adjusted limits.
+        let overridden = self.overrides.rekey(&mut keys);
 
         // A caller known to be over a limit the shared store decides is answered from memory
         // until the retry time the store gave (see deny_cache for why that never admits more).
@@ -218,7 +220,7 @@ impl LimitStage {
                 .iter()
                 .all(|l| l.scope == Scope::Global && l.sync.is_none())
             && deny_cache::cacheable(set)
-            && !self.overrides.matches(&keys);
+            && !overridden;
         if cache_denials && !self.denials.is_empty() {
             let at = Instant::now();
             if let Some(denial) = self.denials.recall(&deny_cache::key(set, &keys), at) {
@@ -248,7 +250,9 @@ impl LimitStage {
             many = set.iter().zip(&keys).map(as_check).collect();
             &mut many
         };
-        self.overrides.apply(checks);
+        if overridden {
+            self.overrides.apply(checks);
+        }
         let checks: &[Check<'_>] = checks;
 
         // Delay mode keeps arrival order per key: every request of such a route takes its turn

@@ -4,10 +4,13 @@
 //! The table maps a store key to how that limit is adjusted and until when: the keys are the
 //! very keys the stage builds for the caller (route limits and any tier whose values name it),
 //! so a request finds its override by the keys it already has, whatever identity kind named
-//! it. Usage carries over: an overridden caller keeps counting on its usual keys, so raising a
-//! limit lifts a blocked caller at once and lowering or ending it gives no fresh quota. A key
-//! every caller shares (`global`) is never in the table: one caller's override must not move
-//! everyone's limit.
+//! it. While overridden, the caller counts on keys of its own ([`override_key`]: the route's
+//! key name with `~!override` appended, a name no tier can have), starting fresh: what an
+//! algorithm stores is in units of its own limit and period (a GCRA's theoretical arrival
+//! time, a token bucket's tokens), so usage carried over under a changed limit would mean
+//! something else; and when the override ends, the caller is back on its usual keys with the
+//! usage it had there. A key every caller shares (`global`) is never in the table: one
+//! caller's override must not move everyone's limit.
 //!
 //! The table is filled off the request path (`crate::control::overrides`: from Redis by a
 //! watch on a generation counter, or from process memory) and swapped whole; a request with no
@@ -63,11 +66,14 @@ impl Adjust {
 }
 
 /// One active override of one store key.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Active {
     pub adjust: Adjust,
     /// When it ends, in milliseconds since the Unix epoch.
     pub until_ms: u64,
+    /// For a usual key, the key the caller counts on instead while overridden; None for that
+    /// key itself.
+    pub key: Option<String>,
 }
 
 /// The overrides the limit stage applies, by store key.
@@ -90,15 +96,29 @@ impl Overrides {
         !self.any.load(Ordering::Acquire)
     }
 
-    /// Whether any of `keys` has an override in force now.
-    pub fn matches(&self, keys: &[String]) -> bool {
+    /// Replaces each of `keys` that has an override in force now by the key the caller counts
+    /// on while overridden; whether any was.
+    pub fn rekey(&self, keys: &mut [String]) -> bool {
         if self.is_empty() {
             return false;
         }
         let table = self.table.load();
         let now = now_ms();
-        keys.iter()
-            .any(|k| table.get(k.as_str()).is_some_and(|a| a.until_ms > now))
+        let mut any = false;
+        for k in keys {
+            if let Some(Active {
+                key: Some(instead),
+                until_ms,
+                ..
+            }) = table.get(k.as_str())
+            {
+                if *until_ms > now {
+                    k.clone_from(instead);
+                    any = true;
+                }
+            }
+        }
+        any
     }
 
     /// Adjusts the params of every check whose key has an override in force now.
@@ -114,19 +134,17 @@ impl Overrides {
             }
         }
     }
+}
 
-    /// The override of `key` in force now, if any.
-    pub fn get(&self, key: &str) -> Option<Active> {
-        if self.is_empty() {
-            return None;
-        }
-        let now = now_ms();
-        self.table
-            .load()
-            .get(key)
-            .copied()
-            .filter(|a| a.until_ms > now)
-    }
+/// The key a caller counts on while overridden, for `key`, one of `key_name`'s keys:
+/// `<prefix>{<key_name>~!override...` (same hash tag shape, so the same Cluster slot rules).
+pub fn override_key(prefix: &str, key_name: &str, key: &str) -> String {
+    let head = prefix.len() + 1 + key_name.len();
+    let mut out = String::with_capacity(key.len() + 10);
+    out.push_str(&key[..head.min(key.len())]);
+    out.push_str("~!override");
+    out.push_str(&key[head.min(key.len())..]);
+    out
 }
 
 /// Milliseconds since the Unix epoch on this host's clock.
@@ -175,25 +193,35 @@ mod tests {
         }];
         overrides.apply(&mut checks);
         assert_eq!(checks[0].params, p);
+        let active = |until_ms, key: Option<&str>| Active {
+            adjust: Adjust::Multiply(3.0),
+            until_ms,
+            key: key.map(str::to_owned),
+        };
+        let later = now_ms() + 60_000;
         overrides.replace(HashMap::from([
-            (
-                "k".to_owned(),
-                Active {
-                    adjust: Adjust::Multiply(3.0),
-                    until_ms: now_ms() + 60_000,
-                },
-            ),
-            (
-                "old".to_owned(),
-                Active {
-                    adjust: Adjust::Multiply(3.0),
-                    until_ms: now_ms() - 1,
-                },
-            ),
+            ("k".to_owned(), active(later, Some("k2"))),
+            ("k2".to_owned(), active(later, None)),
+            ("old".to_owned(), active(now_ms() - 1, Some("old2"))),
         ]));
-        assert!(overrides.matches(&["k".to_owned()]));
-        assert!(!overrides.matches(&["old".to_owned()]), "expired");
+        let mut keys = ["k".to_owned(), "old".to_owned(), "x".to_owned()];
+        assert!(overrides.rekey(&mut keys));
+        assert_eq!(
+            keys,
+            ["k2", "old", "x"],
+            "an expired override is not in force"
+        );
+        let mut checks = [Check {
+            key: &keys[0],
+            params: p,
+            shadow: false,
+            block_us: 0,
+        }];
         overrides.apply(&mut checks);
         assert_eq!(checks[0].params.limit, 30);
+        assert_eq!(
+            override_key("tg:", "api", "tg:{api}:lim:header=a"),
+            "tg:{api~!override}:lim:header=a"
+        );
     }
 }
