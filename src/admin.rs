@@ -1,6 +1,9 @@
 //! The admin listener: health, readiness and metrics for the platform, and the operators'
 //! endpoints for "someone is being blocked": who is denied most (`GET /limits/top`), one
-//! caller's state (`GET /limits/state`) and its reset (`POST /limits/reset`).
+//! caller's state (`GET /limits/state`) and its reset (`POST /limits/reset`); for "a customer
+//! asks for more": a temporary override of one caller's limits (`POST /limits/override`, ended
+//! early by `DELETE /limits/override`); and the audit trail of those actions
+//! (`GET /limits/audit`, see [`crate::control::audit`]).
 //!
 //! Reads are open to whoever reaches the listener (keep it off public interfaces). A mutation
 //! needs `Authorization: Bearer <token>` when `admin.token_env` names a token; without one,
@@ -9,7 +12,7 @@
 //! to do this, and a 401 would invite a credential prompt that this API does not have. The
 //! token is compared in constant time. Every mutation, allowed or refused, is logged (target
 //! `tollgate::admin`) with the peer address, the route, the identity as logs show it, and the
-//! result.
+//! result; a mutation that was carried out is also written to the audit trail.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -28,10 +31,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::body::{full, ProxyBody};
 use crate::config::Secret;
+use crate::control::audit::{self, Who};
 use crate::control::caller::{self, CallerError};
 use crate::control::offenders;
+use crate::control::overrides;
 use crate::identity::key;
 use crate::proxy::Proxy;
+use crate::throttle::overrides::Adjust;
 
 /// What readiness depends on: not draining, and a store that answers unless `on_error`
 /// makes its absence harmless. Lives here, beside `/readyz`, so that the server (which drains
@@ -126,9 +132,14 @@ async fn respond<B>(
         "/limits/top" => (Method::GET, TOP_PARAMS),
         "/limits/state" => (Method::GET, STATE_PARAMS),
         "/limits/reset" => (Method::POST, RESET_PARAMS),
+        "/limits/override" if request.method() == Method::DELETE => {
+            (Method::DELETE, UNOVERRIDE_PARAMS)
+        }
+        "/limits/override" => (Method::POST, OVERRIDE_PARAMS),
+        "/limits/audit" => (Method::GET, AUDIT_PARAMS),
         _ => return health_response(request, health, proxy),
     };
-    if let Some(refused) = allowed(request, method) {
+    if let Some(refused) = allowed(request, method.clone()) {
         return refused;
     }
     if let Err(why) = known_params(request, path, known) {
@@ -137,6 +148,9 @@ async fn respond<B>(
     match path {
         "/limits/top" => top(request, proxy),
         "/limits/state" => state(request, proxy).await,
+        "/limits/override" if method == Method::DELETE => unoverride(request, proxy, caller).await,
+        "/limits/override" => set_override(request, proxy, caller).await,
+        "/limits/audit" => audit(request, proxy).await,
         _ => reset(request, proxy, caller).await,
     }
 }
@@ -148,6 +162,9 @@ async fn respond<B>(
 const TOP_PARAMS: &[&str] = &["k", "format"];
 const STATE_PARAMS: &[&str] = &["route", "identity", "format"];
 const RESET_PARAMS: &[&str] = &["route", "identity", "format"];
+const OVERRIDE_PARAMS: &[&str] = &["route", "identity", "limit", "multiply", "for", "format"];
+const UNOVERRIDE_PARAMS: &[&str] = &["route", "identity", "format"];
+const AUDIT_PARAMS: &[&str] = &["limit", "format"];
 
 /// Every query parameter is one of `known`, each at most once; otherwise why not.
 fn known_params<B>(request: &Request<B>, path: &str, known: &[&str]) -> Result<(), String> {
@@ -384,7 +401,9 @@ fn caller_query<B>(request: &Request<B>) -> Result<CallerQuery, String> {
 fn caller_error(e: CallerError) -> Response<ProxyBody> {
     let status = match e {
         CallerError::UnknownRoute { .. } => StatusCode::NOT_FOUND,
-        CallerError::EmptyIdentity => StatusCode::BAD_REQUEST,
+        CallerError::EmptyIdentity | CallerError::BadOverride(_) => StatusCode::BAD_REQUEST,
+        CallerError::NoOverride { .. } => StatusCode::NOT_FOUND,
+        CallerError::TooManyOverrides { .. } => StatusCode::CONFLICT,
         CallerError::Store(_) | CallerError::NotConnected => StatusCode::SERVICE_UNAVAILABLE,
     };
     error(status, e.to_string())
@@ -413,9 +432,21 @@ async fn reset<B>(request: &Request<B>, proxy: &Proxy, caller: Caller) -> Respon
         tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action = "reset", route, identity = shown, result = "refused", why, "admin mutation refused");
         return error(StatusCode::FORBIDDEN, why);
     }
-    match proxy.throttle_control().reset(&route, &identity).await {
+    let control = proxy.throttle_control();
+    match control.reset(&route, &identity).await {
         Ok(done) => {
             tracing::info!(target: "tollgate::admin", peer = %caller.peer, action = "reset", route, identity = shown, result = "ok", deleted = done["deleted"].as_u64().unwrap_or(0), "admin mutation");
+            let parameters = json!({ "deleted": done["deleted"] });
+            audit_action(
+                &control,
+                &caller,
+                token.is_some(),
+                "reset",
+                &route,
+                &identity,
+                parameters,
+            )
+            .await;
             if text {
                 return text_response(StatusCode::OK, caller::reset_text(&done));
             }
@@ -425,6 +456,173 @@ async fn reset<B>(request: &Request<B>, proxy: &Proxy, caller: Caller) -> Respon
             tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action = "reset", route, identity = shown, result = "failed", cause = %e, "admin mutation failed");
             caller_error(e)
         }
+    }
+}
+
+/// Writes an admin mutation to the audit trail; a failure to is logged, the mutation stands.
+async fn audit_action(
+    control: &crate::control::Control,
+    caller: &Caller,
+    with_token: bool,
+    action: &str,
+    route: &str,
+    identity: &[u8],
+    parameters: Value,
+) {
+    let who = if with_token {
+        Who::Token
+    } else {
+        Who::Loopback
+    };
+    if let Err(e) = control
+        .audit(who, action, route, identity, parameters)
+        .await
+    {
+        tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action, route, cause = %e, "the audit trail could not be written");
+    }
+}
+
+/// `limit` or `multiply` (exactly one) and `for`, or why not.
+fn override_params<B>(request: &Request<B>) -> Result<(Adjust, std::time::Duration), String> {
+    let text = |name: &str| param(request, name).map(|v| String::from_utf8_lossy(&v).into_owned());
+    let adjust = match (text("limit"), text("multiply")) {
+        (Some(limit), None) => Adjust::Limit(overrides::parse_limit(&limit)?),
+        (None, Some(factor)) => Adjust::Multiply(overrides::parse_multiply(&factor)?),
+        (Some(_), Some(_)) => return Err("give either `limit` or `multiply`, not both".to_owned()),
+        (None, None) => {
+            return Err(
+                "missing query parameter `limit` or `multiply`: write &limit=N or &multiply=X"
+                    .to_owned(),
+            )
+        }
+    };
+    let duration = match text("for") {
+        Some(duration) => overrides::parse_for(&duration)?,
+        None => return Err("missing query parameter `for`: write &for=24h".to_owned()),
+    };
+    Ok((adjust, duration))
+}
+
+async fn set_override<B>(
+    request: &Request<B>,
+    proxy: &Proxy,
+    caller: Caller,
+) -> Response<ProxyBody> {
+    let parsed = caller_query(request).and_then(|query| {
+        override_params(request).map(|(adjust, duration)| (query, adjust, duration))
+    });
+    let (query, adjust, duration) = match parsed {
+        Ok(parsed) => parsed,
+        Err(why) => return error(StatusCode::BAD_REQUEST, why),
+    };
+    let route = query.route.as_str();
+    let shown = key::display_value(&query.identity);
+    let token = proxy.config().admin_token.clone();
+    if let Err(why) = authorize(request, token.as_ref(), caller.loopback) {
+        tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action = "override", route, identity = shown, result = "refused", why, "admin mutation refused");
+        return error(StatusCode::FORBIDDEN, why);
+    }
+    let control = proxy.throttle_control();
+    match control
+        .set_override(route, &query.identity, adjust, duration)
+        .await
+    {
+        Ok(done) => {
+            tracing::info!(target: "tollgate::admin", peer = %caller.peer, action = "override", route, identity = shown, result = "ok", until = done["override"]["until"].as_str().unwrap_or("?"), "admin mutation");
+            let o = &done["override"];
+            let parameters = json!({
+                "limit": o["limit"],
+                "multiply": o["multiply"],
+                "for": humantime::format_duration(duration).to_string(),
+                "until": o["until"],
+            });
+            audit_action(
+                &control,
+                &caller,
+                token.is_some(),
+                "override",
+                route,
+                &query.identity,
+                parameters,
+            )
+            .await;
+            if query.text {
+                return text_response(StatusCode::OK, overrides::override_text(&done));
+            }
+            json_response(StatusCode::OK, &done)
+        }
+        Err(e) => {
+            tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action = "override", route, identity = shown, result = "failed", cause = %e, "admin mutation failed");
+            caller_error(e)
+        }
+    }
+}
+
+async fn unoverride<B>(request: &Request<B>, proxy: &Proxy, caller: Caller) -> Response<ProxyBody> {
+    let query = match caller_query(request) {
+        Ok(query) => query,
+        Err(why) => return error(StatusCode::BAD_REQUEST, why),
+    };
+    let route = query.route.as_str();
+    let shown = key::display_value(&query.identity);
+    let token = proxy.config().admin_token.clone();
+    if let Err(why) = authorize(request, token.as_ref(), caller.loopback) {
+        tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action = "override_removed", route, identity = shown, result = "refused", why, "admin mutation refused");
+        return error(StatusCode::FORBIDDEN, why);
+    }
+    let control = proxy.throttle_control();
+    match control.remove_override(route, &query.identity).await {
+        Ok(done) => {
+            tracing::info!(target: "tollgate::admin", peer = %caller.peer, action = "override_removed", route, identity = shown, result = "ok", "admin mutation");
+            audit_action(
+                &control,
+                &caller,
+                token.is_some(),
+                "override_removed",
+                route,
+                &query.identity,
+                json!({}),
+            )
+            .await;
+            if query.text {
+                return text_response(StatusCode::OK, overrides::override_text(&done));
+            }
+            json_response(StatusCode::OK, &done)
+        }
+        Err(e) => {
+            tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action = "override_removed", route, identity = shown, result = "failed", cause = %e, "admin mutation failed");
+            caller_error(e)
+        }
+    }
+}
+
+/// `?limit=`: how many entries, from 1 to what the trail keeps.
+fn audit_limit<B>(request: &Request<B>) -> Result<usize, String> {
+    let Some(text) = param(request, "limit") else {
+        return Ok(audit::DEFAULT_SHOWN);
+    };
+    std::str::from_utf8(&text)
+        .ok()
+        .and_then(|t| t.parse::<usize>().ok())
+        .filter(|n| (1..=audit::CAPACITY).contains(n))
+        .ok_or_else(|| {
+            format!(
+                "limit must be a whole number from 1 to {} (the entries the trail keeps)",
+                audit::CAPACITY
+            )
+        })
+}
+
+async fn audit<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
+    let (count, text) = match audit_limit(request).and_then(|n| wants_text(request).map(|t| (n, t)))
+    {
+        Ok(parsed) => parsed,
+        Err(why) => return error(StatusCode::BAD_REQUEST, why),
+    };
+    match proxy.throttle_control().audit_trail(count).await {
+        Ok(entries) if text => text_response(StatusCode::OK, audit::trail_text(&entries)),
+        Ok(entries) => json_response(StatusCode::OK, &json!({ "entries": entries })),
+        Err(e) => caller_error(e),
     }
 }
 

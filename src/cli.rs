@@ -1,5 +1,5 @@
 //! The command line: `tollgate [run] --config FILE`, `tollgate check --config FILE`,
-//! `tollgate explain ...`, `tollgate limits get|reset ...`, `tollgate health [--url URL]`.
+//! `tollgate explain ...`, `tollgate limits get|reset|override ...`, `tollgate health [--url URL]`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -42,6 +42,32 @@ pub enum LimitsCommand {
     /// Give the caller its full quota back on every limit and tier of the route, on every
     /// replica sharing the store.
     Reset(LimitsArgs),
+    /// Give the caller a different limit on the route for a while (`--limit N` or
+    /// `--multiply X`, `--for 24h`), on every replica sharing the store; `--delete` ends it.
+    Override(OverrideArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct OverrideArgs {
+    #[command(flatten)]
+    pub target: LimitsArgs,
+    /// The caller's limits become N units per period.
+    #[arg(long, value_name = "N", conflicts_with_all = ["multiply", "delete"], required_unless_present_any = ["multiply", "delete"])]
+    pub limit: Option<String>,
+    /// The caller's limits are multiplied by X (e.g. 10, or 0.5 to lower them).
+    #[arg(long, value_name = "X", conflicts_with = "delete")]
+    pub multiply: Option<String>,
+    /// How long the override lasts (e.g. 30m, 24h, 7d; at most 366d).
+    #[arg(
+        long = "for",
+        value_name = "DURATION",
+        required_unless_present = "delete",
+        conflicts_with = "delete"
+    )]
+    pub duration: Option<String>,
+    /// End the caller's override on the route now.
+    #[arg(long)]
+    pub delete: bool,
 }
 
 #[derive(Debug, Args)]

@@ -1,10 +1,13 @@
-//! `tollgate limits get|reset`: one caller's state and its reset from the command line.
+//! `tollgate limits get|reset|override`: one caller's state, its reset and a temporary override
+//! of its limits (`override --delete` ends one) from the command line.
 //!
 //! With a Redis store the command talks to Redis directly (the same keys, peek and reset as the
 //! admin endpoints; every replica's deny cache follows the reset generation), so it works with
 //! no instance reachable. With a memory store the state lives inside each running instance, so
 //! the command asks an instance's admin listener (the config's `admin` address, or `--admin`),
-//! with the bearer token from the config's `admin.token_env` for a reset.
+//! with the bearer token from the config's `admin.token_env` for a mutation. A mutation made
+//! straight to Redis is written to the audit trail as the CLI's (`who: cli`); one made through
+//! an admin listener is written there by the listener.
 
 use std::time::Duration;
 
@@ -14,15 +17,36 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
 use crate::config::{Config, StoreConfig};
+use crate::control::audit::Who;
 use crate::control::caller::{CallerError, Control};
+use crate::throttle::overrides::Adjust;
 
 /// How long the command waits for an admin listener.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Action {
     Get,
     Reset,
+    /// Gives the caller `adjust` for `duration`.
+    Override {
+        adjust: Adjust,
+        duration: Duration,
+    },
+    /// Ends the caller's override.
+    Unoverride,
+}
+
+impl Action {
+    /// What the audit trail calls it (None: not a mutation).
+    fn audited(self) -> Option<&'static str> {
+        match self {
+            Action::Get => None,
+            Action::Reset => Some("reset"),
+            Action::Override { .. } => Some("override"),
+            Action::Unoverride => Some("override_removed"),
+        }
+    }
 }
 
 /// Why the command failed; `usage` errors (an unknown route, a bad argument) exit 2, the rest 1.
@@ -77,10 +101,36 @@ pub async fn run(
                 .map_err(|e| Failure::other(format!("cannot reach the store: {e}")))?;
             let control =
                 Control::direct(config.throttle.clone(), crate::limit::Store::Redis(store));
-            Ok(match action {
-                Action::Get => control.state(route, identity.as_bytes()).await?,
-                Action::Reset => control.reset(route, identity.as_bytes()).await?,
-            })
+            let raw = identity.as_bytes();
+            let done = match action {
+                Action::Get => control.state(route, raw).await?,
+                Action::Reset => control.reset(route, raw).await?,
+                Action::Override { adjust, duration } => {
+                    control.set_override(route, raw, adjust, duration).await?
+                }
+                Action::Unoverride => control.remove_override(route, raw).await?,
+            };
+            if let Some(what) = action.audited() {
+                let parameters = match action {
+                    Action::Override { duration, .. } => serde_json::json!({
+                        "limit": done["override"]["limit"],
+                        "multiply": done["override"]["multiply"],
+                        "for": humantime::format_duration(duration).to_string(),
+                        "until": done["override"]["until"],
+                    }),
+                    Action::Reset => serde_json::json!({ "deleted": done["deleted"] }),
+                    _ => serde_json::json!({}),
+                };
+                control
+                    .audit(Who::Cli, what, route, raw, parameters)
+                    .await
+                    .map_err(|e| {
+                        Failure::other(format!(
+                            "done, but the audit trail could not be written: {e}"
+                        ))
+                    })?;
+            }
+            Ok(done)
         }
         (_, admin) => {
             let base = match admin {
@@ -122,14 +172,23 @@ async fn through_admin(
     let (method, path) = match action {
         Action::Get => (http::Method::GET, "/limits/state"),
         Action::Reset => (http::Method::POST, "/limits/reset"),
+        Action::Override { .. } => (http::Method::POST, "/limits/override"),
+        Action::Unoverride => (http::Method::DELETE, "/limits/override"),
     };
-    let url = format!(
+    let mut url = format!(
         "{base}{path}?route={}&identity={}",
         encode(route),
         encode(identity)
     );
+    if let Action::Override { adjust, duration } = action {
+        match adjust {
+            Adjust::Limit(n) => url.push_str(&format!("&limit={n}")),
+            Adjust::Multiply(f) => url.push_str(&format!("&multiply={f}")),
+        }
+        url.push_str(&format!("&for={}ms", duration.as_millis()));
+    }
     let mut request = http::Request::builder().method(method).uri(&url);
-    if let (Action::Reset, Some(token)) = (action, &config.admin_token) {
+    if let (Some(_), Some(token)) = (action.audited(), &config.admin_token) {
         request = request.header(http::header::AUTHORIZATION, format!("Bearer {}", token.0));
     }
     let request = request

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use tollgate::cli::{Cli, Command, ExplainArgs, LimitsArgs, LimitsCommand, LogFormat, RunArgs};
-use tollgate::cli::{HealthArgs, DEFAULT_HEALTH_URL};
+use tollgate::cli::{HealthArgs, OverrideArgs, DEFAULT_HEALTH_URL};
 use tollgate::config;
 use tollgate::server::Server;
 
@@ -29,6 +29,7 @@ fn main() -> ExitCode {
         Some(Command::Limits(LimitsCommand::Reset(args))) => {
             limits(args, tollgate::limits_cli::Action::Reset)
         }
+        Some(Command::Limits(LimitsCommand::Override(args))) => limits_override(args),
         Some(Command::Health(args)) => health(args),
         Some(Command::Run(args)) => run(args),
         None => run(cli.run),
@@ -137,10 +138,38 @@ fn limits(args: LimitsArgs, action: tollgate::limits_cli::Action) -> ExitCode {
         println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
     } else if action == tollgate::limits_cli::Action::Get {
         print!("{}", tollgate::control::caller::state_text(&value));
-    } else {
+    } else if action == tollgate::limits_cli::Action::Reset {
         print!("{}", tollgate::control::caller::reset_text(&value));
+    } else {
+        print!("{}", tollgate::control::overrides::override_text(&value));
     }
     ExitCode::SUCCESS
+}
+
+/// `tollgate limits override`: the arguments checked as the admin endpoint checks them (exit 2
+/// with what is allowed), then as `limits`.
+fn limits_override(args: OverrideArgs) -> ExitCode {
+    use tollgate::control::overrides::{parse_for, parse_limit, parse_multiply};
+    use tollgate::limits_cli::Action;
+    use tollgate::throttle::overrides::Adjust;
+    let action = if args.delete {
+        Ok(Action::Unoverride)
+    } else {
+        let adjust = match (&args.limit, &args.multiply) {
+            (Some(n), _) => parse_limit(n).map(Adjust::Limit),
+            (_, Some(f)) => parse_multiply(f).map(Adjust::Multiply),
+            (None, None) => Err("give --limit N or --multiply X".to_owned()),
+        };
+        let duration = parse_for(args.duration.as_deref().unwrap_or_default());
+        adjust.and_then(|adjust| duration.map(|duration| Action::Override { adjust, duration }))
+    };
+    match action {
+        Ok(action) => limits(args.target, action),
+        Err(why) => {
+            eprintln!("tollgate limits override: {}", why.replace('`', ""));
+            ExitCode::from(2)
+        }
+    }
 }
 
 /// `tollgate health`: exit 0 when the URL answers 2xx, 1 otherwise (never 2: container

@@ -29,6 +29,7 @@ use crate::identity::key;
 use crate::limit::{Check, Store, StoreError};
 use crate::store::{Shared, Stores};
 use crate::throttle::deny_cache::{self, DenyCache};
+use crate::throttle::overrides::{override_key, Overrides};
 use crate::throttle::{keys, LimitStage};
 
 /// How often a replica with remembered denials looks at the reset generation.
@@ -53,6 +54,12 @@ pub enum CallerError {
     Store(#[from] StoreError),
     #[error("the store is not connected yet")]
     NotConnected,
+    #[error("{0}")]
+    BadOverride(String),
+    #[error("{max} overrides are in force already, the most there may be: remove one (DELETE /limits/override) or wait for one to expire")]
+    TooManyOverrides { max: usize },
+    #[error("the caller has no override in force on route `{route}`")]
+    NoOverride { route: String },
 }
 
 /// What the operators' endpoints work on: the stores, the deny cache and the top-offenders
@@ -62,13 +69,15 @@ pub enum CallerError {
 pub struct Control {
     pub throttle: Throttle,
     memory: Store,
-    redis: Option<Shared>,
+    pub(super) redis: Option<Shared>,
     denials: Option<Arc<DenyCache>>,
     offenders: Option<Arc<Offenders>>,
+    /// The limit stage's temporary overrides, applied here at once when changed here.
+    pub(super) overrides: Option<Arc<Overrides>>,
 }
 
 /// The limits a caller is subject to on a route: the route's own, or a tier's.
-struct Target<'a> {
+pub(super) struct Target<'a> {
     tier: Option<String>,
     set: &'a LimitSet,
     /// Per limit, the candidate keys (usually one).
@@ -151,6 +160,7 @@ impl Control {
             redis: stage.stores().shared_slot().cloned(),
             denials: Some(stage.denials().clone()),
             offenders: Some(offenders),
+            overrides: Some(stage.overrides().clone()),
         }
     }
 
@@ -162,6 +172,7 @@ impl Control {
             redis: Some(Shared::connected(redis)),
             denials: None,
             offenders: None,
+            overrides: None,
         }
     }
 
@@ -174,7 +185,7 @@ impl Control {
         self.throttle.store == StoreConfig::Memory
     }
 
-    fn targets(&self, route: &str, raw: &[u8]) -> Result<Vec<Target<'_>>, CallerError> {
+    pub(super) fn targets(&self, route: &str, raw: &[u8]) -> Result<Vec<Target<'_>>, CallerError> {
         if raw.is_empty() {
             return Err(CallerError::EmptyIdentity);
         }
@@ -220,7 +231,13 @@ impl Control {
     /// endpoint and `tollgate limits get --json` print it.
     pub async fn state(&self, route: &str, raw: &[u8]) -> Result<Value, CallerError> {
         let mut limits = Vec::new();
-        for target in self.targets(route, raw)? {
+        let targets = self.targets(route, raw)?;
+        // A temporary override in force changes the caller's own limits (not shared ones).
+        let adjust = self
+            .override_of(route, raw)
+            .await?
+            .map(|record| (record.json(), record.adjust()));
+        for target in targets {
             for (limit, candidates) in target.set.iter().zip(&target.keys) {
                 let store = self.store_for(limit)?;
                 for store_key in candidates {
@@ -237,9 +254,18 @@ impl Control {
                         }));
                         continue;
                     }
+                    let overridden = adjust
+                        .as_ref()
+                        .and_then(|(_, a)| *a)
+                        .filter(|_| !everyones(identity_part(target.set, store_key)));
+                    // While overridden the caller counts on keys of its own.
+                    let instead = overridden.map(|_| {
+                        override_key(&self.throttle.key_prefix, &target.set.key_name, store_key)
+                    });
+                    let store_key = instead.as_ref().unwrap_or(store_key);
                     let check = Check {
                         key: store_key,
-                        params: limit.params,
+                        params: overridden.map_or(limit.params, |a| a.apply(limit.params)),
                         shadow: limit.shadow,
                         block_us: limit.block_us(),
                     };
@@ -262,6 +288,7 @@ impl Control {
                         "source": source,
                         "key": store_key,
                         "shared_by_everyone": everyones(identity),
+                        "overridden": overridden.is_some(),
                         "allowed": v.allowed,
                         "limit": v.limit,
                         "remaining": v.remaining,
@@ -275,6 +302,7 @@ impl Control {
             "route": route,
             "identity": key::display_value(raw),
             "limits": limits,
+            "override": adjust.map(|(shown, _)| shown),
         }))
     }
 
@@ -298,10 +326,29 @@ impl Control {
         // A running penalty box (`block_for`) is the caller's state too: its marker goes with
         // the limit's own key (same hash tag, so the same DEL below).
         let markers: Vec<String> = all.iter().map(|k| crate::limit::block_key(k)).collect();
+        // So are the keys it counts on while a temporary override is in force (same hash tag
+        // shape: the route's key name with a suffix).
+        let prefix = &self.throttle.key_prefix;
+        let overridden: Vec<String> = targets
+            .iter()
+            .flat_map(|t| {
+                t.keys
+                    .iter()
+                    .flatten()
+                    .filter(|k| !everyones(identity_part(t.set, k)))
+                    .map(|k| override_key(prefix, &t.set.key_name, k))
+            })
+            .collect();
+        let overridden_markers: Vec<String> = overridden
+            .iter()
+            .map(|k| crate::limit::block_key(k))
+            .collect();
         let doomed: Vec<&str> = all
             .iter()
             .copied()
             .chain(markers.iter().map(String::as_str))
+            .chain(overridden.iter().map(String::as_str))
+            .chain(overridden_markers.iter().map(String::as_str))
             .collect();
         let mut deleted = 0u64;
         if let Store::Memory(m) = &self.memory {
@@ -346,7 +393,7 @@ impl Control {
 
 /// The identity part of one of `set`'s keys, whichever limit's (`header=alice`, `*`,
 /// several joined by `|`): identity parts hold no `:`, `{` or `}` (see [`keys`]).
-fn identity_part<'k>(set: &LimitSet, key: &'k str) -> &'k str {
+pub(super) fn identity_part<'k>(set: &LimitSet, key: &'k str) -> &'k str {
     if set.shared_key {
         // <prefix>{<key_name>|<identity>}:<limit>
         let inner = &key[key.find('{').map_or(0, |i| i + 1)..];
@@ -360,7 +407,7 @@ fn identity_part<'k>(set: &LimitSet, key: &'k str) -> &'k str {
 }
 
 /// Whether a key's identity part is the one every caller shares (`global`).
-fn everyones(identity: &str) -> bool {
+pub(super) fn everyones(identity: &str) -> bool {
     identity.split('|').all(|part| part == "*")
 }
 
@@ -371,6 +418,18 @@ pub fn state_text(state: &Value) -> String {
         state["route"].as_str().unwrap_or("?"),
         state["identity"].as_str().unwrap_or("?")
     );
+    if let Some(o) = state["override"].as_object() {
+        let how = match (o["limit"].as_u64(), o["multiply"].as_f64()) {
+            (Some(n), _) => format!("limit {n}"),
+            (_, Some(f)) => format!("limit x{f}"),
+            _ => "?".to_owned(),
+        };
+        out.push_str(&format!(
+            "override  {how} until {} (in {})\n",
+            o["until"].as_str().unwrap_or("?"),
+            duration(o["expires_in_seconds"].as_f64().unwrap_or(0.0))
+        ));
+    }
     for l in state["limits"].as_array().into_iter().flatten() {
         let tier = l["tier"]
             .as_str()

@@ -98,12 +98,14 @@ impl Runtime {
         );
         let offenders = carried.map_or_else(Arc::default, |p| p.offenders.clone());
         let denials = caller::new_deny_cache(&stores, &throttle.key_prefix);
+        let overrides = crate::control::overrides::new_overrides(&stores, throttle);
         let limits = LimitStage::new(
             throttle.clone(),
             stores,
             denials,
             local_first.as_ref().map(|rounds| rounds.engine.clone()),
-        );
+        )
+        .with_overrides(overrides);
         let route_metrics = config
             .throttle
             .routes

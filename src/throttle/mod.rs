@@ -14,6 +14,7 @@ pub mod deny_cache;
 pub mod headers;
 pub mod keys;
 mod lease;
+pub mod overrides;
 mod queue;
 pub mod settle;
 #[cfg(test)]
@@ -122,6 +123,8 @@ pub struct LimitStage {
     /// Local-first limits (`sync: <duration>`): their engine, when any limit has one and the
     /// store is Redis (its rounds run beside the stage, see `crate::control::sync`).
     local_first: Option<LocalFirst>,
+    /// Temporary overrides of single callers' limits (filled by `crate::control::overrides`).
+    overrides: Arc<overrides::Overrides>,
 }
 
 impl LimitStage {
@@ -140,7 +143,18 @@ impl LimitStage {
             queues: queue::KeyedQueues::default(),
             denials,
             local_first,
+            overrides: Arc::default(),
         }
+    }
+
+    /// The stage applying the temporary overrides in `overrides`.
+    pub fn with_overrides(mut self, overrides: Arc<overrides::Overrides>) -> Self {
+        self.overrides = overrides;
+        self
+    }
+
+    pub fn overrides(&self) -> &Arc<overrides::Overrides> {
+        &self.overrides
     }
 
     pub fn config(&self) -> &Throttle {
@@ -195,14 +209,18 @@ impl LimitStage {
                 ..
             } => (set, keys, identity),
         };
+        // A caller with a temporary override counts on keys of its own, with adjusted limits.
+        let overridden = self.overrides.rekey(&mut keys);
 
         // A caller known to be over a limit the shared store decides is answered from memory
         // until the retry time the store gave (see deny_cache for why that never admits more).
+        // An overridden caller is not: its limits change when the override is set or ends.
         let cache_denials = self.stores.is_shared()
             && set
                 .iter()
                 .all(|l| l.scope == Scope::Global && l.sync.is_none())
-            && deny_cache::cacheable(set);
+            && deny_cache::cacheable(set)
+            && !overridden;
         if cache_denials && !self.denials.is_empty() {
             let at = Instant::now();
             if let Some(denial) = self.denials.recall(&deny_cache::key(set, &keys), at) {
@@ -224,14 +242,18 @@ impl LimitStage {
             }
         }
         // One limit (the usual route) needs no vector of checks.
-        let (one, many): ([Check<'_>; 1], Vec<Check<'_>>);
-        let checks: &[Check<'_>] = if let ([limit], [key]) = (&set[..], &keys[..]) {
+        let (mut one, mut many): ([Check<'_>; 1], Vec<Check<'_>>);
+        let checks: &mut [Check<'_>] = if let ([limit], [key]) = (&set[..], &keys[..]) {
             one = [as_check((limit, key))];
-            &one
+            &mut one
         } else {
             many = set.iter().zip(&keys).map(as_check).collect();
-            &many
+            &mut many
         };
+        if overridden {
+            self.overrides.apply(checks);
+        }
+        let checks: &[Check<'_>] = checks;
 
         // Delay mode keeps arrival order per key: every request of such a route takes its turn
         // in a per-key queue before deciding, bounded by the route's smallest max_delay.
