@@ -213,7 +213,7 @@ impl Stores {
             }
             Err(error) => {
                 if self.up.swap(false, Ordering::Relaxed) {
-                    tracing::error!(cause = %error, on_error = ?self.on_error, "rate limit store failed; applying on_error until it answers again");
+                    tracing::error!(cause = %crate::error::chain(&error), on_error = ?self.on_error, "rate limit store failed; applying on_error until it answers again");
                 }
                 match self.on_error {
                     OnError::Allow => Some((
@@ -258,7 +258,7 @@ async fn connect_redis(
             }
             Err(e) => {
                 if !logged {
-                    tracing::error!(cause = %e, "cannot connect to the rate limit store yet; applying on_error and retrying");
+                    tracing::error!(cause = %crate::error::chain(&e), "cannot connect to the rate limit store yet; applying on_error and retrying");
                     logged = true;
                 }
                 up.store(false, Ordering::Relaxed);
@@ -295,7 +295,7 @@ async fn connect_redis(
             }
             Err(error) => {
                 if up.swap(false, Ordering::Relaxed) {
-                    tracing::error!(cause = %error, "rate limit store stopped answering its health check; applying on_error until it answers again");
+                    tracing::error!(cause = %crate::error::chain(&error), "rate limit store stopped answering its health check; applying on_error until it answers again");
                 }
             }
         }
