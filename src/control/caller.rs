@@ -4,8 +4,10 @@
 //! not by store keys, so the keys are rebuilt from the route and that value exactly as the
 //! request path builds them ([`keys::for_value`]): the route's own limits and every tier whose
 //! values include it. State is read without consuming (the `peek` of either store, as
-//! `explain --live` reads it); a reset deletes the keys of every limit, whatever the
-//! algorithm, in memory and in Redis.
+//! `explain --live` reads it); a running penalty box (`block_for`) is shown as a block: the
+//! limit that started it, its end on the store's clock and its marker's key
+//! ([`crate::limit::block_key`]). A reset deletes the keys of every limit, whatever the
+//! algorithm, and their block markers, in memory and in Redis.
 //!
 //! Every replica also remembers recent denials in its deny cache ([`crate::throttle::deny_cache`]),
 //! which would keep refusing the caller until the retry time. A reset therefore bumps a reset
