@@ -202,7 +202,8 @@ async fn the_memory_store_blocks_the_same_way() {
     blocked_for_the_duration(&a, &a).await;
 }
 
-/// `login_route` with a block of two minutes and the limit named `per-user`.
+/// `login_route` with a token a minute (a slow run cannot refill one), a block of two minutes
+/// and the limit named `per-user`.
 fn long_block(up: &Upstream, store: Option<&Store>) -> Config {
     let config = config()
         .upstream(&up.url())
@@ -210,7 +211,7 @@ fn long_block(up: &Upstream, store: Option<&Store>) -> Config {
         .identity("user", [source::header("x-user")])
         .route(
             route("login").prefix("/login").key("user").limit(
-                limit::token_bucket(1, "1s")
+                limit::token_bucket(1, "1m")
                     .burst(2)
                     .block_for("2m")
                     .name("per-user"),
