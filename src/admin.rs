@@ -453,7 +453,7 @@ async fn reset<B>(request: &Request<B>, proxy: &Proxy, caller: Caller) -> Respon
             json_response(StatusCode::OK, &done)
         }
         Err(e) => {
-            tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action = "reset", route, identity = shown, result = "failed", cause = %e, "admin mutation failed");
+            tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action = "reset", route, identity = shown, result = "failed", cause = %crate::error::chain(&e), "admin mutation failed");
             caller_error(e)
         }
     }

@@ -369,7 +369,7 @@ pub async fn serve_tls(
         match tokio::time::timeout(shared.header_read_timeout, acceptor.accept(stream)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
-                tracing::debug!(%peer, cause = %e, "TLS handshake failed");
+                tracing::debug!(%peer, cause = %crate::error::chain(&e), "TLS handshake failed");
                 return;
             }
             Err(_) => {
@@ -389,7 +389,7 @@ pub async fn serve_tls(
     let is_h2 = match decided {
         Ok(decided) => decided == Some(true),
         Err(e) => {
-            tracing::debug!(%peer, cause = %e, "connection ended with an error");
+            tracing::debug!(%peer, cause = %crate::error::chain(&e), "connection ended with an error");
             return;
         }
     };
@@ -406,7 +406,7 @@ pub async fn serve_tls(
         until_drained(conn, &shared.stop, |c| c.graceful_shutdown()).await
     };
     if let Err(e) = served {
-        tracing::debug!(%peer, cause = %e, "connection ended with an error");
+        tracing::debug!(%peer, cause = %crate::error::chain(&e), "connection ended with an error");
     }
 }
 
@@ -420,7 +420,7 @@ async fn serve_h2(io: Rewind<TcpStream>, service: ConnectionService, shared: &Sh
         .serve_connection(TokioIo::new(io), service.hyper());
     let conn = pin!(conn);
     if let Err(e) = until_drained(conn, &shared.stop, |c| c.graceful_shutdown()).await {
-        tracing::debug!(%peer, cause = %e, "connection ended with an error");
+        tracing::debug!(%peer, cause = %crate::error::chain(&e), "connection ended with an error");
     }
 }
 
@@ -525,7 +525,7 @@ async fn serve_http1(
     })
     .await;
     if let Err(e) = &served {
-        tracing::debug!(%peer, cause = %e, "connection ended with an error");
+        tracing::debug!(%peer, cause = %crate::error::chain(&e), "connection ended with an error");
     }
     // hyper reports the end once its state is closed, even with bytes it could not write yet
     // (a 101, an error response, the end of a last response): let it finish writing them, as

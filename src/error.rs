@@ -1,6 +1,7 @@
 //! Errors on the request path, each knowing its side ([`Side`]: client, upstream, store) and
 //! mapping to exactly one status. They are turned into responses (with a short plain body and
-//! a log line naming the cause), never into a dropped connection.
+//! a log line naming the cause), never into a dropped connection. [`chain`] is how every log
+//! line spells a cause: the error and its sources as one readable sentence.
 
 use std::time::Duration;
 
@@ -124,6 +125,42 @@ impl ProxyError {
     }
 }
 
+/// An error and its sources as one sentence, joined with ": " (`upstream unreachable: client
+/// error (Connect): tcp connect error: Connection refused (os error 111)`), for the `cause`
+/// field of log lines. A source whose text the previous one already contains is skipped:
+/// many errors print their source inside their own message.
+pub fn chain<'a>(error: &'a (dyn std::error::Error + 'a)) -> Chain<'a> {
+    Chain(error)
+}
+
+/// What [`chain`] returns: formats the chain when displayed (nothing is built before).
+#[derive(Clone, Copy)]
+pub struct Chain<'a>(&'a (dyn std::error::Error + 'a));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut previous = self.0.to_string();
+        f.write_str(&previous)?;
+        let mut next = self.0.source();
+        while let Some(source) = next {
+            let text = source.to_string();
+            if !text.is_empty() && !previous.contains(&text) {
+                f.write_str(": ")?;
+                f.write_str(&text)?;
+            }
+            previous = text;
+            next = source.source();
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,5 +192,61 @@ mod tests {
                 "text/plain; charset=utf-8"
             );
         }
+    }
+
+    /// An error with a message and an optional source, as the tests build chains.
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|l| l as _)
+        }
+    }
+
+    #[test]
+    fn a_chain_reads_as_one_sentence() {
+        let three = Layer(
+            "upstream unreachable",
+            Some(Box::new(Layer(
+                "tcp connect error",
+                Some(Box::new(Layer("Connection refused (os error 111)", None))),
+            ))),
+        );
+        assert_eq!(
+            chain(&three).to_string(),
+            "upstream unreachable: tcp connect error: Connection refused (os error 111)"
+        );
+        assert_eq!(chain(&Layer("alone", None)).to_string(), "alone");
+    }
+
+    #[test]
+    fn a_source_already_in_the_message_is_not_repeated() {
+        let repeated = Layer(
+            "store error: broken pipe",
+            Some(Box::new(Layer(
+                "broken pipe",
+                Some(Box::new(Layer("os error 32", None))),
+            ))),
+        );
+        assert_eq!(
+            chain(&repeated).to_string(),
+            "store error: broken pipe: os error 32"
+        );
+        // The real thing: a ProxyError printing its source inside its own message.
+        let error = ProxyError::UpstreamConnect(Box::new(Layer(
+            "client error (Connect)",
+            Some(Box::new(Layer("Connection refused", None))),
+        )));
+        assert_eq!(
+            chain(&error).to_string(),
+            "upstream unreachable: client error (Connect): Connection refused"
+        );
     }
 }

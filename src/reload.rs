@@ -42,7 +42,7 @@ pub async fn watch(proxy: Proxy, path: PathBuf, stop: CancellationToken) {
     let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(signal) => Some(signal),
         Err(e) => {
-            tracing::warn!(cause = %e, "cannot listen for SIGHUP; reloading on file changes only");
+            tracing::warn!(cause = %crate::error::chain(&e), "cannot listen for SIGHUP; reloading on file changes only");
             None
         }
     };

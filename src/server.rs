@@ -170,7 +170,9 @@ impl Server {
             let tls = bound.tls;
             match bound.listener.into_std() {
                 Ok(listener) => copies.push(ListenerCopy { listener, tls }),
-                Err(e) => tracing::error!(cause = %e, "cannot take over a listener"),
+                Err(e) => {
+                    tracing::error!(cause = %crate::error::chain(&e), "cannot take over a listener")
+                }
             }
         }
         let accepting = CancellationToken::new();
@@ -183,7 +185,7 @@ impl Server {
                         tls: c.tls.clone(),
                     }),
                     Err(e) => {
-                        tracing::error!(cause = %e, "cannot share a listener with a serving thread");
+                        tracing::error!(cause = %crate::error::chain(&e), "cannot share a listener with a serving thread");
                         None
                     }
                 })
@@ -250,7 +252,7 @@ async fn accept_loop(
             tls: copy.tls,
         },
         Err(e) => {
-            tracing::error!(cause = %e, "a serving thread cannot accept on a listener");
+            tracing::error!(cause = %crate::error::chain(&e), "a serving thread cannot accept on a listener");
             return;
         }
     };
@@ -263,7 +265,7 @@ async fn accept_loop(
             Ok(accepted) => accepted,
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
-                tracing::warn!(cause = %e, "accept failed");
+                tracing::warn!(cause = %crate::error::chain(&e), "accept failed");
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             }

@@ -120,7 +120,7 @@ async fn tunnel(client: ClientSide, upstream: hyper::upgrade::OnUpgrade) {
     match client {
         ClientSide::Hyper(client) => match tokio::try_join!(client, upstream) {
             Ok((client, upstream)) => copy_both_ways(TokioIo::new(client), upstream).await,
-            Err(e) => tracing::debug!(cause = %e, "upgrade did not complete"),
+            Err(e) => tracing::debug!(cause = %crate::error::chain(&e), "upgrade did not complete"),
         },
         ClientSide::HandedOver(client) => {
             let client = async { client.await.map_err(|_| "the client connection ended") };
@@ -140,7 +140,7 @@ where
     let mut upstream = TokioIo::new(upstream);
     match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
         Ok((up, down)) => tracing::debug!(bytes_up = up, bytes_down = down, "tunnel closed"),
-        Err(e) => tracing::debug!(cause = %e, "tunnel ended with an error"),
+        Err(e) => tracing::debug!(cause = %crate::error::chain(&e), "tunnel ended with an error"),
     }
 }
 

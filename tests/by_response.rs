@@ -535,3 +535,50 @@ async fn answer_with_a_trailer(mut stream: tokio::net::TcpStream, trailer: &str)
         }
     }
 }
+
+/// The RateLimit field of a response shows the quota after its settlement: a success that
+/// does not count has its unit back, a counted failure has it spent.
+async fn fields_after_settlement(redis: Option<&RedisServer>) {
+    let up = upstream().start().await;
+    let yaml = with_store(
+        per_user(
+            &up.url(),
+            route("login").limit(
+                limit::token_bucket(3, "3h")
+                    .burst(3)
+                    .count_statuses([401])
+                    .name("failed-logins"),
+            ),
+        ),
+        redis,
+    );
+    let proxy = proxy(yaml).start().await;
+    wait_ready(&proxy).await;
+    // A token comes back every hour: t is when the bucket is full again.
+    let expected = [
+        (200, "\"failed-logins\";r=3;t=0"),
+        (401, "\"failed-logins\";r=2;t=3600"),
+        (401, "\"failed-logins\";r=1;t=7200"),
+        (200, "\"failed-logins\";r=1;t=7200"),
+        (401, "\"failed-logins\";r=0;t=10800"),
+    ];
+    for (i, (status, field)) in expected.into_iter().enumerate() {
+        let (seen, headers) = send(proxy.addr, &format!("/respond?status={status}"), "alice").await;
+        assert_eq!(seen.as_u16(), status, "request {i}");
+        assert_eq!(headers["ratelimit"], field, "request {i}: {headers:?}");
+        settled().await;
+    }
+    let (seen, _) = send(proxy.addr, "/respond?status=200", "alice").await;
+    assert_eq!(seen, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn fields_after_settlement_memory() {
+    fields_after_settlement(None).await;
+}
+
+#[tokio::test]
+async fn fields_after_settlement_redis() {
+    let redis = RedisServer::start();
+    fields_after_settlement(Some(&redis)).await;
+}

@@ -201,3 +201,169 @@ async fn the_memory_store_blocks_the_same_way() {
     let a = proxy(login_route(&up, None)).start().await;
     blocked_for_the_duration(&a, &a).await;
 }
+
+/// `login_route` with a token a minute (a slow run cannot refill one), a block of two minutes
+/// and the limit named `per-user`.
+fn long_block(up: &Upstream, store: Option<&Store>) -> Config {
+    let config = config()
+        .upstream(&up.url())
+        .admin("127.0.0.1:0")
+        .identity("user", [source::header("x-user")])
+        .route(
+            route("login").prefix("/login").key("user").limit(
+                limit::token_bucket(1, "1m")
+                    .burst(2)
+                    .block_for("2m")
+                    .name("per-user"),
+            ),
+        );
+    match store {
+        Some(store) => config.store(store.clone()),
+        None => config,
+    }
+}
+
+async fn admin(proxy: &ProxyHandle, method: &str, path_and_query: &str) -> String {
+    let url = format!("http://{}{path_and_query}", proxy.admin.unwrap());
+    let request = Request::builder()
+        .method(method)
+        .uri(url)
+        .body(body(""))
+        .unwrap();
+    let response = http1_client().request(request).await.unwrap();
+    assert_eq!(
+        response.status(),
+        StatusCode::OK,
+        "{method} {path_and_query}"
+    );
+    text(response).await
+}
+
+async fn admin_json(proxy: &ProxyHandle, method: &str, path_and_query: &str) -> serde_json::Value {
+    let text = admin(proxy, method, path_and_query).await;
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+const MARKER: &str = "tollgate:{login|header=alice}:per-user:block";
+
+/// Blocks `alice` on `proxy`; returns when the block ends as the clock says.
+async fn block_alice(proxy: &ProxyHandle) -> std::time::SystemTime {
+    let mut passed = 0;
+    while login(proxy, "alice").await.status == StatusCode::OK {
+        passed += 1;
+        assert!(passed <= 5, "never denied");
+    }
+    std::time::SystemTime::now() + Duration::from_secs(120)
+}
+
+/// The block as `/limits/state` shows it (JSON and text), checked against `ends`.
+async fn assert_state_shows_the_block(proxy: &ProxyHandle, ends: std::time::SystemTime) {
+    let state = admin_json(proxy, "GET", "/limits/state?route=login&identity=alice").await;
+    let limit = &state["limits"][0];
+    assert_eq!(
+        limit["key"], "tollgate:{login|header=alice}:per-user",
+        "{state}"
+    );
+    let blocked = &limit["blocked"];
+    assert_eq!(blocked["by"], "per-user", "{state}");
+    assert_eq!(blocked["key"], MARKER, "{state}");
+    let until = humantime::parse_rfc3339(blocked["until"].as_str().unwrap()).unwrap();
+    let off = until.duration_since(ends).unwrap_or_else(|e| e.duration());
+    // The text is to the second: within a second of the end, and some slack for a slow run.
+    assert!(off <= Duration::from_millis(1_500), "{state}: {off:?} off");
+    let remaining = blocked["remaining_s"].as_f64().unwrap();
+    assert!(remaining > 110.0 && remaining <= 120.0, "{state}");
+
+    let text = admin(
+        proxy,
+        "GET",
+        "/limits/state?route=login&identity=alice&format=text",
+    )
+    .await;
+    let until = blocked["until"].as_str().unwrap();
+    assert!(
+        text.contains(&format!("  now       BLOCKED until {until} (")),
+        "{text}"
+    );
+    assert!(text.contains(") by per-user\n"), "{text}");
+    assert!(text.contains(&format!("  block key {MARKER}\n")), "{text}");
+    assert!(!text.contains("LIMITED"), "{text}");
+}
+
+/// After a reset the block is gone: listed among the deleted keys, and no longer shown.
+async fn assert_reset_lifts_the_block(proxy: &ProxyHandle) {
+    let done = admin_json(proxy, "POST", "/limits/reset?route=login&identity=alice").await;
+    assert_eq!(
+        done["keys"],
+        serde_json::json!(["tollgate:{login|header=alice}:per-user", MARKER]),
+        "{done}"
+    );
+    assert_eq!(done["deleted"], 2, "{done}");
+    let state = admin_json(proxy, "GET", "/limits/state?route=login&identity=alice").await;
+    let limit = &state["limits"][0];
+    assert!(limit.get("blocked").is_none(), "{state}");
+    assert_eq!(limit["allowed"], true, "{state}");
+    let text = admin(
+        proxy,
+        "GET",
+        "/limits/state?route=login&identity=alice&format=text",
+    )
+    .await;
+    assert!(!text.contains("BLOCKED"), "{text}");
+    assert_eq!(login(proxy, "alice").await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn the_state_shows_a_block_in_memory() {
+    let up = upstream().start().await;
+    let proxy = proxy(long_block(&up, None)).start().await;
+    let ends = block_alice(&proxy).await;
+    assert_state_shows_the_block(&proxy, ends).await;
+    assert_reset_lifts_the_block(&proxy).await;
+}
+
+#[tokio::test]
+async fn the_state_and_the_limits_command_show_a_block_in_redis() {
+    let server = RedisServer::start();
+    let up = upstream().start().await;
+    let store = store::redis(&server.url()).timeout("500ms");
+    let config = long_block(&up, Some(&store));
+    let proxy = proxy(config.clone()).start().await;
+    let url = format!("http://{}/readyz", proxy.admin.unwrap());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http1_client().request(get(&url)).await.unwrap().status() != StatusCode::OK {
+        assert!(Instant::now() < deadline, "{url} never ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ends = block_alice(&proxy).await;
+    assert_state_shows_the_block(&proxy, ends).await;
+
+    // `tollgate limits get` straight from Redis shows it the same way.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tollgate.yaml");
+    std::fs::write(&path, config.without_admin().yaml()).unwrap();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args([
+                "limits",
+                "get",
+                "--route",
+                "login",
+                "--identity",
+                "alice",
+                "--config",
+            ])
+            .arg(&path)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let out = String::from_utf8(output.stdout).unwrap();
+    assert!(out.contains("  now       BLOCKED until "), "{out}");
+    assert!(out.contains(") by per-user\n"), "{out}");
+    assert!(out.contains(&format!("  block key {MARKER}\n")), "{out}");
+
+    assert_reset_lifts_the_block(&proxy).await;
+}

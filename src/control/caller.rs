@@ -4,8 +4,10 @@
 //! not by store keys, so the keys are rebuilt from the route and that value exactly as the
 //! request path builds them ([`keys::for_value`]): the route's own limits and every tier whose
 //! values include it. State is read without consuming (the `peek` of either store, as
-//! `explain --live` reads it); a reset deletes the keys of every limit, whatever the
-//! algorithm, in memory and in Redis.
+//! `explain --live` reads it); a running penalty box (`block_for`) is shown as a block: the
+//! limit that started it, its end on the store's clock and its marker's key
+//! ([`crate::limit::block_key`]). A reset deletes the keys of every limit, whatever the
+//! algorithm, and their block markers, in memory and in Redis.
 //!
 //! Every replica also remembers recent denials in its deny cache ([`crate::throttle::deny_cache`]),
 //! which would keep refusing the caller until the retry time. A reset therefore bumps a reset
@@ -274,13 +276,17 @@ impl Control {
                         Store::Redis(r) => r.peek(&[check]).await?,
                     };
                     let v = decision.verdicts[0];
+                    let blocked = match limit.block_us() {
+                        0 => None,
+                        _ => running_block(&store, store_key).await?,
+                    };
                     let identity = identity_part(target.set, store_key);
                     let source = identity
                         .split('|')
                         .map(|part| crate::identity::shown_from_key_part(part).0)
                         .collect::<Vec<_>>()
                         .join("+");
-                    limits.push(json!({
+                    let mut entry = json!({
                         "tier": target.tier,
                         "limit_name": limit.name,
                         "algorithm": limit.params.algorithm.name(),
@@ -294,7 +300,18 @@ impl Control {
                         "remaining": v.remaining,
                         "reset_after_seconds": v.reset_after_us.max(0) as f64 / 1e6,
                         "retry_after_seconds": if v.allowed { None } else { Some(v.retry_after_us as f64 / 1e6) },
-                    }));
+                    });
+                    if let Some((until, now)) = blocked {
+                        // The block this limit started (`block_for`): its marker is this
+                        // limit's, so the limit is the one that started it.
+                        entry["blocked"] = json!({
+                            "by": limit.name,
+                            "until": rfc3339(until),
+                            "remaining_s": (until - now).max(0) as f64 / 1e6,
+                            "key": crate::limit::block_key(store_key),
+                        });
+                    }
+                    limits.push(entry);
                 }
             }
         }
@@ -314,17 +331,26 @@ impl Control {
         // A counter every caller shares (a limit keyed `global`) is not this caller's state:
         // resetting it would reset everyone. It is left alone, and listed as kept.
         let (mut kept, mut all): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
+        // The block markers of the limits with a `block_for`, listed with the keys.
+        let mut listed_markers = Vec::new();
         for target in &targets {
-            for k in target.keys.iter().flatten() {
-                if everyones(identity_part(target.set, k)) {
-                    kept.push(k);
-                } else {
-                    all.push(k);
+            for (limit, candidates) in target.set.iter().zip(&target.keys) {
+                for k in candidates {
+                    if everyones(identity_part(target.set, k)) {
+                        kept.push(k);
+                    } else {
+                        all.push(k);
+                        if limit.block_us() > 0 {
+                            listed_markers.push(crate::limit::block_key(k));
+                        }
+                    }
                 }
             }
         }
         // A running penalty box (`block_for`) is the caller's state too: its marker goes with
-        // the limit's own key (same hash tag, so the same DEL below).
+        // the limit's own key (same hash tag, so the same DEL below). Every key's marker is
+        // deleted, whatever the limit says now: a reload may have removed a `block_for` whose
+        // block still runs.
         let markers: Vec<String> = all.iter().map(|k| crate::limit::block_key(k)).collect();
         // So are the keys it counts on while a temporary override is in force (same hash tag
         // shape: the route's key name with a suffix).
@@ -384,11 +410,37 @@ impl Control {
             "route": route,
             "identity": key::display_value(raw),
             "reset": true,
-            "keys": all,
+            "keys": all.iter().copied().chain(listed_markers.iter().map(String::as_str)).collect::<Vec<_>>(),
             "deleted": deleted,
             "kept_shared_by_everyone": kept,
         }))
     }
+}
+
+/// The end of the block (`block_for`) running on the limit stored at `key`, and the store's
+/// clock now (both store-clock microseconds, Unix time), read without consuming anything.
+async fn running_block(store: &Store, key: &str) -> Result<Option<(i64, i64)>, CallerError> {
+    match store {
+        Store::Memory(m) => Ok(m.running_block(key)),
+        Store::Redis(r) => {
+            let until: Option<i64> = r
+                .command(redis::cmd("GET").arg(crate::limit::block_key(key)))
+                .await?;
+            let Some(until) = until else {
+                return Ok(None);
+            };
+            // The store's clock, which the marker's end is written in.
+            let (seconds, micros): (i64, i64) = r.command(&redis::cmd("TIME")).await?;
+            let now = seconds * 1_000_000 + micros;
+            Ok((until > now).then_some((until, now)))
+        }
+    }
+}
+
+/// Store-clock microseconds (Unix time) as RFC 3339, to the second (`2026-11-26T12:40:00Z`).
+fn rfc3339(micros: i64) -> String {
+    let at = std::time::UNIX_EPOCH + Duration::from_micros(micros.max(0) as u64);
+    humantime::format_rfc3339_seconds(at).to_string()
 }
 
 /// The identity part of one of `set`'s keys, whichever limit's (`header=alice`, `*`,
@@ -441,6 +493,22 @@ pub fn state_text(state: &Value) -> String {
                 l["limit_name"].as_str().unwrap_or("?"),
                 l["algorithm"].as_str().unwrap_or("?"),
                 l["key"].as_str().unwrap_or("?"),
+            ));
+            continue;
+        }
+        if let Some(block) = l.get("blocked").filter(|b| b.is_object()) {
+            let left = block["remaining_s"].as_f64().unwrap_or(0.0).ceil();
+            out.push_str(&format!(
+                "limit     {}{tier} ({} {}, by {})\n  key       {}\n  block key {}\n  now       BLOCKED until {} ({}) by {}\n",
+                l["limit_name"].as_str().unwrap_or("?"),
+                l["algorithm"].as_str().unwrap_or("?"),
+                l["scope"].as_str().unwrap_or("?"),
+                l["source"].as_str().unwrap_or("?"),
+                l["key"].as_str().unwrap_or("?"),
+                block["key"].as_str().unwrap_or("?"),
+                block["until"].as_str().unwrap_or("?"),
+                duration(left),
+                block["by"].as_str().unwrap_or("?"),
             ));
             continue;
         }

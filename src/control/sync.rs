@@ -132,7 +132,7 @@ async fn rounds(
             engine.set_replicas(replicas);
             metrics.replicas.set(replicas as f64);
         }
-        let mut error = write.err().map(|e| e.to_string());
+        let mut error = write.err().map(|e| crate::error::chain(&e).to_string());
         if error.is_none() {
             engine.written(round);
             // The read, three quarters of an interval after the tick: every replica's write is
@@ -156,7 +156,7 @@ async fn rounds(
                         }
                     }
                 }
-                Err(e) => error = Some(e.to_string()),
+                Err(e) => error = Some(crate::error::chain(&e).to_string()),
             }
         }
         if error.is_none() {

@@ -209,7 +209,7 @@ impl JwtVerifier {
         ) {
             Ok(data) => data,
             Err(err) => {
-                tracing::debug!(error = %err, claim = %self.claim, "JWT refused");
+                tracing::debug!(cause = %crate::error::chain(&err), claim = %self.claim, "JWT refused");
                 return None;
             }
         };

@@ -337,6 +337,16 @@ impl MemoryStore {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The end of the block (`block_for`) running on the limit stored at `key`, with the
+    /// store's clock now; `None` when none runs. Writes nothing (an expired marker is dropped, as every read
+    /// does): the operators' views.
+    pub fn running_block(&self, key: &str) -> Option<(Micros, Micros)> {
+        let marker = block_key(key);
+        let mut locked = self.lock_keys(std::iter::once(marker.as_str()));
+        let now = self.inner.clock.now_us();
+        locked.blocked_until(&marker, now).map(|until| (until, now))
+    }
 }
 
 /// The shards of one decision, locked.

@@ -166,7 +166,7 @@ impl Standalone {
                         let _ = slot.connection.set(own);
                     }
                     Err(e) => {
-                        tracing::debug!(cause = %e, "a serving thread keeps the shared Redis connection")
+                        tracing::debug!(cause = %crate::error::chain(&e), "a serving thread keeps the shared Redis connection")
                     }
                 }
             });
@@ -280,7 +280,7 @@ impl ScriptRunner {
                 _ => self.query::<String>(&load).await.map(drop),
             };
             if let Err(e) = loaded {
-                tracing::warn!(cause = %e, "could not preload a Lua script; nodes without it get it on first use");
+                tracing::warn!(cause = %crate::error::chain(&e), "could not preload a Lua script; nodes without it get it on first use");
             }
         }
     }

@@ -142,7 +142,7 @@ impl SentinelMaster {
                         break;
                     }
                     Err(e) => {
-                        tracing::warn!(cause = %e, "no master from the Sentinels yet; retrying");
+                        tracing::warn!(cause = %crate::error::chain(&e), "no master from the Sentinels yet; retrying");
                         tokio::time::sleep(pause).await;
                         pause = (pause * 2).min(RETRY.1);
                     }

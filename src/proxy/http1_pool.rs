@@ -110,7 +110,7 @@ impl Http1Pool {
                     // connection that fails so is not tried again (it would loop).
                     (Some(unsent), _) if reused => request = unsent,
                     (_, Some(copy)) => {
-                        tracing::debug!(error = %failed.error(), "a reused upstream connection failed; sending the request again");
+                        tracing::debug!(cause = %crate::error::chain(failed.error()), "a reused upstream connection failed; sending the request again");
                         retried = true;
                         request = copy;
                     }
@@ -195,7 +195,7 @@ impl Http1Pool {
         // Runs on this serving thread's runtime, beside the requests it carries.
         tokio::spawn(async move {
             if let Err(e) = connection.with_upgrades().await {
-                tracing::debug!(error = %e, "upstream connection ended with an error");
+                tracing::debug!(cause = %crate::error::chain(&e), "upstream connection ended with an error");
             }
         });
         Ok(sender)

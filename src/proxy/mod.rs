@@ -459,11 +459,16 @@ fn respond(
         Ok(response) => response,
         Err(error) => record.failed(error).map(AnswerBody::Right),
     };
-    if let Some(admitted) = admitted {
+    if let Some(mut admitted) = admitted {
         if let Some(settlement) = admitted.settlement {
-            // count_statuses settles on this head, cost_from_response at the body's end.
+            // count_statuses settles on this head (and the fields below show it),
+            // cost_from_response at the body's end.
             response = settlement
-                .on_response(response.map(boxed_answer), from_upstream)
+                .on_response(
+                    response.map(boxed_answer),
+                    from_upstream,
+                    &mut admitted.verdicts,
+                )
                 .map(AnswerBody::Right);
         }
         if !admitted.verdicts.is_empty() {

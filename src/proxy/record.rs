@@ -230,10 +230,10 @@ impl<'a> RequestRecord<'a> {
             );
             match error.side() {
                 Side::Client => {
-                    tracing::info!(method = %method, path = %path, peer = %peer, status, side, cause = %error, "request refused")
+                    tracing::info!(method = %method, path = %path, peer = %peer, status, side, cause = %crate::error::chain(error), "request refused")
                 }
                 _ => {
-                    tracing::warn!(method = %method, path = %path, peer = %peer, status, side, cause = %error, source = ?std::error::Error::source(error), "request failed")
+                    tracing::warn!(method = %method, path = %path, peer = %peer, status, side, cause = %crate::error::chain(error), "request failed")
                 }
             }
         }

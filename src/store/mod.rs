@@ -236,7 +236,7 @@ impl Stores {
             Ok(decision) => Some((decision, How::Answered)),
             Err(error) => {
                 if self.up.swap(false, Ordering::Relaxed) {
-                    tracing::error!(cause = %error, on_error = %self.on_error, "rate limit store failed; applying on_error until it answers again");
+                    tracing::error!(cause = %crate::error::chain(&error), on_error = %self.on_error, "rate limit store failed; applying on_error until it answers again");
                     self.probe_now.notify_one();
                 }
                 self.apply_on_error(checks).await
@@ -288,7 +288,7 @@ async fn connect_redis(
             }
             Err(e) => {
                 if !logged {
-                    tracing::error!(cause = %e, "cannot connect to the rate limit store yet; applying on_error and retrying");
+                    tracing::error!(cause = %crate::error::chain(&e), "cannot connect to the rate limit store yet; applying on_error and retrying");
                     logged = true;
                 }
                 up.store(false, Ordering::Relaxed);
@@ -329,7 +329,7 @@ async fn connect_redis(
             }
             Err(error) => {
                 if up.swap(false, Ordering::Relaxed) {
-                    tracing::error!(cause = %error, "rate limit store stopped answering its health check; applying on_error until it answers again");
+                    tracing::error!(cause = %crate::error::chain(&error), "rate limit store stopped answering its health check; applying on_error until it answers again");
                 }
             }
         }

@@ -27,7 +27,7 @@ impl LeaseGuard {
                     tick.tick().await;
                     for store in &stores {
                         if let Err(e) = store.refresh(&leases).await {
-                            tracing::debug!(cause = %e, "could not refresh concurrency leases");
+                            tracing::debug!(cause = %crate::error::chain(&e), "could not refresh concurrency leases");
                         }
                     }
                 }
@@ -52,7 +52,7 @@ impl Drop for LeaseGuard {
             handle.spawn(async move {
                 for store in stores {
                     if let Err(e) = store.release(&leases).await {
-                        tracing::debug!(cause = %e, "could not release concurrency leases; they expire after their TTL");
+                        tracing::debug!(cause = %crate::error::chain(&e), "could not release concurrency leases; they expire after their TTL");
                     }
                 }
             });

@@ -8,12 +8,15 @@
 //!
 //! - `count_statuses`: on the response head, a status that does not count gets its units
 //!   back; so does a request whose upstream failed (tollgate answered 502/504 itself) or whose
-//!   client left before a head arrived (the obligation is dropped unsettled).
+//!   client left before a head arrived (the obligation is dropped unsettled). The head's
+//!   RateLimit fields are written after this settlement and show it: a unit given back is
+//!   back in `remaining` ([`refunded`]).
 //! - `cost_from_response`: when the response body ends (or the client leaves mid-body), the
 //!   reported cost is settled against the configured cost paid up front: the difference is
 //!   charged (the balance may go below zero) or given back. The trailer of that name wins
 //!   over the header; a missing or malformed report charges the configured cost (nothing to
-//!   settle) and is counted in `tollgate_cost_report_invalid_total`.
+//!   settle) and is counted in `tollgate_cost_report_invalid_total`. The head is written
+//!   before that, so its fields show the configured cost as taken.
 //!
 //! Settlements go to the store that decided, off the response's path: the memory store
 //! settles in place (no I/O), Redis in a spawned task of one round trip bounded by the store
@@ -28,7 +31,7 @@ use metrics::Counter;
 
 use crate::body::{BoxError, End, EndHook, OnEnd, ProxyBody};
 use crate::config::{ByResponse, LimitSet};
-use crate::limit::{Decision, Micros, Params, Settle, Settlement, Store};
+use crate::limit::{Algorithm, Decision, Micros, Params, Settle, Settlement, Store, Verdict};
 
 /// Per-route counters of settlements.
 #[derive(Clone)]
@@ -57,6 +60,8 @@ pub struct Obligation {
 
 /// One limit's part of an [`Obligation`].
 struct Owed {
+    /// Its position in the set (and in the decision's verdicts).
+    index: usize,
     params: Params,
     by_response: ByResponse,
     /// Its store key, as the decision used it.
@@ -77,9 +82,11 @@ impl Obligation {
             .iter()
             .zip(keys)
             .zip(&decision.verdicts)
-            .filter(|((_, _), verdict)| verdict.allowed)
-            .filter_map(|((limit, key), _)| {
+            .enumerate()
+            .filter(|(_, ((_, _), verdict))| verdict.allowed)
+            .filter_map(|(index, ((limit, key), _))| {
                 Some(Owed {
+                    index,
                     params: limit.params,
                     by_response: limit.by_response.clone()?,
                     key: key.clone(),
@@ -114,13 +121,22 @@ impl Obligation {
     /// Settles what the response head decides; returns the response, its body wrapped when a
     /// `cost_from_response` limit waits for the end of it. `from_upstream` is false when
     /// tollgate answered itself (the upstream failed, or the request was refused).
+    /// `verdicts` (the decision's, which the head's RateLimit fields are rendered from) are
+    /// brought up to date with what the head settled: a refund gives its units back.
     pub fn on_response(
         mut self,
         response: Response<ProxyBody>,
         from_upstream: bool,
+        verdicts: &mut [Verdict],
     ) -> Response<ProxyBody> {
         if !from_upstream {
-            return response; // dropped: everything is given back
+            // Dropped: everything is given back.
+            for owed in &self.limits {
+                if let Some(verdict) = verdicts.get_mut(owed.index) {
+                    *verdict = refunded(*verdict, &owed.params);
+                }
+            }
+            return response;
         }
         let status = response.status().as_u16();
         let limits = std::mem::take(&mut self.limits);
@@ -129,6 +145,9 @@ impl Obligation {
         for owed in limits {
             match &owed.by_response {
                 ByResponse::CountStatuses(set) if !set.contains(status) => {
+                    if let Some(verdict) = verdicts.get_mut(owed.index) {
+                        *verdict = refunded(*verdict, &owed.params);
+                    }
                     refunds.push(self.refund(&owed));
                 }
                 ByResponse::CostFromResponse(header) => {
@@ -163,6 +182,32 @@ impl Drop for Obligation {
     fn drop(&mut self) {
         let refunds: Vec<Settlement> = self.limits.iter().map(|owed| self.refund(owed)).collect();
         submit(&self.store, refunds, &self.route, self.metrics.as_ref());
+    }
+}
+
+/// An allowed verdict as it stands once its request's cost is given back: the units are back
+/// in `remaining`; a full quota has nothing to reset, and a bucket (token_bucket, gcra) is
+/// full again one refill of those units sooner. A window's reset is its end, unchanged.
+fn refunded(verdict: Verdict, params: &Params) -> Verdict {
+    let remaining = verdict
+        .remaining
+        .saturating_add(params.cost)
+        .min(verdict.limit);
+    let reset_after_us = if remaining >= verdict.limit {
+        0
+    } else {
+        match params.algorithm {
+            Algorithm::TokenBucket | Algorithm::Gcra if params.limit > 0 => {
+                let refill = params.period_us / params.limit as Micros;
+                (verdict.reset_after_us - refill.saturating_mul(params.cost as Micros)).max(0)
+            }
+            _ => verdict.reset_after_us,
+        }
+    };
+    Verdict {
+        remaining,
+        reset_after_us,
+        ..verdict
     }
 }
 
@@ -273,7 +318,7 @@ fn submit(
             let failed = metrics.map(|m| m.failed.clone());
             handle.spawn(async move {
                 if let Err(e) = store.settle(&settlements).await {
-                    tracing::warn!(route, cause = %e, "could not settle a limit after the response: the units stay as the decision left them");
+                    tracing::warn!(route, cause = %crate::error::chain(&e), "could not settle a limit after the response: the units stay as the decision left them");
                     if let Some(failed) = failed {
                         failed.increment(1);
                     }
@@ -286,6 +331,35 @@ fn submit(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refund_gives_the_units_back_in_the_fields() {
+        let verdict = |remaining, reset_after_us| Verdict {
+            allowed: true,
+            limit: 3,
+            remaining,
+            reset_after_us,
+            retry_after_us: 0,
+        };
+        let params = |algorithm| Params {
+            algorithm,
+            limit: 3,
+            period_us: 3_000_000,
+            burst: 3,
+            cost: 1,
+        };
+        // A window: one unit back, the window's end unchanged; back to full, nothing to reset.
+        let window = params(Algorithm::FixedWindow);
+        assert_eq!(refunded(verdict(1, 500), &window), verdict(2, 500));
+        assert_eq!(refunded(verdict(2, 500), &window), verdict(3, 0));
+        // A bucket: full one refill (1 s here) sooner.
+        let bucket = params(Algorithm::Gcra);
+        assert_eq!(
+            refunded(verdict(0, 3_000_000), &bucket),
+            verdict(1, 2_000_000)
+        );
+        assert_eq!(refunded(verdict(2, 1_000_000), &bucket), verdict(3, 0));
+    }
 
     #[test]
     fn a_report_is_a_plain_non_negative_integer() {
