@@ -213,7 +213,9 @@ async fn usage(
             .map(|(name, value)| {
                 (
                     name.as_str().to_owned(),
-                    String::from_utf8_lossy(value.as_bytes()).into_owned().into(),
+                    String::from_utf8_lossy(value.as_bytes())
+                        .into_owned()
+                        .into(),
                 )
             })
             .collect();
@@ -227,9 +229,11 @@ async fn usage(
 /// for the route's own requests).
 fn by_path_segment(set: &LimitSet) -> bool {
     set.iter().any(|l| {
-        l.key
-            .iter()
-            .any(|i| i.sources.iter().any(|s| matches!(s, Source::PathSegment(_))))
+        l.key.iter().any(|i| {
+            i.sources
+                .iter()
+                .any(|s| matches!(s, Source::PathSegment(_)))
+        })
     })
 }
 
@@ -248,7 +252,10 @@ async fn peek(
     let mut at = 0;
     let local: Vec<usize> = (0..set.len()).filter(|&i| !shared(&set[i])).collect();
     if !local.is_empty() {
-        let checks: Vec<Check<'_>> = local.iter().map(|&i| at_no_cost(&set[i], &keys[i])).collect();
+        let checks: Vec<Check<'_>> = local
+            .iter()
+            .map(|&i| at_no_cost(&set[i], &keys[i]))
+            .collect();
         let Store::Memory(memory) = stores.memory() else {
             unreachable!("the memory store is always in memory");
         };
@@ -317,8 +324,7 @@ fn limit_json(limit: &Limit, verdict: &Verdict, at: i64) -> Value {
     let reset_seconds = limit_headers::ceil_secs(verdict.reset_after_us);
     let resets_at = (!concurrency).then(|| {
         let at_seconds = limit_headers::ceil_secs(at + verdict.reset_after_us.max(0));
-        humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(at_seconds))
-            .to_string()
+        humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(at_seconds)).to_string()
     });
     let blocked = !verdict.allowed;
     let t = if blocked {
@@ -392,7 +398,10 @@ mod tests {
             assert!(own.admit(alice, start).is_ok());
         }
         let later = start + Duration::from_secs(4);
-        assert_eq!(own.admit(alice, later), Err(OWN_WINDOW - Duration::from_secs(4)));
+        assert_eq!(
+            own.admit(alice, later),
+            Err(OWN_WINDOW - Duration::from_secs(4))
+        );
         // Another client has a window of its own.
         assert!(own.admit(bob, later).is_ok());
         // A new window starts once the old one has ended.

@@ -24,6 +24,7 @@ use std::path::Path;
 
 pub use env::substitute;
 pub use error::{ConfigError, ConfigErrors};
+pub use model::Usage;
 pub use model::{
     Allow, ByResponse, Config, HostMode, Limit, LimitSet, Listener, OnError, OnLimit, Override,
     RedisConfig, RedisMode, RedisTls, ResponseConfig, Route, Scope, Secret, StatusSet, StoreConfig,
@@ -31,7 +32,6 @@ pub use model::{
     DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, MAX_WORKERS,
 };
-pub use model::Usage;
 use raw::RawConfig;
 
 /// Reads, substitutes, parses and validates the file at `path`.
