@@ -347,6 +347,8 @@ fn limit_json(limit: &Limit, verdict: &Verdict, at: i64) -> Value {
         "limit": verdict.limit,
         "remaining": verdict.remaining,
         "cost": limit.params.cost,
+        // Whether one more request of the limit's cost would pass now.
+        "would_pass": verdict.allowed && verdict.remaining >= limit.params.cost,
         "resets_at": resets_at,
         "reset_after_seconds": reset_seconds,
         "retry_after_seconds": blocked.then_some(t),

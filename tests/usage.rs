@@ -111,6 +111,7 @@ async fn each_caller_sees_their_own(proxy: &ProxyHandle, up: &Upstream) {
     assert_eq!(calls["algorithm"], "sliding_log");
     assert_eq!(calls["limit"], 5);
     assert_eq!(calls["remaining"], 3, "{alice}");
+    assert_eq!(calls["would_pass"], true);
     assert_eq!(calls["policy"], "\"calls\";q=5;w=60");
     // Full again a minute after the first of the two: resets_at and the RateLimit field agree.
     let t = calls["reset_after_seconds"].as_u64().unwrap();
@@ -164,6 +165,8 @@ async fn each_caller_sees_their_own(proxy: &ProxyHandle, up: &Upstream) {
     );
     let alice = quota(proxy, "alice").await;
     assert_eq!(first_limit(&alice)["remaining"], 0);
+    assert_eq!(first_limit(&alice)["would_pass"], false);
+    assert_eq!(first_limit(&alice)["retry_after_seconds"], Value::Null);
     assert_eq!(alice["routes"][0]["limits"][1]["remaining"], 5, "{alice}");
     let bob = quota(proxy, "bob").await;
     assert_eq!(first_limit(&bob)["remaining"], 5);
@@ -332,4 +335,47 @@ async fn with_redis_down_the_usage_endpoint_answers_503_without_hanging() {
     let problem: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(problem["status"], 503);
     assert_eq!(up.request_count(), 0);
+}
+
+#[tokio::test]
+async fn a_caller_in_the_penalty_box_is_told_when_it_ends() {
+    let up = upstream().start().await;
+    let config = config()
+        .upstream(&up.url())
+        .identity("user", [source::header("x-user")])
+        .route(
+            route("login")
+                .prefix("/login")
+                .key("user")
+                .limit(
+                    limit::token_bucket(1, "1h")
+                        .burst(2)
+                        .block_for("30s")
+                        .name("tries"),
+                )
+                .limit(limit::sliding_log(1000, "1h").key("global").name("all")),
+        )
+        .set("usage", json!({ "path": "/_quota" }));
+    let proxy = proxy(config).start().await;
+    for expected in [
+        StatusCode::OK,
+        StatusCode::OK,
+        StatusCode::TOO_MANY_REQUESTS,
+    ] {
+        assert_eq!(
+            send(&proxy, "GET", "/login", Some("mallory")).await.0,
+            expected
+        );
+    }
+    let answer = quota(&proxy, "mallory").await;
+    let tries = first_limit(&answer);
+    assert_eq!(tries["would_pass"], false, "{answer}");
+    let retry = tries["retry_after_seconds"].as_u64().unwrap();
+    assert!((29..=30).contains(&retry), "{answer}");
+    assert_eq!(tries["ratelimit"], format!("\"tries\";r=0;t={retry}"));
+    // A limit keyed `global` is everyone's counter, and says so.
+    let all = &answer["routes"][0]["limits"][1];
+    assert_eq!(all["shared_by_everyone"], true, "{answer}");
+    assert_eq!(all["remaining"], 998);
+    assert_eq!(tries["shared_by_everyone"], false);
 }
