@@ -2,7 +2,9 @@
 //! ([`routing::Routed`]) → identify ([`identity::caller::Caller`]) → limit ([`LimitOutcome`]) →
 //! forward (`Result<Forwarded, ProxyError>`) → respond. This module owns the order; each stage
 //! lives in its own module. One `RequestRecord` per request (see `record`) collects what the
-//! stages found and writes it once to the metrics, the access log and `tracing`.
+//! stages found and writes it once to the metrics, the access log and `tracing`. A request to
+//! the configured `usage` path is answered before routing, by [`crate::usage`], and never
+//! forwarded.
 
 mod early_answer;
 pub mod headers;

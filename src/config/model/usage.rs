@@ -1,5 +1,5 @@
 //! `usage`: the path on the proxy listener where a caller reads its own usage of the limits
-//! that apply to it (answered by tollgate, never forwarded; see `proxy::usage`).
+//! that apply to it (answered by tollgate, never forwarded; see `crate::usage`).
 
 /// Where a caller reads its own usage.
 #[derive(Debug, Clone, PartialEq, Eq)]
