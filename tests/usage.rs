@@ -379,3 +379,37 @@ async fn a_caller_in_the_penalty_box_is_told_when_it_ends() {
     assert_eq!(all["remaining"], 998);
     assert_eq!(tries["shared_by_everyone"], false);
 }
+
+#[tokio::test]
+async fn a_bearer_token_is_never_echoed() {
+    let up = upstream().start().await;
+    let config = config()
+        .upstream(&up.url())
+        .identity("token", [source::bearer()])
+        .route(
+            route("api")
+                .key("token")
+                .limit(limit::sliding_log(5, "1m").name("calls")),
+        )
+        .set("usage", json!({ "path": "/_quota" }));
+    let proxy = proxy(config).start().await;
+    let token = "s3cr3t-token-value";
+    let ask = |path: &'static str| {
+        Request::get(proxy.url(path))
+            .header("authorization", format!("Bearer {token}"))
+            .body(body(""))
+            .unwrap()
+    };
+    let response = http1_client().request(ask("/anything")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let _ = text(response).await;
+    let response = http1_client().request(ask("/_quota")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = text(response).await;
+    assert!(!body.contains(token), "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["routes"][0]["identity"], "bearer");
+    assert_eq!(first_limit(&answer)["remaining"], 4, "{answer}");
+    // The route matches every path, the usage path included: still answered by tollgate.
+    assert_eq!(up.request_count(), 1);
+}
