@@ -28,4 +28,5 @@ pub mod summary;
 pub mod throttle;
 pub mod tls;
 pub mod upgrade;
+pub mod usage;
 pub mod workers;

@@ -49,6 +49,15 @@ pub fn check(config: &Config) -> String {
         config.workers,
         if config.workers == 1 { "" } else { "s" }
     );
+    if let Some(usage) = &config.usage {
+        let _ = writeln!(
+            out,
+            "usage     GET {} answers a caller its own usage (never forwarded; at most {} per {}s per client address)",
+            usage.path,
+            crate::usage::OWN_LIMIT,
+            crate::usage::OWN_WINDOW.as_secs()
+        );
+    }
     if config.throttle.routes.is_empty() {
         let _ = writeln!(out, "routes    none: every request is forwarded unlimited");
     }

@@ -24,6 +24,7 @@ use std::path::Path;
 
 pub use env::substitute;
 pub use error::{ConfigError, ConfigErrors};
+pub use model::Usage;
 pub use model::{
     Allow, ByResponse, Config, HostMode, Limit, LimitSet, Listener, OnError, OnLimit, Override,
     RedisConfig, RedisMode, RedisTls, ResponseConfig, Route, Scope, Secret, StatusSet, StoreConfig,

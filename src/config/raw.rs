@@ -26,6 +26,14 @@ pub struct RawConfig {
     pub routes: Vec<RawRoute>,
     pub response: Option<RawResponse>,
     pub allow: Option<RawAllow>,
+    pub usage: Option<RawUsage>,
+}
+
+/// `usage: { path: /_quota }`: the path where a caller reads its own usage.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUsage {
+    pub path: String,
 }
 
 /// `admin: "addr"` or `admin: {address, token_env}`.

@@ -2,7 +2,9 @@
 //! ([`routing::Routed`]) → identify ([`identity::caller::Caller`]) → limit ([`LimitOutcome`]) →
 //! forward (`Result<Forwarded, ProxyError>`) → respond. This module owns the order; each stage
 //! lives in its own module. One `RequestRecord` per request (see `record`) collects what the
-//! stages found and writes it once to the metrics, the access log and `tracing`.
+//! stages found and writes it once to the metrics, the access log and `tracing`. A request to
+//! the configured `usage` path is answered before routing, by [`crate::usage`], and never
+//! forwarded.
 
 mod early_answer;
 pub mod headers;
@@ -56,6 +58,8 @@ struct Inner {
     /// Upgraded (WebSocket) connections: hyper's graceful shutdown no longer sees them, so
     /// shutdown waits on this instead.
     tunnels: TaskTracker,
+    /// The usage endpoint's own rate, kept over reloads.
+    usage_rate: crate::usage::OwnRate,
 }
 
 /// Everything built from one configuration.
@@ -133,6 +137,7 @@ impl Proxy {
                 runtime: ArcSwap::from_pointee(runtime),
                 metrics,
                 tunnels: TaskTracker::new(),
+                usage_rate: crate::usage::OwnRate::default(),
             }),
         }
     }
@@ -220,6 +225,23 @@ impl Proxy {
         let found = headers::scan(&parts.headers);
         // tollgate's own answers to a gRPC call are sent as gRPC (see `grpc`).
         let grpc = found.content_type && crate::grpc::is_grpc(&parts.headers);
+
+        // A caller asking for its own usage is answered here, before any route (see `usage`).
+        if let Some(usage) = &config.usage {
+            if parts.uri.path() == usage.path {
+                record.routed(None, &runtime.unrouted_metrics);
+                // Boxed: the store read's future would otherwise size every request's.
+                let answer = crate::usage::answer(
+                    &runtime.limits,
+                    &parts,
+                    conn.peer.ip(),
+                    &self.inner.usage_rate,
+                );
+                let response = Box::pin(answer).await;
+                record.answered(response.status());
+                return response.map(AnswerBody::Right);
+            }
+        }
 
         // Route.
         let routed = routing::route(&config.throttle.routes, &parts);

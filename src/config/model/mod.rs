@@ -10,6 +10,7 @@ mod limit;
 mod proxy;
 mod route;
 mod throttle;
+mod usage;
 
 pub use limit::{ByResponse, Limit, LimitSet, OnLimit, Scope, StatusSet, DEFAULT_LEASE_TTL};
 pub use proxy::{
@@ -22,3 +23,4 @@ pub use throttle::{
     OnError, RedisConfig, RedisMode, RedisTls, ResponseConfig, Secret, StoreConfig, Throttle,
     DEFAULT_KEY_PREFIX, DEFAULT_STORE_TIMEOUT,
 };
+pub use usage::Usage;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use http::uri::{Authority, Scheme};
 
 use super::throttle::{Secret, Throttle};
+use super::usage::Usage;
 
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
@@ -44,6 +45,8 @@ pub struct Config {
     /// One log line per request (target `tollgate::access`).
     pub access_log: bool,
     pub throttle: Throttle,
+    /// Where a caller reads its own usage (`usage`); None: off, that path is proxied like any.
+    pub usage: Option<Usage>,
 }
 
 #[derive(Debug, Clone)]

@@ -15,6 +15,7 @@ mod redis;
 mod response;
 mod routes;
 mod store;
+mod usage;
 mod validator;
 
 use std::path::Path;

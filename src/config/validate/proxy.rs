@@ -64,6 +64,7 @@ pub(super) fn config(v: &mut Validator, raw: &RawConfig, throttle: Throttle) -> 
         http2_max_concurrent_streams,
         access_log: raw.access_log.unwrap_or(true),
         throttle,
+        usage: super::usage::usage(v, raw.usage.as_ref()),
     })
 }
 

@@ -1,0 +1,434 @@
+//! A caller's own usage (`usage: { path: /_quota }`): a request to that path on the proxy
+//! listener is answered here, never forwarded, and consumes nothing. For the identity the
+//! request carries, every route's limits that apply to that caller are listed with what is
+//! left of them, when they are full again, and the RateLimit fields its responses on that
+//! route carry, as JSON.
+//!
+//! The keys are built exactly as the request path builds them ([`tiers::applied`] on the
+//! request's own [`Caller`]): allow-lists and tiers apply, and nothing but the request's own
+//! credentials names a key, so no caller can read another's numbers. The state is read
+//! without consuming (the stores' `peek`, as `tollgate limits get` reads it), with a cost of
+//! zero so that it shows the state as it is rather than after one more request. A route
+//! whose key takes a path segment cannot be answered from a request to this path (the
+//! segment would be this path's): it is listed as unknown. Identity values are never echoed
+//! (a token or key stays where it was sent): only the kind of source that identified the
+//! caller is shown.
+//!
+//! This endpoint has a small rate of its own, [`OWN_LIMIT`] per [`OWN_WINDOW`] per client
+//! address (an IPv6 client by its /64), kept in each replica's memory, so that it cannot be
+//! used to hammer the store. Keyed by address rather than by identity: identities are whatever
+//! the client sends, an address is not.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::request::Parts;
+use http::{Method, Response, StatusCode};
+use serde_json::{json, Map, Value};
+
+use crate::body::{self, ProxyBody};
+use crate::config::{Limit, LimitSet, Scope, StoreConfig, Throttle};
+use crate::identity::caller::{self, Caller};
+use crate::identity::Source;
+use crate::limit::algorithm::Verdict;
+use crate::limit::{Algorithm, Check, Decision, Store, StoreError};
+use crate::store::Stores;
+use crate::throttle::headers as limit_headers;
+use crate::throttle::tiers::{self, Applied};
+use crate::throttle::LimitStage;
+
+/// Requests to the usage path one client address may make per [`OWN_WINDOW`].
+pub const OWN_LIMIT: u32 = 10;
+/// The window of [`OWN_LIMIT`].
+pub const OWN_WINDOW: Duration = Duration::from_secs(10);
+/// Client addresses remembered at once: past it, windows that have ended are dropped, and
+/// while it is still full a new address is refused (a flood from many addresses must not
+/// grow memory without bound nor reach the store).
+const OWN_CLIENTS: usize = 65_536;
+
+/// The usage endpoint's own rate: one fixed window per client address, in this process.
+#[derive(Default)]
+pub struct OwnRate(Mutex<HashMap<IpAddr, (Instant, u32)>>);
+
+impl OwnRate {
+    /// Counts one request from `ip`; Err with the time until its window ends when it is over
+    /// [`OWN_LIMIT`].
+    fn admit(&self, ip: IpAddr, now: Instant) -> Result<(), Duration> {
+        let client = client_of(ip);
+        let mut windows = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if windows.len() >= OWN_CLIENTS && !windows.contains_key(&client) {
+            windows.retain(|_, (start, _)| now.duration_since(*start) < OWN_WINDOW);
+            if windows.len() >= OWN_CLIENTS {
+                return Err(OWN_WINDOW);
+            }
+        }
+        let (start, count) = windows.entry(client).or_insert((now, 0));
+        let elapsed = now.duration_since(*start);
+        if elapsed >= OWN_WINDOW {
+            *start = now;
+            *count = 0;
+        } else if *count >= OWN_LIMIT {
+            return Err(OWN_WINDOW - elapsed);
+        }
+        *count += 1;
+        Ok(())
+    }
+}
+
+/// The client an address counts as: an IPv4 address itself, an IPv6 address by its /64 (one
+/// subscriber's network, which holds more addresses than a map could).
+fn client_of(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6) & !((1u128 << 64) - 1);
+            IpAddr::V6(bits.into())
+        }
+        v4 => v4,
+    }
+}
+
+/// Answers a request to the usage path: 405 for a method other than GET or HEAD, 429 past
+/// the endpoint's own rate, 503 when the shared store cannot be read, otherwise the caller's
+/// usage as JSON.
+pub async fn answer(
+    stage: &LimitStage,
+    request: &Parts,
+    peer: IpAddr,
+    own: &OwnRate,
+) -> Response<ProxyBody> {
+    let head = request.method == Method::HEAD;
+    if request.method != Method::GET && !head {
+        let mut response = problem(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "the usage endpoint answers GET and HEAD",
+        );
+        response
+            .headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return response;
+    }
+    let throttle = stage.config();
+    let mut caller = caller::identify(request, peer, &throttle.trusted_proxies);
+    if let Err(wait) = own.admit(caller.ip, Instant::now()) {
+        let seconds = limit_headers::retry_after_secs(wait.as_micros() as i64);
+        let mut response = problem(
+            StatusCode::TOO_MANY_REQUESTS,
+            &format!(
+                "the usage endpoint answers at most {OWN_LIMIT} requests per {}s from one client: retry after {seconds}s",
+                OWN_WINDOW.as_secs()
+            ),
+        );
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        return response;
+    }
+    let routes = match usage(throttle, stage.stores(), &mut caller).await {
+        Ok(routes) => routes,
+        Err(error) => {
+            // The store's own failures are logged where they happen; this is one more reader.
+            tracing::debug!(%error, "the usage endpoint could not read the store");
+            return problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "rate limiting state is unavailable, try again shortly",
+            );
+        }
+    };
+    let body = serde_json::to_vec(&json!({ "routes": routes })).expect("JSON values serialize");
+    let mut response = Response::new(if head {
+        body::empty()
+    } else {
+        body::full(body)
+    });
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// Why the usage could not be read.
+#[derive(Debug, thiserror::Error)]
+enum Unreadable {
+    #[error("the store is not connected or not answering")]
+    NotReady,
+    #[error("the store took longer than {0:?}")]
+    Timeout(Duration),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Per route, in route order, what applies to `caller` and what is left of it.
+async fn usage(
+    throttle: &Throttle,
+    stores: &Stores,
+    caller: &mut Caller<'_>,
+) -> Result<Vec<Value>, Unreadable> {
+    let mut routes = Vec::with_capacity(throttle.routes.len());
+    for route in &throttle.routes {
+        let (set, tier, keys, identity) = match tiers::applied(throttle, route, caller) {
+            Applied::Exempt => {
+                routes.push(json!({ "route": route.name, "exempt": true }));
+                continue;
+            }
+            Applied::Keyed {
+                set,
+                tier,
+                keys,
+                identity,
+            } => (set, tier, keys, identity),
+        };
+        let mut entry = Map::new();
+        entry.insert("route".into(), route.name.clone().into());
+        entry.insert("tier".into(), tier.map(|t| t.name.clone()).into());
+        if by_path_segment(set) {
+            entry.insert("identity".into(), "path_segment".into());
+            entry.insert(
+                "unknown".into(),
+                "this route's key takes a segment of the request's path, which a request to the usage path does not carry".into(),
+            );
+            routes.push(Value::Object(entry));
+            continue;
+        }
+        entry.insert("identity".into(), identity.into());
+        let (verdicts, at) = peek(throttle, stores, set, &keys).await?;
+        let limits: Vec<Value> = set
+            .iter()
+            .zip(&verdicts)
+            .map(|(limit, verdict)| limit_json(limit, verdict, at))
+            .collect();
+        entry.insert("limits".into(), limits.into());
+        let mut fields = HeaderMap::new();
+        limit_headers::add_fields(&mut fields, &throttle.response, set, &verdicts, true);
+        let fields: Map<String, Value> = fields
+            .iter()
+            .map(|(name, value)| {
+                (
+                    name.as_str().to_owned(),
+                    String::from_utf8_lossy(value.as_bytes())
+                        .into_owned()
+                        .into(),
+                )
+            })
+            .collect();
+        entry.insert("headers".into(), fields.into());
+        routes.push(Value::Object(entry));
+    }
+    Ok(routes)
+}
+
+/// Whether any of the set's keys takes a path segment (then the usage path cannot stand in
+/// for the route's own requests).
+fn by_path_segment(set: &LimitSet) -> bool {
+    set.iter().any(|l| {
+        l.key.iter().any(|i| {
+            i.sources
+                .iter()
+                .any(|s| matches!(s, Source::PathSegment(_)))
+        })
+    })
+}
+
+/// The verdicts of `set`'s limits for `keys` as they stand (nothing consumed), and the time
+/// the store read them at (Unix microseconds, the store's clock). Each store is read once:
+/// local limits (and every limit without a shared store) in memory, the others in the
+/// shared store, bounded by its timeout.
+async fn peek(
+    throttle: &Throttle,
+    stores: &Stores,
+    set: &LimitSet,
+    keys: &[String],
+) -> Result<(Vec<Verdict>, i64), Unreadable> {
+    let shared = |limit: &Limit| stores.is_shared() && limit.scope == Scope::Global;
+    let mut verdicts: Vec<Option<Verdict>> = vec![None; set.len()];
+    let mut at = 0;
+    let local: Vec<usize> = (0..set.len()).filter(|&i| !shared(&set[i])).collect();
+    if !local.is_empty() {
+        let checks: Vec<Check<'_>> = local
+            .iter()
+            .map(|&i| at_no_cost(&set[i], &keys[i]))
+            .collect();
+        let Store::Memory(memory) = stores.memory() else {
+            unreachable!("the memory store is always in memory");
+        };
+        let decision = memory.peek(&checks);
+        place(&mut verdicts, &local, &decision);
+        at = decision.at;
+    }
+    let global: Vec<usize> = (0..set.len()).filter(|&i| shared(&set[i])).collect();
+    if !global.is_empty() {
+        let (Some(store), true) = (stores.shared(), stores.ready()) else {
+            return Err(Unreadable::NotReady);
+        };
+        let checks: Vec<Check<'_>> = global
+            .iter()
+            .map(|&i| at_no_cost(&set[i], &keys[i]))
+            .collect();
+        let timeout = match &throttle.store {
+            StoreConfig::Redis(redis) => redis.timeout,
+            // A shared store is configured as Redis.
+            StoreConfig::Memory => return Err(Unreadable::NotReady),
+        };
+        let read = async {
+            match store {
+                Store::Memory(memory) => Ok(memory.peek(&checks)),
+                Store::Redis(redis) => redis.peek(&checks).await,
+            }
+        };
+        let decision = tokio::time::timeout(timeout, read)
+            .await
+            .map_err(|_| Unreadable::Timeout(timeout))??;
+        place(&mut verdicts, &global, &decision);
+        at = decision.at;
+    }
+    let verdicts = verdicts
+        .into_iter()
+        .map(|v| v.expect("every limit is read from one store"))
+        .collect();
+    Ok((verdicts, at))
+}
+
+/// The check of `limit` under `key` at no cost: the state as it is, not as one more request
+/// would leave it.
+fn at_no_cost<'k>(limit: &Limit, key: &'k str) -> Check<'k> {
+    Check {
+        key,
+        params: crate::limit::algorithm::Params {
+            cost: 0,
+            ..limit.params
+        },
+        shadow: limit.shadow,
+        block_us: limit.block_us(),
+    }
+}
+
+/// Puts `decision`'s verdicts (for the limits at `indices`) in their places.
+fn place(verdicts: &mut [Option<Verdict>], indices: &[usize], decision: &Decision) {
+    for (&i, verdict) in indices.iter().zip(&decision.verdicts) {
+        verdicts[i] = Some(*verdict);
+    }
+}
+
+/// One limit as the caller reads it. `at` is when the store read it (Unix microseconds).
+fn limit_json(limit: &Limit, verdict: &Verdict, at: i64) -> Value {
+    let concurrency = limit.params.algorithm == Algorithm::Concurrency;
+    // Seconds until the state is full again, rounded up as every seconds field tollgate sends.
+    let reset_seconds = limit_headers::ceil_secs(verdict.reset_after_us);
+    let resets_at = (!concurrency).then(|| {
+        let at_seconds = limit_headers::ceil_secs(at + verdict.reset_after_us.max(0));
+        humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(at_seconds)).to_string()
+    });
+    let blocked = !verdict.allowed;
+    let t = if blocked {
+        if verdict.retry_after_us < 0 {
+            0
+        } else {
+            limit_headers::retry_after_secs(verdict.retry_after_us)
+        }
+    } else {
+        reset_seconds
+    };
+    let ratelimit = format!("\"{}\";r={};t={t}", limit.name, verdict.remaining);
+    let policy = limit_headers::policy_value(std::slice::from_ref(limit));
+    json!({
+        "name": limit.name,
+        "algorithm": limit.params.algorithm.name(),
+        "scope": if limit.scope == Scope::Local { "local" } else { "global" },
+        "shared_by_everyone": shared_by_everyone(limit),
+        "shadow": limit.shadow,
+        "limit": verdict.limit,
+        "remaining": verdict.remaining,
+        "cost": limit.params.cost,
+        // Whether one more request of the limit's cost would pass now.
+        "would_pass": verdict.allowed && verdict.remaining >= limit.params.cost,
+        "resets_at": resets_at,
+        "reset_after_seconds": reset_seconds,
+        "retry_after_seconds": blocked.then_some(t),
+        "policy": String::from_utf8_lossy(policy.as_bytes()),
+        "ratelimit": ratelimit,
+    })
+}
+
+/// Whether a limit's key is one counter for every caller (`key: global`).
+fn shared_by_everyone(limit: &Limit) -> bool {
+    limit
+        .key
+        .iter()
+        .all(|i| i.sources.iter().all(|s| matches!(s, Source::Global)))
+}
+
+/// An RFC 9457 problem answer of tollgate's own.
+fn problem(status: StatusCode, detail: &str) -> Response<ProxyBody> {
+    let body = json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut response = Response::new(body::full(Bytes::from(
+        serde_json::to_vec(&body).expect("JSON values serialize"),
+    )));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_own_rate_admits_its_limit_per_window_per_client() {
+        let own = OwnRate::default();
+        let start = Instant::now();
+        let alice: IpAddr = "192.0.2.1".parse().unwrap();
+        let bob: IpAddr = "192.0.2.2".parse().unwrap();
+        for _ in 0..OWN_LIMIT {
+            assert!(own.admit(alice, start).is_ok());
+        }
+        let later = start + Duration::from_secs(4);
+        assert_eq!(
+            own.admit(alice, later),
+            Err(OWN_WINDOW - Duration::from_secs(4))
+        );
+        // Another client has a window of its own.
+        assert!(own.admit(bob, later).is_ok());
+        // A new window starts once the old one has ended.
+        assert!(own.admit(alice, start + OWN_WINDOW).is_ok());
+    }
+
+    #[test]
+    fn an_ipv6_client_counts_by_its_64() {
+        let own = OwnRate::default();
+        let now = Instant::now();
+        for i in 0..OWN_LIMIT {
+            let ip: IpAddr = format!("2001:db8::{i:x}").parse().unwrap();
+            assert!(own.admit(ip, now).is_ok());
+        }
+        let same_network: IpAddr = "2001:db8::ffff:1".parse().unwrap();
+        assert!(own.admit(same_network, now).is_err());
+        let other_network: IpAddr = "2001:db8:0:1::1".parse().unwrap();
+        assert!(own.admit(other_network, now).is_ok());
+        // An IPv4-mapped address is the IPv4 client.
+        let v4: IpAddr = "192.0.2.9".parse().unwrap();
+        let mapped: IpAddr = "::ffff:192.0.2.9".parse().unwrap();
+        for _ in 0..OWN_LIMIT {
+            assert!(own.admit(v4, now).is_ok());
+        }
+        assert!(own.admit(mapped, now).is_err());
+    }
+}
