@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use super::fleet::{self, RouteList, Snapshot};
 use crate::config::LimitSet;
@@ -240,6 +240,9 @@ pub struct Offenders {
     link: Mutex<Option<(Shared, String)>>,
     /// Whether the publishing task was started (once per sketch).
     publishing: AtomicBool,
+    /// This replica among the fleet's: random per sketch, so kept over the reloads that keep
+    /// the store (and the sketch), and distinct for proxies sharing a process.
+    id: String,
 }
 
 /// Which view `/limits/top` shows.
@@ -268,12 +271,6 @@ pub struct Top {
     pub routes: Vec<(String, Vec<Offender>)>,
 }
 
-/// This process among the replicas: random, the same across reloads.
-fn instance_id() -> &'static str {
-    static ID: OnceLock<String> = OnceLock::new();
-    ID.get_or_init(|| format!("{:016x}", new_lease_id()))
-}
-
 impl std::fmt::Debug for Offenders {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Offenders")
@@ -298,6 +295,7 @@ impl Offenders {
             started: std::time::Instant::now(),
             link: Mutex::new(None),
             publishing: AtomicBool::new(false),
+            id: format!("{:016x}", new_lease_id()),
         }
     }
 
@@ -375,7 +373,7 @@ impl Offenders {
         };
         let mut snapshots: Vec<Snapshot> = others
             .into_iter()
-            .filter(|(id, _)| id != instance_id())
+            .filter(|(id, _)| *id != self.id)
             .map(|(_, snapshot)| snapshot)
             .collect();
         snapshots.push(self.snapshot());
@@ -466,6 +464,7 @@ async fn publish(offenders: Weak<Offenders>) {
             continue;
         };
         let snapshot = sketch.snapshot();
+        let id = sketch.id.clone();
         drop(sketch);
         if snapshot.is_empty() && published_empty {
             continue;
@@ -473,7 +472,7 @@ async fn publish(offenders: Weak<Offenders>) {
         let Some(Store::Redis(redis)) = slot.get().cloned() else {
             continue;
         };
-        match fleet::publish(&redis, &prefix, instance_id(), &snapshot).await {
+        match fleet::publish(&redis, &prefix, &id, &snapshot).await {
             Ok(()) => {
                 published_empty = snapshot.is_empty();
                 failing = false;
