@@ -229,7 +229,10 @@ pub async fn read(redis: &RedisStore, prefix: &str) -> Result<Vec<(String, Snaps
 mod tests {
     use super::*;
 
-    fn snapshot(routes: &[(&str, u64, &[(&str, u64, u64)])]) -> Snapshot {
+    /// (caller, count, error).
+    type Listed<'a> = &'a [(&'a str, u64, u64)];
+
+    fn snapshot(routes: &[(&str, u64, Listed)]) -> Snapshot {
         Snapshot {
             routes: routes
                 .iter()
