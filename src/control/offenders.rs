@@ -583,6 +583,32 @@ mod tests {
     }
 
     #[test]
+    fn the_published_list_is_cut_at_capacity_with_the_floor_of_what_was_left_out() {
+        let offenders = Offenders::new(2);
+        for (item, n) in [("a", 5), ("b", 3)] {
+            for _ in 0..n {
+                offenders.record("api", item);
+            }
+        }
+        // A full sketch: a caller without a counter may have had up to its smallest count.
+        let listed = offenders.snapshot();
+        assert_eq!(listed.routes["api"].floor, 3);
+        assert_eq!(
+            listed.routes["api"].top,
+            [("a".to_owned(), 5, 0), ("b".to_owned(), 3, 0)]
+        );
+        // A third caller takes b's counter (count 4, error 3): b may have had up to 4.
+        offenders.record("api", "c");
+        let listed = offenders.snapshot();
+        assert_eq!(listed.routes["api"].floor, 4);
+        assert_eq!(
+            listed.routes["api"].top,
+            [("a".to_owned(), 5, 0), ("c".to_owned(), 4, 3)]
+        );
+        assert!(Offenders::new(2).snapshot().is_empty());
+    }
+
+    #[test]
     fn tiers_count_for_their_route() {
         let offenders = Offenders::new(4);
         offenders.record("api~gold", "header=a");
