@@ -1,10 +1,13 @@
-//! `/limits/top` over the fleet: replicas on one Redis (a server, a Cluster, Sentinel) each
-//! publish their top list, and every replica's `/limits/top` merges them, saying per caller
-//! how many replicas denied it; `?scope=local` is one replica's own view; a memory store, or a
-//! Redis that does not answer, gets the local view saying why.
+//! `/limits/top` over the fleet: replicas on one Redis (two `tollgate` processes on a server;
+//! in-process proxies on a Cluster and Sentinel) each publish their top list, and every
+//! replica's `/limits/top` merges them, saying per caller how many replicas denied it;
+//! `?scope=local` is one replica's own view; a memory store, or a Redis that does not answer,
+//! gets the local view saying why.
 
 mod support;
 
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use http::{Request, StatusCode};
@@ -36,8 +39,80 @@ async fn start(yaml: impl Into<String>) -> ProxyHandle {
     proxy
 }
 
-async fn call(proxy: &ProxyHandle, user: &str) -> StatusCode {
-    let request = Request::get(proxy.url("/api/x"))
+/// A replica's proxy and admin addresses: an in-process proxy or a `tollgate` process.
+#[derive(Clone, Copy)]
+struct Replica {
+    addr: SocketAddr,
+    admin: SocketAddr,
+}
+
+impl From<&ProxyHandle> for Replica {
+    fn from(proxy: &ProxyHandle) -> Replica {
+        Replica {
+            addr: proxy.addr,
+            admin: proxy.admin.expect("admin listener"),
+        }
+    }
+}
+
+impl From<&Replica> for Replica {
+    fn from(replica: &Replica) -> Replica {
+        *replica
+    }
+}
+
+/// A `tollgate` process, killed on drop.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs `tollgate --config` with `config` on free ports, once it answers.
+async fn spawn(dir: &tempfile::TempDir, name: &str, config: &Config) -> (Process, Replica) {
+    let (port, admin) = (free_port(), free_port());
+    let file = dir.path().join(format!("{name}.yaml"));
+    let yaml = config
+        .clone()
+        .listen(&format!("127.0.0.1:{port}"))
+        .admin(&format!("127.0.0.1:{admin}"))
+        .yaml();
+    std::fs::write(&file, yaml).unwrap();
+    let process = Process(
+        Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .arg("--config")
+            .arg(&file)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start tollgate"),
+    );
+    let replica = Replica {
+        addr: format!("127.0.0.1:{port}").parse().unwrap(),
+        admin: format!("127.0.0.1:{admin}").parse().unwrap(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ready = Request::get(format!("http://{}/readyz", replica.admin))
+            .body(body(""))
+            .unwrap();
+        if let Ok(response) = http1_client().request(ready).await {
+            if response.status() == StatusCode::OK {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "{name} never became ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (process, replica)
+}
+
+async fn call(proxy: impl Into<Replica>, user: &str) -> StatusCode {
+    let request = Request::get(format!("http://{}/api/x", proxy.into().addr))
         .header("x-user", user)
         .body(body(""))
         .unwrap();
@@ -46,12 +121,12 @@ async fn call(proxy: &ProxyHandle, user: &str) -> StatusCode {
 
 /// `user`'s first request on `first` (admitted), then `denials` denied ones, each on the
 /// replica given in turn.
-async fn deny(user: &str, first: &ProxyHandle, on: &[(&ProxyHandle, usize)]) {
+async fn deny(user: &str, first: impl Into<Replica>, on: &[(Replica, usize)]) {
     assert_eq!(call(first, user).await, StatusCode::OK, "{user}");
     for (proxy, denials) in on {
         for _ in 0..*denials {
             assert_eq!(
-                call(proxy, user).await,
+                call(*proxy, user).await,
                 StatusCode::TOO_MANY_REQUESTS,
                 "{user}"
             );
@@ -59,9 +134,9 @@ async fn deny(user: &str, first: &ProxyHandle, on: &[(&ProxyHandle, usize)]) {
     }
 }
 
-async fn admin(proxy: &ProxyHandle, path_and_query: &str) -> (StatusCode, String) {
-    let port = proxy.admin.expect("admin listener").port();
-    let request = Request::get(format!("http://127.0.0.1:{port}{path_and_query}"))
+async fn admin(proxy: impl Into<Replica>, path_and_query: &str) -> (StatusCode, String) {
+    let admin = proxy.into().admin;
+    let request = Request::get(format!("http://{admin}{path_and_query}"))
         .body(body(""))
         .unwrap();
     let response = http1_client().request(request).await.unwrap();
@@ -69,7 +144,7 @@ async fn admin(proxy: &ProxyHandle, path_and_query: &str) -> (StatusCode, String
     (status, text(response).await)
 }
 
-async fn admin_json(proxy: &ProxyHandle, path_and_query: &str) -> (StatusCode, Value) {
+async fn admin_json(proxy: impl Into<Replica>, path_and_query: &str) -> (StatusCode, Value) {
     let (status, text) = admin(proxy, path_and_query).await;
     let value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
     (status, value)
@@ -108,7 +183,12 @@ fn owned(list: &[(&str, u64, u64)]) -> Vec<(String, u64, u64)> {
 
 /// Asks `path` until it lists `expected` for route `api` (the other replica publishes once a
 /// second), and returns the answer.
-async fn until_listed(proxy: &ProxyHandle, path: &str, expected: &[(&str, u64, u64)]) -> Value {
+async fn until_listed(
+    proxy: impl Into<Replica>,
+    path: &str,
+    expected: &[(&str, u64, u64)],
+) -> Value {
+    let proxy = proxy.into();
     let started = Instant::now();
     loop {
         let (status, top) = admin_json(proxy, path).await;
@@ -126,7 +206,7 @@ async fn until_listed(proxy: &ProxyHandle, path: &str, expected: &[(&str, u64, u
 
 /// alice denied 5 times on `a`, bob 3 times on `b`, carol 2 times on `a` and 4 on `b`: both
 /// replicas list all three with their fleet counts, carol seen by 2 replicas.
-async fn both_replicas_see_the_fleet(a: &ProxyHandle, b: &ProxyHandle) {
+async fn both_replicas_see_the_fleet(a: Replica, b: Replica) {
     deny("alice", a, &[(a, 5)]).await;
     deny("bob", b, &[(b, 3)]).await;
     deny("carol", a, &[(a, 2), (b, 4)]).await;
@@ -148,6 +228,7 @@ async fn both_replicas_see_the_fleet(a: &ProxyHandle, b: &ProxyHandle) {
     assert_eq!(listed(&local), owned(&[("carol", 4, 1), ("bob", 3, 1)]));
 }
 
+/// Two `tollgate` processes on one Redis.
 #[tokio::test]
 async fn two_replicas_on_one_redis_list_the_whole_fleet() {
     let redis = RedisServer::start();
@@ -156,10 +237,11 @@ async fn two_replicas_on_one_redis_list_the_whole_fleet() {
         .key_prefix("fleet:")
         .timeout("500ms")
         .on_error("deny");
-    let yaml = api_config(&up, Some(store));
-    let a = start(&yaml).await;
-    let b = start(yaml).await;
-    both_replicas_see_the_fleet(&a, &b).await;
+    let config = api_config(&up, Some(store));
+    let dir = tempfile::TempDir::new().unwrap();
+    let (_one, a) = spawn(&dir, "one", &config).await;
+    let (_two, b) = spawn(&dir, "two", &config).await;
+    both_replicas_see_the_fleet(a, b).await;
 
     // `k` and `scope=fleet` by name.
     let (_, top) = admin_json(&b, "/limits/top?k=1&scope=fleet").await;
@@ -223,7 +305,7 @@ async fn two_replicas_on_one_redis_list_the_whole_fleet() {
 async fn a_memory_store_shows_this_replica_and_says_so() {
     let up = upstream().start().await;
     let proxy = start(api_config(&up, None)).await;
-    deny("alice", &proxy, &[(&proxy, 2)]).await;
+    deny("alice", &proxy, &[((&proxy).into(), 2)]).await;
     for path in ["/limits/top", "/limits/top?scope=fleet"] {
         let (status, top) = admin_json(&proxy, path).await;
         assert_eq!(status, StatusCode::OK);
@@ -254,7 +336,7 @@ async fn with_redis_down_the_fleet_view_answers_with_this_replica() {
         .timeout("300ms")
         .on_error("allow");
     let proxy = start(api_config(&up, Some(store))).await;
-    deny("alice", &proxy, &[(&proxy, 3)]).await;
+    deny("alice", &proxy, &[((&proxy).into(), 3)]).await;
     until_listed(&proxy, "/limits/top", &[("alice", 3, 1)]).await;
     redis.stop();
     let (status, top) = admin_json(&proxy, "/limits/top").await;
@@ -276,7 +358,7 @@ async fn a_cluster_fleet_is_merged_from_one_slot() {
     let a = start(&yaml).await;
     let b = start(yaml).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    both_replicas_see_the_fleet(&a, &b).await;
+    both_replicas_see_the_fleet((&a).into(), (&b).into()).await;
     assert_eq!(
         cluster.keyslot("cl:{offenders}"),
         cluster.keyslot("cl:{offenders}:replicas")
@@ -295,5 +377,5 @@ async fn a_sentinel_fleet_is_merged_through_the_master() {
     let a = start(&yaml).await;
     let b = start(yaml).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    both_replicas_see_the_fleet(&a, &b).await;
+    both_replicas_see_the_fleet((&a).into(), (&b).into()).await;
 }
