@@ -270,14 +270,14 @@ async fn two_replicas_on_one_redis_list_the_whole_fleet() {
     // What Redis holds: one hash and one sorted set, one hash tag, both expiring.
     let mut conn = redis.client().await;
     let replicas: Vec<String> = ::redis::cmd("ZRANGE")
-        .arg("fleet:{offenders}:replicas")
+        .arg("fleet:{offenders}.replicas")
         .arg(0)
         .arg(-1)
         .query_async(&mut conn)
         .await
         .unwrap();
     assert_eq!(replicas.len(), 2);
-    for key in ["fleet:{offenders}", "fleet:{offenders}:replicas"] {
+    for key in ["fleet:{offenders}", "fleet:{offenders}.replicas"] {
         let ttl: i64 = ::redis::cmd("PTTL")
             .arg(key)
             .query_async(&mut conn)
@@ -361,7 +361,7 @@ async fn a_cluster_fleet_is_merged_from_one_slot() {
     both_replicas_see_the_fleet((&a).into(), (&b).into()).await;
     assert_eq!(
         cluster.keyslot("cl:{offenders}"),
-        cluster.keyslot("cl:{offenders}:replicas")
+        cluster.keyslot("cl:{offenders}.replicas")
     );
 }
 

@@ -8,13 +8,13 @@
 //!
 //! - `<key_prefix>{offenders}`, a hash: replica id → that replica's list (JSON: per route at
 //!   most [`super::offenders::CAPACITY`] callers with count and error, and a floor);
-//! - `<key_prefix>{offenders}:replicas`, a sorted set: replica id → when it last published
+//! - `<key_prefix>{offenders}.replicas`, a sorted set: replica id → when it last published
 //!   (the store's clock, milliseconds).
 //!
 //! A replica silent for [`SILENT_AFTER`] is dropped by the next publish of any replica and
 //! ignored by reads before that; at most [`MAX_REPLICAS`] are kept (the oldest go first) and
 //! both keys expire [`KEY_TTL`] after the last publish. Neither key can be a limit's: a
-//! limit's key always has an identity or window after `}:<limit>:`.
+//! limit's key always goes on with `}:` after its hash tag.
 //!
 //! Merging: counts and errors add up over replicas. A replica that lists a route but not a
 //! caller may still have denied that caller up to its `floor` (non-zero only when its own
@@ -125,7 +125,7 @@ fn snapshots_key(prefix: &str) -> String {
 }
 
 fn replicas_key(prefix: &str) -> String {
-    format!("{prefix}{{offenders}}:replicas")
+    format!("{prefix}{{offenders}}.replicas")
 }
 
 /// KEYS: the hash, the sorted set. ARGV: replica id, its list ('' when it has none: its
