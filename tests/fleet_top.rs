@@ -267,23 +267,33 @@ async fn two_replicas_on_one_redis_list_the_whole_fleet() {
     assert!(text.contains("this replica only"), "{text}");
     assert!(!text.contains("bob"), "{text}");
 
-    // What Redis holds: one hash and one sorted set, one hash tag, both expiring.
+    // What Redis holds: a registry of the two replicas and each one's list, one hash tag,
+    // everything expiring.
     let mut conn = redis.client().await;
     let replicas: Vec<String> = ::redis::cmd("ZRANGE")
-        .arg("fleet:{offenders}.replicas")
+        .arg("fleet:{offenders}")
         .arg(0)
         .arg(-1)
         .query_async(&mut conn)
         .await
         .unwrap();
     assert_eq!(replicas.len(), 2);
-    for key in ["fleet:{offenders}", "fleet:{offenders}.replicas"] {
-        let ttl: i64 = ::redis::cmd("PTTL")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        assert!(ttl > 100_000 && ttl <= 120_000, "{key}: {ttl}");
+    let ttl = |key: String| {
+        let mut conn = conn.clone();
+        async move {
+            let ttl: i64 = ::redis::cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            ttl
+        }
+    };
+    let registry = ttl("fleet:{offenders}".to_owned()).await;
+    assert!(registry > 100_000 && registry <= 120_000, "{registry}");
+    for id in replicas {
+        let list = ttl(format!("fleet:{{offenders}}.{id}")).await;
+        assert!(list > 0 && list <= 10_000, "{id}: {list}");
     }
 
     // A scope other than the two is refused, naming them.
@@ -361,7 +371,7 @@ async fn a_cluster_fleet_is_merged_from_one_slot() {
     both_replicas_see_the_fleet((&a).into(), (&b).into()).await;
     assert_eq!(
         cluster.keyslot("cl:{offenders}"),
-        cluster.keyslot("cl:{offenders}.replicas")
+        cluster.keyslot("cl:{offenders}.0123456789abcdef")
     );
 }
 

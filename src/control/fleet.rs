@@ -2,19 +2,19 @@
 //! ([`super::offenders`]) once per [`PUBLISH_EVERY`], and `/limits/top` merges the lists of
 //! every replica heard from recently, counting per (route, caller) how many replicas listed it.
 //!
-//! A denial never touches Redis: a background task sends the replica's whole list in one
-//! script call (one round trip, whatever the number of denials). Two keys hold the fleet,
-//! both with the hash tag `{offenders}` so that every call touches one Cluster slot:
+//! A denial never touches Redis: a background task sends the replica's whole list at once
+//! (a few plain commands, pipelined: one round trip whatever the number of denials). The keys
+//! all have the hash tag `{offenders}`, so that every call touches one Cluster slot:
 //!
-//! - `<key_prefix>{offenders}`, a hash: replica id → that replica's list (JSON: per route at
-//!   most [`super::offenders::CAPACITY`] callers with count and error, and a floor);
-//! - `<key_prefix>{offenders}.replicas`, a sorted set: replica id → when it last published
-//!   (the store's clock, milliseconds).
+//! - `<key_prefix>{offenders}.<replica id>`, a string: that replica's lists (JSON: per route
+//!   at most [`super::offenders::CAPACITY`] callers with count and error, and a floor),
+//!   expiring [`SILENT_AFTER`] after its last publish — a replica that stops drops out by
+//!   itself, on Redis's clock;
+//! - `<key_prefix>{offenders}`, a sorted set, the registry: replica id → when it last
+//!   published. Each publish drops the ids older than [`KEY_TTL`] and keeps the
+//!   [`MAX_REPLICAS`] most recent; the key expires [`KEY_TTL`] after the last publish.
 //!
-//! A replica silent for [`SILENT_AFTER`] is dropped by the next publish of any replica and
-//! ignored by reads before that; at most [`MAX_REPLICAS`] are kept (the oldest go first) and
-//! both keys expire [`KEY_TTL`] after the last publish. Neither key can be a limit's: a
-//! limit's key always goes on with `}:` after its hash tag.
+//! Neither can be a limit's key: a limit's key always goes on with `}:` after its hash tag.
 //!
 //! Merging: counts and errors add up over replicas. A replica that lists a route but not a
 //! caller may still have denied that caller up to its `floor` (non-zero only when its own
@@ -33,9 +33,11 @@ use crate::limit::StoreError;
 pub const PUBLISH_EVERY: Duration = Duration::from_secs(1);
 /// A replica not heard from for this long is no longer part of the fleet's view.
 pub const SILENT_AFTER: Duration = Duration::from_secs(10);
-/// Both keys expire this long after the last publish of any replica.
+/// The registry expires this long after the last publish of any replica, and forgets ids
+/// older than this.
 pub const KEY_TTL: Duration = Duration::from_secs(120);
-/// Replicas kept (and read) at most; past it the ones heard from least recently are dropped.
+/// Replicas kept in the registry (and read) at most; past it the ones heard from least
+/// recently are dropped.
 pub const MAX_REPLICAS: usize = 256;
 
 /// One replica's list for one route.
@@ -120,108 +122,92 @@ pub fn merge(snapshots: &[Snapshot], k: usize) -> Vec<(String, Vec<Merged>)> {
     out
 }
 
-fn snapshots_key(prefix: &str) -> String {
+/// The registry: a sorted set of replica id → when it last published (its own clock, ms).
+fn registry_key(prefix: &str) -> String {
     format!("{prefix}{{offenders}}")
 }
 
-fn replicas_key(prefix: &str) -> String {
-    format!("{prefix}{{offenders}}.replicas")
+/// One replica's lists: a string expiring [`SILENT_AFTER`] after its last publish.
+fn list_key(prefix: &str, id: &str) -> String {
+    format!("{prefix}{{offenders}}.{id}")
 }
 
-/// KEYS: the hash, the sorted set. ARGV: replica id, its list ('' when it has none: its
-/// entry is removed), silence in ms, TTL in ms, most replicas kept. The store's clock
-/// timestamps the publish, so replicas' clocks need not agree.
-const PUBLISH: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. (now - tonumber(ARGV[3])))
-for _, id in ipairs(gone) do
-  redis.call('HDEL', KEYS[1], id)
-  redis.call('ZREM', KEYS[2], id)
-end
-if ARGV[2] == '' then
-  redis.call('HDEL', KEYS[1], ARGV[1])
-  redis.call('ZREM', KEYS[2], ARGV[1])
-  return 0
-end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('ZADD', KEYS[2], now, ARGV[1])
-local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[5])
-if over > 0 then
-  for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, over - 1)) do
-    redis.call('HDEL', KEYS[1], id)
-    redis.call('ZREM', KEYS[2], id)
-  end
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
-return 1
-";
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
 
-/// KEYS: the hash, the sorted set. ARGV: silence in ms, most replicas read. Returns
-/// id, list, id, list, … of the replicas heard from recently, the most recent first.
-const READ: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ids = redis.call('ZREVRANGEBYSCORE', KEYS[2], '+inf', now - tonumber(ARGV[1]),
-  'LIMIT', 0, tonumber(ARGV[2]))
-if #ids == 0 then return {} end
-local lists = redis.call('HMGET', KEYS[1], unpack(ids))
-local out = {}
-for i, id in ipairs(ids) do
-  if lists[i] then
-    out[#out + 1] = id
-    out[#out + 1] = lists[i]
-  end
-end
-return out
-";
-
-/// Publishes `snapshot` as replica `id`'s list (an empty one removes it), in one call.
+/// Publishes `snapshot` as replica `id`'s list (an empty one removes it). The commands go out
+/// together (the connection pipelines them: one round trip); plain commands rather than a
+/// script, so that the script calls Redis counts stay the limit decisions'.
 pub async fn publish(
     redis: &RedisStore,
     prefix: &str,
     id: &str,
     snapshot: &Snapshot,
 ) -> Result<(), StoreError> {
-    let list = if snapshot.is_empty() {
-        String::new()
-    } else {
-        serde_json::to_string(snapshot).unwrap_or_default()
-    };
-    let mut command = redis::cmd("EVAL");
-    command
-        .arg(PUBLISH)
-        .arg(2)
-        .arg(snapshots_key(prefix))
-        .arg(replicas_key(prefix))
-        .arg(id)
-        .arg(list)
-        .arg(SILENT_AFTER.as_millis() as u64)
-        .arg(KEY_TTL.as_millis() as u64)
-        .arg(MAX_REPLICAS);
-    redis.command::<i64>(&command).await.map(drop)
+    let (registry, list) = (registry_key(prefix), list_key(prefix, id));
+    if snapshot.is_empty() {
+        let mut del = redis::cmd("DEL");
+        del.arg(&list);
+        let mut zrem = redis::cmd("ZREM");
+        zrem.arg(&registry).arg(id);
+        let (deleted, removed) =
+            tokio::join!(redis.command::<i64>(&del), redis.command::<i64>(&zrem));
+        return deleted.and(removed).map(drop);
+    }
+    let now = unix_ms();
+    let mut set = redis::cmd("SET");
+    set.arg(&list)
+        .arg(serde_json::to_string(snapshot).unwrap_or_default())
+        .arg("PX")
+        .arg(SILENT_AFTER.as_millis() as u64);
+    let mut zadd = redis::cmd("ZADD");
+    zadd.arg(&registry).arg(now).arg(id);
+    // The registry's bounds: ids not heard from within the key's life go, and past
+    // MAX_REPLICAS the least recent; the key itself expires with the fleet.
+    let mut forget = redis::cmd("ZREMRANGEBYSCORE");
+    forget.arg(&registry).arg("-inf").arg(format!(
+        "({}",
+        now.saturating_sub(KEY_TTL.as_millis() as u64)
+    ));
+    let mut cap = redis::cmd("ZREMRANGEBYRANK");
+    cap.arg(&registry).arg(0).arg(-(MAX_REPLICAS as i64) - 1);
+    let mut expire = redis::cmd("PEXPIRE");
+    expire.arg(&registry).arg(KEY_TTL.as_millis() as u64);
+    let (set, zadd, forget, cap, expire) = tokio::join!(
+        redis.command::<()>(&set),
+        redis.command::<i64>(&zadd),
+        redis.command::<i64>(&forget),
+        redis.command::<i64>(&cap),
+        redis.command::<i64>(&expire),
+    );
+    set.and(zadd).and(forget).and(cap).and(expire).map(drop)
 }
 
-/// Every replica's list heard from within [`SILENT_AFTER`] (at most [`MAX_REPLICAS`]), by
-/// replica id. A list that does not parse is left out.
+/// The lists of the replicas heard from within [`SILENT_AFTER`] (the [`MAX_REPLICAS`] most
+/// recent in the registry), by replica id. A list that does not parse is left out.
 pub async fn read(redis: &RedisStore, prefix: &str) -> Result<Vec<(String, Snapshot)>, StoreError> {
-    let mut command = redis::cmd("EVAL");
-    command
-        .arg(READ)
-        .arg(2)
-        .arg(snapshots_key(prefix))
-        .arg(replicas_key(prefix))
-        .arg(SILENT_AFTER.as_millis() as u64)
-        .arg(MAX_REPLICAS);
-    let flat: Vec<String> = redis.command(&command).await?;
-    Ok(flat
-        .chunks_exact(2)
-        .filter_map(|pair| {
-            serde_json::from_str(&pair[1])
-                .ok()
-                .map(|snapshot| (pair[0].clone(), snapshot))
-        })
+    let mut range = redis::cmd("ZREVRANGE");
+    range
+        .arg(registry_key(prefix))
+        .arg(0)
+        .arg(MAX_REPLICAS as i64 - 1);
+    let ids: Vec<String> = redis.command(&range).await?;
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    // One slot: every key shares the hash tag.
+    let mut mget = redis::cmd("MGET");
+    for id in &ids {
+        mget.arg(list_key(prefix, id));
+    }
+    let lists: Vec<Option<String>> = redis.command(&mget).await?;
+    Ok(ids
+        .into_iter()
+        .zip(lists)
+        .filter_map(|(id, list)| Some((id, serde_json::from_str(&list?).ok()?)))
         .collect())
 }
 
