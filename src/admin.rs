@@ -1,7 +1,8 @@
 //! The admin listener: health, readiness and metrics for the platform, and the operators'
-//! endpoints for "someone is being blocked": who is denied most (`GET /limits/top`), one
-//! caller's state (`GET /limits/state`) and its reset (`POST /limits/reset`); for "a customer
-//! asks for more": a temporary override of one caller's limits (`POST /limits/override`, ended
+//! endpoints for "someone is being blocked": who is denied most (`GET /limits/top`: over the
+//! fleet through Redis, or `?scope=local` this replica alone), one caller's state
+//! (`GET /limits/state`) and its reset (`POST /limits/reset`); for "a customer asks for more":
+//! a temporary override of one caller's limits (`POST /limits/override`, ended
 //! early by `DELETE /limits/override`); and the audit trail of those actions
 //! (`GET /limits/audit`, see [`crate::control::audit`]).
 //!
@@ -33,7 +34,7 @@ use crate::body::{full, ProxyBody};
 use crate::config::Secret;
 use crate::control::audit::{self, Who};
 use crate::control::caller::{self, CallerError};
-use crate::control::offenders;
+use crate::control::offenders::{self, View};
 use crate::control::overrides;
 use crate::identity::key;
 use crate::proxy::Proxy;
@@ -146,7 +147,7 @@ async fn respond<B>(
         return error(StatusCode::BAD_REQUEST, why);
     }
     match path {
-        "/limits/top" => top(request, proxy),
+        "/limits/top" => top(request, proxy).await,
         "/limits/state" => state(request, proxy).await,
         "/limits/override" if method == Method::DELETE => unoverride(request, proxy, caller).await,
         "/limits/override" => set_override(request, proxy, caller).await,
@@ -159,7 +160,7 @@ async fn respond<B>(
 /// named, so that a misspelt parameter is never silently ignored. The health endpoints
 /// (`/healthz`, `/readyz`, `/metrics`) take none and ignore the query: probes and scrapers may
 /// add their own.
-const TOP_PARAMS: &[&str] = &["k", "format"];
+const TOP_PARAMS: &[&str] = &["k", "format", "scope"];
 const STATE_PARAMS: &[&str] = &["route", "identity", "format"];
 const RESET_PARAMS: &[&str] = &["route", "identity", "format"];
 const OVERRIDE_PARAMS: &[&str] = &["route", "identity", "limit", "multiply", "for", "format"];
@@ -297,31 +298,64 @@ fn top_k<B>(request: &Request<B>) -> Result<usize, String> {
         })
 }
 
-fn top<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
-    let (k, text) = match top_k(request).and_then(|k| wants_text(request).map(|text| (k, text))) {
+/// `?scope=`: the fleet's view (the default) or this replica's.
+fn top_scope<B>(request: &Request<B>) -> Result<View, String> {
+    match param(request, "scope").as_deref() {
+        None | Some(b"fleet") => Ok(View::Fleet),
+        Some(b"local") => Ok(View::Local),
+        Some(_) => Err("scope must be `fleet` or `local`".to_owned()),
+    }
+}
+
+async fn top<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
+    let parsed = top_k(request).and_then(|k| {
+        let text = wants_text(request)?;
+        Ok((k, text, top_scope(request)?))
+    });
+    let (k, text, view) = match parsed {
         Ok(parsed) => parsed,
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
     };
     let control = proxy.throttle_control();
-    let routes = control.offenders().map(|o| o.top(k)).unwrap_or_default();
-    let routes: Vec<Value> = routes
+    let top = match control.offenders() {
+        Some(sketch) => sketch.top_of(k, view).await,
+        None => offenders::Top {
+            view: View::Local,
+            reason: None,
+            replicas: 1,
+            routes: Vec::new(),
+        },
+    };
+    let routes: Vec<Value> = top
+        .routes
         .into_iter()
         .map(|(route, top)| {
             let callers: Vec<Value> = top
                 .into_iter()
                 .map(|o| {
                     let (source, identity) = shown(&o.item);
-                    json!({ "identity": identity, "source": source, "count": o.count, "error": o.error })
+                    json!({
+                        "identity": identity,
+                        "source": source,
+                        "count": o.count,
+                        "error": o.error,
+                        "replicas": o.replicas,
+                    })
                 })
                 .collect();
             json!({ "route": route, "top": callers })
         })
         .collect();
-    let body = json!({
+    let mut body = json!({
+        "scope": match top.view { View::Fleet => "fleet", View::Local => "local" },
+        "replicas": top.replicas,
         "window_seconds": offenders::WINDOWS as u64 * offenders::WINDOW_MS / 1000,
         "k": k,
         "routes": routes,
     });
+    if let Some(reason) = top.reason {
+        body["reason"] = json!(reason);
+    }
     if text {
         return text_response(StatusCode::OK, top_text(&body));
     }
@@ -342,8 +376,16 @@ fn shown(item: &str) -> (String, String) {
 }
 
 fn top_text(body: &Value) -> String {
+    let over = match (body["scope"].as_str(), body["replicas"].as_u64()) {
+        (Some("fleet"), Some(1)) => "the fleet (1 replica reporting)".to_owned(),
+        (Some("fleet"), Some(n)) => format!("the fleet ({n} replicas reporting)"),
+        _ => match body["reason"].as_str() {
+            Some(reason) => format!("this replica only ({reason})"),
+            None => "this replica only".to_owned(),
+        },
+    };
     let mut out = format!(
-        "denied most in the last {}s (counts are upper bounds; ± is how much they may overcount)\n",
+        "denied most in the last {}s on {over} (counts are upper bounds; ± is how much they may overcount)\n",
         body["window_seconds"]
     );
     let routes = body["routes"].as_array().cloned().unwrap_or_default();
@@ -357,13 +399,17 @@ fn top_text(body: &Value) -> String {
         ));
         for caller in route["top"].as_array().into_iter().flatten() {
             out.push_str(&format!(
-                "  {:>8}  {} ({}){}\n",
+                "  {:>8}  {} ({}){}  {}\n",
                 caller["count"],
                 caller["identity"].as_str().unwrap_or("?"),
                 caller["source"].as_str().unwrap_or("?"),
                 match caller["error"].as_u64() {
                     Some(0) | None => String::new(),
                     Some(e) => format!(" ±{e}"),
+                },
+                match caller["replicas"].as_u64() {
+                    Some(1) | None => "1 replica".to_owned(),
+                    Some(n) => format!("{n} replicas"),
                 }
             ));
         }
@@ -709,7 +755,7 @@ mod tests {
         assert_eq!(check("/limits/top?%6B=3"), Ok(()));
         assert_eq!(
             check("/limits/top?k=3&kk=4"),
-            Err("unknown query parameter `kk`: /limits/top takes k, format".into())
+            Err("unknown query parameter `kk`: /limits/top takes k, format, scope".into())
         );
         assert_eq!(
             check("/limits/top?format"),
@@ -725,6 +771,15 @@ mod tests {
     #[test]
     fn k_and_format_are_refused_outside_what_is_allowed() {
         let get = |uri: &str| Request::get(uri).body(()).unwrap();
+        assert_eq!(top_scope(&get("/limits/top")), Ok(View::Fleet));
+        assert_eq!(top_scope(&get("/limits/top?scope=fleet")), Ok(View::Fleet));
+        assert_eq!(top_scope(&get("/limits/top?scope=local")), Ok(View::Local));
+        for bad in ["bogus", "", "Local"] {
+            assert_eq!(
+                top_scope(&get(&format!("/limits/top?scope={bad}"))),
+                Err("scope must be `fleet` or `local`".to_owned())
+            );
+        }
         assert_eq!(top_k(&get("/limits/top")), Ok(DEFAULT_TOP));
         assert_eq!(top_k(&get("/limits/top?k=1")), Ok(1));
         assert_eq!(top_k(&get("/limits/top?k=128")), Ok(offenders::CAPACITY));

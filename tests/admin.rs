@@ -759,7 +759,7 @@ async fn admin_parameters_outside_what_is_allowed_get_400_naming_what_is() {
         (
             "GET",
             "/limits/top?kk=3",
-            "unknown query parameter `kk`: /limits/top takes k, format",
+            "unknown query parameter `kk`: /limits/top takes k, format, scope",
         ),
         (
             "GET",

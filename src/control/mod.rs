@@ -1,12 +1,14 @@
 //! Operator and background work around the limit stage, kept off the request path: one
 //! caller's state and reset across stores and replicas, and the deny cache's watch on resets
 //! ([`caller`]), temporary overrides of one caller's limits and their watch ([`overrides`]),
-//! the audit trail of operator actions ([`audit`]), the top-offenders sketch ([`offenders`]),
-//! and the rounds of local-first limits ([`sync`]). The proxy's wiring starts and carries them
-//! over reloads; the limit stage knows none of them.
+//! the audit trail of operator actions ([`audit`]), the top-offenders sketch ([`offenders`])
+//! and its fleet-wide view through Redis ([`fleet`]), and the rounds of local-first limits
+//! ([`sync`]). The proxy's wiring starts and carries them over reloads; the limit stage knows
+//! none of them.
 
 pub mod audit;
 pub mod caller;
+pub mod fleet;
 pub mod offenders;
 pub mod overrides;
 pub mod sync;

@@ -12,11 +12,19 @@
 //! a query merges the live ones. The sketch is pure (the caller passes the time) so the
 //! tests drive it. The proxy records each limited request here, by the store key the limit
 //! stage denied ([`Offenders::record_denial`]).
+//!
+//! With a Redis store the sketch is also linked to it ([`Offenders::link`]): a background task
+//! publishes this replica's lists once a second and [`Offenders::top_of`] merges every
+//! replica's ([`super::fleet`]); recording a denial stays a local increment either way.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
+use super::fleet::{self, RouteList, Snapshot};
 use crate::config::LimitSet;
+use crate::limit::{new_lease_id, Store};
+use crate::store::Shared;
 use crate::throttle::keys;
 
 /// Counters per route and sub-window.
@@ -125,6 +133,8 @@ pub struct Offender {
     pub count: u64,
     /// `count` overestimates the true number by at most this much.
     pub error: u64,
+    /// Replicas that saw it denied (1 in this replica's own view).
+    pub replicas: u32,
 }
 
 /// A minute of one route's denials: [`WINDOWS`] rotating sketches.
@@ -158,17 +168,27 @@ impl Minute {
         self.windows.iter().map(|(_, s)| s.len()).sum()
     }
 
+    /// What a caller with no counter in any live sub-window may have had at most: the floors
+    /// of the full ones.
+    pub fn unlisted(&self, now_ms: u64) -> u64 {
+        self.live(now_ms).map(SpaceSaving::floor).sum()
+    }
+
+    fn live(&self, now_ms: u64) -> impl Iterator<Item = &SpaceSaving> {
+        let number = now_ms / WINDOW_MS;
+        self.windows
+            .iter()
+            .filter(move |(at, _)| {
+                *at != u64::MAX && *at <= number && number - *at < WINDOWS as u64
+            })
+            .map(|(_, s)| s)
+    }
+
     /// The `k` callers denied most over the live sub-windows, most first. Counts sum the
     /// sub-windows; where a caller has no counter in a full sub-window it is counted at that
     /// sub-window's floor (what it may have had), which goes into the error too.
     pub fn top(&self, k: usize, now_ms: u64) -> Vec<Offender> {
-        let number = now_ms / WINDOW_MS;
-        let live: Vec<&SpaceSaving> = self
-            .windows
-            .iter()
-            .filter(|(at, _)| *at != u64::MAX && *at <= number && number - *at < WINDOWS as u64)
-            .map(|(_, s)| s)
-            .collect();
+        let live: Vec<&SpaceSaving> = self.live(now_ms).collect();
         let mut seen: HashMap<&str, ()> = HashMap::new();
         let mut out = Vec::new();
         for sketch in &live {
@@ -194,6 +214,7 @@ impl Minute {
                     item: counter.item.to_string(),
                     count,
                     error,
+                    replicas: 1,
                 });
             }
         }
@@ -211,11 +232,53 @@ impl Minute {
 
 /// Every route's minute, behind one lock (only denials record, and a denial is cheap here:
 /// a hash lookup and an increment).
-#[derive(Debug)]
 pub struct Offenders {
     capacity: usize,
     routes: Mutex<HashMap<String, Minute>>,
     started: std::time::Instant,
+    /// The Redis store the fleet's lists go through, and the key prefix (None: memory).
+    link: Mutex<Option<(Shared, String)>>,
+    /// Whether the publishing task was started (once per sketch).
+    publishing: AtomicBool,
+    /// This replica among the fleet's: random per sketch, so kept over the reloads that keep
+    /// the store (and the sketch), and distinct for proxies sharing a process.
+    id: String,
+}
+
+/// Which view `/limits/top` shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum View {
+    /// Every replica's denials, merged through Redis.
+    Fleet,
+    /// This replica's own.
+    Local,
+}
+
+/// Why a fleet view was asked for and this replica's own is shown.
+pub const MEMORY_STORE: &str = "memory store: each replica counts its own denials";
+pub const STORE_UNAVAILABLE: &str = "store unavailable";
+
+/// A top list as `/limits/top` shows it.
+#[derive(Debug, Clone)]
+pub struct Top {
+    /// What it covers.
+    pub view: View,
+    /// When a fleet view was asked for and this is the local one, why.
+    pub reason: Option<&'static str>,
+    /// Replicas whose lists were merged: those with denials in the window, and this one.
+    pub replicas: usize,
+    /// Per route with denials, its top `k`, routes by name.
+    pub routes: Vec<(String, Vec<Offender>)>,
+}
+
+impl std::fmt::Debug for Offenders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Offenders")
+            .field("capacity", &self.capacity)
+            .field("routes", &self.routes)
+            .field("publishing", &self.publishing)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for Offenders {
@@ -230,6 +293,110 @@ impl Offenders {
             capacity,
             routes: Mutex::new(HashMap::new()),
             started: std::time::Instant::now(),
+            link: Mutex::new(None),
+            publishing: AtomicBool::new(false),
+            id: format!("{:016x}", new_lease_id()),
+        }
+    }
+
+    /// Links the sketch to the configuration's store: with Redis (`slot`), this replica's
+    /// lists are published under `key_prefix` from now on (the task starts with the first
+    /// link and ends when the sketch is dropped); without, the fleet view is this replica's.
+    /// Called with every configuration the sketch serves, so a reload's prefix is followed.
+    pub fn link(self: &Arc<Self>, slot: Option<&Shared>, key_prefix: &str) {
+        *self.link.lock().unwrap_or_else(|e| e.into_inner()) =
+            slot.map(|s| (s.clone(), key_prefix.to_owned()));
+        if slot.is_some()
+            && tokio::runtime::Handle::try_current().is_ok()
+            && !self.publishing.swap(true, Ordering::Relaxed)
+        {
+            tokio::spawn(publish(Arc::downgrade(self)));
+        }
+    }
+
+    fn linked(&self) -> Option<(Shared, String)> {
+        self.link.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// This replica's lists as it publishes them: per route up to the sketch's capacity,
+    /// with the floor an unlisted caller may have had.
+    fn snapshot(&self) -> Snapshot {
+        let now = self.now_ms();
+        let routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+        let routes = routes
+            .iter()
+            .filter_map(|(route, minute)| {
+                let mut top = minute.top(self.capacity + 1, now);
+                if top.is_empty() {
+                    return None;
+                }
+                let mut floor = minute.unlisted(now);
+                if top.len() > self.capacity {
+                    top.truncate(self.capacity);
+                    floor = floor.max(top.last().map_or(0, |o| o.count));
+                }
+                let top = top
+                    .into_iter()
+                    .map(|o| (o.item, o.count, o.error))
+                    .collect();
+                Some((route.clone(), RouteList { floor, top }))
+            })
+            .collect();
+        Snapshot { routes }
+    }
+
+    /// The top `k` per route in `view`: the fleet's merges every replica's latest list (this
+    /// one's as it is now) when the store is Redis and answers; otherwise this replica's,
+    /// saying why.
+    pub async fn top_of(&self, k: usize, view: View) -> Top {
+        let local = |reason| Top {
+            view: View::Local,
+            reason,
+            replicas: 1,
+            routes: self.top(k),
+        };
+        if view == View::Local {
+            return local(None);
+        }
+        let Some((slot, prefix)) = self.linked() else {
+            return local(Some(MEMORY_STORE));
+        };
+        let Some(Store::Redis(redis)) = slot.get().cloned() else {
+            return local(Some(STORE_UNAVAILABLE));
+        };
+        let others = match fleet::read(&redis, &prefix).await {
+            Ok(others) => others,
+            Err(cause) => {
+                tracing::warn!(%cause, "/limits/top: the fleet's lists could not be read; answering with this replica's");
+                return local(Some(STORE_UNAVAILABLE));
+            }
+        };
+        let mut snapshots: Vec<Snapshot> = others
+            .into_iter()
+            .filter(|(id, _)| *id != self.id)
+            .map(|(_, snapshot)| snapshot)
+            .collect();
+        snapshots.push(self.snapshot());
+        let routes = fleet::merge(&snapshots, k)
+            .into_iter()
+            .map(|(route, merged)| {
+                let top = merged
+                    .into_iter()
+                    .map(|m| Offender {
+                        item: m.item,
+                        count: m.count,
+                        error: m.error,
+                        replicas: m.replicas,
+                    })
+                    .collect();
+                (route, top)
+            })
+            .collect();
+        Top {
+            view: View::Fleet,
+            reason: None,
+            replicas: snapshots.len(),
+            routes,
         }
     }
 
@@ -277,6 +444,45 @@ impl Offenders {
     pub fn counters(&self, route: &str) -> usize {
         let routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
         routes.get(route).map_or(0, Minute::counters)
+    }
+}
+
+/// Publishes the sketch's lists every [`fleet::PUBLISH_EVERY`] while it is linked to a
+/// connected Redis store; an idle replica publishes once to remove its entry, then nothing.
+async fn publish(offenders: Weak<Offenders>) {
+    let mut tick = tokio::time::interval(fleet::PUBLISH_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Whether Redis holds nothing of this replica's (true at the start: nothing was sent).
+    let mut published_empty = true;
+    let mut failing = false;
+    loop {
+        tick.tick().await;
+        let Some(sketch) = offenders.upgrade() else {
+            return;
+        };
+        let Some((slot, prefix)) = sketch.linked() else {
+            continue;
+        };
+        let snapshot = sketch.snapshot();
+        let id = sketch.id.clone();
+        drop(sketch);
+        if snapshot.is_empty() && published_empty {
+            continue;
+        }
+        let Some(Store::Redis(redis)) = slot.get().cloned() else {
+            continue;
+        };
+        match fleet::publish(&redis, &prefix, &id, &snapshot).await {
+            Ok(()) => {
+                published_empty = snapshot.is_empty();
+                failing = false;
+            }
+            Err(cause) if !failing => {
+                failing = true;
+                tracing::warn!(%cause, "top offenders: this replica's list could not be published; the fleet view misses it until Redis answers");
+            }
+            Err(_) => {}
+        }
     }
 }
 
@@ -374,6 +580,32 @@ mod tests {
         assert_eq!(items(61_000), ["new"]);
         minute.record("newest", 61_000);
         assert_eq!(minute.top(10, 61_000).len(), 2);
+    }
+
+    #[test]
+    fn the_published_list_is_cut_at_capacity_with_the_floor_of_what_was_left_out() {
+        let offenders = Offenders::new(2);
+        for (item, n) in [("a", 5), ("b", 3)] {
+            for _ in 0..n {
+                offenders.record("api", item);
+            }
+        }
+        // A full sketch: a caller without a counter may have had up to its smallest count.
+        let listed = offenders.snapshot();
+        assert_eq!(listed.routes["api"].floor, 3);
+        assert_eq!(
+            listed.routes["api"].top,
+            [("a".to_owned(), 5, 0), ("b".to_owned(), 3, 0)]
+        );
+        // A third caller takes b's counter (count 4, error 3): b may have had up to 4.
+        offenders.record("api", "c");
+        let listed = offenders.snapshot();
+        assert_eq!(listed.routes["api"].floor, 4);
+        assert_eq!(
+            listed.routes["api"].top,
+            [("a".to_owned(), 5, 0), ("c".to_owned(), 4, 3)]
+        );
+        assert!(Offenders::new(2).snapshot().is_empty());
     }
 
     #[test]

@@ -101,6 +101,8 @@ impl Runtime {
             sync_metrics,
         );
         let offenders = carried.map_or_else(Arc::default, |p| p.offenders.clone());
+        // With Redis, the sketch publishes for the fleet's `/limits/top` under this prefix.
+        offenders.link(stores.shared_slot(), &throttle.key_prefix);
         let denials = caller::new_deny_cache(&stores, &throttle.key_prefix);
         let overrides = crate::control::overrides::new_overrides(&stores, throttle);
         let limits = LimitStage::new(
