@@ -35,6 +35,7 @@ fn params(algorithm: Algorithm, limit: u64, period_us: Micros, burst: u64) -> Pa
         period_us,
         burst,
         cost: 1,
+        calendar: None,
     }
 }
 
@@ -327,6 +328,7 @@ async fn states_keep_their_exact_layout() {
                 period_us: 7_777_777,
                 burst: 5,
                 cost: 2,
+                calendar: None,
             };
             let key = format!("layout:{i}:{}", algorithm.name());
             let check = Check {

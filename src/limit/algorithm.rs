@@ -14,6 +14,8 @@
 
 use std::collections::VecDeque;
 
+use super::calendar::{self, Calendar};
+
 /// Microseconds, on the store's clock (absolute times) or as a duration.
 pub type Micros = i64;
 
@@ -97,6 +99,9 @@ pub struct Params {
     pub burst: u64,
     /// Units one request takes.
     pub cost: u64,
+    /// fixed_window only: windows that turn on the calendar (`window:` with `timezone:`)
+    /// instead of at multiples of the period; `period_us` is then the longest such window.
+    pub calendar: Option<Calendar>,
 }
 
 /// What one limit says about one request.
@@ -281,11 +286,30 @@ fn verdict(
     }
 }
 
-/// At most `limit` units per window; windows aligned to multiples of the period.
+/// At most `limit` units per window; windows aligned to multiples of the period, or turning
+/// on the calendar (see [`calendar`]).
 pub fn fixed_window(p: &Params, state: Option<&State>, now: Micros) -> (Verdict, State, Micros) {
-    let (limit, period, cost) = (p.limit as i64, p.period_us, p.cost as i64);
-    let window = now / period;
-    let end = (window + 1) * period;
+    let (window, end) = match &p.calendar {
+        Some(c) => calendar::window(c, now),
+        None => {
+            let window = now / p.period_us;
+            (window, (window + 1) * p.period_us)
+        }
+    };
+    fixed_window_in(p, state, now, window, end)
+}
+
+/// [`fixed_window`] in a given window: `window` identifies it in the state (its index for a
+/// period, its start instant for a calendar window, so a new window is a new count) and it
+/// ends at `end` (> `now`). `decide.lua` mirrors this with the window it picks itself.
+pub fn fixed_window_in(
+    p: &Params,
+    state: Option<&State>,
+    now: Micros,
+    window: i64,
+    end: Micros,
+) -> (Verdict, State, Micros) {
+    let (limit, cost) = (p.limit as i64, p.cost as i64);
     let count = match state {
         Some(State::FixedWindow { window: w, count }) if *w == window => *count as i64,
         _ => 0,
@@ -567,6 +591,11 @@ pub fn settle(
     now: Micros,
     op: Settle,
 ) -> Option<(State, Micros)> {
+    // Validation refuses settlements on calendar windows (settle.lua has no turns to pick
+    // from); nothing is written rather than a wrong window.
+    if p.calendar.is_some() {
+        return None;
+    }
     match op {
         Settle::Refund { amount, taken_at } => refund(p, state, now, taken_at, amount),
         Settle::Charge { amount } => charge(p, state, now, amount),
@@ -783,6 +812,7 @@ mod tests {
             period_us,
             burst,
             cost,
+            calendar: None,
         }
     }
 

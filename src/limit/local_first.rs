@@ -596,6 +596,8 @@ mod tests {
             period_us,
             burst: limit,
             cost: 1,
+
+            calendar: None,
         }
     }
 
