@@ -268,7 +268,11 @@ fn period_us(v: &mut Validator, path: &str, raw: &RawLimit, algorithm: Algorithm
             None => {
                 v.error(
                     path,
-                    "missing `period` (the window or refill period, e.g. 1s, 60s, 1h)",
+                    if algorithm == Algorithm::FixedWindow {
+                        "missing `period` (the window or refill period, e.g. 1s, 60s, 1h), or a calendar `window` (day, week, month, year)"
+                    } else {
+                        "missing `period` (the window or refill period, e.g. 1s, 60s, 1h)"
+                    },
                 );
                 Duration::from_secs(1)
             }
