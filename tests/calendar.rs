@@ -85,10 +85,14 @@ fn check_refuses_window_and_period_together() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "stderr: {stderr}");
     assert!(
-        stderr.lines().next().unwrap_or_default().starts_with(&format!(
-            "{}:6:67: routes[0].limits[0].window: `window` and `period` are mutually exclusive",
-            path.display()
-        )),
+        stderr
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .starts_with(&format!(
+                "{}:6:67: routes[0].limits[0].window: `window` and `period` are mutually exclusive",
+                path.display()
+            )),
         "{stderr}"
     );
 }

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::{RedisServer, Rng};
-use tollgate::limit::memory::{ManualClock, MemoryStore};
 use tollgate::limit::calendar::{self, Calendar, Unit, Zone};
+use tollgate::limit::memory::{ManualClock, MemoryStore};
 use tollgate::limit::redis_store::{decide_script_source, RedisStore, ScriptClock};
 use tollgate::limit::{Algorithm, Check, Decision, Lease, Micros, Params, Settle, Settlement};
 
@@ -715,7 +715,12 @@ fn calendar_params(unit: Unit, zone: &str, limit: u64) -> Params {
 
 /// Store-clock times that cross several turns of `calendar` from `start`: most steps stay
 /// inside a window, some land on the microsecond before, at and after a turn.
-fn times_across_turns(calendar: &Calendar, start: Micros, rng: &mut Rng, steps: usize) -> Vec<Micros> {
+fn times_across_turns(
+    calendar: &Calendar,
+    start: Micros,
+    rng: &mut Rng,
+    steps: usize,
+) -> Vec<Micros> {
     let mut now = start;
     let mut times = Vec::with_capacity(steps);
     for _ in 0..steps {

@@ -1350,7 +1350,11 @@ mod tests {
 
     #[test]
     fn a_month_in_new_york_resets_at_local_midnight_of_the_first() {
-        let mut k = Key::new(calendar_params(calendar::Unit::Month, "America/New_York", 3));
+        let mut k = Key::new(calendar_params(
+            calendar::Unit::Month,
+            "America/New_York",
+            3,
+        ));
         // 22:00 on October 31st in New York (EDT, -4): two hours before the month turns.
         let t = instant("2026-11-01T02:00:00Z");
         for i in 0..3 {
@@ -1371,7 +1375,11 @@ mod tests {
         // ... that lasts 30 days and an hour, to EST midnight of December 1st.
         assert_eq!(v.reset_after_us, 30 * 86_400 * SEC + 3_600 * SEC);
         // March: the month in which DST starts lasts 31 days less an hour.
-        let mut k = Key::new(calendar_params(calendar::Unit::Month, "America/New_York", 1));
+        let mut k = Key::new(calendar_params(
+            calendar::Unit::Month,
+            "America/New_York",
+            1,
+        ));
         let v = k.hit(1, instant("2027-03-01T05:00:00Z"));
         assert_eq!(v.reset_after_us, 31 * 86_400 * SEC - 3_600 * SEC);
         assert!(!k.hit(1, instant("2027-04-01T03:59:59Z")).allowed);

@@ -318,7 +318,10 @@ mod tests {
         assert_eq!(end, at("2026-12-01T05:00:00Z"));
         assert_eq!(end - start, 30 * DAY_US + HOUR_US);
         // February of a leap year in New York: 29 days.
-        let (start, end) = window(&cal(Unit::Month, "America/New_York"), at("2028-02-10T00:00:00Z"));
+        let (start, end) = window(
+            &cal(Unit::Month, "America/New_York"),
+            at("2028-02-10T00:00:00Z"),
+        );
         assert_eq!(end - start, 29 * DAY_US);
     }
 
@@ -337,7 +340,10 @@ mod tests {
         assert_eq!(end - start, 25 * HOUR_US);
         // A plain UTC day.
         let (start, end) = window(&cal(Unit::Day, "UTC"), at("2026-05-05T23:59:59.999999Z"));
-        assert_eq!((start, end), (at("2026-05-05T00:00:00Z"), at("2026-05-06T00:00:00Z")));
+        assert_eq!(
+            (start, end),
+            (at("2026-05-05T00:00:00Z"), at("2026-05-06T00:00:00Z"))
+        );
     }
 
     #[test]
@@ -381,7 +387,10 @@ mod tests {
         // February in UTC: 29 days in 2028, 28 in 2027.
         let feb = cal(Unit::Month, "UTC");
         let (start, end) = window(&feb, at("2028-02-29T23:59:59Z"));
-        assert_eq!((start, end), (at("2028-02-01T00:00:00Z"), at("2028-03-01T00:00:00Z")));
+        assert_eq!(
+            (start, end),
+            (at("2028-02-01T00:00:00Z"), at("2028-03-01T00:00:00Z"))
+        );
         let (start, end) = window(&feb, at("2027-02-15T00:00:00Z"));
         assert_eq!(end - start, 28 * DAY_US);
     }
@@ -406,7 +415,10 @@ mod tests {
             let mut now = at("2025-01-01T00:00:00Z");
             while now < at("2027-01-01T00:00:00Z") {
                 let t = turns(&c, now);
-                assert!(t[0] < t[1] && t[1] <= now && now < t[2] && t[2] < t[3], "{unit:?} {now}");
+                assert!(
+                    t[0] < t[1] && t[1] <= now && now < t[2] && t[2] < t[3],
+                    "{unit:?} {now}"
+                );
                 assert!(t[2] - t[1] <= unit.longest_us());
                 now += 7 * HOUR_US + 13;
             }

@@ -46,7 +46,11 @@ fn with_clock(src: &str, clock: ScriptClock) -> String {
                     source.contains(OFFSET_LINE),
                     "the prelude lost its offset marker"
                 );
-                source.replacen(OFFSET_LINE, &format!("local OFFSET_US = {offset} -- @offset"), 1)
+                source.replacen(
+                    OFFSET_LINE,
+                    &format!("local OFFSET_US = {offset} -- @offset"),
+                    1,
+                )
             }
         },
         ScriptClock::Argv => source.replacen(CLOCK_LINE, "local CLOCK = 'argv' -- @clock", 1),
@@ -264,10 +268,8 @@ pub fn check_arg(c: &Check<'_>, lease: u64, now: Option<Micros>) -> CheckArg {
     ];
     let mut count = CHECK_FIELDS - 4;
     if let Some(calendar) = &p.calendar {
-        let turns = super::calendar::turns(
-            calendar,
-            now.unwrap_or_else(super::calendar::proxy_now_us),
-        );
+        let turns =
+            super::calendar::turns(calendar, now.unwrap_or_else(super::calendar::proxy_now_us));
         for (field, turn) in fields[count..].iter_mut().zip(turns) {
             // Instants after 1970 (the proxy's clock is).
             *field = turn.max(0) as u64;

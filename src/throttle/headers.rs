@@ -285,7 +285,8 @@ pub fn policy_value(limits: &[Limit]) -> HeaderValue {
 fn window_us(p: &crate::limit::Params) -> crate::limit::Micros {
     match &p.calendar {
         Some(c) => {
-            let (start, end) = crate::limit::calendar::window(c, crate::limit::calendar::proxy_now_us());
+            let (start, end) =
+                crate::limit::calendar::window(c, crate::limit::calendar::proxy_now_us());
             end - start
         }
         None => p.period_us,
