@@ -21,7 +21,9 @@ use jiff::civil::{Date, DateTime};
 use jiff::tz::TimeZone;
 use jiff::{Timestamp, ToSpan};
 
-use super::algorithm::Micros;
+/// Microseconds since the Unix epoch (the same as `algorithm::Micros`, which imports this
+/// module and so cannot be imported here).
+pub type Micros = i64;
 
 const HOUR_US: Micros = 3_600 * 1_000_000;
 const DAY_US: Micros = 24 * HOUR_US;
@@ -188,11 +190,46 @@ impl Calendar {
 /// the one after that. Far outside the years a calendar can name (±9999), the windows fall
 /// back to the unit's longest length counted from the epoch.
 pub fn turns(calendar: &Calendar, now: Micros) -> [Micros; 4] {
-    calendar.try_turns(now).unwrap_or_else(|| {
+    // The turns depend only on the window that holds `now`: while `now` stays in the window
+    // last computed for this calendar, the cached turns are exactly what the computation
+    // gives. Per thread, so no lock; a handful of entries, for routes with several calendars.
+    let id = (
+        calendar.zone.0 as *const ZoneEntry as usize,
+        calendar.unit as u8,
+    );
+    let hit = CACHE.with(|cache| {
+        cache
+            .get()
+            .iter()
+            .find(|(key, t)| *key == id && t[1] <= now && now < t[2])
+            .map(|(_, t)| *t)
+    });
+    if let Some(turns) = hit {
+        return turns;
+    }
+    let turns = calendar.try_turns(now).unwrap_or_else(|| {
         let len = calendar.unit.longest_us();
         let start = now.div_euclid(len) * len;
         [start - len, start, start + len, start + 2 * len]
-    })
+    });
+    CACHE.with(|cache| {
+        let mut entries = cache.get();
+        entries.rotate_right(1);
+        entries[0] = (id, turns);
+        cache.set(entries);
+    });
+    turns
+}
+
+/// A cache entry: (zone entry's address, unit) and its turns. Zone entries live for the whole
+/// process, so an address names one zone for good.
+type CacheEntry = ((usize, u8), [Micros; 4]);
+
+thread_local! {
+    /// The turns last computed on this thread, newest first; an empty entry has turns that
+    /// contain no instant.
+    static CACHE: std::cell::Cell<[CacheEntry; 4]> =
+        const { std::cell::Cell::new([((0, 0), [0; 4]); 4]) };
 }
 
 /// The window `[start, end)` among `turns` (as [`turns`] returns them) that contains `now`:
@@ -415,6 +452,8 @@ mod tests {
             let mut now = at("2025-01-01T00:00:00Z");
             while now < at("2027-01-01T00:00:00Z") {
                 let t = turns(&c, now);
+                // The per-thread cache answers exactly what the computation gives.
+                assert_eq!(Some(t), c.try_turns(now));
                 assert!(
                     t[0] < t[1] && t[1] <= now && now < t[2] && t[2] < t[3],
                     "{unit:?} {now}"
