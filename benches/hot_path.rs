@@ -148,6 +148,7 @@ fn algorithm_step(c: &mut Criterion) {
             period_us: second,
             burst: 100,
             cost: 1,
+            calendar: None,
         };
         // A warm state: fifty requests already taken in the current period.
         let mut state: Option<State> = None;

@@ -7,7 +7,8 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use crate::config::{ByResponse, Config, Limit, OnLimit, Route, Scope, StoreConfig};
-use crate::limit::Algorithm;
+use crate::limit::calendar::{self, Calendar};
+use crate::limit::{Algorithm, Micros};
 
 /// What `tollgate check` prints: the listeners, the upstream and the routes.
 pub fn check(config: &Config) -> String {
@@ -114,7 +115,7 @@ fn write_route(out: &mut String, route: &Route) {
 }
 
 /// A one-line description of a limit for `check` and `explain`, e.g.
-/// `30 per 1m, burst 15, shadow`.
+/// `30 per 1m, burst 15, shadow`; a calendar window says when the current one turns.
 pub fn limit(limit: &Limit) -> String {
     let p = &limit.params;
     let period = humantime::format_duration(Duration::from_micros(p.period_us.max(0) as u64));
@@ -123,7 +124,10 @@ pub fn limit(limit: &Limit) -> String {
         Algorithm::TokenBucket | Algorithm::Gcra => {
             format!("{} per {period}, burst {}", p.limit, p.burst)
         }
-        _ => format!("{} per {period}", p.limit),
+        _ => match &p.calendar {
+            Some(c) => calendar_window(p.limit, c, calendar::proxy_now_us()),
+            None => format!("{} per {period}", p.limit),
+        },
     };
     if p.cost != 1 {
         let _ = write!(text, ", cost {}", p.cost);
@@ -155,6 +159,21 @@ pub fn limit(limit: &Limit) -> String {
         let _ = write!(text, ", {}", sync_bound(limit, sync));
     }
     text
+}
+
+/// A calendar window and when the current one turns, as seen at `now`, e.g.
+/// `10000 per month (America/New_York), this one turns at 2026-12-01T00:00:00-05:00[America/New_York], in 4days 11h 2m`.
+fn calendar_window(limit: u64, c: &Calendar, now: Micros) -> String {
+    let (_, end) = calendar::window(c, now);
+    // Whole seconds, rounded up like every seconds field tollgate sends.
+    let left = Duration::from_secs(((end - now).max(0) as u64).div_ceil(1_000_000));
+    format!(
+        "{limit} per {} ({}), this one turns at {}, in {}",
+        c.unit.name(),
+        c.zone.name(),
+        calendar::local_time(c, end),
+        humantime::format_duration(left)
+    )
 }
 
 /// The bound of a local-first limit synced every `sync`, as a function of R, the replicas

@@ -23,6 +23,7 @@ fn params(algorithm: Algorithm, limit: u64, period_us: i64, burst: u64, cost: u6
         period_us,
         burst,
         cost,
+        calendar: None,
     }
 }
 

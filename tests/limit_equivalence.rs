@@ -13,8 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::{RedisServer, Rng};
+use tollgate::limit::calendar::{self, Calendar, Unit, Zone};
 use tollgate::limit::memory::{ManualClock, MemoryStore};
-use tollgate::limit::redis_store::{RedisStore, ScriptClock};
+use tollgate::limit::redis_store::{decide_script_source, RedisStore, ScriptClock};
 use tollgate::limit::{Algorithm, Check, Decision, Lease, Micros, Params, Settle, Settlement};
 
 /// A realistic clock magnitude, so double precision in Lua is exercised.
@@ -35,6 +36,7 @@ fn params(algorithm: Algorithm, limit: u64, period_us: Micros, burst: u64) -> Pa
         period_us,
         burst,
         cost: 1,
+        calendar: None,
     }
 }
 
@@ -327,6 +329,7 @@ async fn states_keep_their_exact_layout() {
                 period_us: 7_777_777,
                 burst: 5,
                 cost: 2,
+                calendar: None,
             };
             let key = format!("layout:{i}:{}", algorithm.name());
             let check = Check {
@@ -694,6 +697,181 @@ fn charge_in_memory(
             *state = charge(&item.params, state.as_ref(), now, item.amount)
                 .filter(|(_, ttl)| *ttl > 0)
                 .map(|(s, _)| s);
+        }
+    }
+}
+
+/// A calendar window (`window:` with `timezone:`) as the configuration builds it.
+fn calendar_params(unit: Unit, zone: &str, limit: u64) -> Params {
+    Params {
+        period_us: unit.longest_us(),
+        calendar: Some(Calendar {
+            unit,
+            zone: Zone::get(zone).unwrap(),
+        }),
+        ..params(Algorithm::FixedWindow, limit, 1, limit)
+    }
+}
+
+/// Store-clock times that cross several turns of `calendar` from `start`: most steps stay
+/// inside a window, some land on the microsecond before, at and after a turn.
+fn times_across_turns(
+    calendar: &Calendar,
+    start: Micros,
+    rng: &mut Rng,
+    steps: usize,
+) -> Vec<Micros> {
+    let mut now = start;
+    let mut times = Vec::with_capacity(steps);
+    for _ in 0..steps {
+        let [_, _, next, _] = calendar::turns(calendar, now);
+        now = match rng.below(8) {
+            0 => next - 1,
+            1 => next,
+            2 => next + 1 + rng.below(3) as i64,
+            3 => now + rng.below(((next - now) / 2).max(1) as u64) as i64,
+            _ => now + rng.below(1_000_000) as i64,
+        };
+        times.push(now);
+    }
+    times
+}
+
+/// Calendar windows decide alike in Redis and in memory, month ends, daylight-saving changes
+/// and leap Februaries included, alone and next to a period limit with a penalty box.
+#[tokio::test]
+async fn calendar_windows_agree_across_turns() {
+    let server = RedisServer::start();
+    let redis =
+        RedisStore::connect_with_clock(&server.url(), Duration::from_secs(5), ScriptClock::Argv)
+            .await
+            .unwrap();
+    // (unit, zone, first instant): each run crosses turns next to a DST change or a month end.
+    let runs = [
+        (Unit::Month, "America/New_York", 1_793_400_000_000_000), // October 30th 2026
+        (Unit::Month, "America/New_York", 1_803_700_000_000_000), // late February 2027
+        (Unit::Day, "Europe/Berlin", 1_774_650_000_000_000),      // March 28th 2026
+        (Unit::Day, "Europe/Berlin", 1_792_800_000_000_000),      // October 24th 2026
+        (Unit::Week, "Europe/Berlin", 1_796_000_000_000_000),     // November 2026
+        (Unit::Month, "UTC", 1_832_500_000_000_000),              // February 2028
+        (Unit::Year, "Pacific/Auckland", 1_830_200_000_000_000),  // December 2027
+    ];
+    for (i, (unit, zone, start)) in runs.into_iter().enumerate() {
+        let cal = calendar_params(unit, zone, 3);
+        let calendar = cal.calendar.unwrap();
+        let name = format!("{}-{zone}#{i}", unit.name());
+        let mut rng = Rng(100 + i as u64);
+        let times = times_across_turns(&calendar, start, &mut rng, 400);
+        let limits = [
+            Limit {
+                key: format!("cal:{name}"),
+                params: cal,
+                shadow: false,
+                block_us: 0,
+            },
+            Limit {
+                key: format!("cal:{name}:per-second"),
+                params: params(Algorithm::FixedWindow, 2, 1_000_000, 2),
+                shadow: false,
+                block_us: 1_500_000,
+            },
+        ];
+        let clock = Arc::new(ManualClock::new(start));
+        let memory = MemoryStore::with_clock(clock.clone());
+        let (mut admitted, mut windows) = (0, std::collections::HashSet::new());
+        for (step, now) in times.into_iter().enumerate() {
+            clock.set(now);
+            let cost = if rng.below(6) == 0 { 2 } else { 1 };
+            for checks in [&limits[..1], &limits[..]] {
+                let checks: Vec<Check> = checks
+                    .iter()
+                    .map(|l| Check {
+                        key: &l.key,
+                        params: Params { cost, ..l.params },
+                        shadow: l.shadow,
+                        block_us: l.block_us,
+                    })
+                    .collect();
+                let m = memory.decide(&checks);
+                let r = redis.decide_at(&checks, now).await.unwrap();
+                assert_eq!(strip(&m), strip(&r), "{name}: step {step} at {now}");
+                if m.allowed {
+                    admitted += 1;
+                    windows.insert(calendar::window(&calendar, now).0);
+                }
+            }
+        }
+        assert!(admitted > 0, "{name}: nothing was admitted");
+        assert!(windows.len() >= 3, "{name}: only {} windows", windows.len());
+    }
+}
+
+/// The script decides on its own clock among the turns the proxy computed on another: with
+/// the proxy's clock ahead or behind by less than a window, every decision is the one the
+/// memory store makes on the store's clock.
+#[tokio::test]
+async fn calendar_windows_follow_the_stores_clock_not_the_proxys() {
+    let server = RedisServer::start();
+    let mut client = server.client().await;
+    let script = ::redis::Script::new(&decide_script_source(ScriptClock::Argv));
+    let runs = [
+        (Unit::Day, "Europe/Berlin", 1_774_650_000_000_000),
+        (Unit::Month, "America/New_York", 1_793_400_000_000_000),
+    ];
+    for (i, (unit, zone, start)) in runs.into_iter().enumerate() {
+        let p = calendar_params(unit, zone, 4);
+        let calendar = p.calendar.unwrap();
+        let shortest = 23 * 3_600 * 1_000_000;
+        for skew in [-shortest + 1, -3_600_000_000, -1, 1, 999_999, shortest - 1] {
+            let name = format!("{}-{zone}#{i} skew {skew}", unit.name());
+            let key = format!("skew:{name}");
+            let clock = Arc::new(ManualClock::new(start));
+            let memory = MemoryStore::with_clock(clock.clone());
+            let mut rng = Rng(7 + i as u64);
+            for (step, now) in times_across_turns(&calendar, start, &mut rng, 150)
+                .into_iter()
+                .enumerate()
+            {
+                clock.set(now);
+                let check = Check {
+                    key: &key,
+                    params: p,
+                    shadow: false,
+                    block_us: 0,
+                };
+                let m = memory.decide(&[check]);
+                // The proxy's turns, from its own clock; the script's time, the store's.
+                let t = calendar::turns(&calendar, now + skew);
+                let arg = format!(
+                    "1 {} {} {} 1 0 0 0 {} {} {} {}",
+                    p.limit, p.period_us, p.burst, t[0], t[1], t[2], t[3]
+                );
+                let reply: String = script
+                    .key(&key)
+                    .arg(now)
+                    .arg(arg)
+                    .invoke_async(&mut client)
+                    .await
+                    .unwrap();
+                let r: Vec<i64> = reply
+                    .split_whitespace()
+                    .map(|n| n.parse().unwrap())
+                    .collect();
+                let v = m.verdicts[0];
+                assert_eq!(
+                    r,
+                    vec![
+                        m.allowed as i64,
+                        v.allowed as i64,
+                        v.limit as i64,
+                        v.remaining as i64,
+                        v.reset_after_us,
+                        v.retry_after_us,
+                        now
+                    ],
+                    "{name}: step {step} at {now}"
+                );
+            }
         }
     }
 }

@@ -21,6 +21,7 @@ async fn idle_keys_are_evicted_after_their_ttl() {
             period_us: 10 * SEC,
             burst: 10,
             cost: 1,
+            calendar: None,
         };
         let d = store
             .decide(&[Check {

@@ -21,6 +21,7 @@ fn params(algorithm: Algorithm, limit: u64, period_us: i64, burst: u64) -> Param
         period_us,
         burst,
         cost: 1,
+        calendar: None,
     }
 }
 

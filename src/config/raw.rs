@@ -299,6 +299,10 @@ pub struct RawLimit {
     pub algorithm: String,
     pub limit: u64,
     pub period: Option<String>,
+    /// fixed_window only, instead of `period`: `day`, `week`, `month` or `year`.
+    pub window: Option<String>,
+    /// The IANA time zone a `window` turns in (UTC by default).
+    pub timezone: Option<String>,
     pub burst: Option<u64>,
     pub cost: Option<u64>,
     pub key: Option<RawKey>,

@@ -14,6 +14,8 @@
 
 use std::collections::VecDeque;
 
+use super::calendar::{self, Calendar};
+
 /// Microseconds, on the store's clock (absolute times) or as a duration.
 pub type Micros = i64;
 
@@ -97,6 +99,9 @@ pub struct Params {
     pub burst: u64,
     /// Units one request takes.
     pub cost: u64,
+    /// fixed_window only: windows that turn on the calendar (`window:` with `timezone:`)
+    /// instead of at multiples of the period; `period_us` is then the longest such window.
+    pub calendar: Option<Calendar>,
 }
 
 /// What one limit says about one request.
@@ -281,11 +286,30 @@ fn verdict(
     }
 }
 
-/// At most `limit` units per window; windows aligned to multiples of the period.
+/// At most `limit` units per window; windows aligned to multiples of the period, or turning
+/// on the calendar (see [`calendar`]).
 pub fn fixed_window(p: &Params, state: Option<&State>, now: Micros) -> (Verdict, State, Micros) {
-    let (limit, period, cost) = (p.limit as i64, p.period_us, p.cost as i64);
-    let window = now / period;
-    let end = (window + 1) * period;
+    let (window, end) = match &p.calendar {
+        Some(c) => calendar::window(c, now),
+        None => {
+            let window = now / p.period_us;
+            (window, (window + 1) * p.period_us)
+        }
+    };
+    fixed_window_in(p, state, now, window, end)
+}
+
+/// [`fixed_window`] in a given window: `window` identifies it in the state (its index for a
+/// period, its start instant for a calendar window, so a new window is a new count) and it
+/// ends at `end` (> `now`). `decide.lua` mirrors this with the window it picks itself.
+pub fn fixed_window_in(
+    p: &Params,
+    state: Option<&State>,
+    now: Micros,
+    window: i64,
+    end: Micros,
+) -> (Verdict, State, Micros) {
+    let (limit, cost) = (p.limit as i64, p.cost as i64);
     let count = match state {
         Some(State::FixedWindow { window: w, count }) if *w == window => *count as i64,
         _ => 0,
@@ -567,6 +591,11 @@ pub fn settle(
     now: Micros,
     op: Settle,
 ) -> Option<(State, Micros)> {
+    // Validation refuses settlements on calendar windows (settle.lua has no turns to pick
+    // from); nothing is written rather than a wrong window.
+    if p.calendar.is_some() {
+        return None;
+    }
     match op {
         Settle::Refund { amount, taken_at } => refund(p, state, now, taken_at, amount),
         Settle::Charge { amount } => charge(p, state, now, amount),
@@ -783,6 +812,7 @@ mod tests {
             period_us,
             burst,
             cost,
+            calendar: None,
         }
     }
 
@@ -1299,6 +1329,110 @@ mod tests {
         assert_eq!(v.remaining, 2);
         assert!(k.hit(2, T0).allowed);
         assert_eq!(k.peek(6, T0).verdict.retry_after_us, -1);
+    }
+
+    // ---- calendar windows ----
+
+    fn calendar_params(unit: calendar::Unit, zone: &str, limit: u64) -> Params {
+        Params {
+            period_us: unit.longest_us(),
+            calendar: Some(Calendar {
+                unit,
+                zone: calendar::Zone::get(zone).unwrap(),
+            }),
+            ..params(Algorithm::FixedWindow, limit, 1, limit, 1)
+        }
+    }
+
+    fn instant(text: &str) -> Micros {
+        text.parse::<jiff::Timestamp>().unwrap().as_microsecond()
+    }
+
+    #[test]
+    fn a_month_in_new_york_resets_at_local_midnight_of_the_first() {
+        let mut k = Key::new(calendar_params(
+            calendar::Unit::Month,
+            "America/New_York",
+            3,
+        ));
+        // 22:00 on October 31st in New York (EDT, -4): two hours before the month turns.
+        let t = instant("2026-11-01T02:00:00Z");
+        for i in 0..3 {
+            assert!(k.hit(1, t + i).allowed);
+        }
+        let v = k.hit(1, t + 10);
+        assert!(!v.allowed);
+        // Retry-After is exactly the time to local midnight (04:00Z), to the microsecond.
+        assert_eq!(v.retry_after_us, 2 * 3_600 * SEC - 10);
+        assert_eq!(v.reset_after_us, 2 * 3_600 * SEC - 10);
+        k.assert_retry_exact(1, t + 10);
+        // November (DST ends on the 1st at 02:00 local) is a new count...
+        let turn = instant("2026-11-01T04:00:00Z");
+        assert!(!k.hit(1, turn - 1).allowed);
+        let v = k.hit(1, turn);
+        assert!(v.allowed);
+        assert_eq!(v.remaining, 2);
+        // ... that lasts 30 days and an hour, to EST midnight of December 1st.
+        assert_eq!(v.reset_after_us, 30 * 86_400 * SEC + 3_600 * SEC);
+        // March: the month in which DST starts lasts 31 days less an hour.
+        let mut k = Key::new(calendar_params(
+            calendar::Unit::Month,
+            "America/New_York",
+            1,
+        ));
+        let v = k.hit(1, instant("2027-03-01T05:00:00Z"));
+        assert_eq!(v.reset_after_us, 31 * 86_400 * SEC - 3_600 * SEC);
+        assert!(!k.hit(1, instant("2027-04-01T03:59:59Z")).allowed);
+        assert!(k.hit(1, instant("2027-04-01T04:00:00Z")).allowed);
+    }
+
+    #[test]
+    fn calendar_days_of_23_and_25_hours() {
+        let mut k = Key::new(calendar_params(calendar::Unit::Day, "Europe/Berlin", 1));
+        // The day Berlin springs forward starts at 23:00Z the day before and lasts 23 hours.
+        let start = instant("2026-03-28T23:00:00Z");
+        let v = k.hit(1, start);
+        assert_eq!(v.reset_after_us, 23 * 3_600 * SEC);
+        let v = k.hit(1, start + 3_600 * SEC);
+        assert_eq!(v.retry_after_us, 22 * 3_600 * SEC);
+        k.assert_retry_exact(1, start + 3_600 * SEC);
+        // The day it falls back lasts 25.
+        let start = instant("2026-10-24T22:00:00Z");
+        let v = k.hit(1, start);
+        assert!(v.allowed);
+        assert_eq!(v.reset_after_us, 25 * 3_600 * SEC);
+        assert!(!k.hit(1, start + 24 * 3_600 * SEC).allowed);
+        assert!(k.hit(1, start + 25 * 3_600 * SEC).allowed);
+    }
+
+    #[test]
+    fn calendar_weeks_years_and_a_leap_february() {
+        // Thursday 2026-11-26: the week (Berlin) turns on Monday 2026-11-30, 00:00 CET.
+        let mut k = Key::new(calendar_params(calendar::Unit::Week, "Europe/Berlin", 1));
+        let now = instant("2026-11-26T12:00:00Z");
+        assert!(k.hit(1, now).allowed);
+        let v = k.hit(1, now);
+        assert_eq!(now + v.retry_after_us, instant("2026-11-29T23:00:00Z"));
+        // A year in UTC.
+        let mut k = Key::new(calendar_params(calendar::Unit::Year, "UTC", 1));
+        assert!(k.hit(1, instant("2028-12-31T23:59:59Z")).allowed);
+        assert!(k.hit(1, instant("2029-01-01T00:00:00Z")).allowed);
+        // February 2028 has 29 days.
+        let mut k = Key::new(calendar_params(calendar::Unit::Month, "UTC", 1));
+        let v = k.hit(1, instant("2028-02-01T00:00:00Z"));
+        assert_eq!(v.reset_after_us, 29 * 86_400 * SEC);
+        assert!(!k.hit(1, instant("2028-02-29T23:59:59Z")).allowed);
+        assert!(k.hit(1, instant("2028-03-01T00:00:00Z")).allowed);
+    }
+
+    #[test]
+    fn calendar_windows_are_never_settled() {
+        let p = calendar_params(calendar::Unit::Day, "UTC", 5);
+        let step = check(&p, None, T0, 0);
+        assert_eq!(
+            settle(&p, Some(&step.state), T0, Settle::Charge { amount: 1 }),
+            None
+        );
     }
 
     // ---- settlements (refund / charge) ----

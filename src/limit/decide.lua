@@ -13,6 +13,10 @@
 --            limit, period_us, burst, cost, shadow (0/1),
 --            lease id (decimal u64: kept as a string, it does not fit a double; 0 if unused),
 --            block_us (block_for in microseconds; 0 if none)
+--          and, for a calendar fixed_window only, four more: the turns t0 < t1 < t2 < t3 the
+--          proxy computed around its own clock (calendar.rs's turns; Lua cannot evaluate time
+--          zones); the script picks the window among them that contains its own time
+--          (calendar.rs's pick), so the decision stays on the store's clock
 --          One argument per check rather than eight: each argument costs the proxy about 200
 --          instructions (redis-rs builds and then encodes every one), and Redis about as much
 --          to read it as the one string.match that splits the fields costs.
@@ -68,7 +72,7 @@ local BLOCK_SUFFIX = ':block'
 -- state and, only if `write` (the decision can still commit) and the check allows, the state:
 -- a string for the caller to SET with that TTL, or, for a zset, a function that writes it.
 -- Nothing for an unknown code.
-local function check(key, code, limit, period, burst, cost, lease, write)
+local function check(key, code, limit, period, burst, cost, lease, write, turns)
   -- A string state is read with one GET and counts only if written by the same algorithm (its
   -- pattern matches): missing, another algorithm's string or another Redis type (GET fails on
   -- it, hence pcall) is idle. A foreign state needs no cleanup: SET replaces any type.
@@ -152,9 +156,26 @@ local function check(key, code, limit, period, burst, cost, lease, write)
     end
     return allowed, burst, idiv(scaled, period), reset, retry, reset, state
   elseif code == 1 then
-    -- fixed_window
-    local window = idiv(now, period)
-    local stop = (window + 1) * period
+    -- fixed_window (algorithm::fixed_window_in): the window is its index for a period, its
+    -- start instant for a calendar window (calendar::pick, an end never before now + 1)
+    local window, stop
+    if turns ~= '' then
+      local t0, t1, t2, t3 = match(turns, '^ (%d+) (%d+) (%d+) (%d+)$')
+      if t0 == nil then
+        return nil
+      end
+      if now < t1 + 0 then
+        window, stop = t0 + 0, t1 + 0
+      elseif now < t2 + 0 then
+        window, stop = t1 + 0, t2 + 0
+      else
+        window, stop = t2 + 0, t3 + 0
+      end
+      stop = math.max(stop, now + 1)
+    else
+      window = idiv(now, period)
+      stop = (window + 1) * period
+    end
     local count = 0
     local w, n
     if v then
@@ -364,8 +385,8 @@ local function decide(k0, a0, n)
   for i = 1, n do
     local a = a0 + ARGS * (i - 1)
     local key = KEYS[k0 + i]
-    local code, limit_arg, period, burst, cost, shadow, lease, block_arg =
-      match(ARGV[a + 1], '^(%d+) (%d+) (%d+) (%d+) (%d+) ([01]) (%d+) (%d+)$')
+    local code, limit_arg, period, burst, cost, shadow, lease, block_arg, turns =
+      match(ARGV[a + 1], '^(%d+) (%d+) (%d+) (%d+) (%d+) ([01]) (%d+) (%d+)(.*)$')
     if code == nil then
       return nil, 'decide.lua: malformed check ' .. tostring(ARGV[a + 1])
     end
@@ -377,10 +398,11 @@ local function decide(k0, a0, n)
       burst + 0,
       cost + 0,
       lease,
-      COMMIT and allowed
+      COMMIT and allowed,
+      turns
     )
     if ok == nil then
-      return nil, 'decide.lua: unknown algorithm code ' .. code
+      return nil, 'decide.lua: unknown algorithm code or malformed turns ' .. code
     end
     -- @block begin: block_for (the penalty box), as algorithm::penalty_box. While the
     -- marker's end (store-clock microseconds) is ahead, this limit denies; otherwise a denial

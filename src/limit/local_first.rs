@@ -601,6 +601,8 @@ mod tests {
             period_us,
             burst: limit,
             cost: 1,
+
+            calendar: None,
         }
     }
 

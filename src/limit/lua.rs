@@ -7,6 +7,7 @@
 //! `decide.lua`'s argument ([`CheckArg`]) and the parsing of packed replies. Pure text:
 //! running the scripts is the script runner's job.
 
+use super::algorithm::Micros;
 use super::decision::{Check, StoreError};
 
 const PRELUDE_LUA: &str = include_str!("prelude.lua");
@@ -38,10 +39,27 @@ fn with_clock(src: &str, clock: ScriptClock) -> String {
         "the prelude lost its clock marker"
     );
     match clock {
-        ScriptClock::Redis => source,
+        ScriptClock::Redis => match super::calendar::test_clock_offset_us() {
+            0 => source,
+            offset => {
+                assert!(
+                    source.contains(OFFSET_LINE),
+                    "the prelude lost its offset marker"
+                );
+                source.replacen(
+                    OFFSET_LINE,
+                    &format!("local OFFSET_US = {offset} -- @offset"),
+                    1,
+                )
+            }
+        },
         ScriptClock::Argv => source.replacen(CLOCK_LINE, "local CLOCK = 'argv' -- @clock", 1),
     }
 }
+
+/// The prelude's line that adds the test clock offset (debug builds only, see
+/// `calendar::test_clock_offset_us`) to Redis's `TIME`; 0 everywhere else.
+const OFFSET_LINE: &str = "local OFFSET_US = 0 -- @offset";
 
 /// `decide.lua` with the given clock (both variants share every other line).
 pub fn decide_script_source(clock: ScriptClock) -> String {
@@ -206,8 +224,9 @@ pub(super) fn split_batch_reply(
         .collect())
 }
 
-/// Fields of a check's argument (see [`check_arg`]).
-const CHECK_FIELDS: usize = 8;
+/// Fields of a check's argument (see [`check_arg`]), at most: a calendar window adds its four
+/// turns.
+const CHECK_FIELDS: usize = 12;
 
 /// The one script argument of a check: its fields in decimal, separated by single spaces, on
 /// the stack (at most 20 digits each).
@@ -224,11 +243,14 @@ impl CheckArg {
 }
 
 /// The script argument of one check, its fields in `decide.lua`'s order: algorithm code,
-/// limit, period_us, burst, cost, shadow, lease id, block_us. One argument rather than eight:
-/// redis-rs builds and encodes every argument on its own, so each one costs on every call.
-pub fn check_arg(c: &Check<'_>, lease: u64) -> CheckArg {
+/// limit, period_us, burst, cost, shadow, lease id, block_us, and for a calendar window the
+/// four turns around the proxy's clock (`calendar::turns`, from `now` when the script runs on
+/// an injected clock, else from the proxy's own), among which the script picks the window
+/// that holds its own time. One argument rather than eight: redis-rs builds and encodes
+/// every argument on its own, so each one costs on every call.
+pub fn check_arg(c: &Check<'_>, lease: u64, now: Option<Micros>) -> CheckArg {
     let p = &c.params;
-    let fields: [u64; CHECK_FIELDS] = [
+    let mut fields: [u64; CHECK_FIELDS] = [
         u64::from(p.algorithm.code()),
         p.limit,
         // Validated positive.
@@ -239,19 +261,33 @@ pub fn check_arg(c: &Check<'_>, lease: u64) -> CheckArg {
         lease,
         // block_for; validated positive when set.
         c.block_us.max(0) as u64,
+        0,
+        0,
+        0,
+        0,
     ];
+    let mut count = CHECK_FIELDS - 4;
+    if let Some(calendar) = &p.calendar {
+        let turns =
+            super::calendar::turns(calendar, now.unwrap_or_else(super::calendar::proxy_now_us));
+        for (field, turn) in fields[count..].iter_mut().zip(turns) {
+            // Instants after 1970 (the proxy's clock is).
+            *field = turn.max(0) as u64;
+        }
+        count = CHECK_FIELDS;
+    }
     let mut arg = CheckArg {
         len: 0,
         bytes: [0; CHECK_FIELDS * 21],
     };
     let mut len = 0;
     let mut digits = itoa::Buffer::new();
-    for (i, field) in fields.into_iter().enumerate() {
+    for (i, field) in fields[..count].iter().enumerate() {
         if i > 0 {
             arg.bytes[len] = b' ';
             len += 1;
         }
-        let text = digits.format(field).as_bytes();
+        let text = digits.format(*field).as_bytes();
         arg.bytes[len..len + text.len()].copy_from_slice(text);
         len += text.len();
     }

@@ -37,6 +37,16 @@ impl Clock for SystemClock {
     }
 }
 
+/// The system clock shifted by the test clock offset (debug builds only, see
+/// `calendar::TEST_CLOCK_OFFSET_ENV`).
+struct OffsetClock(Micros);
+
+impl Clock for OffsetClock {
+    fn now_us(&self) -> Micros {
+        SystemClock.now_us() + self.0
+    }
+}
+
 /// A clock that only moves when told to (tests).
 #[derive(Debug, Default)]
 pub struct ManualClock(AtomicI64);
@@ -95,7 +105,10 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 
 impl MemoryStore {
     pub fn new() -> MemoryStore {
-        MemoryStore::with_clock(Arc::new(SystemClock))
+        match super::calendar::test_clock_offset_us() {
+            0 => MemoryStore::with_clock(Arc::new(SystemClock)),
+            offset => MemoryStore::with_clock(Arc::new(OffsetClock(offset))),
+        }
     }
 
     pub fn with_clock(clock: Arc<dyn Clock>) -> MemoryStore {
@@ -407,6 +420,7 @@ mod tests {
             period_us,
             burst: limit,
             cost: 1,
+            calendar: None,
         }
     }
 

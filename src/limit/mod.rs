@@ -11,6 +11,7 @@
 //! depends on it.
 
 pub mod algorithm;
+pub mod calendar;
 mod coalesce;
 mod decision;
 pub mod local_first;

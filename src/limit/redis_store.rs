@@ -124,7 +124,7 @@ impl RedisStore {
             for (checks, leases) in decisions.iter().zip(&lease_ids) {
                 command.arg(checks.len());
                 for (i, c) in checks.iter().enumerate() {
-                    command.arg(check_arg(c, lease_at(leases, i)).as_bytes());
+                    command.arg(check_arg(c, lease_at(leases, i), Some(now)).as_bytes());
                 }
             }
         };
@@ -177,7 +177,7 @@ impl RedisStore {
             let values = checks
                 .iter()
                 .enumerate()
-                .map(|(i, c)| check_arg(c, lease_at(&lease_ids, i)))
+                .map(|(i, c)| check_arg(c, lease_at(&lease_ids, i), None))
                 .collect();
             let timeout = self.runner.timeout();
             let reply = tokio::time::timeout(timeout, coalescer.decide(keys, values))
@@ -200,7 +200,7 @@ impl RedisStore {
                 command.arg(now);
             }
             for (i, c) in checks.iter().enumerate() {
-                command.arg(check_arg(c, lease_at(&lease_ids, i)).as_bytes());
+                command.arg(check_arg(c, lease_at(&lease_ids, i), now).as_bytes());
             }
         };
         let PackedInts(reply) = self.runner.eval(script, keys, args).await?;

@@ -224,6 +224,7 @@ mod tests {
                 period_us: 60_000_000,
                 burst: 5,
                 cost: 1,
+                calendar: None,
             },
             key: vec![],
             scope: Scope::Global,

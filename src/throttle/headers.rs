@@ -88,7 +88,7 @@ pub fn add_fields(
         retry_after_secs(verdict.retry_after_us)
     };
     if config.ietf || force_ietf {
-        headers.insert(&RATELIMIT_POLICY, policy(set).clone());
+        headers.insert(&RATELIMIT_POLICY, policy(set).into_owned());
         // `"name";r=<remaining>;t=<seconds>`, written without the formatting machinery: this
         // runs for every response on a limited route.
         let (mut remaining, mut seconds) = (itoa::Buffer::new(), itoa::Buffer::new());
@@ -250,8 +250,12 @@ pub const DEFAULT_STATUS: StatusCode = StatusCode::TOO_MANY_REQUESTS;
 
 /// The `RateLimit-Policy` field value of `set`: rendered on first use and kept in the set's
 /// cell, so each set is rendered once, not on every response.
-pub fn policy(set: &LimitSet) -> &HeaderValue {
-    set.policy.get_or_init(|| policy_value(set))
+pub fn policy(set: &LimitSet) -> std::borrow::Cow<'_, HeaderValue> {
+    // A calendar window's length changes from one window to the next: rendered every time.
+    if set.calendar {
+        return std::borrow::Cow::Owned(policy_value(set));
+    }
+    std::borrow::Cow::Borrowed(set.policy.get_or_init(|| policy_value(set)))
 }
 
 /// `RateLimit-Policy` for all of `limits`, e.g. `"login";q=5;w=60`: the quota and the window
@@ -270,11 +274,23 @@ pub fn policy_value(limits: &[Limit]) -> HeaderValue {
                 "\"{}\";q={};w={}",
                 l.name,
                 l.params.limit,
-                (l.params.period_us.max(0) as u64).div_ceil(1_000_000)
+                (window_us(&l.params).max(0) as u64).div_ceil(1_000_000)
             ),
         })
         .collect();
     HeaderValue::from_str(&items.join(", ")).expect("policy names are plain ASCII")
+}
+
+/// The window a policy's `w` names: the period, or the current calendar window's length.
+fn window_us(p: &crate::limit::Params) -> crate::limit::Micros {
+    match &p.calendar {
+        Some(c) => {
+            let (start, end) =
+                crate::limit::calendar::window(c, crate::limit::calendar::proxy_now_us());
+            end - start
+        }
+        None => p.period_us,
+    }
 }
 
 #[cfg(test)]
@@ -292,6 +308,7 @@ mod tests {
                 period_us: period_s * 1_000_000,
                 burst: limit,
                 cost: 1,
+                calendar: None,
             },
             key: vec![],
             scope: Scope::Local,

@@ -30,6 +30,9 @@ pub struct LimitSet {
     /// `throttle::headers::policy` on first use, so it is rendered once per set rather than
     /// on every response, and the configuration renders nothing of the responses itself.
     pub policy: OnceLock<http::HeaderValue>,
+    /// True when a limit has a calendar window: its length changes from one window to the
+    /// next, so the policy is rendered on every response instead of once.
+    pub calendar: bool,
 }
 
 impl LimitSet {
@@ -41,9 +44,10 @@ impl LimitSet {
                 None => route.to_owned(),
                 Some(tier) => format!("{route}~{tier}"),
             },
-            limits,
             shared_key,
             policy: OnceLock::new(),
+            calendar: limits.iter().any(|l| l.params.calendar.is_some()),
+            limits,
         }
     }
 }

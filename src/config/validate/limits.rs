@@ -14,6 +14,7 @@ use crate::config::model::{Limit, OnLimit, Scope, DEFAULT_LEASE_TTL};
 use crate::config::raw::RawLimit;
 use crate::identity::Identity;
 use crate::limit::algorithm::{self, Algorithm, Params};
+use crate::limit::calendar::{Calendar, Unit, Zone};
 
 /// What the limits of one list share: whose they are and what they fall back to.
 pub(super) struct Owner<'a> {
@@ -156,12 +157,15 @@ fn params(v: &mut Validator, path: &str, raw: &RawLimit, algorithm: Algorithm) -
     if bursty && raw.burst == Some(0) {
         v.error(&format!("{path}.burst"), "must be at least 1");
     }
+    let calendar = calendar(v, path, raw, algorithm);
     let params = Params {
         algorithm,
         limit: raw.limit,
-        period_us,
+        // A calendar window's longest length stands for its period wherever one is needed.
+        period_us: calendar.map_or(period_us, |c| c.unit.longest_us()),
         burst,
         cost,
+        calendar,
     };
     if raw.limit > 0 && !algorithm::params_fit(&params) {
         v.error(path, "limit × period is too large to count exactly (keep limit × period in microseconds at most 2^49 for token_bucket and sliding_window: shorten the period or lower the limit)");
@@ -170,6 +174,73 @@ fn params(v: &mut Validator, path: &str, raw: &RawLimit, algorithm: Algorithm) -
         v.error(&format!("{path}.limit"), "more than one request per microsecond cannot be metered: lower the limit or lengthen the period");
     }
     params
+}
+
+/// `window` and `timezone`: a fixed_window that turns on the calendar rather than every
+/// `period`; exactly one of `window` and `period`.
+fn calendar(
+    v: &mut Validator,
+    path: &str,
+    raw: &RawLimit,
+    algorithm: Algorithm,
+) -> Option<Calendar> {
+    let Some(window) = raw.window.as_deref() else {
+        if raw.timezone.is_some() {
+            v.error(
+                &format!("{path}.timezone"),
+                "`timezone` applies to a calendar `window` (day, week, month, year) only: add `window:` or remove `timezone`",
+            );
+        }
+        return None;
+    };
+    let at = format!("{path}.window");
+    if algorithm != Algorithm::FixedWindow {
+        v.error(
+            &at,
+            format!(
+                "calendar windows apply to fixed_window only, not {}: use `period`",
+                raw.algorithm
+            ),
+        );
+        return None;
+    }
+    if raw.period.is_some() {
+        v.error(
+            &at,
+            "`window` and `period` are mutually exclusive: keep `window` for a window that turns on the calendar, or `period` for one of fixed length",
+        );
+        return None;
+    }
+    let Some(unit) = Unit::from_name(window.trim()) else {
+        v.error(
+            &at,
+            format!("`{window}` is not a calendar window: use day, week, month or year (or `period` for a fixed length)"),
+        );
+        return None;
+    };
+    let name = raw.timezone.as_deref().map_or("UTC", str::trim);
+    let zone = match Zone::get(name) {
+        Ok(zone) => zone,
+        Err(_) => {
+            v.error(
+                &format!("{path}.timezone"),
+                format!("`{name}` is not a known IANA time zone: use a name such as UTC, Europe/Berlin or America/New_York"),
+            );
+            return None;
+        }
+    };
+    let refused = if raw.count_statuses.is_some() || raw.cost_from_response.is_some() {
+        Some("a calendar window cannot be settled after the response yet: remove `count_statuses`/`cost_from_response`, or use `period`")
+    } else if raw.sync.as_deref().is_some_and(|s| s.trim() != "exact") {
+        Some("a calendar window is decided exactly, on the store's clock: remove `sync` (or use `sync: exact`)")
+    } else {
+        None
+    };
+    if let Some(reason) = refused {
+        v.error(&at, reason);
+        return None;
+    }
+    Some(Calendar { unit, zone })
 }
 
 /// `period` in microseconds, or a concurrency limit's `lease_ttl`.
@@ -192,10 +263,16 @@ fn period_us(v: &mut Validator, path: &str, raw: &RawLimit, algorithm: Algorithm
         }
         match raw.period.as_deref() {
             Some(p) => v.duration(&format!("{path}.period"), Some(p), Duration::from_secs(1)),
+            // A calendar window (see `calendar`) instead.
+            None if raw.window.is_some() => Duration::from_secs(1),
             None => {
                 v.error(
                     path,
-                    "missing `period` (the window or refill period, e.g. 1s, 60s, 1h)",
+                    if algorithm == Algorithm::FixedWindow {
+                        "missing `period` (the window or refill period, e.g. 1s, 60s, 1h), or a calendar `window` (day, week, month, year)"
+                    } else {
+                        "missing `period` (the window or refill period, e.g. 1s, 60s, 1h)"
+                    },
                 );
                 Duration::from_secs(1)
             }

@@ -313,4 +313,43 @@ routes:\n  - name: a\n    key: usr\n    limits:\n      - { algorithm: gcra, limi
             "{all}"
         );
     }
+
+    #[test]
+    fn calendar_windows_validate_and_describe_when_they_turn() {
+        let c = ok("routes:\n  - name: api\n    limits:\n      - { algorithm: fixed_window, limit: 10000, window: month, timezone: America/New_York }\n      - { algorithm: fixed_window, limit: 500, window: day, name: daily }\n");
+        let limits = &c.throttle.routes[0].limits;
+        let month = limits[0].params.calendar.expect("a calendar window");
+        assert_eq!(month.unit, crate::limit::calendar::Unit::Month);
+        assert_eq!(month.zone.name(), "America/New_York");
+        assert_eq!(limits[1].params.calendar.unwrap().zone.name(), "UTC");
+        let text = summary::limit(&limits[0]);
+        assert!(
+            text.starts_with("10000 per month (America/New_York), this one turns at ")
+                && text.contains("T00:00:00-0")
+                && text.contains("[America/New_York], in "),
+            "{text}"
+        );
+        // The policy's window is the current one's length in seconds (a UTC day).
+        assert!(policy(&c.throttle.routes[0].limits)
+            .to_str()
+            .unwrap()
+            .ends_with("\"daily\";q=500;w=86400"));
+    }
+
+    #[test]
+    fn calendar_windows_are_refused_with_where_and_how_to_fix() {
+        let all = errors("routes:\n  - name: a\n    limits:\n      - { algorithm: fixed_window, limit: 5, window: month, period: 30d }\n      - { algorithm: fixed_window, limit: 5 }\n      - { algorithm: fixed_window, limit: 5, window: month, timezone: Mars/Olympus }\n      - { algorithm: sliding_window, limit: 5, window: day }\n      - { algorithm: fixed_window, limit: 5, window: fortnight }\n      - { algorithm: fixed_window, limit: 5, period: 1d, timezone: UTC }\n      - { algorithm: fixed_window, limit: 5, window: day, sync: 100ms }\n      - { algorithm: fixed_window, limit: 5, window: day, count_statuses: [5xx] }\n");
+        for expected in [
+            "t.yaml:6:54: routes[0].limits[0].window: `window` and `period` are mutually exclusive",
+            "t.yaml:7:9: routes[0].limits[1]: missing `period` (the window or refill period, e.g. 1s, 60s, 1h), or a calendar `window`",
+            "t.yaml:8:71: routes[0].limits[2].timezone: `Mars/Olympus` is not a known IANA time zone",
+            "routes[0].limits[3].window: calendar windows apply to fixed_window only, not sliding_window",
+            "routes[0].limits[4].window: `fortnight` is not a calendar window: use day, week, month or year",
+            "routes[0].limits[5].timezone: `timezone` applies to a calendar `window`",
+            "routes[0].limits[6].window: a calendar window is decided exactly",
+            "routes[0].limits[7].window: a calendar window cannot be settled after the response yet",
+        ] {
+            assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+        }
+    }
 }
