@@ -371,6 +371,7 @@ mod tests {
                 period_us: 60_000_000,
                 burst: 1,
                 cost: 1,
+                calendar: None,
             },
             shadow: false,
             block_us: 0,

@@ -166,6 +166,7 @@ mod tests {
             period_us: 60_000_000,
             burst,
             cost: 1,
+            calendar: None,
         }
     }
 

@@ -347,6 +347,7 @@ mod tests {
             period_us: 3_000_000,
             burst: 3,
             cost: 1,
+            calendar: None,
         };
         // A window: one unit back, the window's end unchanged; back to full, nothing to reset.
         let window = params(Algorithm::FixedWindow);
