@@ -154,12 +154,12 @@ fn algorithm_step(c: &mut Criterion) {
         let mut state: Option<State> = None;
         let mut now = 10 * second;
         for _ in 0..50 {
-            let step = algorithm::check(&params, state.as_ref(), now, 0);
+            let step = algorithm::step_for(&params, state.as_ref(), now, 0);
             state = Some(step.state);
             now += 1_000;
         }
         c.bench_function(&format!("algorithm step ({})", algorithm.name()), |b| {
-            b.iter(|| algorithm::check(black_box(&params), state.as_ref(), black_box(now), 0))
+            b.iter(|| algorithm::step_for(black_box(&params), state.as_ref(), black_box(now), 0))
         });
     }
 }

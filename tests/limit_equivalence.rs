@@ -341,7 +341,7 @@ async fn states_keep_their_exact_layout() {
             let d = redis.decide_at(&[check], now).await.unwrap();
             assert!(d.allowed, "{key}");
             let lease = d.leases.first().map_or(0, |l| l.id);
-            let step = algorithm::check(&p, None, now, lease);
+            let step = algorithm::step_for(&p, None, now, lease);
             assert_eq!(d.verdicts[0], step.verdict, "{key}");
             let kind: String = redis::cmd("TYPE")
                 .arg(&key)

@@ -187,7 +187,7 @@ pub fn params_fit(p: &Params) -> bool {
 
 /// Checks one request against one limit. `lease` is the unique lease id the request gets if a
 /// concurrency limit admits it (ignored by the other algorithms).
-pub fn check(params: &Params, state: Option<&State>, now: Micros, lease: u64) -> Step {
+pub fn step_for(params: &Params, state: Option<&State>, now: Micros, lease: u64) -> Step {
     debug_assert!(params_fit(params), "params out of range: {params:?}");
     let (verdict, state, ttl) = match params.algorithm {
         Algorithm::FixedWindow => fixed_window(params, state, now),
@@ -580,7 +580,7 @@ fn refill(p: &Params, state: Option<&State>, now: Micros) -> (i64, Micros) {
 /// (`<= 0`: delete it), or `None` when there is nothing to write (nothing left to give back,
 /// a state of another algorithm, or an algorithm the settlement does not apply to).
 ///
-/// The same contract as [`check`] holds: a state past its TTL settles exactly like no state,
+/// The same contract as [`step_for`] holds: a state past its TTL settles exactly like no state,
 /// so the stores may drop it early or keep it late. Every amount is capped so that the Lua
 /// mirror stays exact, and so is every debt (token_bucket: `MAX_PRODUCT` scaled tokens; gcra:
 /// a TAT `MAX_PRODUCT` µs ahead; fixed_window: `MAX_PRODUCT` units; sliding_window: 2^51 /
@@ -895,7 +895,7 @@ mod tests {
 
         fn peek(&self, cost: u64, now: Micros) -> Step {
             let p = Params { cost, ..self.p };
-            check(&p, self.live(now), now, self.lease + 1)
+            step_for(&p, self.live(now), now, self.lease + 1)
         }
 
         fn hit(&mut self, cost: u64, now: Micros) -> Verdict {
@@ -904,7 +904,7 @@ mod tests {
             if let Some((stale, _)) = &self.state {
                 if self.live(now).is_none() {
                     let p = Params { cost, ..self.p };
-                    assert_eq!(check(&p, Some(stale), now, self.lease + 1), step);
+                    assert_eq!(step_for(&p, Some(stale), now, self.lease + 1), step);
                 }
             }
             if step.verdict.allowed {
@@ -912,8 +912,8 @@ mod tests {
                 self.state = (step.ttl > 0).then(|| (step.state.clone(), now + step.ttl));
                 if step.ttl <= 0 {
                     let p = Params { cost, ..self.p };
-                    let idle = check(&p, None, now, 7);
-                    let kept = check(&p, Some(&step.state), now, 7);
+                    let idle = step_for(&p, None, now, 7);
+                    let kept = step_for(&p, Some(&step.state), now, 7);
                     assert_eq!(idle, kept, "a state with ttl <= 0 must be idle");
                 }
             }
@@ -1026,7 +1026,7 @@ mod tests {
     #[test]
     fn fixed_window_ttl_and_cost() {
         let p = params(Algorithm::FixedWindow, 5, 10 * SEC, 5, 2);
-        let step = check(&p, None, T0 + 3 * SEC, 0);
+        let step = step_for(&p, None, T0 + 3 * SEC, 0);
         assert_eq!(step.ttl, 7 * SEC);
         assert_eq!(
             step.state,
@@ -1234,7 +1234,7 @@ mod tests {
     fn gcra_matches_redis_cell_example() {
         // CL.THROTTLE user123 15 30 60 → 0, 16, 15, -1, 2
         let p = params(Algorithm::Gcra, 30, 60 * SEC, 16, 1);
-        let step = check(&p, None, T0, 0);
+        let step = step_for(&p, None, T0, 0);
         assert_eq!(
             step.verdict,
             Verdict {
@@ -1310,11 +1310,19 @@ mod tests {
     #[test]
     fn concurrency_refresh_extends_live_leases_only() {
         let p = params(Algorithm::Concurrency, 1, 10 * SEC, 1, 1);
-        let step = check(&p, None, T0, 42);
+        let step = step_for(&p, None, T0, 42);
         let mut state = step.state;
         assert_eq!(refresh(&mut state, 42, &p, T0 + 5 * SEC), Some(10 * SEC));
-        assert!(!check(&p, Some(&state), T0 + 12 * SEC, 43).verdict.allowed);
-        assert!(check(&p, Some(&state), T0 + 15 * SEC, 43).verdict.allowed);
+        assert!(
+            !step_for(&p, Some(&state), T0 + 12 * SEC, 43)
+                .verdict
+                .allowed
+        );
+        assert!(
+            step_for(&p, Some(&state), T0 + 15 * SEC, 43)
+                .verdict
+                .allowed
+        );
         assert_eq!(refresh(&mut state, 7, &p, T0 + 6 * SEC), None);
         assert_eq!(refresh(&mut state, 42, &p, T0 + 15 * SEC), None);
     }
@@ -1428,7 +1436,7 @@ mod tests {
     #[test]
     fn calendar_windows_are_never_settled() {
         let p = calendar_params(calendar::Unit::Day, "UTC", 5);
-        let step = check(&p, None, T0, 0);
+        let step = step_for(&p, None, T0, 0);
         assert_eq!(
             settle(&p, Some(&step.state), T0, Settle::Charge { amount: 1 }),
             None
@@ -1589,7 +1597,7 @@ mod tests {
     #[test]
     fn settlements_skip_concurrency_foreign_and_idle_states() {
         let p = params(Algorithm::Concurrency, 2, SEC, 2, 1);
-        let step = check(&p, None, T0, 1);
+        let step = step_for(&p, None, T0, 1);
         assert_eq!(
             settle(&p, Some(&step.state), T0, Settle::Charge { amount: 1 }),
             None
@@ -1623,7 +1631,7 @@ mod tests {
                 assert!(ttl > 0 && T0 + ttl < MAX_SAFE, "{algorithm:?} ttl {ttl}");
                 state = Some(s);
             }
-            let v = check(&p, state.as_ref(), T0, 0).verdict;
+            let v = step_for(&p, state.as_ref(), T0, 0).verdict;
             assert!(!v.allowed, "{algorithm:?}");
             assert!(v.retry_after_us > 0 && T0 + v.retry_after_us < MAX_SAFE);
         }

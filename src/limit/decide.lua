@@ -66,7 +66,7 @@ local match = string.match
 -- limit::BLOCK_SUFFIX: a limit's block marker is its key followed by this (limit::block_key).
 local BLOCK_SUFFIX = ':block'
 
--- algorithm::check: one limit for one request. Each branch mirrors the algorithm.rs function
+-- algorithm::step_for: one limit for one request. Each branch mirrors the algorithm.rs function
 -- it is named after and returns as it does: the verdict (allowed, limit, remaining, reset,
 -- retry; the caller clamps remaining and retry as algorithm::verdict does), the TTL of the new
 -- state and, only if `write` (the decision can still commit) and the check allows, the state:

@@ -226,7 +226,7 @@ impl LocalFirst {
             };
             let (verdict, state) = match entry {
                 Some(entry) if fresh => {
-                    let step = algorithm::check(&check.params, entry.local.as_ref(), now, 0);
+                    let step = algorithm::step_for(&check.params, entry.local.as_ref(), now, 0);
                     let over_share = entry.admitted + check.params.cost > entry.share;
                     let verdict = if step.verdict.allowed && over_share {
                         // This replica spent its share of the interval: the next may give more.
@@ -254,11 +254,11 @@ impl LocalFirst {
                 }
                 Some(entry) => {
                     let params = divided(&check.params, replicas);
-                    let step = algorithm::check(&params, entry.divided.as_ref(), now, 0);
+                    let step = algorithm::step_for(&params, entry.divided.as_ref(), now, 0);
                     (step.verdict, Some(step.state))
                 }
                 None => {
-                    let step = algorithm::check(&check.params, None, now, 0);
+                    let step = algorithm::step_for(&check.params, None, now, 0);
                     let verdict = Verdict {
                         allowed: false,
                         remaining: 0,
@@ -472,7 +472,7 @@ pub fn capacity(params: &Params) -> u64 {
 /// The units `state` admits at `now` (one unit at a time).
 pub fn available(params: &Params, state: Option<&State>, now: Micros) -> u64 {
     let unit = Params { cost: 1, ..*params };
-    let verdict = algorithm::check(&unit, state, now, 0).verdict;
+    let verdict = algorithm::step_for(&unit, state, now, 0).verdict;
     if verdict.allowed {
         verdict.remaining + 1
     } else {

@@ -164,7 +164,7 @@ impl MemoryStore {
                     0
                 };
                 let state = locked.live(c.key, now);
-                (algorithm::check(&c.params, state, now, lease), lease)
+                (algorithm::step_for(&c.params, state, now, lease), lease)
             })
             .collect();
         for ((step, _), (c, marker)) in steps.iter_mut().zip(checks.iter().zip(&markers)) {
@@ -231,7 +231,8 @@ impl MemoryStore {
             .iter()
             .zip(&markers)
             .map(|(c, marker)| {
-                let verdict = algorithm::check(&c.params, locked.live(c.key, now), now, 0).verdict;
+                let verdict =
+                    algorithm::step_for(&c.params, locked.live(c.key, now), now, 0).verdict;
                 // A running block shows as it would answer; a block this peek would start is
                 // not started (nothing is written).
                 let blocked_until = marker.as_deref().and_then(|m| locked.blocked_until(m, now));

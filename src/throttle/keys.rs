@@ -159,6 +159,10 @@ pub fn for_value(prefix: &str, set: &LimitSet, raw: &[u8]) -> Vec<Vec<String>> {
 pub fn identity_of<'k>(prefix: &str, set: &LimitSet, key: &'k str) -> Option<&'k str> {
     let rest = key.strip_prefix(prefix)?.strip_prefix('{')?;
     let rest = rest.strip_prefix(set.key_name.as_str())?;
+    // A caller under a temporary override counts on keys of its own (see `overrides`).
+    let rest = rest
+        .strip_prefix(super::overrides::OVERRIDE_SUFFIX)
+        .unwrap_or(rest);
     if set.shared_key {
         let rest = rest.strip_prefix('|')?;
         rest.find("}:").map(|end| &rest[..end])
@@ -280,6 +284,20 @@ routes:\n  - name: api\n    key: user\n    overrides:\n      - { name: partner, 
         assert!(identity_of("tg:", own, &keys[0])
             .unwrap()
             .starts_with("bearer#"));
+        // A caller under a temporary override is named the same on its own keys.
+        for (set, key) in [(shared, &keys_shared_alice(shared, ip)), (own, &keys[0])] {
+            let overridden = super::super::overrides::override_key("tg:", &set.key_name, key);
+            assert_ne!(&overridden, key);
+            assert_eq!(
+                identity_of("tg:", set, &overridden),
+                identity_of("tg:", set, key)
+            );
+        }
+        fn keys_shared_alice(shared: &LimitSet, ip: IpAddr) -> String {
+            build("tg:", shared, &request(&[("x-user", "alice b")]), ip)
+                .0
+                .remove(0)
+        }
         // An address names the client-IP fallback's key too.
         let (keys, _) = build("tg:", shared, &request(&[]), ip);
         assert!(for_value("tg:", shared, b"10.1.2.3")[0].contains(&keys[0]));

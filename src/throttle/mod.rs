@@ -282,7 +282,7 @@ impl LimitStage {
                 // looked up for those alone.
                 let settlement = if set.iter().any(|l| l.by_response.is_some()) {
                     let store = self.deciding_store(set, reason);
-                    settle::Obligation::new(set, &keys, &decision, store)
+                    settle::Obligation::new(set, checks, &decision, store)
                 } else {
                     None
                 };

@@ -136,13 +136,16 @@ impl Overrides {
     }
 }
 
+/// What an overridden caller's keys add to the set's key name (no tier name can contain `!`).
+pub const OVERRIDE_SUFFIX: &str = "~!override";
+
 /// The key a caller counts on while overridden, for `key`, one of `key_name`'s keys:
 /// `<prefix>{<key_name>~!override...` (same hash tag shape, so the same Cluster slot rules).
 pub fn override_key(prefix: &str, key_name: &str, key: &str) -> String {
     let head = prefix.len() + 1 + key_name.len();
-    let mut out = String::with_capacity(key.len() + 10);
+    let mut out = String::with_capacity(key.len() + OVERRIDE_SUFFIX.len());
     out.push_str(&key[..head.min(key.len())]);
-    out.push_str("~!override");
+    out.push_str(OVERRIDE_SUFFIX);
     out.push_str(&key[head.min(key.len())..]);
     out
 }

@@ -31,7 +31,9 @@ use metrics::Counter;
 
 use crate::body::{BoxError, End, EndHook, OnEnd, ProxyBody};
 use crate::config::{ByResponse, LimitSet};
-use crate::limit::{Algorithm, Decision, Micros, Params, Settle, Settlement, Store, Verdict};
+use crate::limit::{
+    Algorithm, Check, Decision, Micros, Params, Settle, Settlement, Store, Verdict,
+};
 
 /// Per-route counters of settlements.
 #[derive(Clone)]
@@ -73,23 +75,25 @@ impl Obligation {
     /// response and took units (a shadow limit that would have denied took none).
     pub fn new(
         set: &LimitSet,
-        keys: &[String],
+        checks: &[Check<'_>],
         decision: &Decision,
         store: Option<Store>,
     ) -> Option<Obligation> {
         let store = store?;
+        // The checks, not the set, give key and parameters: a caller under a temporary
+        // override was decided on its own keys with adjusted limits, and settles on them.
         let limits: Vec<Owed> = set
             .iter()
-            .zip(keys)
+            .zip(checks)
             .zip(&decision.verdicts)
             .enumerate()
             .filter(|(_, ((_, _), verdict))| verdict.allowed)
-            .filter_map(|(index, ((limit, key), _))| {
+            .filter_map(|(index, ((limit, check), _))| {
                 Some(Owed {
                     index,
-                    params: limit.params,
+                    params: check.params,
                     by_response: limit.by_response.clone()?,
-                    key: key.clone(),
+                    key: check.key.to_owned(),
                 })
             })
             .collect();
