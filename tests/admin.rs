@@ -6,14 +6,11 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use http::{Request, StatusCode};
 use serde_json::Value;
 use support::*;
-
-const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
 fn redis_store(redis: &RedisServer, prefix: &str) -> Option<Store> {
     Some(
@@ -415,25 +412,6 @@ async fn mutations_need_the_token_on_a_listener_that_is_not_loopback() {
     assert!(text.contains("not on a loopback address"), "{text}");
 }
 
-fn write_config(dir: &tempfile::TempDir, yaml: &str) -> PathBuf {
-    let path = dir.path().join("tollgate.yaml");
-    std::fs::write(&path, yaml).unwrap();
-    path
-}
-
-async fn cli(args: &[&str]) -> (i32, String, String) {
-    let output = tokio::process::Command::new(BIN)
-        .args(args)
-        .output()
-        .await
-        .unwrap();
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8(output.stdout).unwrap(),
-        String::from_utf8(output.stderr).unwrap(),
-    )
-}
-
 #[tokio::test]
 async fn the_limits_command_reads_and_resets_through_redis() {
     let redis = RedisServer::start();
@@ -451,7 +429,7 @@ async fn the_limits_command_reads_and_resets_through_redis() {
     // No admin listener in the file: the command talks to Redis alone.
     let file = write_config(&dir, &yaml.without_admin().yaml());
     let file = file.to_str().unwrap();
-    let (code, out, err) = cli(&[
+    let (code, out, err) = run_tollgate(&[
         "limits",
         "get",
         "--config",
@@ -469,7 +447,7 @@ async fn the_limits_command_reads_and_resets_through_redis() {
         "{out}"
     );
     assert!(out.contains("LIMITED: 0 of 2 left"), "{out}");
-    let (code, out, err) = cli(&[
+    let (code, out, err) = run_tollgate(&[
         "limits",
         "reset",
         "-c",
@@ -493,7 +471,7 @@ async fn the_limits_command_reads_and_resets_through_redis() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let (code, _, err) = cli(&[
+    let (code, _, err) = run_tollgate(&[
         "limits",
         "get",
         "-c",
@@ -524,7 +502,7 @@ async fn the_limits_command_goes_through_a_running_instance_for_a_memory_store()
         &api_config(&up, None, limits).admin(&admin_addr).yaml(),
     );
     let file = file.to_str().unwrap();
-    let (code, out, err) = cli(&[
+    let (code, out, err) = run_tollgate(&[
         "limits",
         "get",
         "-c",
@@ -544,7 +522,7 @@ async fn the_limits_command_goes_through_a_running_instance_for_a_memory_store()
         state["identity"].as_str().unwrap().starts_with("sha256:"),
         "{state}"
     );
-    let (code, out, err) = cli(&[
+    let (code, out, err) = run_tollgate(&[
         "limits",
         "reset",
         "-c",
@@ -560,7 +538,7 @@ async fn the_limits_command_goes_through_a_running_instance_for_a_memory_store()
     assert_eq!(call(&running, "a b").await, StatusCode::OK);
 
     // --admin overrides the file; a listener that is not there is a failure (exit 1).
-    let (code, _, err) = cli(&[
+    let (code, _, err) = run_tollgate(&[
         "limits",
         "get",
         "-c",
@@ -575,7 +553,7 @@ async fn the_limits_command_goes_through_a_running_instance_for_a_memory_store()
     .await;
     assert_eq!(code, 1);
     assert!(err.contains("cannot reach the admin listener"), "{err}");
-    let (code, _, err) = cli(&[
+    let (code, _, err) = run_tollgate(&[
         "limits",
         "reset",
         "-c",

@@ -72,15 +72,6 @@ fn refused_at(dir: &TempDir, name: &str, text: &str, line: usize, col: usize) ->
     first
 }
 
-/// A port that was free a moment ago (bound to 127.0.0.1:0, then released).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A plain proxy on `port` in front of `upstream_url` (the `check` tests write their YAML
 /// themselves: its text, lines and columns are what they test).
 fn run_config(port: u16, upstream_url: &str) -> String {

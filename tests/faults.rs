@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -238,14 +237,6 @@ async fn flushed_script_cache_is_reloaded() {
         .await
         .unwrap();
     assert_eq!(admitted(&proxy, "cy", 5).await, 2, "2 + 2 of the limit 4");
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 struct KillOnDrop(Child);

@@ -9,14 +9,6 @@ use std::time::{Duration, Instant};
 use http::StatusCode;
 use support::*;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test]
 async fn an_unreachable_upstream_is_logged_as_a_readable_cause() {
     // An upstream that refuses connections: a port nothing listens on.

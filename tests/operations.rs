@@ -295,14 +295,6 @@ fn write_config(dir: &Path, text: &str) -> std::path::PathBuf {
     path
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test]
 async fn sighup_reloads_and_access_log_lines_are_json() {
     let up = upstream().start().await;

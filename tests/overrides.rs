@@ -8,14 +8,11 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use http::{Request, StatusCode};
 use serde_json::Value;
 use support::*;
-
-const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
 /// How long a replica may take to follow a change made on another (the watch looks every
 /// 500ms; the rest is slack for a loaded machine).
@@ -137,25 +134,6 @@ fn entry(who: &str, action: &str) -> (String, String, String, String) {
     (who.into(), action.into(), "api".into(), "alice".into())
 }
 
-fn write_config(dir: &tempfile::TempDir, yaml: &str) -> PathBuf {
-    let path = dir.path().join("tollgate.yaml");
-    std::fs::write(&path, yaml).unwrap();
-    path
-}
-
-async fn cli(args: &[&str]) -> (i32, String, String) {
-    let output = tokio::process::Command::new(BIN)
-        .args(args)
-        .output()
-        .await
-        .unwrap();
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8(output.stdout).unwrap(),
-        String::from_utf8(output.stderr).unwrap(),
-    )
-}
-
 #[tokio::test]
 async fn an_override_on_one_replica_is_applied_by_the_other_survives_a_restart_and_is_audited() {
     let redis = RedisServer::start();
@@ -207,7 +185,7 @@ async fn an_override_on_one_replica_is_applied_by_the_other_survives_a_restart_a
     let dir = tempfile::tempdir().unwrap();
     let file = write_config(&dir, &yaml.clone().without_admin().yaml());
     let file = file.to_str().unwrap();
-    let (code, out, err) = cli(&[
+    let (code, out, err) = run_tollgate(&[
         "limits",
         "get",
         "-c",
@@ -221,7 +199,7 @@ async fn an_override_on_one_replica_is_applied_by_the_other_survives_a_restart_a
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("override  limit x10 until "), "{out}");
     assert!(out.contains("of 20 left"), "{out}");
-    let (code, _, err) = cli(&[
+    let (code, _, err) = run_tollgate(&[
         "limits",
         "reset",
         "-c",
@@ -307,7 +285,7 @@ async fn an_override_ends_on_time_and_the_cli_sets_and_removes_one() {
         args.extend_from_slice(extra);
         args
     };
-    let (code, out, err) = cli(&set(&["--limit", "50", "--for", "2s"])).await;
+    let (code, out, err) = run_tollgate(&set(&["--limit", "50", "--for", "2s"])).await;
     assert_eq!(code, 0, "{err}");
     assert!(
         out.contains("override  route api identity alice: limit 50 until "),
@@ -326,10 +304,10 @@ async fn an_override_ends_on_time_and_the_cli_sets_and_removes_one() {
     assert!(state["override"].is_null(), "{state}");
 
     // Set and removed from the command line.
-    let (code, _, err) = cli(&set(&["--multiply", "5", "--for", "1h"])).await;
+    let (code, _, err) = run_tollgate(&set(&["--multiply", "5", "--for", "1h"])).await;
     assert_eq!(code, 0, "{err}");
     until_status(&proxy, "alice", StatusCode::OK, FOLLOW_WITHIN).await;
-    let (code, out, err) = cli(&set(&["--delete"])).await;
+    let (code, out, err) = run_tollgate(&set(&["--delete"])).await;
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("removed"), "{out}");
     until_status(
@@ -341,13 +319,13 @@ async fn an_override_ends_on_time_and_the_cli_sets_and_removes_one() {
     .await;
 
     // Refused arguments exit 2 naming what is allowed.
-    let (code, _, err) = cli(&set(&["--limit", "0", "--for", "1h"])).await;
+    let (code, _, err) = run_tollgate(&set(&["--limit", "0", "--for", "1h"])).await;
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("whole number from 1"), "{err}");
-    let (code, _, err) = cli(&set(&["--multiply", "2", "--for", "forever"])).await;
+    let (code, _, err) = run_tollgate(&set(&["--multiply", "2", "--for", "forever"])).await;
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("from 1s to 366d"), "{err}");
-    let (code, _, _) = cli(&set(&["--limit", "5"])).await;
+    let (code, _, _) = run_tollgate(&set(&["--limit", "5"])).await;
     assert_eq!(code, 2, "--for is needed");
 
     let (_, trail) = admin_json(&proxy, "GET", "/limits/audit").await;

@@ -2,6 +2,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod cluster;
+pub mod command;
 pub mod config;
 pub mod grpc;
 pub mod pki;
@@ -11,6 +12,7 @@ pub mod rng;
 pub mod upstream;
 
 pub use cluster::*;
+pub use command::*;
 pub use config::*;
 pub use pki::*;
 pub use proxy::*;
