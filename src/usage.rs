@@ -142,16 +142,24 @@ pub async fn answer(
         }
     };
     let body = serde_json::to_vec(&json!({ "routes": routes })).expect("JSON values serialize");
-    let mut response = Response::new(if head {
+    let body = if head {
         body::empty()
     } else {
         body::full(body)
-    });
+    };
+    answer_json(StatusCode::OK, "application/json", body)
+}
+
+/// tollgate's own JSON answer: never cached (it is one caller's state at one moment).
+fn answer_json(
+    status: StatusCode,
+    content_type: &'static str,
+    body: ProxyBody,
+) -> Response<ProxyBody> {
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
     let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
 }
@@ -374,17 +382,10 @@ fn problem(status: StatusCode, detail: &str) -> Response<ProxyBody> {
         "status": status.as_u16(),
         "detail": detail,
     });
-    let mut response = Response::new(body::full(Bytes::from(
+    let body = body::full(Bytes::from(
         serde_json::to_vec(&body).expect("JSON values serialize"),
-    )));
-    *response.status_mut() = status;
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    response
+    ));
+    answer_json(status, "application/problem+json", body)
 }
 
 #[cfg(test)]
