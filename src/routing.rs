@@ -4,18 +4,29 @@
 //!
 //! Path prefixes are plain string prefixes of the request path (as nginx and Traefik do): write
 //! `/api/` rather than `/api` unless `/apikeys` should match too. The path is normalised for
-//! matching (and only for matching: the upstream gets it as sent): percent-encoded unreserved
-//! characters decoded, repeated slashes collapsed, `.` and `..` segments resolved — otherwise
-//! `//login` or `/%6Cogin` would slip past a `/login` limit while the app serves them as
-//! `/login`.
+//! matching, and only for matching (the upstream gets it as sent), into every spelling a common
+//! framework routes to the same handler; otherwise `//login` or `/%6Cogin` would slip past a
+//! `/login` limit while the app serves them as `/login`:
+//!
+//! - percent-encoded unreserved characters decoded (`/%6Cogin`), and `%2F`, `%5C` and `\` read
+//!   as `/` (Flask on werkzeug and gunicorn decode `%2F` before routing; IIS and ASP.NET take
+//!   `\` for `/`);
+//! - `;` path parameters dropped from each segment (`/;x=1/login`, `/.;/login`,
+//!   `/a/..;/login`: Tomcat and Jetty strip them before routing);
+//! - repeated slashes collapsed, `.` and `..` segments resolved;
+//! - with `match.case: insensitive`, ASCII letters compared without case (Express by default,
+//!   ASP.NET).
+//!
+//! A `methods: [GET]` route matches `HEAD` too (Express, Flask, Rails and Spring answer HEAD
+//! with the GET handler), and the Host is compared without port or trailing dot.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use http::header;
 use http::request::Parts;
+use http::{header, Method};
 
-use crate::config::Route;
+use crate::config::{MatchCase, Route};
 
 /// What the route stage adds to a request: the route it matched and that route's place in
 /// the configuration's order (per-route state, such as its metrics, is kept in that order).
@@ -42,9 +53,15 @@ pub fn position(routes: &[Arc<Route>], request: &Parts) -> Option<usize> {
         None
     };
     let path = normalize_path(request.uri.path());
-    routes
-        .iter()
-        .position(|route| matches(route, &path, request, host.as_deref()))
+    // Lower-cased once, and only if a route ignores case.
+    let mut lower: Option<String> = None;
+    routes.iter().position(|route| {
+        let path = match route.case {
+            MatchCase::Sensitive => &*path,
+            MatchCase::Insensitive => lower.get_or_insert_with(|| path.to_ascii_lowercase()),
+        };
+        matches(route, path, request, host.as_deref())
+    })
 }
 
 /// The path as an app would route it (see the module docs). Borrowed when already normal.
@@ -52,9 +69,13 @@ pub fn normalize_path(path: &str) -> Cow<'_, str> {
     if !needs_normalizing(path) {
         return Cow::Borrowed(path);
     }
-    let decoded = decode_unreserved(path);
+    let decoded = decode_for_matching(path);
     let mut segments: Vec<&str> = Vec::new();
+    let mut last = "";
     for segment in decoded.split('/') {
+        // `;` starts a segment's path parameters (RFC 3986 §3.3), which Tomcat drops.
+        let segment = segment.split_once(';').map_or(segment, |(name, _)| name);
+        last = segment;
         match segment {
             "" | "." => {}
             ".." => {
@@ -68,24 +89,20 @@ pub fn normalize_path(path: &str) -> Cow<'_, str> {
         out.push('/');
         out.push_str(segment);
     }
-    if out.is_empty()
-        || decoded.ends_with('/')
-        || decoded.ends_with("/.")
-        || decoded.ends_with("/..")
-    {
+    if out.is_empty() || matches!(last, "" | "." | "..") {
         out.push('/');
     }
     Cow::Owned(out)
 }
 
-/// True if `path` has an empty, `.` or `..` segment after the first, or a `%`: the cases
-/// [`normalize_path`] changes. One pass over the bytes, since every routed request asks.
+/// True if `path` has an empty, `.` or `..` segment after the first, a `%`, a `\` or a `;`: the
+/// cases [`normalize_path`] changes. One pass over the bytes, since every routed request asks.
 fn needs_normalizing(path: &str) -> bool {
     let bytes = path.as_bytes();
     let mut segment_start = 0;
     for i in 0..=bytes.len() {
         let at_end = i == bytes.len();
-        if !at_end && bytes[i] == b'%' {
+        if !at_end && matches!(bytes[i], b'%' | b'\\' | b';') {
             return true;
         }
         if at_end || bytes[i] == b'/' {
@@ -103,27 +120,33 @@ fn needs_normalizing(path: &str) -> bool {
     false
 }
 
-/// Decodes `%XX` where XX is an unreserved character (RFC 3986 §2.3); every other escape, such
-/// as `%2F`, stays as it is because decoding it would change the path's structure.
-fn decode_unreserved(path: &str) -> String {
+/// Decodes `%XX` where XX is an unreserved character (RFC 3986 §2.3), and reads `%2F`, `%5C`
+/// and `\` as `/`: apps that decode those before routing see a separator there. Every other
+/// escape stays as it is.
+fn decode_for_matching(path: &str) -> String {
     let bytes = path.as_bytes();
-    let mut out = String::with_capacity(path.len());
+    let mut out = Vec::with_capacity(path.len());
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%' && i + 2 < bytes.len() {
             let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
             if let Some(value) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
                 if value.is_ascii_alphanumeric() || matches!(value, b'-' | b'.' | b'_' | b'~') {
-                    out.push(value as char);
+                    out.push(value);
+                    i += 3;
+                    continue;
+                }
+                if matches!(value, b'/' | b'\\') {
+                    out.push(b'/');
                     i += 3;
                     continue;
                 }
             }
         }
-        out.push(bytes[i] as char);
+        out.push(if bytes[i] == b'\\' { b'/' } else { bytes[i] });
         i += 1;
     }
-    out
+    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 fn matches(route: &Route, path: &str, request: &Parts, host: Option<&str>) -> bool {
@@ -133,7 +156,9 @@ fn matches(route: &Route, path: &str, request: &Parts, host: Option<&str>) -> bo
         }
     }
     if let Some(methods) = &route.methods {
-        if !methods.contains(&request.method) {
+        // HEAD is GET without the body: apps answer it with their GET handler.
+        let head_as_get = request.method == Method::HEAD && methods.contains(&Method::GET);
+        if !head_as_get && !methods.contains(&request.method) {
             return false;
         }
     }
@@ -152,8 +177,8 @@ fn matches(route: &Route, path: &str, request: &Parts, host: Option<&str>) -> bo
     true
 }
 
-/// The host the client asked for, lower-cased, without port: the Host header (HTTP/1.1) or
-/// the URI authority (HTTP/2).
+/// The host the client asked for, lower-cased, without port or trailing dot: the Host header
+/// (HTTP/1.1) or the URI authority (HTTP/2).
 fn request_host(request: &Parts) -> Option<String> {
     let raw = match request
         .headers
@@ -170,7 +195,9 @@ fn request_host(request: &Parts) -> Option<String> {
         }
         _ => raw,
     };
-    Some(without_port.to_ascii_lowercase())
+    // `api.example.com.` is the fully qualified spelling of `api.example.com`.
+    let name = without_port.strip_suffix('.').unwrap_or(without_port);
+    Some(name.to_ascii_lowercase())
 }
 
 #[cfg(test)]
@@ -183,10 +210,10 @@ mod tests {
         // Every string of up to 6 bytes over the characters that matter.
         fn plain(path: &str) -> bool {
             path.contains("//")
-                || path.contains('%')
+                || path.contains(['%', '\\', ';'])
                 || path.split('/').any(|s| s == "." || s == "..")
         }
-        let alphabet = ['/', '.', '%', 'a'];
+        let alphabet = ['/', '.', '%', 'a', '\\', ';'];
         let mut paths = vec![String::new()];
         for _ in 0..6 {
             let longer: Vec<String> = paths
@@ -196,7 +223,7 @@ mod tests {
                 .collect();
             paths.extend(longer);
         }
-        assert_eq!(paths.len(), 1 + 4 + 16 + 64 + 256 + 1024 + 4096);
+        assert_eq!(paths.len(), (0..=6).map(|n| 6usize.pow(n)).sum::<usize>());
         for path in &paths {
             assert_eq!(needs_normalizing(path), plain(path), "{path:?}");
         }
@@ -208,11 +235,23 @@ mod tests {
         methods: Option<&[Method]>,
         host: Option<&str>,
     ) -> Arc<Route> {
+        route_with_case(name, prefix, methods, host, MatchCase::Sensitive)
+    }
+
+    fn route_with_case(
+        name: &str,
+        prefix: Option<&str>,
+        methods: Option<&[Method]>,
+        host: Option<&str>,
+        case: MatchCase,
+    ) -> Arc<Route> {
         Arc::new(Route {
             name: name.into(),
             path_prefix: prefix.map(Into::into),
             methods: methods.map(|m| m.to_vec()),
             host: host.map(Into::into),
+            case,
+            upgrades: vec!["websocket".into()],
             limits: crate::config::LimitSet::new(name, None, vec![], true),
             allow: Default::default(),
             overrides: vec![],
@@ -271,12 +310,12 @@ mod tests {
         assert_eq!(normalize_path("/./login"), "/login");
         assert_eq!(normalize_path("/a/b/.."), "/a/");
         assert_eq!(normalize_path("/../../"), "/");
-        assert_eq!(
-            normalize_path("/a%2Fb"),
-            "/a%2Fb",
-            "an encoded slash stays encoded"
-        );
         assert_eq!(normalize_path("/bad%zz%"), "/bad%zz%");
+        assert_eq!(
+            normalize_path("/a%3Fb%25"),
+            "/a%3Fb%25",
+            "other escapes stay"
+        );
         let routes = vec![route("login", Some("/login"), None, None)];
         for dodge in ["//login", "/%6Cogin", "/x/../login", "/./login"] {
             assert_eq!(
@@ -322,5 +361,98 @@ mod tests {
             Some("exact")
         );
         assert_eq!(found(&routes, &parts(Method::GET, "/", None)), None);
+    }
+
+    /// Every spelling issue 31 found an app routing to `/login` while tollgate did not.
+    #[test]
+    fn encoded_separators_and_path_parameters_are_read_as_apps_read_them() {
+        for (sent, matched) in [
+            ("/%2flogin", "/login"),
+            ("/%2Flogin", "/login"),
+            ("/%5Clogin", "/login"),
+            ("/\\login", "/login"),
+            ("/a\\..\\login", "/login"),
+            ("/;x=1/login", "/login"),
+            ("/.;/login", "/login"),
+            ("/a/..;/login", "/login"),
+            ("/login;jsessionid=1", "/login"),
+            ("/login/;x", "/login/"),
+            ("/api/x%2F..%2F..%2Flogin", "/login"),
+            ("/a%2fb", "/a/b"),
+            ("/%2E%2E/login", "/login"),
+        ] {
+            assert_eq!(normalize_path(sent), matched, "{sent}");
+        }
+        let routes = vec![route("login", Some("/login"), Some(&[Method::POST]), None)];
+        for dodge in [
+            "/%2flogin",
+            "/;x=1/login",
+            "/.;/login",
+            "/a/..;/login",
+            "/%5clogin",
+        ] {
+            assert_eq!(
+                found(&routes, &parts(Method::POST, dodge, None)).as_deref(),
+                Some("login"),
+                "{dodge}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_insensitive_route_matches_any_case_and_a_sensitive_one_only_its_own() {
+        let routes = vec![
+            route_with_case("login", Some("/login"), None, None, MatchCase::Insensitive),
+            route("Admin", Some("/Admin"), None, None),
+        ];
+        for sent in ["/LOGIN", "/Login/", "/%4cOGIN", "/login"] {
+            assert_eq!(
+                found(&routes, &parts(Method::GET, sent, None)).as_deref(),
+                Some("login"),
+                "{sent}"
+            );
+        }
+        assert_eq!(
+            found(&routes, &parts(Method::GET, "/Admin/x", None)).as_deref(),
+            Some("Admin")
+        );
+        assert_eq!(found(&routes, &parts(Method::GET, "/admin/x", None)), None);
+    }
+
+    #[test]
+    fn a_get_route_matches_head_and_nothing_else_does() {
+        let routes = vec![
+            route("report", Some("/report"), Some(&[Method::GET]), None),
+            route("form", Some("/form"), Some(&[Method::POST]), None),
+        ];
+        assert_eq!(
+            found(&routes, &parts(Method::HEAD, "/report", None)).as_deref(),
+            Some("report")
+        );
+        assert_eq!(found(&routes, &parts(Method::HEAD, "/form", None)), None);
+        assert_eq!(
+            found(&routes, &parts(Method::OPTIONS, "/report", None)),
+            None
+        );
+    }
+
+    #[test]
+    fn a_trailing_dot_names_the_same_host() {
+        let routes = vec![
+            route("exact", None, None, Some("api.example.com")),
+            route("wild", None, None, Some("*.example.org")),
+        ];
+        for (host, expected) in [
+            ("api.example.com.", Some("exact")),
+            ("API.example.com.:443", Some("exact")),
+            ("a.example.org.", Some("wild")),
+            ("api.example.com..", None),
+        ] {
+            assert_eq!(
+                found(&routes, &parts(Method::GET, "/", Some(host))).as_deref(),
+                expected,
+                "{host}"
+            );
+        }
     }
 }

@@ -246,6 +246,8 @@ pub struct RawRoute {
     pub allow: Option<RawAllow>,
     #[serde(default)]
     pub overrides: Vec<RawOverride>,
+    /// The protocols an `Upgrade` request may switch to (default: websocket).
+    pub upgrades: Option<Vec<String>>,
 }
 
 /// Callers that are never limited: by client address, or by identity value.
@@ -274,6 +276,8 @@ pub struct RawMatch {
     pub path_prefix: Option<String>,
     pub methods: Option<Vec<String>>,
     pub host: Option<String>,
+    /// `sensitive` (default) or `insensitive`.
+    pub case: Option<String>,
 }
 
 /// An identity name, or a list of names for a compound key.

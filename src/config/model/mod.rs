@@ -19,6 +19,7 @@ pub use proxy::{
     DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, MAX_WORKERS,
 };
 pub use route::{Allow, Override, Route};
+pub use route::{MatchCase, DEFAULT_UPGRADES};
 pub use throttle::{
     OnError, RedisConfig, RedisMode, RedisTls, ResponseConfig, Secret, StoreConfig, Throttle,
     DEFAULT_KEY_PREFIX, DEFAULT_STORE_TIMEOUT,

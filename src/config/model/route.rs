@@ -1,5 +1,6 @@
-//! What a request is matched against: `Route` (path prefix, methods, host), its default
-//! limits, its allow-list (`Allow`) and its tiers (`Override`).
+//! What a request is matched against: `Route` (path prefix, methods, host, case), the protocol
+//! upgrades it lets through, its default limits, its allow-list (`Allow`) and its tiers
+//! (`Override`).
 
 use std::sync::Arc;
 
@@ -11,10 +12,16 @@ use crate::identity::Identity;
 #[derive(Debug, Clone)]
 pub struct Route {
     pub name: String,
+    /// Lower-cased when `case` is insensitive.
     pub path_prefix: Option<String>,
     pub methods: Option<Vec<Method>>,
-    /// Lower-case host without port; `*.example.com` matches subdomains.
+    /// Lower-case host without port or trailing dot; `*.example.com` matches subdomains.
     pub host: Option<String>,
+    /// How the path prefix compares (`match.case`).
+    pub case: MatchCase,
+    /// The protocols an `Upgrade` request on this route may switch to (`upgrades`),
+    /// lower-case protocol names.
+    pub upgrades: Vec<String>,
     /// The default limits: what every caller gets unless a tier names it.
     pub limits: LimitSet,
     /// Callers never limited on this route.
@@ -22,6 +29,20 @@ pub struct Route {
     /// Tiers, tried in order before the default limits.
     pub overrides: Vec<Override>,
 }
+
+/// `match.case`: whether `/LOGIN` is the route `/login`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MatchCase {
+    /// Byte for byte (the default).
+    #[default]
+    Sensitive,
+    /// ASCII letters compared without case, for apps that route that way (Express by
+    /// default, ASP.NET, Spring with a case-insensitive matcher).
+    Insensitive,
+}
+
+/// What a request without a route, or a route without `upgrades`, may switch to.
+pub const DEFAULT_UPGRADES: &[&str] = &["websocket"];
 
 /// Callers that are never limited.
 #[derive(Debug, Clone, Default)]

@@ -3,13 +3,14 @@
 //! never meets a surprise. Each section has its own file; `validator` holds what they share.
 //!
 //! The files build on one another in one direction: this one runs the sections; `routes` over
-//! `limits` and `allow`; `limits` over `by_response`; `routes`, `limits` and `allow` over
+//! `limits`, `allow` and `matching`; `limits` over `by_response`; `routes`, `limits` and `allow` over
 //! `identities`; `store` over `redis`; every section over `validator`.
 
 mod allow;
 mod by_response;
 mod identities;
 mod limits;
+mod matching;
 mod proxy;
 mod redis;
 mod response;

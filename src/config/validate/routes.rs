@@ -9,6 +9,7 @@ use http::Method;
 use super::allow::allow;
 use super::identities::{key, lookup};
 use super::limits::{limits, Owner};
+use super::matching;
 use super::validator::{is_plain_name, Validator};
 use crate::config::model::{LimitSet, Override, Route, Scope};
 use crate::config::raw::{RawMatch, RawOverride, RawRoute};
@@ -53,7 +54,9 @@ fn route(
     }
     let m = &raw.matcher;
     let methods = matcher(v, path, m);
-    let host = m.host.as_ref().map(|h| h.trim().to_ascii_lowercase());
+    let case = matching::case(v, path, m.case.as_deref());
+    let host = matching::host(m.host.as_ref());
+    let upgrades = matching::upgrades(v, path, raw.upgrades.as_deref());
     let client_ip = identities.iter().find(|i| i.name == "client_ip").cloned()?;
     // An unknown key is reported; validation goes on with the client IP so the limits'
     // own mistakes are reported in the same run.
@@ -83,9 +86,11 @@ fn route(
         .collect();
     Some(Route {
         name: raw.name.clone(),
-        path_prefix: m.path_prefix.clone(),
+        path_prefix: matching::path_prefix(m.path_prefix.as_ref(), case),
         methods,
         host,
+        case,
+        upgrades,
         limits: LimitSet::new(&raw.name, None, limits, shared_key),
         allow,
         overrides,

@@ -1,0 +1,64 @@
+//! Validation of what a route matches beyond path, methods and host: `match.case` and the
+//! protocol `upgrades` it lets through. Kept apart from `routes` so that each reads on its own.
+
+use super::validator::Validator;
+use crate::config::model::{MatchCase, DEFAULT_UPGRADES};
+
+/// `match.case`: `sensitive` (default) or `insensitive`.
+pub(super) fn case(v: &mut Validator, path: &str, raw: Option<&str>) -> MatchCase {
+    match raw.map(str::trim) {
+        None | Some("sensitive") => MatchCase::Sensitive,
+        Some("insensitive") => MatchCase::Insensitive,
+        Some(other) => {
+            v.error(
+                &format!("{path}.match.case"),
+                format!("`{other}` is not a case: write `sensitive` (the default, `/Login` is not `/login`) or `insensitive` (for apps that route `/LOGIN` to `/login`, such as Express)"),
+            );
+            MatchCase::Sensitive
+        }
+    }
+}
+
+/// The route's path prefix as it is compared: lower-cased when the route ignores case.
+pub(super) fn path_prefix(prefix: Option<&String>, case: MatchCase) -> Option<String> {
+    prefix.map(|p| match case {
+        MatchCase::Sensitive => p.clone(),
+        MatchCase::Insensitive => p.to_ascii_lowercase(),
+    })
+}
+
+/// The route's host as it is compared: lower-case, without surrounding blanks or a trailing
+/// dot (`api.example.com.` is the same name).
+pub(super) fn host(raw: Option<&String>) -> Option<String> {
+    raw.map(|h| {
+        let h = h.trim().to_ascii_lowercase();
+        match h.strip_suffix('.') {
+            Some(without) => without.to_owned(),
+            None => h,
+        }
+    })
+}
+
+/// `upgrades`: protocol names (`websocket`), lower-cased; `websocket` alone when not given.
+pub(super) fn upgrades(v: &mut Validator, path: &str, raw: Option<&[String]>) -> Vec<String> {
+    let Some(raw) = raw else {
+        return DEFAULT_UPGRADES.iter().map(|p| p.to_string()).collect();
+    };
+    let mut protocols = Vec::with_capacity(raw.len());
+    for (i, name) in raw.iter().enumerate() {
+        let name = name.trim().to_ascii_lowercase();
+        let is_token = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        if !is_token {
+            v.error(
+                &format!("{path}.upgrades[{i}]"),
+                format!("`{name}` is not a protocol name (such as `websocket`); list names without versions"),
+            );
+        } else if !protocols.contains(&name) {
+            protocols.push(name);
+        }
+    }
+    protocols
+}
