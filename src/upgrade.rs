@@ -1,4 +1,12 @@
-//! Protocol upgrades (WebSocket and the like): from the 101 to the tunnel.
+//! Protocol upgrades (WebSocket and the like): which ones go through, and from the 101 to the
+//! tunnel.
+//!
+//! Once the upstream answers 101, tollgate sees nothing of what the tunnel carries: an upgrade
+//! to `h2c` would carry any number of HTTP/2 requests past every limit under one `GET`. So a
+//! request may switch only to the protocols its route lists in `upgrades` (`websocket` when it
+//! lists none, and for requests no route matches): [`restrict`] removes every other `Upgrade`
+//! token (and `HTTP2-Settings` with `h2c`) before the request is forwarded, and [`answers`]
+//! tells a 101 for a protocol that was not forwarded, which the proxy turns into a 502.
 //!
 //! The proxy forwards an upgrade request like any other; when the upstream answers 101, the
 //! client's connection and the upstream's become one byte tunnel ([`spawn_tunnel`]), tracked
@@ -20,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -28,6 +37,65 @@ use tokio::sync::oneshot;
 use tokio_util::task::TaskTracker;
 
 use crate::hooked_io::{HookedIo, IoHook};
+
+/// Sent with `Upgrade: h2c` only (RFC 7540 §3.2), and meaningless without it.
+static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
+
+/// Keeps in `headers`' `Upgrade` only the protocols `allowed` lists (lower-case names); the
+/// header goes when none is left, and `HTTP2-Settings` unless `h2c` stays. Returns the
+/// `Upgrade` value that stays (None: the request is forwarded as no upgrade).
+pub fn restrict<S: AsRef<str>>(headers: &mut HeaderMap, allowed: &[S]) -> Option<HeaderValue> {
+    let kept: Vec<&str> = headers
+        .get_all(header::UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|token| {
+            let name = protocol_name(token);
+            allowed
+                .iter()
+                .any(|a| a.as_ref().eq_ignore_ascii_case(name))
+        })
+        .collect();
+    let value = (!kept.is_empty())
+        .then(|| HeaderValue::from_str(&kept.join(", ")).ok())
+        .flatten();
+    let h2c = kept
+        .iter()
+        .any(|t| protocol_name(t).eq_ignore_ascii_case("h2c"));
+    match &value {
+        Some(value) => {
+            headers.insert(header::UPGRADE, value.clone());
+        }
+        None => {
+            headers.remove(header::UPGRADE);
+        }
+    }
+    if !h2c {
+        headers.remove(&HTTP2_SETTINGS);
+    }
+    value
+}
+
+/// Whether a 101's `Upgrade` names a protocol of `forwarded` (the request's `Upgrade` as
+/// [`restrict`] left it). A 101 without `Upgrade` switches to nothing known: no.
+pub fn answers(response: &HeaderMap, forwarded: &HeaderValue) -> bool {
+    let Some(chosen) = response.get(header::UPGRADE).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let offered = forwarded.to_str().unwrap_or("");
+    chosen.split(',').map(str::trim).all(|token| {
+        offered
+            .split(',')
+            .any(|o| protocol_name(o.trim()).eq_ignore_ascii_case(protocol_name(token)))
+    })
+}
+
+/// `websocket` of `websocket/13`: protocols are named with an optional version.
+fn protocol_name(token: &str) -> &str {
+    token.split_once('/').map_or(token, |(name, _)| name).trim()
+}
 
 /// A plain client socket after an upgrade, with the bytes read from it past the request.
 pub type Upgraded = Rewind<TcpStream>;
@@ -205,5 +273,57 @@ mod tests {
         assert_eq!(got, b"hello world");
         let (_, rest) = io.into_parts();
         assert!(rest.into_bytes().is_empty());
+    }
+
+    fn upgrade_headers(upgrade: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("Upgrade, HTTP2-Settings"),
+        );
+        h.insert(header::UPGRADE, HeaderValue::from_str(upgrade).unwrap());
+        h.insert(
+            &HTTP2_SETTINGS,
+            HeaderValue::from_static("AAMAAABkAAQAAP__"),
+        );
+        h
+    }
+
+    #[test]
+    fn only_allowed_protocols_are_forwarded() {
+        let websocket_only = crate::config::DEFAULT_UPGRADES;
+        let mut h = upgrade_headers("h2c");
+        assert_eq!(restrict(&mut h, websocket_only), None);
+        assert!(h.get("upgrade").is_none());
+        assert!(h.get("http2-settings").is_none());
+
+        let mut h = upgrade_headers("WebSocket");
+        assert_eq!(restrict(&mut h, websocket_only).unwrap(), "WebSocket");
+        assert!(h.get("http2-settings").is_none());
+
+        let mut h = upgrade_headers("h2c, websocket/13, foo");
+        assert_eq!(restrict(&mut h, websocket_only).unwrap(), "websocket/13");
+        assert_eq!(h.get("upgrade").unwrap(), "websocket/13");
+
+        let mut h = upgrade_headers("h2c");
+        assert_eq!(restrict(&mut h, &["websocket", "h2c"]).unwrap(), "h2c");
+        assert!(h.get("http2-settings").is_some());
+    }
+
+    #[test]
+    fn a_101_must_switch_to_a_protocol_that_was_forwarded() {
+        let forwarded = HeaderValue::from_static("websocket");
+        let answer = |upgrade: Option<&str>| {
+            let mut h = HeaderMap::new();
+            if let Some(u) = upgrade {
+                h.insert(header::UPGRADE, HeaderValue::from_str(u).unwrap());
+            }
+            answers(&h, &forwarded)
+        };
+        assert!(answer(Some("websocket")));
+        assert!(answer(Some("WebSocket")));
+        assert!(!answer(Some("h2c")));
+        assert!(!answer(Some("websocket, h2c")));
+        assert!(!answer(None));
     }
 }

@@ -4,6 +4,11 @@
 //! Hop-by-hop headers describe one connection, not the message; forwarding them confuses the
 //! next hop and the h2 crate refuses to send them at all, so they go in both directions. An
 //! upgrade (WebSocket) is the one case that keeps `Connection: upgrade` and `Upgrade`.
+//!
+//! `Connection` may name further headers as hop-by-hop, but never those the message's framing
+//! and routing rest on or those tollgate sets ([`NEVER_NAMED`]): `Connection: host` would
+//! otherwise send the upstream a Host other than the one the route matched. Such names are
+//! ignored, as nginx does.
 
 use std::net::IpAddr;
 
@@ -20,6 +25,19 @@ const HOP_BY_HOP: [HeaderName; 7] = [
     header::UPGRADE,
     header::PROXY_AUTHENTICATE,
     header::PROXY_AUTHORIZATION,
+];
+
+/// Headers a `Connection` option cannot remove: the message's target and framing, and what
+/// tollgate itself sets (X-Forwarded-*; `Forwarded`, which a trusted proxy in front may set
+/// and the app may read instead).
+const NEVER_NAMED: [&str; 7] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "forwarded",
 ];
 
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -48,6 +66,7 @@ pub struct Found {
 }
 
 const CONNECTION_BIT: u8 = 1 << 0;
+const TRANSFER_ENCODING_BIT: u8 = 1 << 3;
 const UPGRADE_BIT: u8 = 1 << 4;
 const FORWARDED_FOR: u8 = 1;
 const FORWARDED_PROTO: u8 = 2;
@@ -124,6 +143,27 @@ fn connection_has_token(headers: &HeaderMap, token: &str) -> bool {
         .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
+/// The request's `Transfer-Encoding` when it names a coding besides `chunked` (`gzip,
+/// chunked`): hyper's server decoded the chunked framing only, so the body it passes on is
+/// still in those codings and the upstream must be told. None for plain `chunked` (or none).
+pub fn codings_besides_chunked(headers: &HeaderMap, found: &Found) -> Option<HeaderValue> {
+    if found.hop_by_hop & TRANSFER_ENCODING_BIT == 0 {
+        return None;
+    }
+    let codings: Vec<&str> = headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .collect();
+    if codings.iter().all(|t| t.eq_ignore_ascii_case("chunked")) {
+        return None;
+    }
+    HeaderValue::from_str(&codings.join(", ")).ok()
+}
+
 /// Removes hop-by-hop headers (as `found` by [`scan`]). With `keep_upgrade`, `Connection:
 /// upgrade` and `Upgrade` stay so the next hop can switch protocols too. `TE: trailers` is kept
 /// on requests (gRPC needs it); every other TE value is hop-by-hop. `found` stays true to the
@@ -143,6 +183,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool, found: &mu
             .map(str::trim)
             .filter(|t| !t.eq_ignore_ascii_case("keep-alive"))
             .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+            .filter(|name| !NEVER_NAMED.contains(&name.as_str()))
             .collect();
         for name in named {
             if keep_upgrade && name == header::UPGRADE {
@@ -370,10 +411,10 @@ mod tests {
         assert_eq!(names(&h), ["x-kept"]);
     }
 
-    /// A trusted peer's X-Forwarded-Proto named in its Connection header is hop-by-hop: it is
-    /// removed, and ours goes in its place rather than none.
+    /// A trusted peer's X-Forwarded-Proto named in its Connection header stays: Connection
+    /// cannot remove what tollgate sets (or keeps from a trusted peer).
     #[test]
-    fn a_forwarded_header_named_in_connection_is_replaced_not_lost() {
+    fn a_forwarded_header_named_in_connection_stays() {
         let mut h = map(&[
             ("connection", "x-forwarded-proto"),
             ("x-forwarded-proto", "https"),
@@ -386,7 +427,7 @@ mod tests {
         remove_hop_by_hop(&mut h, false, &mut found);
         let ip = "10.0.0.1".parse().unwrap();
         add_forwarded(&mut h, &found, ip, "http", None, true);
-        assert_eq!(h.get("x-forwarded-proto").unwrap(), "http");
+        assert_eq!(h.get("x-forwarded-proto").unwrap(), "https");
         assert_eq!(h.get("x-forwarded-for").unwrap(), "10.0.0.1");
         assert_eq!(scan(&map(&[("host", "a")])).host_lines, 1);
         assert!(scan(&map(&[("content-type", "application/grpc")])).content_type);
@@ -489,5 +530,56 @@ mod tests {
         assert_eq!(h.get("x-forwarded-for").unwrap(), "10.0.0.1");
         assert_eq!(h.get("x-forwarded-proto").unwrap(), "https");
         assert_eq!(h.get("x-forwarded-host").unwrap(), "public.example");
+    }
+
+    #[test]
+    fn connection_cannot_remove_framing_routing_or_forwarding_headers() {
+        let mut h = map(&[
+            (
+                "connection",
+                "Host, Content-Length, X-Forwarded-For, x-forwarded-host, Forwarded, x-forwarded-proto, x-hop",
+            ),
+            ("host", "api.example.com"),
+            ("content-length", "3"),
+            ("x-forwarded-for", "1.1.1.1"),
+            ("x-forwarded-host", "a"),
+            ("x-forwarded-proto", "https"),
+            ("forwarded", "for=1.1.1.1"),
+            ("x-hop", "1"),
+        ]);
+        strip(&mut h, false);
+        assert_eq!(
+            names(&h),
+            [
+                "content-length",
+                "forwarded",
+                "host",
+                "x-forwarded-for",
+                "x-forwarded-host",
+                "x-forwarded-proto"
+            ]
+        );
+        assert_eq!(h.get("host").unwrap(), "api.example.com");
+    }
+
+    #[test]
+    fn transfer_codings_besides_chunked_are_told_apart() {
+        let codings = |values: &[&str]| {
+            let pairs: Vec<(&str, &str)> =
+                values.iter().map(|v| ("transfer-encoding", *v)).collect();
+            let h = map(&pairs);
+            codings_besides_chunked(&h, &scan(&h)).map(|v| v.to_str().unwrap().to_owned())
+        };
+        assert_eq!(
+            codings(&["gzip, chunked"]).as_deref(),
+            Some("gzip, chunked")
+        );
+        assert_eq!(
+            codings(&["gzip", "chunked"]).as_deref(),
+            Some("gzip, chunked")
+        );
+        assert_eq!(codings(&["chunked"]), None);
+        assert_eq!(codings(&["Chunked"]), None);
+        assert_eq!(codings(&[]), None);
     }
 }

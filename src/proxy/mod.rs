@@ -10,6 +10,7 @@ mod early_answer;
 pub mod headers;
 mod http1_pool;
 mod record;
+mod shape;
 pub mod upstream;
 
 use std::net::SocketAddr;
@@ -228,6 +229,12 @@ impl Proxy {
         // tollgate's own answers to a gRPC call are sent as gRPC (see `grpc`).
         let grpc = found.content_type && crate::grpc::is_grpc(&parts.headers);
 
+        // Shapes no app should see, and CONNECT, are refused before anything else (see `shape`).
+        if let Some(refusal) = shape::check(&parts, &found) {
+            record.routed(None, &runtime.unrouted_metrics);
+            return refuse(refusal.response(), &mut record, grpc, false);
+        }
+
         // A caller asking for its own usage is answered here, before any route (see `usage`).
         if let Some(usage) = &config.usage {
             if parts.uri.path() == usage.path {
@@ -284,7 +291,9 @@ impl Proxy {
             None => record.started(),
         };
         let peer_is_trusted = config.throttle.trusted_proxies.contains(conn.peer.ip());
-        let forwarded = match outbound(config, parts, body, found, conn, peer_is_trusted) {
+        let upgrades = routed.map(|r| &r.route.upgrades[..]);
+        let forwarded = match outbound(config, parts, body, found, conn, peer_is_trusted, upgrades)
+        {
             Ok((upstream_request, returning)) => {
                 let answered = runtime.upstream.send(upstream_request).await;
                 self.inbound(returning, answered)
@@ -318,6 +327,17 @@ impl Proxy {
         };
 
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            // Only to a protocol the request was let through with: anything else would be a
+            // tunnel nobody allowed.
+            let allowed = returning
+                .upgrade
+                .as_ref()
+                .is_some_and(|offered| crate::upgrade::answers(response.headers(), offered));
+            if !allowed {
+                return Err(ProxyError::Upstream(
+                    "the upstream switched to a protocol the request was not allowed".into(),
+                ));
+            }
             if let Some(client_upgrade) = returning.client_upgrade {
                 crate::upgrade::spawn_tunnel(&self.inner.tunnels, client_upgrade, &mut response);
             }
@@ -352,13 +372,17 @@ fn boxed_answer(body: AnswerBody) -> ProxyBody {
 struct Returning {
     /// The client's side of a protocol upgrade, for the tunnel.
     client_upgrade: Option<crate::upgrade::ClientSide>,
+    /// The `Upgrade` protocols forwarded, if the request was forwarded as an upgrade.
+    upgrade: Option<HeaderValue>,
     /// With `max_request_body`: raised when the request body passed it on its way out.
     exceeded: Option<(Arc<std::sync::atomic::AtomicBool>, u64)>,
 }
 
 /// The request as the upstream receives it: a declared oversized body refused before anything
-/// is sent, the origin-form target, hop-by-hop headers removed, X-Forwarded-* added, Host as
-/// configured, the body bounded by `max_request_body` while it streams.
+/// is sent, the origin-form target, an upgrade only to the protocols `upgrades` allows (the
+/// route's; websocket without a route), hop-by-hop headers removed (transfer codings other than
+/// chunked kept), X-Forwarded-* added, Host as configured, the body bounded by
+/// `max_request_body` while it streams.
 fn outbound<B>(
     config: &Config,
     mut parts: http::request::Parts,
@@ -366,6 +390,7 @@ fn outbound<B>(
     mut found: headers::Found,
     conn: ConnInfo,
     peer_is_trusted: bool,
+    upgrades: Option<&[String]>,
 ) -> Result<(Request<ProxyBody>, Returning), ProxyError>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
@@ -381,8 +406,15 @@ where
         }
     }
 
-    let upgrade =
+    let asks_upgrade =
         parts.version == Version::HTTP_11 && headers::is_upgrade_request(&parts.headers, &found);
+    // A request left with no allowed protocol goes on as a plain request.
+    let upgrade_to = match upgrades {
+        _ if !asks_upgrade => None,
+        Some(allowed) => crate::upgrade::restrict(&mut parts.headers, allowed),
+        None => crate::upgrade::restrict(&mut parts.headers, crate::config::DEFAULT_UPGRADES),
+    };
+    let upgrade = upgrade_to.is_some();
     if upgrade && upstream.http2 {
         return Err(ProxyError::BadRequest(
             "protocol upgrades need an HTTP/1.1 upstream",
@@ -406,7 +438,16 @@ where
     } else {
         Version::HTTP_11
     };
+    // hyper decoded the chunked coding only; the others belong to the body it forwards.
+    let codings = match upstream.http2 {
+        false => headers::codings_besides_chunked(&parts.headers, &found),
+        true => None,
+    };
     headers::remove_hop_by_hop(&mut parts.headers, upgrade, &mut found);
+    if let Some(codings) = codings {
+        // hyper's client frames the body as chunked again and keeps this value.
+        parts.headers.insert(header::TRANSFER_ENCODING, codings);
+    }
     // Room for the three X-Forwarded headers at once: hyper sizes the map for the
     // headers it parsed, and growing it twice rehashes it twice.
     parts.headers.reserve(3);
@@ -439,6 +480,7 @@ where
     };
     let returning = Returning {
         client_upgrade,
+        upgrade: upgrade_to,
         exceeded,
     };
     Ok((Request::from_parts(parts, body), returning))

@@ -1,0 +1,195 @@
+//! Request shapes refused before routing, because no framework should see them and some would
+//! route them where tollgate's routes do not look:
+//!
+//! - a method token that is a standard method in another case (`post`): methods are
+//!   case-sensitive (RFC 9110 §9.1), yet some servers (werkzeug's) upper-case them and route
+//!   `post` as `POST`, past a `methods: [POST]` route;
+//! - a Host (or HTTP/2 `:authority`) with userinfo (`x@api.example.com`), a comma list, obs-text
+//!   (bytes ≥ 0x80), or more than one Host line: apps pick different parts of such a value
+//!   than tollgate's host matching does (RFC 9112 §3.2 asks for 400);
+//! - `CONNECT`: tollgate is a reverse proxy, not a tunnel to anywhere; 405 with `Allow`.
+//!
+//! Each is answered with an `application/problem+json` body, like tollgate's other 4xx.
+
+use http::header::{self, HeaderValue};
+use http::request::Parts;
+use http::{Method, Response, StatusCode};
+
+use super::headers::Found;
+use crate::body::{self, ProxyBody};
+
+/// The standard methods (RFC 9110 §9 and PATCH), as they must be spelled.
+const STANDARD_METHODS: [&str; 9] = [
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+];
+
+/// What tollgate forwards: every method but CONNECT.
+const ALLOW: &str = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, TRACE";
+
+/// Why a request is refused before routing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// 400, with the reason the client is told.
+    Malformed(&'static str),
+    /// 405: CONNECT.
+    Connect,
+}
+
+/// The refusal `request`'s shape calls for, if any (`found` is [`super::headers::scan`]'s pass
+/// over its headers).
+pub fn check(request: &Parts, found: &Found) -> Option<Refusal> {
+    let method = &request.method;
+    if *method == Method::CONNECT {
+        return Some(Refusal::Connect);
+    }
+    let name = method.as_str();
+    if !STANDARD_METHODS.contains(&name)
+        && STANDARD_METHODS
+            .iter()
+            .any(|m| m.eq_ignore_ascii_case(name))
+    {
+        return Some(Refusal::Malformed(
+            "the method must be spelled in upper case",
+        ));
+    }
+    if found.host_lines > 1 {
+        return Some(Refusal::Malformed("the request has more than one Host"));
+    }
+    if let Some(host) = &found.host {
+        if let Some(why) = bad_host(host.as_bytes()) {
+            return Some(Refusal::Malformed(why));
+        }
+    }
+    if let Some(authority) = request.uri.authority() {
+        if let Some(why) = bad_host(authority.as_str().as_bytes()) {
+            return Some(Refusal::Malformed(why));
+        }
+    }
+    None
+}
+
+/// Why a Host value is no host name (with an optional port), if it is not.
+fn bad_host(host: &[u8]) -> Option<&'static str> {
+    if host.contains(&b'@') {
+        Some("the Host must not carry userinfo")
+    } else if host.contains(&b',') {
+        Some("the Host must name one host")
+    } else if host.iter().any(|b| *b >= 0x80) {
+        Some("the Host must be ASCII")
+    } else {
+        None
+    }
+}
+
+impl Refusal {
+    pub fn status(self) -> StatusCode {
+        match self {
+            Refusal::Malformed(_) => StatusCode::BAD_REQUEST,
+            Refusal::Connect => StatusCode::METHOD_NOT_ALLOWED,
+        }
+    }
+
+    /// The answer: an RFC 9457 problem; a 405 names the methods tollgate forwards in `Allow`.
+    pub fn response(self) -> Response<ProxyBody> {
+        let status = self.status();
+        let detail = match self {
+            Refusal::Malformed(why) => why,
+            Refusal::Connect => "CONNECT is not forwarded: this is a reverse proxy",
+        };
+        let body = serde_json::json!({
+            "type": "about:blank",
+            "title": status.canonical_reason().unwrap_or("Error"),
+            "status": status.as_u16(),
+            "detail": detail,
+        });
+        let body = serde_json::to_vec(&body).expect("JSON values serialize");
+        let mut response = Response::new(body::full(body));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if self == Refusal::Connect {
+            headers.insert(header::ALLOW, HeaderValue::from_static(ALLOW));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Request;
+
+    fn refusal(request: http::request::Builder) -> Option<Refusal> {
+        let (parts, ()) = request.body(()).unwrap().into_parts();
+        let found = super::super::headers::scan(&parts.headers);
+        check(&parts, &found)
+    }
+
+    #[test]
+    fn standard_methods_in_another_case_are_refused_and_other_tokens_pass() {
+        for method in ["post", "Get", "pOST", "delete", "patch"] {
+            let request = Request::builder().method(method).uri("/");
+            assert!(
+                matches!(refusal(request), Some(Refusal::Malformed(_))),
+                "{method}"
+            );
+        }
+        for method in ["GET", "POST", "PROPFIND", "purge", "M-SEARCH"] {
+            let request = Request::builder().method(method).uri("/");
+            assert_eq!(refusal(request), None, "{method}");
+        }
+        let connect = Request::builder().method("CONNECT").uri("example.com:443");
+        assert_eq!(refusal(connect), Some(Refusal::Connect));
+    }
+
+    #[test]
+    fn hosts_with_userinfo_lists_or_obs_text_are_refused() {
+        for host in [
+            &b"x@api.example.com"[..],
+            b"api.example.com, evil.example",
+            b"api.\xe9xample.com",
+        ] {
+            let request = Request::builder()
+                .uri("/")
+                .header("host", HeaderValue::from_bytes(host).unwrap());
+            assert!(
+                matches!(refusal(request), Some(Refusal::Malformed(_))),
+                "{host:?}"
+            );
+        }
+        let two = Request::builder()
+            .uri("/")
+            .header("host", "a.example")
+            .header("host", "b.example");
+        assert!(matches!(refusal(two), Some(Refusal::Malformed(_))));
+        let authority = Request::builder().uri("http://x@api.example.com/login");
+        assert!(matches!(refusal(authority), Some(Refusal::Malformed(_))));
+        for fine in [
+            "api.example.com",
+            "api.example.com:8443",
+            "[::1]:80",
+            "api.example.com.",
+        ] {
+            let request = Request::builder().uri("/").header("host", fine);
+            assert_eq!(refusal(request), None, "{fine}");
+        }
+    }
+
+    #[test]
+    fn refusals_are_problems_and_connect_names_what_is_allowed() {
+        let response = Refusal::Connect.response();
+        assert_eq!(response.status(), 405);
+        assert_eq!(response.headers()["allow"], ALLOW);
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json"
+        );
+        let response = Refusal::Malformed("x").response();
+        assert_eq!(response.status(), 400);
+        assert!(response.headers().get("allow").is_none());
+    }
+}
