@@ -26,3 +26,69 @@ pub async fn run_tollgate(args: &[&str]) -> (i32, String, String) {
         String::from_utf8(output.stderr).unwrap(),
     )
 }
+
+/// The tollgate binary serving a configuration in a process of its own, on free ports; killed
+/// when dropped.
+pub struct Served {
+    /// The proxy listener.
+    pub addr: std::net::SocketAddr,
+    pub admin: std::net::SocketAddr,
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Served {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `tollgate --config` with `config` (its listen and admin addresses replaced by free
+/// ports) and returns once `/readyz` answers 200 (with Redis: once it is connected, when
+/// `on_error` is `deny`). Fails after 10 s.
+pub async fn serve(config: &super::config::Config) -> Served {
+    use std::time::{Duration, Instant};
+    let (port, admin) = (super::free_port(), super::free_port());
+    let dir = tempfile::TempDir::new().unwrap();
+    let yaml = config
+        .clone()
+        .listen(&format!("127.0.0.1:{port}"))
+        .admin(&format!("127.0.0.1:{admin}"))
+        .yaml();
+    let file = write_config(&dir, &yaml);
+    let child = std::process::Command::new(TOLLGATE_BIN)
+        .arg("--config")
+        .arg(&file)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start tollgate");
+    let served = Served {
+        addr: format!("127.0.0.1:{port}").parse().unwrap(),
+        admin: format!("127.0.0.1:{admin}").parse().unwrap(),
+        child,
+        _dir: dir,
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let ready = format!("http://{}/readyz", served.admin);
+    loop {
+        if let Ok(response) = super::http1_client().request(super::get(&ready)).await {
+            if response.status() == http::StatusCode::OK {
+                return served;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tollgate never became ready:\n{yaml}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -705,11 +705,16 @@ struct Match {
     methods: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     host: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    case: Option<String>,
 }
 
 impl Match {
     fn is_empty(&self) -> bool {
-        self.path_prefix.is_none() && self.methods.is_none() && self.host.is_none()
+        self.path_prefix.is_none()
+            && self.methods.is_none()
+            && self.host.is_none()
+            && self.case.is_none()
     }
 }
 
@@ -729,6 +734,12 @@ impl Route {
     /// `match.host`.
     pub fn host(mut self, host: &str) -> Self {
         self.matcher.host = Some(host.into());
+        self
+    }
+
+    /// `match.case`: `sensitive` or `insensitive`.
+    pub fn case(mut self, case: &str) -> Self {
+        self.matcher.case = Some(case.into());
         self
     }
 
