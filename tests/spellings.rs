@@ -423,3 +423,57 @@ async fn transfer_codings_besides_chunked_reach_the_upstream() {
     );
     assert!(upstream.received_text().ends_with("3\r\nabc\r\n0\r\n\r\n"));
 }
+
+/// An HTTP/2 request's body with trailers, as a client streams it.
+fn body_with_trailers(declared: bool) -> http::Request<ClientBody> {
+    use http_body_util::{BodyExt, StreamBody};
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-checksum", "abc".parse().unwrap());
+    let frames: Vec<Result<hyper::body::Frame<bytes::Bytes>, std::convert::Infallible>> = vec![
+        Ok(hyper::body::Frame::data(bytes::Bytes::from_static(b"data"))),
+        Ok(hyper::body::Frame::trailers(trailers)),
+    ];
+    let body = StreamBody::new(futures_util::stream::iter(frames))
+        .map_err(|e| match e {})
+        .boxed();
+    let mut request = http::Request::post("/request-trailers");
+    if declared {
+        request = request.header("trailer", "x-checksum");
+    }
+    request.body(body).unwrap()
+}
+
+async fn trailers_reaching(upstream_http2: bool, declared: bool) -> String {
+    let upstream = upstream().start().await;
+    let served = serve(
+        &config()
+            .upstream(&upstream.url())
+            .upstream_http2(upstream_http2),
+    )
+    .await;
+    let mut request = body_with_trailers(declared);
+    *request.uri_mut() = served.url("/request-trailers").parse().unwrap();
+    let response = h2c_client().request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    text(response).await
+}
+
+/// HTTP/2 request trailers reach an HTTP/2 upstream, and an HTTP/1.1 one (as chunked trailers)
+/// when the request declares them in `Trailer`, which HTTP/1.1 needs before the body.
+#[tokio::test]
+async fn http2_request_trailers_reach_the_upstream() {
+    let expected = r#"{"x-checksum":["abc"]}"#;
+    assert_eq!(trailers_reaching(true, false).await, expected);
+    assert_eq!(trailers_reaching(false, true).await, expected);
+    // Undeclared, HTTP/1.1 has no way to announce them: hyper's client sends none.
+    assert_eq!(trailers_reaching(false, false).await, "null");
+    // HTTP/1.1 to HTTP/1.1, chunked with declared trailers.
+    let upstream = upstream().start().await;
+    let served = serve(&config().upstream(&upstream.url())).await;
+    let response = raw_exchange(
+        served.addr,
+        b"POST /request-trailers HTTP/1.1\r\nHost: a\r\nTrailer: x-checksum\r\nTransfer-Encoding: chunked\r\n\r\n4\r\ndata\r\n0\r\nx-checksum: abc\r\n\r\n",
+    )
+    .await;
+    assert_eq!(response.body_text(), expected);
+}

@@ -1,7 +1,7 @@
 //! A real HTTP upstream for tests (HTTP/1.1 and h2c on one port), with endpoints that make the
 //! proxy's behaviour observable: echo what arrived, hash an upload, stream a download, hold a
 //! stream open, delay the head, answer before reading the whole upload, answer with hop-by-hop junk,
-//! echo a WebSocket, send trailers, answer a given status with a given cost report (`/respond`).
+//! echo a WebSocket, send trailers, report a request's trailers, answer a given status with a given cost report (`/respond`).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -224,6 +224,12 @@ async fn handle(mut req: Request<Incoming>, state: Upstream) -> Response<Body> {
             .header("x-app", "yes")
             .body(full("hop"))
             .unwrap(),
+        "/request-trailers" => {
+            // The request's trailers, as JSON (`null` when it had none).
+            let collected = req.into_body().collect().await.unwrap();
+            let trailers = collected.trailers().map(headers_json);
+            Response::new(full(serde_json::to_vec(&trailers).unwrap()))
+        }
         "/trailers" => {
             let mut trailers = HeaderMap::new();
             trailers.insert("grpc-status", "0".parse().unwrap());
