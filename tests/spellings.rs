@@ -90,8 +90,9 @@ const fn login(target: &'static str) -> Spelling {
     }
 }
 
-const SPELLINGS: [Spelling; 13] = [
+const SPELLINGS: [Spelling; 14] = [
     login("/%2flogin"),
+    login("/\\login"),
     login("/%2Flogin"),
     login("/%5Clogin"),
     login("/;x=1/login"),
@@ -202,26 +203,7 @@ async fn hostile_shapes_are_refused(store: Store) {
     )
     .await;
     assert_eq!(response.status, 400);
-    // A raw backslash: refused by the parser or counted as `/login`, never a way around.
-    let user = "backslash";
-    let mut statuses = Vec::new();
-    for _ in 0..3 {
-        let response = raw_exchange(
-            served.addr,
-            &request("POST", "/\\login", "app.example", user),
-        )
-        .await;
-        statuses.push(response.status);
-    }
-    assert!(
-        statuses == [400, 400, 400] || statuses == [200, 200, 429],
-        "{statuses:?}"
-    );
-    let forwarded = upstream.request_lines();
-    assert!(
-        forwarded.iter().all(|l| l.starts_with("POST /\\login")),
-        "{forwarded:?}"
-    );
+    assert_eq!(upstream.connection_count(), 0);
 }
 
 #[tokio::test]
