@@ -78,6 +78,18 @@ fn write_route(out: &mut String, route: &Route) {
     if let Some(host) = &route.host {
         matcher = format!("{matcher} host {host}");
     }
+    if route.case == crate::config::MatchCase::Insensitive {
+        matcher.push_str(" any case");
+    }
+    let default_upgrades = crate::config::DEFAULT_UPGRADES.iter().copied();
+    if !route
+        .upgrades
+        .iter()
+        .map(String::as_str)
+        .eq(default_upgrades)
+    {
+        matcher = format!("{matcher} upgrades [{}]", route.upgrades.join(","));
+    }
     let key: Vec<&str> = route
         .limits
         .first()

@@ -62,3 +62,55 @@ pub(super) fn upgrades(v: &mut Validator, path: &str, raw: Option<&[String]>) ->
     }
     protocols
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{parse, MatchCase};
+    use std::path::Path;
+
+    const HEAD: &str = "listen: 127.0.0.1:0\nupstream: { url: http://127.0.0.1:9 }\nroutes:\n";
+    const LIMIT: &str = "    limits:\n      - { algorithm: fixed_window, limit: 5, period: 1m }\n";
+
+    fn route(lines: &str) -> Result<crate::config::Config, String> {
+        let yaml = format!("{HEAD}  - name: r\n{lines}{LIMIT}");
+        parse(Path::new("t.yaml"), &yaml, |_| None).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn case_defaults_to_sensitive_and_an_insensitive_prefix_is_lower_cased() {
+        let c = route("    match: { path_prefix: /Login }\n").unwrap();
+        let r = &c.throttle.routes[0];
+        assert_eq!(r.case, MatchCase::Sensitive);
+        assert_eq!(r.path_prefix.as_deref(), Some("/Login"));
+        let c = route("    match: { path_prefix: /Login, case: insensitive }\n").unwrap();
+        let r = &c.throttle.routes[0];
+        assert_eq!(r.case, MatchCase::Insensitive);
+        assert_eq!(r.path_prefix.as_deref(), Some("/login"));
+        let e = route("    match: { path_prefix: /x, case: ignore }\n").unwrap_err();
+        assert!(
+            e.contains("t.yaml:5:") && e.contains("routes[0].match.case"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn upgrades_default_to_websocket_and_must_be_protocol_names() {
+        let c = route("").unwrap();
+        assert_eq!(c.throttle.routes[0].upgrades, ["websocket"]);
+        let c = route("    upgrades: [WebSocket, foo, websocket]\n").unwrap();
+        assert_eq!(c.throttle.routes[0].upgrades, ["websocket", "foo"]);
+        let c = route("    upgrades: []\n").unwrap();
+        assert!(c.throttle.routes[0].upgrades.is_empty());
+        let e = route("    upgrades: [websocket/13]\n").unwrap_err();
+        assert!(e.contains("routes[0].upgrades[0]"), "{e}");
+    }
+
+    #[test]
+    fn a_host_is_compared_without_its_trailing_dot() {
+        let c = route("    match: { host: API.example.com. }\n").unwrap();
+        assert_eq!(
+            c.throttle.routes[0].host.as_deref(),
+            Some("api.example.com")
+        );
+    }
+}
