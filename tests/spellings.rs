@@ -459,3 +459,17 @@ async fn http2_request_trailers_reach_the_upstream() {
     .await;
     assert_eq!(response.body_text(), expected);
 }
+
+/// The same on the way back: an upstream's `gzip, chunked` response reaches an HTTP/1.1
+/// client with its gzip coding named.
+#[tokio::test]
+async fn response_transfer_codings_besides_chunked_reach_the_client() {
+    let upstream = RawUpstream::answering(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    )
+    .await;
+    let served = serve(&limited(&upstream.url(), store::memory())).await;
+    let response = raw_exchange(served.addr, b"GET /plain HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(response.status, 200);
+    assert_eq!(response.header("transfer-encoding"), Some("gzip, chunked"));
+}

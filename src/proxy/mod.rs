@@ -350,7 +350,15 @@ impl Proxy {
 
         let (mut parts, incoming) = response.into_parts();
         let mut found = headers::scan(&parts.headers);
+        // As on the way out: the body is still in any coding besides chunked.
+        let codings = match returning.client_http11 {
+            true => headers::codings_besides_chunked(&parts.headers, &found),
+            false => None,
+        };
         headers::remove_hop_by_hop(&mut parts.headers, false, &mut found);
+        if let Some(codings) = codings {
+            parts.headers.insert(header::TRANSFER_ENCODING, codings);
+        }
         Ok(Response::from_parts(parts, AnswerBody::Left(incoming)))
     }
 }
@@ -374,6 +382,8 @@ struct Returning {
     client_upgrade: Option<crate::upgrade::ClientSide>,
     /// The `Upgrade` protocols forwarded, if the request was forwarded as an upgrade.
     upgrade: Option<HeaderValue>,
+    /// The client speaks HTTP/1.1, the one version with transfer codings.
+    client_http11: bool,
     /// With `max_request_body`: raised when the request body passed it on its way out.
     exceeded: Option<(Arc<std::sync::atomic::AtomicBool>, u64)>,
 }
@@ -406,8 +416,8 @@ where
         }
     }
 
-    let asks_upgrade =
-        parts.version == Version::HTTP_11 && headers::is_upgrade_request(&parts.headers, &found);
+    let client_http11 = parts.version == Version::HTTP_11;
+    let asks_upgrade = client_http11 && headers::is_upgrade_request(&parts.headers, &found);
     // A request left with no allowed protocol goes on as a plain request.
     let upgrade_to = match upgrades {
         _ if !asks_upgrade => None,
@@ -481,6 +491,7 @@ where
     let returning = Returning {
         client_upgrade,
         upgrade: upgrade_to,
+        client_http11,
         exceeded,
     };
     Ok((Request::from_parts(parts, body), returning))

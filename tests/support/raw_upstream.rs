@@ -23,8 +23,11 @@ pub const RAW_OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
 pub struct RawUpstream {
     pub addr: SocketAddr,
     /// What each connection received, in the order they were accepted.
-    connections: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>,
+    connections: Arc<Mutex<Vec<Received>>>,
 }
+
+/// The bytes one connection received so far.
+type Received = Arc<Mutex<Vec<u8>>>;
 
 /// An upstream answering every request with [`RAW_OK`].
 pub async fn raw_upstream() -> RawUpstream {
@@ -93,7 +96,7 @@ impl RawUpstream {
     }
 }
 
-async fn serve(mut stream: TcpStream, received: Arc<Mutex<Vec<u8>>>, response: &'static [u8]) {
+async fn serve(mut stream: TcpStream, received: Received, response: &'static [u8]) {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
     let switched = response.starts_with(b"HTTP/1.1 101");
