@@ -267,7 +267,8 @@ impl Proxy {
             Some(routed) => {
                 let throttle = &config.throttle;
                 let caller =
-                    identity::caller::identify(&parts, conn.peer.ip(), &throttle.trusted_proxies);
+                    identity::caller::identify(&parts, conn.peer.ip(), &throttle.trusted_proxies)
+                        .counting_refusals_in(&runtime.route_metrics[routed.index].refusals);
                 let outcome = runtime.limits.limit(routed.route, caller).await;
                 record.decided(&outcome);
                 match outcome {
@@ -283,6 +284,10 @@ impl Proxy {
                     }
                     LimitOutcome::StoreUnavailable { .. } => {
                         let response = ProxyError::StoreUnavailable.into_response();
+                        return refuse(response, &mut record, grpc, false);
+                    }
+                    LimitOutcome::Rejected { refusal } => {
+                        let response = unauthorized(refusal);
                         return refuse(response, &mut record, grpc, false);
                     }
                 }
@@ -601,6 +606,31 @@ fn limited_response(config: &ResponseConfig, limited: &Limited<'_>) -> Response<
     let mut response = Response::new(body::full(rendered.body));
     *response.status_mut() = rendered.status;
     *response.headers_mut() = rendered.headers;
+    response
+}
+
+/// The answer to a caller whose bearer token an identity with `on_invalid: reject` refused:
+/// 401 with an RFC 6750 challenge and a problem body naming the reason.
+fn unauthorized(refusal: identity::Refusal) -> Response<ProxyBody> {
+    let reason = refusal.as_str();
+    let problem = serde_json::json!({
+        "type": "about:blank",
+        "title": "Unauthorized",
+        "status": 401,
+        "detail": format!("The bearer token was refused: {reason}."),
+    });
+    let mut response = Response::new(body::full(problem.to_string()));
+    *response.status_mut() = StatusCode::UNAUTHORIZED;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    let challenge = format!("Bearer error=\"invalid_token\", error_description=\"{reason}\"");
+    if let Ok(value) = HeaderValue::from_str(&challenge) {
+        headers.insert(header::WWW_AUTHENTICATE, value);
+    }
     response
 }
 
