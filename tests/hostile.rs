@@ -1,7 +1,7 @@
 //! Hostile input end to end: spoofed and oversized X-Forwarded-For, every kind of bad JWT (and
-//! that a refused one never falls through to a weaker source),
-//! identity values built to collide or break keys and scripts, slow and idle clients, oversized
-//! bodies, and an upstream that misbehaves at the TCP level. Each case asserts which bucket was
+//! that a refused one never falls through to a weaker source), identity values built to collide
+//! or break keys and scripts, slow and idle clients, oversized bodies, and an upstream that
+//! misbehaves at the TCP level. Each case asserts which bucket was
 //! used (through exact admitted counts) and that the proxy still serves afterwards.
 
 mod support;
