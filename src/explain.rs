@@ -133,9 +133,19 @@ fn describe_identity(
     client_ip: IpAddr,
 ) -> (String, String, String) {
     let (identified, shown) = identity.identify_shown(parts, client_ip);
-    let source = match identity.sources.get(identified.source) {
-        Some(source) => source.describe(),
-        None => "client ip (no source was present: fallback)".to_owned(),
+    let source = match (identity.sources.get(identified.source), identified.refused) {
+        (Some(source), _) => source.describe(),
+        (None, Some(why)) => match identity.on_invalid {
+            crate::identity::OnInvalid::ClientIp => format!(
+                "client ip (the bearer token was refused: {}; on_invalid: client_ip)",
+                why.as_str()
+            ),
+            crate::identity::OnInvalid::Reject => format!(
+                "none: the bearer token was refused ({}), on_invalid: reject answers 401",
+                why.as_str()
+            ),
+        },
+        (None, None) => "client ip (no source was present: fallback)".to_owned(),
     };
     (identity.name.clone(), source, shown)
 }

@@ -66,6 +66,10 @@ pub struct RouteMetrics {
     pub limited: Counter,
     pub shadow_limited: Counter,
     pub store_error: Counter,
+    /// Refused with 401: a credential refused under `on_invalid: reject`.
+    pub rejected: Counter,
+    /// Credentials the route's identities refused, by what `on_invalid` made of them.
+    pub refusals: crate::identity::caller::RefusalCounters,
     /// `cost_from_response` reports that were missing or malformed (the default cost was
     /// charged instead), and settlements the store failed (see `throttle::settle`).
     pub settlement: crate::throttle::settle::SettleMetrics,
@@ -159,6 +163,18 @@ impl Metrics {
                 &METADATA,
             )
         };
+        let refused = |on_invalid: &'static str| {
+            self.recorder.register_counter(
+                &Key::from_parts(
+                    "tollgate_credentials_refused_total",
+                    vec![
+                        Label::new("route", route.to_owned()),
+                        Label::new("on_invalid", on_invalid),
+                    ],
+                ),
+                &METADATA,
+            )
+        };
         let class = |class: &'static str| {
             self.recorder.register_counter(
                 &Key::from_parts(
@@ -176,6 +192,11 @@ impl Metrics {
             limited: requests("limited"),
             shadow_limited: requests("shadow_limited"),
             store_error: requests("store_error"),
+            rejected: requests("rejected"),
+            refusals: crate::identity::caller::RefusalCounters {
+                client_ip: refused("client_ip"),
+                reject: refused("reject"),
+            },
             settlement: crate::throttle::settle::SettleMetrics {
                 cost_report_invalid: self
                     .route_counter("tollgate_cost_report_invalid_total", route),

@@ -218,9 +218,13 @@ impl Server {
         connections.close();
         let tunnels = proxy.tunnels().clone();
         tunnels.close();
+        // Exchanges whose client left are waited for like the requests still in flight.
+        let orphans = proxy.orphans().clone();
+        orphans.close();
         let drained = tokio::time::timeout(config.shutdown_timeout, async {
             connections.wait().await;
             tunnels.wait().await;
+            orphans.wait().await;
         })
         .await;
         match drained {

@@ -291,9 +291,10 @@ async fn token_budget_redis() {
     token_budget(Some(&redis)).await;
 }
 
-/// A client that leaves before the response head gives its reservation back.
+/// A client that leaves before the response head changes nothing: the request is settled on
+/// the app's answer, which nobody receives (a failure stays counted, a success is given back).
 #[tokio::test]
-async fn a_client_that_leaves_before_the_head_is_refunded() {
+async fn a_client_that_leaves_before_the_head_is_settled_on_the_answer() {
     let up = upstream().start().await;
     let yaml = config().upstream(&up.url()).route(
         route("login")
@@ -301,15 +302,20 @@ async fn a_client_that_leaves_before_the_head_is_refunded() {
             .limit(limit::sliding_log(1, "1h").count_statuses([401])),
     );
     let proxy = proxy(yaml).start().await;
-    let gone = tokio::time::timeout(
-        Duration::from_millis(200),
-        send(proxy.addr, "/respond?status=401&ms=600", "u"),
-    )
-    .await;
-    assert!(gone.is_err(), "the client gave up first");
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(send(proxy.addr, "/respond?status=401", "u").await.0, 401);
+    let leave = |path: &'static str| {
+        tokio::time::timeout(Duration::from_millis(200), send(proxy.addr, path, "u"))
+    };
+    assert!(
+        leave("/respond?status=200&ms=600").await.is_err(),
+        "the client gave up first"
+    );
+    // The app answers 200 at 600 ms: the unit comes back.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(leave("/respond?status=401&ms=600").await.is_err());
+    // The app answers 401 at 600 ms: the unit stays taken.
+    tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(send(proxy.addr, "/respond?status=401", "u").await.0, 429);
+    assert_eq!(up.request_count(), 2);
 }
 
 /// What cannot work is refused with the position of the value and the reason.
@@ -372,7 +378,7 @@ fn check_refuses_what_cannot_work() {
 }
 
 /// A streamed answer: the trailer at its end is charged once it arrives; a client that leaves
-/// mid-body is charged the header's report.
+/// mid-body leaves the rest to tollgate, which reads it and charges its trailer.
 #[tokio::test]
 async fn streamed_budget_settles_at_the_end_or_when_the_client_leaves() {
     let up = upstream().start().await;
@@ -411,9 +417,9 @@ async fn streamed_budget_settles_at_the_end_or_when_the_client_leaves() {
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(headers["retry-after"], "7");
 
-    // Left mid-body (last: its upstream stream is never released): the header said 30:
-    // balance 10 - 30 = -20, 21 s to repay.
-    let request = Request::get(proxy.url("/respond?cost=30&hold=1"))
+    // Left mid-body: the header said 30, the trailer that comes after the client left says
+    // 40: balance 10 - 40 = -30, 31 s to repay.
+    let request = Request::get(proxy.url("/respond?cost=30&hold=1&trailer=40"))
         .version(http::Version::HTTP_2)
         .header("x-user", "e")
         .body(body(""))
@@ -424,9 +430,11 @@ async fn streamed_budget_settles_at_the_end_or_when_the_client_leaves() {
     assert!(first.is_data());
     drop(answer);
     settled().await;
+    up.release.notify_one();
+    settled().await;
     let (status, headers) = send_h2(proxy.addr, "/respond?cost=1", "e").await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(headers["retry-after"], "21");
+    assert_eq!(headers["retry-after"], "31");
 }
 
 /// A settlement the store cannot take is logged and counted, and never holds up the client:

@@ -1,6 +1,7 @@
-//! Hostile input end to end: spoofed and oversized X-Forwarded-For, every kind of bad JWT,
-//! identity values built to collide or break keys and scripts, slow and idle clients, oversized
-//! bodies, and an upstream that misbehaves at the TCP level. Each case asserts which bucket was
+//! Hostile input end to end: spoofed and oversized X-Forwarded-For, every kind of bad JWT (and
+//! that a refused one never falls through to a weaker source), identity values built to collide
+//! or break keys and scripts, slow and idle clients, oversized bodies, and an upstream that
+//! misbehaves at the TCP level. Each case asserts which bucket was
 //! used (through exact admitted counts) and that the proxy still serves afterwards.
 
 mod support;
@@ -156,7 +157,7 @@ fn now() -> u64 {
 }
 
 #[tokio::test]
-async fn every_bad_jwt_counts_as_absent() {
+async fn every_bad_jwt_is_refused_and_keyed_by_client_ip() {
     use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
     let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/identity");
     let private = std::fs::read(format!("{fixtures}/rsa_private.pem")).unwrap();
@@ -221,7 +222,7 @@ async fn every_bad_jwt_counts_as_absent() {
         "a.b".to_string(),
         format!("{head}.{payload}"),
     ];
-    // All absent: they fall back to the client IP, one bucket, two admissions in total.
+    // All refused: keyed by the client IP, one bucket, two admissions in total.
     let mut ok = 0;
     for token in &bad_tokens {
         let auth = format!("Bearer {token}");
@@ -242,6 +243,165 @@ async fn every_bad_jwt_counts_as_absent() {
         .await,
         2
     );
+}
+
+/// The refused tokens of the README's `[jwt, header]` identity: expired, `nbf` ahead, no `exp`,
+/// oversized, a bad signature, an empty `sub`; signed with the RSA fixture.
+fn refused_tokens() -> Vec<(&'static str, String)> {
+    use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+    let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/identity");
+    let private = std::fs::read(format!("{fixtures}/rsa_private.pem")).unwrap();
+    let rs = |claims: serde_json::Value| {
+        encode(
+            &Header::new(Algorithm::RS256),
+            &claims,
+            &EncodingKey::from_rsa_pem(&private).unwrap(),
+        )
+        .unwrap()
+    };
+    let good = rs(serde_json::json!({"sub": "victim", "exp": now() + 300}));
+    let (head, rest) = good.split_once('.').unwrap();
+    let signature = rest.split_once('.').unwrap().1;
+    let other_payload = b64(format!(r#"{{"sub":"attacker","exp":{}}}"#, now() + 300).as_bytes());
+    vec![
+        (
+            "expired",
+            rs(serde_json::json!({"sub": "a", "exp": now() - 120})),
+        ),
+        (
+            "not_yet_valid",
+            rs(serde_json::json!({"sub": "a", "exp": now() + 300, "nbf": now() + 120})),
+        ),
+        (
+            "missing_required_claim",
+            rs(serde_json::json!({"sub": "a"})),
+        ),
+        (
+            "oversized",
+            rs(serde_json::json!({"sub": "a", "exp": now() + 300, "pad": "x".repeat(9000)})),
+        ),
+        (
+            "bad_signature",
+            format!("{head}.{other_payload}.{signature}"),
+        ),
+        (
+            "no_identity_claim",
+            rs(serde_json::json!({"sub": "", "exp": now() + 300})),
+        ),
+    ]
+}
+
+/// The README's `user: [jwt, header]` on `/api/`, 2 a day per user; `on_invalid` as given.
+async fn jwt_then_header(
+    on_invalid: Option<&str>,
+    redis: Option<&RedisServer>,
+) -> (Upstream, ProxyHandle) {
+    let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/identity");
+    let up = upstream().start().await;
+    let mut routes = config()
+        .upstream(&up.url())
+        .identity(
+            "user",
+            [
+                source::jwt(
+                    Jwt::public_key("sub", &format!("{fixtures}/rsa_public.pem"))
+                        .algorithm("RS256"),
+                ),
+                source::header("x-user"),
+            ],
+        )
+        .route(
+            route("api")
+                .prefix("/api/")
+                .key("user")
+                .limit(limit::fixed_window(2, "24h")),
+        );
+    if let Some(on_invalid) = on_invalid {
+        routes = routes.on_invalid("user", on_invalid);
+    }
+    if let Some(redis) = redis {
+        routes = routes.store(redis_store(redis));
+    }
+    (up.clone(), proxy(routes).start().await)
+}
+
+/// Sends `token` with an `X-User` of the attacker's choosing: the status and the
+/// `WWW-Authenticate` it got.
+async fn with_token(proxy: &ProxyHandle, token: &str, user: &str) -> (StatusCode, Option<String>) {
+    let request = Request::get(proxy.url("/api/x"))
+        .header("authorization", format!("Bearer {token}"))
+        .header("x-user", user)
+        .body(body(""))
+        .unwrap();
+    let response = http1_client().request(request).await.unwrap();
+    let status = response.status();
+    let challenge = response
+        .headers()
+        .get("www-authenticate")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let _ = response.into_body().collect().await;
+    (status, challenge)
+}
+
+/// With `[jwt, header]`, a refused token never lets the caller choose its bucket with
+/// `X-User`: each refused token below comes with a fresh `X-User`, and all of them share the
+/// client IP's two admissions. Without a token, `X-User` still keys the caller.
+async fn a_refused_token_never_falls_through_to_the_header(redis: Option<&RedisServer>) {
+    let (up, proxy) = jwt_then_header(None, redis).await;
+    let mut statuses = Vec::new();
+    for (i, (why, token)) in refused_tokens().iter().enumerate() {
+        let (status, _) = with_token(&proxy, token, &format!("fresh-{i}")).await;
+        statuses.push((*why, status.as_u16()));
+    }
+    let admitted = statuses.iter().filter(|(_, s)| *s == 200).count();
+    assert_eq!(admitted, 2, "keyed by client IP, not X-User: {statuses:?}");
+    assert_eq!(up.request_count(), 2);
+    let (status, _) = send_raw_header(&proxy, "/api/x", Some(("x-user", b"no-token-alice"))).await;
+    assert_eq!(status, StatusCode::OK, "no token at all: the header keys");
+}
+
+#[tokio::test]
+async fn a_refused_token_never_falls_through_to_the_header_memory() {
+    a_refused_token_never_falls_through_to_the_header(None).await;
+}
+
+#[tokio::test]
+async fn a_refused_token_never_falls_through_to_the_header_redis() {
+    let redis = RedisServer::start();
+    a_refused_token_never_falls_through_to_the_header(Some(&redis)).await;
+}
+
+/// `on_invalid: reject`: every refused token is answered 401 with a Bearer challenge naming
+/// the reason, and never reaches the upstream; a valid token is admitted.
+#[tokio::test]
+async fn on_invalid_reject_answers_401() {
+    use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+    let (up, proxy) = jwt_then_header(Some("reject"), None).await;
+    for (why, token) in refused_tokens() {
+        let (status, challenge) = with_token(&proxy, &token, "fresh").await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{why}");
+        assert_eq!(
+            challenge.as_deref(),
+            Some(format!("Bearer error=\"invalid_token\", error_description=\"{why}\"").as_str()),
+            "{why}"
+        );
+    }
+    assert_eq!(
+        up.request_count(),
+        0,
+        "no refused token reached the upstream"
+    );
+    let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/identity");
+    let private = std::fs::read(format!("{fixtures}/rsa_private.pem")).unwrap();
+    let valid = encode(
+        &Header::new(Algorithm::RS256),
+        &serde_json::json!({"sub": "alice", "exp": now() + 300}),
+        &EncodingKey::from_rsa_pem(&private).unwrap(),
+    )
+    .unwrap();
+    let (status, _) = with_token(&proxy, &valid, "whoever").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(up.request_count(), 1);
 }
 
 // ---------------------------------------------------------------------------------------------

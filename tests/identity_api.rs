@@ -7,7 +7,9 @@ use http::HeaderName;
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use tollgate::identity::jwt::{JwtConfigError, JwtVerifier};
 use tollgate::identity::key::{hashed_part, key_part};
-use tollgate::identity::{builtin, client_ip, Identified, Identity, Source, TrustedProxies};
+use tollgate::identity::{
+    builtin, client_ip, Identified, Identity, OnInvalid, Source, TrustedProxies,
+};
 
 const RSA_PUBLIC: &[u8] = include_bytes!("fixtures/identity/rsa_public.pem");
 const RSA_PRIVATE: &[u8] = include_bytes!("fixtures/identity/rsa_private.pem");
@@ -52,6 +54,7 @@ fn proxy_then_identity_end_to_end() {
             Source::Header(HeaderName::from_static("x-tenant")),
             Source::PathSegment(2),
         ],
+        on_invalid: OnInvalid::default(),
     };
     let auth = format!("Bearer {token}");
     let req = request(

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use http::{HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 use tollgate::identity::key::key_part;
-use tollgate::identity::{Identity, JwtVerifier, Source};
+use tollgate::identity::{Identity, JwtVerifier, OnInvalid, Source};
 
 fn assert_key_safe(part: &str) {
     assert!(part.len() <= 80, "{part} too long");
@@ -52,12 +52,14 @@ fuzz_target!(|data: &[u8]| {
             Source::Bearer,
             Source::ClientIp,
         ],
+        on_invalid: OnInvalid::default(),
     };
     let peer: IpAddr = "203.0.113.9".parse().unwrap();
     for i in 0..identity.sources.len() {
         let one = Identity {
             name: "one".into(),
             sources: vec![identity.sources[i].clone()],
+            on_invalid: OnInvalid::default(),
         };
         assert_key_safe(&one.identify(&parts, peer).key_part);
     }

@@ -219,6 +219,62 @@ mod tests {
         );
     }
 
+    /// An identity is a list of sources or `{ sources, on_invalid }`; `on_invalid` takes
+    /// `reject` or `client_ip` and needs a jwt source; mistakes point at the value.
+    #[test]
+    fn on_invalid_is_an_identity_field() {
+        let key = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/identity/rsa_public.pem"
+        );
+        let with = |identity: &str| {
+            format!(
+                "listen: 127.0.0.1:8080\nupstream: {{ url: http://a:1 }}\nidentities:\n  user: {identity}\nroutes:\n  - {{ name: api, key: user, limits: [ {{ algorithm: gcra, limit: 1, period: 1s }} ] }}\n"
+            )
+        };
+        let jwt = format!("{{ jwt: {{ public_key_file: \"{key}\" }} }}");
+        let user = |config: Config| config.throttle.routes[0].limits[0].key[0].clone();
+        let on = |text: &str| parse_ok(&with(text));
+        use crate::identity::OnInvalid;
+        assert_eq!(
+            user(on(&format!("[{jwt}, {{ header: x-user }}]"))).on_invalid,
+            OnInvalid::ClientIp
+        );
+        let full = user(on(&format!(
+            "{{ sources: [{jwt}, {{ header: x-user }}], on_invalid: reject }}"
+        )));
+        assert_eq!(
+            (full.on_invalid, full.sources.len()),
+            (OnInvalid::Reject, 2)
+        );
+
+        let errors = parse_err(&with(&format!("{{ sources: [{jwt}], on_invalid: deny }}")));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with("t.yaml:4:")
+                && errors[0].contains("identities.user.on_invalid: `deny`"),
+            "{}",
+            errors[0]
+        );
+        let errors = parse_err(&with(
+            "{ sources: [ { header: x-user } ], on_invalid: reject }",
+        ));
+        assert!(
+            errors[0].contains("only a `jwt` source refuses"),
+            "{errors:?}"
+        );
+        let errors = parse_err(&with("{ sources: [ { header: x } ], on_invalidd: reject }"));
+        assert!(
+            errors[0].contains("unknown field `on_invalidd`"),
+            "{errors:?}"
+        );
+        let errors = parse_err(&with("{ sources: [ { header: \"a b\" } ] }"));
+        assert!(
+            errors[0].contains("identities.user.sources[0].header"),
+            "{errors:?}"
+        );
+    }
+
     #[test]
     fn workers_default_to_one_per_core_and_are_bounded() {
         let base = "listen: 127.0.0.1:8080\nupstream: { url: http://127.0.0.1:3000 }\n";

@@ -21,7 +21,7 @@ pub struct RawConfig {
     pub store: Option<RawStore>,
     pub client_ip: Option<RawClientIp>,
     #[serde(default)]
-    pub identities: indexmap_free::OrderedMap<Vec<RawSource>>,
+    pub identities: indexmap_free::OrderedMap<RawIdentity>,
     #[serde(default)]
     pub routes: Vec<RawRoute>,
     pub response: Option<RawResponse>,
@@ -147,6 +147,59 @@ pub struct RawClientIp {
 
 /// One way of telling who is calling. Written as `- header: X-User-Id`, `- client_ip`, ...
 /// (a one-key mapping or a bare name; serde_yaml's own enum form would need YAML tags).
+/// An identity: its list of sources, or `{ sources: [...], on_invalid: reject | client_ip }`.
+#[derive(Debug)]
+pub struct RawIdentity {
+    pub sources: Vec<RawSource>,
+    pub on_invalid: Option<String>,
+    /// Whether it was written as a mapping (its sources' paths then go through `sources`).
+    pub mapping: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawIdentityFields {
+    sources: Vec<RawSource>,
+    on_invalid: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for RawIdentity {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::{MapAccess, SeqAccess, Visitor};
+        struct IdentityVisitor;
+        impl<'de> Visitor<'de> for IdentityVisitor {
+            type Value = RawIdentity;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(
+                    "a list of identity sources, or `{ sources: [...], on_invalid: reject }`",
+                )
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<RawIdentity, A::Error> {
+                let mut sources = Vec::new();
+                while let Some(source) = seq.next_element()? {
+                    sources.push(source);
+                }
+                Ok(RawIdentity {
+                    sources,
+                    on_invalid: None,
+                    mapping: false,
+                })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawIdentity, A::Error> {
+                let fields = RawIdentityFields::deserialize(
+                    serde::de::value::MapAccessDeserializer::new(map),
+                )?;
+                Ok(RawIdentity {
+                    sources: fields.sources,
+                    on_invalid: fields.on_invalid,
+                    mapping: true,
+                })
+            }
+        }
+        deserializer.deserialize_any(IdentityVisitor)
+    }
+}
+
 #[derive(Debug)]
 pub enum RawSource {
     Header(String),

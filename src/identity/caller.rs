@@ -4,6 +4,10 @@
 //! request however many of them name it: a JWT that picks a tier and keys a limit is verified
 //! once.
 //!
+//! A credential an identity refuses (see `Identity::identify`) is logged and counted once, when
+//! that identity is evaluated; under `on_invalid: reject` the caller is then rejected
+//! ([`Caller::rejected`]), which the limit stage answers with 401.
+//!
 //! Identities are told apart by address: the configuration holds each one in a single `Arc`
 //! that every allow-list, tier and limit naming it shares, and it outlives the request.
 
@@ -12,8 +16,19 @@ use std::sync::Arc;
 
 use http::request::Parts;
 
+use metrics::Counter;
+
 use super::client_ip::{client_ip, TrustedProxies};
-use super::{Identified, Identity};
+use super::{Identified, Identity, OnInvalid, Refusal};
+
+/// Counters of refused credentials, by what the identity's `on_invalid` made of them.
+#[derive(Clone)]
+pub struct RefusalCounters {
+    /// Keyed by client IP for the request.
+    pub client_ip: Counter,
+    /// Answered 401.
+    pub reject: Counter,
+}
 
 /// Identities remembered without a vector: enough for a tier or allow-list identity beside the
 /// one a route's limits are keyed on.
@@ -29,6 +44,10 @@ pub struct Caller<'r> {
     inline: [Option<(usize, Identified)>; INLINE],
     /// Any beyond those.
     more: Vec<(usize, Identified)>,
+    /// Where refused credentials are counted.
+    refusals: Option<&'r RefusalCounters>,
+    /// Why the caller's credential was refused by an identity whose `on_invalid` is `reject`.
+    rejected: Option<Refusal>,
     #[cfg(test)]
     evaluations: usize,
 }
@@ -47,6 +66,8 @@ impl<'r> Caller<'r> {
             ip,
             inline: [None, None],
             more: Vec::new(),
+            refusals: None,
+            rejected: None,
             #[cfg(test)]
             evaluations: 0,
         }
@@ -63,6 +84,9 @@ impl<'r> Caller<'r> {
                     self.evaluations += 1;
                 }
                 let identified = identity.identify(self.request, self.ip);
+                if let Some(why) = identified.refused {
+                    self.refused(identity, why);
+                }
                 match self.inline.iter().position(Option::is_none) {
                     Some(free) => {
                         self.inline[free] = Some((id, identified));
@@ -78,6 +102,41 @@ impl<'r> Caller<'r> {
         match self.inline.get(at) {
             Some(slot) => &slot.as_ref().expect("a filled slot").1,
             None => &self.more[at - INLINE].1,
+        }
+    }
+
+    /// The caller as before, its refused credentials counted in `counters`.
+    pub fn counting_refusals_in(mut self, counters: &'r RefusalCounters) -> Self {
+        self.refusals = Some(counters);
+        self
+    }
+
+    /// Why the caller is to be refused (401): a credential refused by an identity whose
+    /// `on_invalid` is `reject`, among the identities evaluated so far.
+    pub fn rejected(&self) -> Option<Refusal> {
+        self.rejected
+    }
+
+    fn refused(&mut self, identity: &Identity, why: Refusal) {
+        tracing::info!(
+            identity = %identity.name,
+            reason = why.as_str(),
+            on_invalid = identity.on_invalid.as_str(),
+            client_ip = %self.ip,
+            "credential refused"
+        );
+        match identity.on_invalid {
+            OnInvalid::ClientIp => {
+                if let Some(counters) = self.refusals {
+                    counters.client_ip.increment(1);
+                }
+            }
+            OnInvalid::Reject => {
+                if let Some(counters) = self.refusals {
+                    counters.reject.increment(1);
+                }
+                self.rejected.get_or_insert(why);
+            }
         }
     }
 
@@ -105,7 +164,7 @@ impl<'r> Caller<'r> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::identity::Source;
+    use crate::identity::{OnInvalid, Source};
 
     #[test]
     fn each_identity_is_evaluated_once_however_often_it_is_asked_for() {
@@ -120,6 +179,7 @@ mod tests {
             Arc::new(Identity {
                 name: name.into(),
                 sources: vec![Source::Header(http::HeaderName::from_static(name))],
+                on_invalid: OnInvalid::default(),
             })
         };
         let (user, team, org) = (by("x-user"), by("x-team"), by("x-org"));

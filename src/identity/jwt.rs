@@ -4,12 +4,13 @@
 //! token naming someone else and spend (or dodge) that user's budget. So the signature is
 //! checked with one pinned algorithm (the header's `alg` must equal it, which refuses
 //! `alg: none` and the HS256-with-the-RSA-public-key "algorithm confusion" trick), `exp` is
-//! required, `nbf` is honoured, and issuer/audience are checked when configured. Anything that
-//! fails is treated as "no identity here" so the next source is tried instead.
+//! required, `nbf` is honoured, and issuer/audience are checked when configured. A token that
+//! fails any check is refused, with the reason ([`Refusal`]): a credential that is present but
+//! refused never lets the identity fall through to a weaker source (see `Identity::identify`
+//! and its `on_invalid`).
 //!
-//! Leeway defaults to 0 seconds: the proxy and the issuer are expected to keep NTP time, and a
-//! token that is a few seconds stale only moves the caller to the next identity source rather
-//! than failing the request. Raise it with [`JwtVerifier::with_leeway`] if clocks drift.
+//! Leeway defaults to 0 seconds: the proxy and the issuer are expected to keep NTP time. Raise
+//! it with [`JwtVerifier::with_leeway`] if clocks drift.
 
 use std::fmt;
 
@@ -42,6 +43,65 @@ pub enum JwtConfigError {
     /// The claim name is empty.
     #[error("the JWT claim name is empty")]
     EmptyClaim,
+}
+
+/// Why a bearer token was refused as a JWT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Longer than [`MAX_TOKEN_LEN`]: refused unparsed.
+    Oversized,
+    /// Not a JWT: its structure, base64 or JSON is broken.
+    Malformed,
+    /// The header names another algorithm than the pinned one (`none` included).
+    Algorithm,
+    /// The signature does not verify with the configured key.
+    Signature,
+    /// Past its `exp`.
+    Expired,
+    /// Before its `nbf`.
+    NotYetValid,
+    /// A claim the checks require is missing (`exp`; `iss` or `aud` when configured).
+    MissingClaim,
+    /// `iss` is not the configured issuer.
+    Issuer,
+    /// `aud` does not contain the configured audience.
+    Audience,
+    /// The identity's claim is missing, empty, or not a string or number.
+    NoIdentityClaim,
+}
+
+impl Refusal {
+    /// As logs, metrics and the 401's `error_description` name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Oversized => "oversized",
+            Refusal::Malformed => "malformed",
+            Refusal::Algorithm => "algorithm",
+            Refusal::Signature => "bad_signature",
+            Refusal::Expired => "expired",
+            Refusal::NotYetValid => "not_yet_valid",
+            Refusal::MissingClaim => "missing_required_claim",
+            Refusal::Issuer => "wrong_issuer",
+            Refusal::Audience => "wrong_audience",
+            Refusal::NoIdentityClaim => "no_identity_claim",
+        }
+    }
+
+    fn of(error: &jsonwebtoken::errors::Error) -> Refusal {
+        use jsonwebtoken::errors::ErrorKind;
+        match error.kind() {
+            ErrorKind::InvalidSignature => Refusal::Signature,
+            ErrorKind::ExpiredSignature => Refusal::Expired,
+            ErrorKind::ImmatureSignature => Refusal::NotYetValid,
+            ErrorKind::MissingRequiredClaim(_) => Refusal::MissingClaim,
+            ErrorKind::InvalidIssuer => Refusal::Issuer,
+            ErrorKind::InvalidAudience => Refusal::Audience,
+            ErrorKind::InvalidAlgorithm
+            | ErrorKind::InvalidAlgorithmName
+            | ErrorKind::MissingAlgorithm => Refusal::Algorithm,
+            _ => Refusal::Malformed,
+        }
+    }
 }
 
 /// Verifies tokens with one pinned algorithm and key and extracts one claim.
@@ -195,28 +255,33 @@ impl JwtVerifier {
     }
 
     /// The claim's value as a string (string claims as is, numbers in their JSON text), or None
-    /// when the token is absent, malformed, has a bad signature, wrong/`none` algorithm,
-    /// is expired (`exp` required) or not yet valid (`nbf` checked when present), or lacks the claim.
-    /// Empty strings and other JSON types (bool, null, array, object) also count as absent.
+    /// when the token is refused (see [`JwtVerifier::check`]).
     pub fn verify(&self, token: &str) -> Option<String> {
-        if token.is_empty() || token.len() > MAX_TOKEN_LEN {
-            return None;
+        self.check(token).ok()
+    }
+
+    /// The claim's value as a string (string claims as is, numbers in their JSON text), or why
+    /// the token is refused: malformed, a bad signature, a wrong/`none` algorithm, expired
+    /// (`exp` required), not yet valid (`nbf` checked when present), oversized, or without
+    /// the claim (empty strings and other JSON types (bool, null, array, object) count as
+    /// missing).
+    pub fn check(&self, token: &str) -> Result<String, Refusal> {
+        if token.len() > MAX_TOKEN_LEN {
+            return Err(Refusal::Oversized);
         }
-        let data = match jsonwebtoken::decode::<Map<String, Value>>(
+        if token.is_empty() {
+            return Err(Refusal::Malformed);
+        }
+        let data = jsonwebtoken::decode::<Map<String, Value>>(
             token,
             &self.checks.key,
             &self.checks.validation,
-        ) {
-            Ok(data) => data,
-            Err(err) => {
-                tracing::debug!(cause = %crate::error::chain(&err), claim = %self.claim, "JWT refused");
-                return None;
-            }
-        };
-        match data.claims.get(&self.claim)? {
-            Value::String(s) if !s.is_empty() => Some(s.clone()),
-            Value::Number(n) => Some(n.to_string()),
-            _ => None,
+        )
+        .map_err(|err| Refusal::of(&err))?;
+        match data.claims.get(&self.claim) {
+            Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+            Some(Value::Number(n)) => Ok(n.to_string()),
+            _ => Err(Refusal::NoIdentityClaim),
         }
     }
 }
@@ -457,6 +522,62 @@ mod tests {
         assert_eq!(v.verify(&hs256(&json!({"uid": "", "exp": exp}))), None);
         assert_eq!(v.verify(&hs256(&json!({"uid": true, "exp": exp}))), None);
         assert_eq!(v.verify(&hs256(&json!({"uid": null, "exp": exp}))), None);
+    }
+
+    /// Each refusal names its reason (logs, the metric and the 401 show it).
+    #[test]
+    fn a_refusal_says_why() {
+        let v = hmac_verifier();
+        let exp = now() + 300;
+        let forged = encode(
+            &Header::new(Algorithm::HS256),
+            &json!({"sub": "a", "exp": exp}),
+            &EncodingKey::from_secret(b"some-other-secret"),
+        )
+        .unwrap();
+        let pad = "x".repeat(MAX_TOKEN_LEN);
+        let other_size = encode(
+            &Header::new(Algorithm::HS384),
+            &json!({"sub": "a", "exp": exp}),
+            &EncodingKey::from_secret(SECRET),
+        )
+        .unwrap();
+        let none = format!(
+            "{}.{}.",
+            b64(&json!({"alg": "none"})),
+            b64(&json!({"sub": "a", "exp": exp}))
+        );
+        for (token, why) in [
+            (forged, Refusal::Signature),
+            (
+                hs256(&json!({"sub": "a", "exp": now() - 10})),
+                Refusal::Expired,
+            ),
+            (
+                hs256(&json!({"sub": "a", "exp": exp, "nbf": now() + 100})),
+                Refusal::NotYetValid,
+            ),
+            (hs256(&json!({"sub": "a"})), Refusal::MissingClaim),
+            (
+                hs256(&json!({"sub": "", "exp": exp})),
+                Refusal::NoIdentityClaim,
+            ),
+            (hs256(&json!({"exp": exp})), Refusal::NoIdentityClaim),
+            (
+                hs256(&json!({"sub": "a", "exp": exp, "pad": pad})),
+                Refusal::Oversized,
+            ),
+            ("not-a-jwt".to_owned(), Refusal::Malformed),
+            // `none` is no algorithm jsonwebtoken knows: the header does not parse.
+            (none, Refusal::Malformed),
+            (other_size, Refusal::Algorithm),
+        ] {
+            assert_eq!(v.check(&token), Err(why), "{token:.40}");
+        }
+        assert_eq!(
+            v.check(&hs256(&json!({"sub": "a", "exp": exp}))).as_deref(),
+            Ok("a")
+        );
     }
 
     #[test]

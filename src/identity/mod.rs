@@ -3,9 +3,12 @@
 //! An identity is an ordered list of sources (a header, a query parameter, a cookie, a bearer
 //! token, a verified JWT claim, a path segment, the client IP). The first source that is
 //! present wins, and if none is, the request falls back to its client IP so every request
-//! always lands in some bucket. Every value is passed through [`key::key_part`] before it
-//! reaches a store key, because all of these values except the client IP are written by the
-//! client. The key fragment also names the kind of source that answered, so a client cannot
+//! always lands in some bucket. A credential that is present but refused (a bearer token no
+//! `jwt` source of the identity accepts) never falls through to a weaker source: the caller is
+//! keyed by its client IP, or refused with 401, as the identity's `on_invalid` says.
+//!
+//! Every value is passed through [`key::key_part`] before it reaches a store key, because all
+//! of these values except the client IP are written by the client. The key fragment also names the kind of source that answered, so a client cannot
 //! put a victim's IP address into, say, an API-key header and drain that victim's bucket.
 
 pub mod caller;
@@ -19,7 +22,7 @@ use http::header::{AUTHORIZATION, COOKIE};
 use http::HeaderName;
 
 pub use client_ip::{client_ip, TrustedProxies};
-pub use jwt::{JwtConfigError, JwtVerifier};
+pub use jwt::{JwtConfigError, JwtVerifier, Refusal};
 
 /// One place an identity value can come from.
 #[derive(Debug, Clone)]
@@ -73,24 +76,36 @@ impl Source {
         }
     }
 
-    /// This source's answer for the request, or None when it is absent. `shown` (only
+    /// This source's answer for the request, None when it is absent, or why a credential that
+    /// is present was refused (a bearer token a `jwt` source does not accept). `shown` (only
     /// `explain` asks) receives the value as logs may show it.
     fn extract(
         &self,
         req: &http::request::Parts,
         client_ip: IpAddr,
         shown: Option<&mut String>,
-    ) -> Option<Identified> {
+    ) -> Result<Option<Identified>, Refusal> {
         let kind = self.kind();
-        match self {
-            Source::Header(name) => {
-                let value = req.headers.get(name)?.as_bytes();
-                non_empty(value).map(|v| Identified::readable(kind, v, shown))
-            }
-            Source::Query(name) => {
-                let value = query_param(req.uri.query()?, name)?;
-                non_empty(&value).map(|v| Identified::readable(kind, v, shown))
-            }
+        if let Source::Jwt(verifier) = self {
+            let Some(token) = bearer(&req.headers) else {
+                return Ok(None);
+            };
+            // A token that is not valid UTF-8 cannot be a JWT.
+            let token = std::str::from_utf8(token).map_err(|_| Refusal::Malformed)?;
+            let claim = verifier.check(token)?;
+            return Ok(Some(Identified::readable(kind, claim.as_bytes(), shown)));
+        }
+        Ok(match self {
+            Source::Header(name) => req
+                .headers
+                .get(name)
+                .and_then(|value| non_empty(value.as_bytes()))
+                .map(|v| Identified::readable(kind, v, shown)),
+            Source::Query(name) => req
+                .uri
+                .query()
+                .and_then(|query| query_param(query, name))
+                .and_then(|value| non_empty(&value).map(|v| Identified::readable(kind, v, shown))),
             Source::Cookie(name) => {
                 cookie(&req.headers, name.as_bytes()).map(|v| Identified::readable(kind, v, shown))
             }
@@ -102,21 +117,36 @@ impl Source {
                     source: 0,
                     source_kind: kind,
                     key_part,
+                    refused: None,
                 }
             }),
-            Source::Jwt(verifier) => {
-                // A token that is not valid UTF-8 cannot be a JWT.
-                let token = std::str::from_utf8(bearer(&req.headers)?).ok()?;
-                let claim = verifier.verify(token)?;
-                Some(Identified::readable(kind, claim.as_bytes(), shown))
-            }
-            Source::PathSegment(n) => {
-                let segment = path_segment(req.uri.path(), *n)?;
+            Source::Jwt(_) => unreachable!("answered above"),
+            Source::PathSegment(n) => path_segment(req.uri.path(), *n).and_then(|segment| {
                 let decoded = percent_decode(segment.as_bytes(), false);
                 non_empty(&decoded).map(|v| Identified::readable(kind, v, shown))
-            }
+            }),
             Source::ClientIp => Some(Identified::ip(client_ip, shown)),
             Source::Global => Some(Identified::global(shown)),
+        })
+    }
+}
+
+/// What an identity does with a caller whose credential is present but refused (`on_invalid`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnInvalid {
+    /// Key the caller by its client IP for this request (never by a later, weaker source).
+    #[default]
+    ClientIp,
+    /// Refuse the request: 401.
+    Reject,
+}
+
+impl OnInvalid {
+    /// As the file spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnInvalid::ClientIp => "client_ip",
+            OnInvalid::Reject => "reject",
         }
     }
 }
@@ -126,6 +156,8 @@ impl Source {
 pub struct Identity {
     pub name: String,
     pub sources: Vec<Source>,
+    /// What a refused credential means (see the module docs).
+    pub on_invalid: OnInvalid,
 }
 
 /// The result: which source answered and the value, already made safe for a store key.
@@ -139,6 +171,9 @@ pub struct Identified {
     /// `bearer#<digest>`; `*` for the global identity. Contains no `{`, `}`, `:`, `|` or
     /// whitespace, and is at most 77 bytes.
     pub key_part: String,
+    /// Why the caller's credential was refused, when it was: the caller is then keyed by its
+    /// client IP (`source` is the fallback's), or refused, as the identity's `on_invalid` says.
+    pub refused: Option<Refusal>,
 }
 
 impl Identified {
@@ -168,6 +203,7 @@ impl Identified {
             source: 0,
             source_kind: kind,
             key_part,
+            refused: None,
         }
     }
 
@@ -186,6 +222,7 @@ impl Identified {
             source: 0,
             source_kind: "client_ip",
             key_part,
+            refused: None,
         }
     }
 
@@ -197,13 +234,17 @@ impl Identified {
             source: 0,
             source_kind: "global",
             key_part: "*".to_owned(),
+            refused: None,
         }
     }
 }
 
 impl Identity {
     /// Tries the sources in order; the first present wins. If none is present the request is
-    /// keyed by the client IP (source_kind "client_ip", fallback).
+    /// keyed by the client IP (source_kind "client_ip", fallback). A bearer token a `jwt`
+    /// source refuses leaves only the identity's later `jwt` sources to try (another issuer
+    /// may accept it); if none does, the caller is keyed by its client IP with the refusal
+    /// noted (`refused`), never by a weaker source the client chooses.
     pub fn identify(&self, req: &http::request::Parts, client_ip: IpAddr) -> Identified {
         self.identify_into(req, client_ip, None)
     }
@@ -227,14 +268,25 @@ impl Identity {
         client_ip: IpAddr,
         mut shown: Option<&mut String>,
     ) -> Identified {
+        let mut refused = None;
         for (index, source) in self.sources.iter().enumerate() {
-            if let Some(mut found) = source.extract(req, client_ip, shown.as_deref_mut()) {
-                found.source = index;
-                return found;
+            if refused.is_some() && !matches!(source, Source::Jwt(_)) {
+                continue;
+            }
+            match source.extract(req, client_ip, shown.as_deref_mut()) {
+                Ok(Some(mut found)) => {
+                    found.source = index;
+                    return found;
+                }
+                Ok(None) => {}
+                Err(why) => {
+                    refused.get_or_insert(why);
+                }
             }
         }
         let mut fallback = Identified::ip(client_ip, shown);
         fallback.source = usize::MAX;
+        fallback.refused = refused;
         fallback
     }
 }
@@ -328,6 +380,7 @@ pub fn builtin(name: &str) -> Option<Identity> {
     Some(Identity {
         name: name.to_owned(),
         sources: vec![source],
+        on_invalid: OnInvalid::default(),
     })
 }
 
@@ -432,6 +485,7 @@ mod is_value_tests {
             Identity {
                 name: "x".into(),
                 sources: vec![source],
+                on_invalid: OnInvalid::default(),
             }
             .identify(&parts, ip)
         };
@@ -457,6 +511,7 @@ mod is_value_tests {
         let one = |source: Source| Identity {
             name: "x".into(),
             sources: vec![source],
+            on_invalid: OnInvalid::default(),
         };
         let header = one(Source::Header(http::HeaderName::from_static("x-user")));
         assert_eq!(
@@ -534,6 +589,7 @@ mod tests {
         Identity {
             name: "test".into(),
             sources: vec![source],
+            on_invalid: OnInvalid::default(),
         }
     }
 
@@ -670,6 +726,74 @@ mod tests {
         assert!(is_fallback(&ident.seen(&junk, peer())));
     }
 
+    /// A refused token never falls through to a weaker source: the caller is keyed by its
+    /// client IP with the refusal noted; a later `jwt` source (another issuer) may still
+    /// accept it; without a token the next source is tried as always.
+    #[test]
+    fn a_refused_token_never_falls_through_to_a_weaker_source() {
+        let exp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + 300;
+        let token = |key: &[u8]| {
+            let token = encode(
+                &Header::new(Algorithm::HS256),
+                &serde_json::json!({"sub": "user-7", "exp": exp}),
+                &EncodingKey::from_secret(key),
+            )
+            .unwrap();
+            format!("Bearer {token}")
+        };
+        let jwt =
+            |key: &[u8]| Source::Jwt(JwtVerifier::hmac(key, Algorithm::HS256, "sub").unwrap());
+        let ident = Identity {
+            name: "user".into(),
+            sources: vec![
+                jwt(b"issuer-a"),
+                Source::Header(HeaderName::from_static("x-user")),
+                Source::Bearer,
+                jwt(b"issuer-b"),
+            ],
+            on_invalid: OnInvalid::Reject,
+        };
+        let forged = token(b"forger");
+        let id = ident.seen(
+            &parts(
+                "/",
+                &[("authorization", forged.as_bytes()), ("x-user", b"victim")],
+            ),
+            peer(),
+        );
+        assert!(is_fallback(&id));
+        assert_eq!(id.key_part, format!("client_ip={PEER}"));
+        let request = parts(
+            "/",
+            &[("authorization", forged.as_bytes()), ("x-user", b"victim")],
+        );
+        assert_eq!(
+            ident.identify(&request, peer()).refused,
+            Some(Refusal::Signature)
+        );
+        // The second issuer's token: identified by the later jwt source.
+        let b = token(b"issuer-b");
+        let request = parts(
+            "/",
+            &[("authorization", b.as_bytes()), ("x-user", b"victim")],
+        );
+        let id = ident.identify(&request, peer());
+        assert_eq!(
+            (id.source, id.key_part.as_str(), id.refused),
+            (3, "jwt=user-7", None)
+        );
+        // No token: the header, as before.
+        let id = ident.identify(&parts("/", &[("x-user", b"alice")]), peer());
+        assert_eq!(
+            (id.source, id.key_part.as_str(), id.refused),
+            (1, "header=alice", None)
+        );
+    }
+
     #[test]
     fn path_segment_indexing() {
         let seg = |n: usize, uri: &str| one(Source::PathSegment(n)).seen(&parts(uri, &[]), peer());
@@ -715,6 +839,7 @@ mod tests {
                 Source::Cookie("sid".into()),
                 Source::Query("user".into()),
             ],
+            on_invalid: OnInvalid::default(),
         };
         let all = parts("/?user=q", &[("x-api-key", b"k"), ("cookie", b"sid=c")]);
         let id = ident.seen(&all, peer());
@@ -740,6 +865,7 @@ mod tests {
         let empty = Identity {
             name: "empty".into(),
             sources: vec![],
+            on_invalid: OnInvalid::default(),
         };
         assert!(is_fallback(&empty.seen(&parts("/", &[]), peer())));
     }

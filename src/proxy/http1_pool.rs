@@ -69,7 +69,7 @@ impl Http1Pool {
     /// Sends `request` (origin-form URI: path and query) and returns the response head; its
     /// body hands the connection back to the pool when it ends.
     pub async fn send(
-        self: &Arc<Self>,
+        self: Arc<Self>,
         mut request: Request<ProxyBody>,
     ) -> Result<Response<PooledBody>, ProxyError> {
         // Host says which site.

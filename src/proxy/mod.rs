@@ -7,6 +7,7 @@
 //! forwarded.
 
 mod early_answer;
+pub mod exchange;
 pub mod headers;
 mod http1_pool;
 mod record;
@@ -35,7 +36,9 @@ use crate::metrics::{Metrics, RouteMetrics};
 use crate::routing::{self, Routed};
 use crate::store::Stores;
 use crate::throttle::headers as limit_headers;
+use crate::throttle::settle::Outcome;
 use crate::throttle::{Admitted, Denial, LimitOutcome, LimitStage, Limited};
+use exchange::Held;
 use record::RequestRecord;
 use upstream::UpstreamClient;
 
@@ -59,6 +62,9 @@ struct Inner {
     /// Upgraded (WebSocket) connections: hyper's graceful shutdown no longer sees them, so
     /// shutdown waits on this instead.
     tunnels: TaskTracker,
+    /// Upstream exchanges (and response bodies) whose client left while they held
+    /// something for the limits (see `exchange`): shutdown waits for them too.
+    orphans: TaskTracker,
     /// The usage endpoint's own rate, kept over reloads.
     usage_rate: crate::usage::OwnRate,
 }
@@ -140,6 +146,7 @@ impl Proxy {
                 runtime: ArcSwap::from_pointee(runtime),
                 metrics,
                 tunnels: TaskTracker::new(),
+                orphans: TaskTracker::new(),
                 usage_rate: crate::usage::OwnRate::default(),
             }),
         }
@@ -147,6 +154,11 @@ impl Proxy {
 
     pub fn tunnels(&self) -> &TaskTracker {
         &self.inner.tunnels
+    }
+
+    /// Exchanges that outlived their client (see `exchange`).
+    pub fn orphans(&self) -> &TaskTracker {
+        &self.inner.orphans
     }
 
     pub fn metrics(&self) -> &Metrics {
@@ -257,12 +269,13 @@ impl Proxy {
         record.routed(routed.map(|r| r.route), runtime.route_metrics(routed));
 
         // Identify and limit.
-        let admitted = match routed {
+        let mut admitted = match routed {
             None => None,
             Some(routed) => {
                 let throttle = &config.throttle;
                 let caller =
-                    identity::caller::identify(&parts, conn.peer.ip(), &throttle.trusted_proxies);
+                    identity::caller::identify(&parts, conn.peer.ip(), &throttle.trusted_proxies)
+                        .counting_refusals_in(&runtime.route_metrics[routed.index].refusals);
                 let outcome = runtime.limits.limit(routed.route, caller).await;
                 record.decided(&outcome);
                 match outcome {
@@ -280,31 +293,49 @@ impl Proxy {
                         let response = ProxyError::StoreUnavailable.into_response();
                         return refuse(response, &mut record, grpc, false);
                     }
+                    LimitOutcome::Rejected { refusal } => {
+                        let response = unauthorized(refusal);
+                        return refuse(response, &mut record, grpc, false);
+                    }
                 }
             }
         };
 
-        // Forward.
+        // Forward. What the request holds for its limits stays held until the app answered,
+        // even if the client leaves first (see `exchange`).
         // Without a route nothing happened since the start worth a clock read of its own.
         let upstream_started = match routed {
             Some(_) => Instant::now(),
             None => record.started(),
         };
+        let mut held = admitted
+            .as_mut()
+            .map_or_else(Held::default, Held::take_from);
         let peer_is_trusted = config.throttle.trusted_proxies.contains(conn.peer.ip());
         let upgrades = routed.map(|r| &r.route.upgrades[..]);
-        let forwarded = match outbound(config, parts, body, found, conn, peer_is_trusted, upgrades)
-        {
-            Ok((upstream_request, returning)) => {
-                let answered = runtime.upstream.send(upstream_request).await;
-                self.inbound(returning, answered)
-            }
-            Err(error) => Err(error),
-        };
+        let (forwarded, outcome) =
+            match outbound(config, parts, body, found, conn, peer_is_trusted, upgrades) {
+                Ok((upstream_request, returning)) => {
+                    let sending = runtime.upstream.send(upstream_request);
+                    let drain_for = runtime.upstream.timeout();
+                    let answered;
+                    (answered, held) =
+                        exchange::exchange(sending, held, &self.inner.orphans, drain_for).await;
+                    let outcome = exchange::outcome_of(&answered);
+                    (self.inbound(returning, answered), outcome)
+                }
+                Err(error) => (Err(error), Outcome::NotSent),
+            };
         let status = forwarded.as_ref().ok().map(Response::status);
         record.forwarded(upstream_started.elapsed(), status);
 
         // Respond.
-        respond(config, admitted, forwarded, &mut record, grpc)
+        let exchanged = Exchanged {
+            forwarded,
+            outcome,
+            held,
+        };
+        self.respond(&runtime, admitted, exchanged, &mut record, grpc)
     }
 
     /// The upstream's answer as the client receives it: a refused oversized upload as 413, a
@@ -519,57 +550,80 @@ impl Runtime {
     }
 }
 
-/// The respond stage: the answer as the client receives it. An admitted request's response
-/// settles what it owes, shows its rate-limit fields and holds its concurrency slots until
-/// its body ends; an error becomes tollgate's own answer, translated for a gRPC client.
-fn respond(
-    config: &Config,
-    admitted: Option<Admitted<'_>>,
+/// What the forward stage leaves for the respond stage.
+struct Exchanged {
     forwarded: Result<Forwarded, ProxyError>,
-    record: &mut RequestRecord<'_>,
-    grpc: bool,
-) -> Response<AnswerBody> {
-    // False when tollgate answered itself (an error on the way): such an answer settles
-    // nothing and is translated for gRPC clients.
-    let from_upstream = forwarded.is_ok();
-    let mut response = match forwarded {
-        Ok(response) => response,
-        Err(error) => record.failed(error).map(AnswerBody::Right),
-    };
-    if let Some(mut admitted) = admitted {
-        if let Some(settlement) = admitted.settlement {
-            // count_statuses settles on this head (and the fields below show it),
-            // cost_from_response at the body's end.
-            response = settlement
-                .on_response(
-                    response.map(boxed_answer),
-                    from_upstream,
-                    &mut admitted.verdicts,
-                )
-                .map(AnswerBody::Right);
+    /// How the exchange ended, as a settlement sees it.
+    outcome: Outcome,
+    /// What the request holds for its limits.
+    held: Held,
+}
+
+impl Proxy {
+    /// The respond stage: the answer as the client receives it. An admitted request's response
+    /// settles what it owes, shows its rate-limit fields and holds its concurrency slots until
+    /// its body ends (read to its end if the client leaves first, see `exchange`); an error
+    /// becomes tollgate's own answer, translated for a gRPC client.
+    fn respond(
+        &self,
+        runtime: &Runtime,
+        admitted: Option<Admitted<'_>>,
+        exchanged: Exchanged,
+        record: &mut RequestRecord<'_>,
+        grpc: bool,
+    ) -> Response<AnswerBody> {
+        let config = &runtime.config;
+        let Exchanged {
+            forwarded,
+            outcome,
+            held,
+        } = exchanged;
+        // False when tollgate answered itself (an error on the way): such an answer is
+        // translated for gRPC clients.
+        let from_upstream = forwarded.is_ok();
+        let mut response = match forwarded {
+            Ok(response) => response,
+            Err(error) => record.failed(error).map(AnswerBody::Right),
+        };
+        if let Some(mut admitted) = admitted {
+            let mut settles_at_end = false;
+            if let Some(settlement) = held.settlement {
+                settles_at_end = outcome == Outcome::Answered && settlement.settles_at_end();
+                // count_statuses settles on this head (and the fields below show it),
+                // cost_from_response at the body's end.
+                response = settlement
+                    .on_response(response.map(boxed_answer), outcome, &mut admitted.verdicts)
+                    .map(AnswerBody::Right);
+            }
+            if !admitted.verdicts.is_empty() {
+                limit_headers::add_fields(
+                    response.headers_mut(),
+                    &config.throttle.response,
+                    admitted.set,
+                    &admitted.verdicts,
+                    false,
+                );
+            }
+            if held.leases.is_some() || settles_at_end {
+                // The slots are held, and the cost waits, until the response body is done.
+                let (parts, body) = response.into_parts();
+                let body = exchange::HeldBody::new(
+                    boxed_answer(body),
+                    held.leases,
+                    &self.inner.orphans,
+                    runtime.upstream.timeout(),
+                );
+                response = Response::from_parts(parts, AnswerBody::Right(body::boxed(body)));
+            }
         }
-        if !admitted.verdicts.is_empty() {
-            limit_headers::add_fields(
-                response.headers_mut(),
-                &config.throttle.response,
-                admitted.set,
-                &admitted.verdicts,
-                false,
-            );
+        // The record keeps the HTTP status tollgate chose, before a gRPC translation.
+        record.answered(response.status());
+        if grpc && !from_upstream {
+            response =
+                crate::grpc::translate(response.map(boxed_answer), false).map(AnswerBody::Right);
         }
-        if let Some(leases) = admitted.leases {
-            // The slots are held until the response body is done (or the client leaves).
-            let (parts, body) = response.into_parts();
-            let body = body::with_guard(boxed_answer(body), leases);
-            response = Response::from_parts(parts, AnswerBody::Right(body));
-        }
+        response
     }
-    // The record keeps the HTTP status tollgate chose, before a gRPC translation.
-    record.answered(response.status());
-    if grpc && !from_upstream {
-        response = crate::grpc::translate(response.map(boxed_answer), false).map(AnswerBody::Right);
-    }
-    response
 }
 
 /// Answers a request the limit stage refused, without forwarding it. The record keeps the
@@ -604,6 +658,31 @@ fn limited_response(config: &ResponseConfig, limited: &Limited<'_>) -> Response<
     let mut response = Response::new(body::full(rendered.body));
     *response.status_mut() = rendered.status;
     *response.headers_mut() = rendered.headers;
+    response
+}
+
+/// The answer to a caller whose bearer token an identity with `on_invalid: reject` refused:
+/// 401 with an RFC 6750 challenge and a problem body naming the reason.
+fn unauthorized(refusal: identity::Refusal) -> Response<ProxyBody> {
+    let reason = refusal.as_str();
+    let problem = serde_json::json!({
+        "type": "about:blank",
+        "title": "Unauthorized",
+        "status": 401,
+        "detail": format!("The bearer token was refused: {reason}."),
+    });
+    let mut response = Response::new(body::full(problem.to_string()));
+    *response.status_mut() = StatusCode::UNAUTHORIZED;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    let challenge = format!("Bearer error=\"invalid_token\", error_description=\"{reason}\"");
+    if let Ok(value) = HeaderValue::from_str(&challenge) {
+        headers.insert(header::WWW_AUTHENTICATE, value);
+    }
     response
 }
 

@@ -42,6 +42,8 @@ pub enum Decision {
     Limited,
     /// Refused: over a limit the in-memory fallback decided because the store failed.
     LimitedByFallback,
+    /// Refused with 401: the caller's credential was refused (`on_invalid: reject`).
+    Rejected,
 }
 
 impl Decision {
@@ -59,6 +61,7 @@ impl Decision {
             }) => Decision::LimitedByFallback,
             LimitOutcome::Limited(_) => Decision::Limited,
             LimitOutcome::StoreUnavailable { .. } => Decision::StoreError,
+            LimitOutcome::Rejected { .. } => Decision::Rejected,
         }
     }
 
@@ -70,6 +73,7 @@ impl Decision {
             Decision::ShadowLimited => "shadow_limited",
             Decision::StoreError => "store_error",
             Decision::Limited | Decision::LimitedByFallback => "limited",
+            Decision::Rejected => "rejected",
         }
     }
 
@@ -87,6 +91,7 @@ impl Decision {
                 global.store_errors.increment(1);
                 route.limited.increment(1);
             }
+            Decision::Rejected => route.rejected.increment(1),
         }
     }
 }

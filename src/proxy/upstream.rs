@@ -105,30 +105,44 @@ impl UpstreamClient {
     ///
     /// A plain function returning the pool's own future (under the timeout) rather than an
     /// async one: an async function would keep a second copy of the request beside the
-    /// pool's, in the future every request moves as it is built.
+    /// pool's, in the future every request moves as it is built. The future borrows nothing,
+    /// so an exchange can outlive the request that started it (`exchange`: a client that
+    /// hangs up does not end the app's work).
     pub fn send(
         &self,
         mut request: Request<ProxyBody>,
-    ) -> impl Future<Output = Result<Response<UpstreamBody>, ProxyError>> + Send + '_ {
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, ProxyError>> + Send + 'static {
         let pool = &self.pools[crate::workers::current() % self.pools.len()];
         let sent = match pool {
-            Pool::Http1(pool) => {
-                Either::Left(pool.send(request).map_ok(|r| r.map(UpstreamBody::Pooled)))
+            Pool::Http1(pool) => Either::Left(
+                Arc::clone(pool)
+                    .send(request)
+                    .map_ok(|r| r.map(UpstreamBody::Pooled)),
+            ),
+            Pool::Legacy(client) => {
+                let requested = self.absolute(request.uri()).map(|uri| {
+                    *request.uri_mut() = uri;
+                    client.request(request)
+                });
+                Either::Right(async move {
+                    match requested?.await {
+                        Ok(response) => Ok(response.map(UpstreamBody::Legacy)),
+                        Err(e) if e.is_connect() => Err(ProxyError::UpstreamConnect(Box::new(e))),
+                        Err(e) => Err(ProxyError::Upstream(Box::new(e))),
+                    }
+                })
             }
-            Pool::Legacy(client) => Either::Right(async move {
-                *request.uri_mut() = self.absolute(request.uri())?;
-                match client.request(request).await {
-                    Ok(response) => Ok(response.map(UpstreamBody::Legacy)),
-                    Err(e) if e.is_connect() => Err(ProxyError::UpstreamConnect(Box::new(e))),
-                    Err(e) => Err(ProxyError::Upstream(Box::new(e))),
-                }
-            }),
         };
         let timeout = self.timeout;
         tokio::time::timeout(timeout, sent).map(move |result| match result {
             Err(_) => Err(ProxyError::UpstreamTimeout(timeout)),
             Ok(result) => result,
         })
+    }
+
+    /// How long the upstream may take to answer (`upstream.timeout`).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 }
 

@@ -28,6 +28,7 @@ use tokio::time::Instant;
 
 use crate::config::{LimitSet, OnLimit, Route, Scope, Throttle};
 use crate::identity::caller::Caller;
+use crate::identity::Refusal;
 use crate::limit::algorithm::Verdict;
 use crate::limit::local_first::LocalFirst;
 use crate::limit::{Check, Decision, Store};
@@ -59,6 +60,9 @@ pub enum LimitOutcome<'a> {
     Limited(Limited<'a>),
     /// The store failed and `on_error: deny` refuses the request (503).
     StoreUnavailable { identity: &'static str },
+    /// The caller's credential was refused by an identity whose `on_invalid` is `reject`
+    /// (401): nothing was decided or taken.
+    Rejected { refusal: Refusal },
 }
 
 /// An admitted request: what the response owes its limits.
@@ -109,6 +113,7 @@ impl LimitOutcome<'_> {
             LimitOutcome::Admitted(Admitted { identity, .. })
             | LimitOutcome::Limited(Limited { identity, .. })
             | LimitOutcome::StoreUnavailable { identity } => identity,
+            LimitOutcome::Rejected { .. } => "jwt",
         }
     }
 }
@@ -182,15 +187,21 @@ impl LimitStage {
         mut caller: Caller<'_>,
     ) -> impl std::future::Future<Output = LimitOutcome<'a>> + 'a {
         let applied = tiers::applied(&self.config, route, &mut caller);
-        self.limit_applied(route, applied)
+        let rejected = caller.rejected();
+        self.limit_applied(route, applied, rejected)
     }
 
     /// [`LimitStage::limit`] once the limits that apply are known and keyed.
+    /// `rejected`: why the caller is refused before any limit (see [`LimitOutcome::Rejected`]).
     async fn limit_applied<'a>(
         &self,
         route: &'a Route,
         applied: tiers::Applied<'a>,
+        rejected: Option<Refusal>,
     ) -> LimitOutcome<'a> {
+        if let Some(refusal) = rejected {
+            return LimitOutcome::Rejected { refusal };
+        }
         let (set, mut keys, identity) = match applied {
             tiers::Applied::Exempt => {
                 return LimitOutcome::Admitted(Admitted {

@@ -7,16 +7,21 @@
 //! response is known:
 //!
 //! - `count_statuses`: on the response head, a status that does not count gets its units
-//!   back; so does a request whose upstream failed (tollgate answered 502/504 itself) or whose
-//!   client left before a head arrived (the obligation is dropped unsettled). The head's
-//!   RateLimit fields are written after this settlement and show it: a unit given back is
-//!   back in `remaining` ([`refunded`]).
-//! - `cost_from_response`: when the response body ends (or the client leaves mid-body), the
-//!   reported cost is settled against the configured cost paid up front: the difference is
-//!   charged (the balance may go below zero) or given back. The trailer of that name wins
-//!   over the header; a missing or malformed report charges the configured cost (nothing to
-//!   settle) and is counted in `tollgate_cost_report_invalid_total`. The head is written
-//!   before that, so its fields show the configured cost as taken.
+//!   back; so does a request that never reached the app ([`Outcome::NotSent`]: no connection
+//!   to the upstream, or tollgate refused it on the way). A request whose outcome can never be
+//!   known ([`Outcome::Unknown`]: the upstream timed out, broke the exchange after the request
+//!   was sent, or the client cut its request body off) counts as failing: its units stay
+//!   taken, since the app may well have acted on it. A client that leaves does not settle
+//!   anything: the proxy keeps the exchange going and settles on the app's answer
+//!   (`crate::proxy::exchange`). The head's RateLimit fields are written after this
+//!   settlement and show it: a unit given back is back in `remaining` ([`refunded`]).
+//! - `cost_from_response`: when the response body ends (or is given up on), the reported
+//!   cost is settled against the configured cost paid up front: the difference is charged
+//!   (the balance may go below zero) or given back. The trailer of that name wins over the
+//!   header; a missing or malformed report charges the configured cost (nothing to settle)
+//!   and is counted in `tollgate_cost_report_invalid_total`, as does an exchange whose
+//!   outcome is unknown. The head is written before that, so its fields show the configured
+//!   cost as taken.
 //!
 //! Settlements go to the store that decided, off the response's path: the memory store
 //! settles in place (no I/O), Redis in a spawned task of one round trip bounded by the store
@@ -44,9 +49,20 @@ pub struct SettleMetrics {
     pub failed: Counter,
 }
 
+/// How an admitted request's exchange with the upstream ended, as a settlement sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The app answered with a response head.
+    Answered,
+    /// The request never reached the app: everything is given back.
+    NotSent,
+    /// The request (or part of it) reached the app but no answer will ever tell how it went:
+    /// counted as failing, every unit stays taken.
+    Unknown,
+}
+
 /// What an admitted request owes the limits that see its response. Dropped unsettled (the
-/// client left before a head, or the request never reached a response), it gives every
-/// reservation back. It owns what it needs of the limit set (the response body outlives the
+/// request never reached the app), it gives every reservation back. It owns what it needs of the limit set (the response body outlives the
 /// request's borrow of the configuration).
 pub struct Obligation {
     /// The set's store-key name (`route~tier` for a tier), for logs.
@@ -122,25 +138,40 @@ impl Obligation {
         }
     }
 
+    /// Whether a limit waits for the end of the response body (`cost_from_response`): then
+    /// the body is worth reading to its end even when the client has left.
+    pub fn settles_at_end(&self) -> bool {
+        self.limits
+            .iter()
+            .any(|owed| matches!(owed.by_response, ByResponse::CostFromResponse(_)))
+    }
+
     /// Settles what the response head decides; returns the response, its body wrapped when a
-    /// `cost_from_response` limit waits for the end of it. `from_upstream` is false when
-    /// tollgate answered itself (the upstream failed, or the request was refused).
+    /// `cost_from_response` limit waits for the end of it. `outcome` says whether `response`
+    /// is the app's answer, or tollgate's own after the exchange failed (see [`Outcome`]).
     /// `verdicts` (the decision's, which the head's RateLimit fields are rendered from) are
     /// brought up to date with what the head settled: a refund gives its units back.
     pub fn on_response(
         mut self,
         response: Response<ProxyBody>,
-        from_upstream: bool,
+        outcome: Outcome,
         verdicts: &mut [Verdict],
     ) -> Response<ProxyBody> {
-        if !from_upstream {
-            // Dropped: everything is given back.
-            for owed in &self.limits {
-                if let Some(verdict) = verdicts.get_mut(owed.index) {
-                    *verdict = refunded(*verdict, &owed.params);
+        match outcome {
+            Outcome::Answered => {}
+            Outcome::NotSent => {
+                // Dropped: everything is given back.
+                for owed in &self.limits {
+                    if let Some(verdict) = verdicts.get_mut(owed.index) {
+                        *verdict = refunded(*verdict, &owed.params);
+                    }
                 }
+                return response;
             }
-            return response;
+            Outcome::Unknown => {
+                self.settle_unknown();
+                return response;
+            }
         }
         let status = response.status().as_u16();
         let limits = std::mem::take(&mut self.limits);
@@ -179,6 +210,19 @@ impl Obligation {
             })),
         );
         Response::from_parts(parts, body.boxed_unsync())
+    }
+}
+
+impl Obligation {
+    /// Settles an exchange whose outcome can never be known: as failing, every unit stays
+    /// taken (a `cost_from_response` limit keeps the configured cost, an invalid report).
+    pub fn settle_unknown(mut self) {
+        for owed in std::mem::take(&mut self.limits) {
+            if let (ByResponse::CostFromResponse(_), Some(m)) = (&owed.by_response, &self.metrics) {
+                m.cost_report_invalid.increment(1);
+            }
+        }
+        tracing::debug!(route = %self.route, "no answer will tell how the request went: counted as failing");
     }
 }
 

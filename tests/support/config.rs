@@ -240,6 +240,13 @@ impl Config {
         self
     }
 
+    /// An identity's `on_invalid` (`reject` or `client_ip`); the identity is added with
+    /// [`Config::identity`].
+    pub fn on_invalid(mut self, identity: &str, on_invalid: &str) -> Self {
+        self.identities.1.push((identity.into(), on_invalid.into()));
+        self
+    }
+
     /// A route, after those already added (the first match wins).
     pub fn route(mut self, route: Route) -> Self {
         self.routes.push(route);
@@ -391,7 +398,7 @@ struct Response {
 
 /// Named identities in the order they were added.
 #[derive(Clone, Default)]
-struct Identities(Vec<(String, Vec<Source>)>);
+struct Identities(Vec<(String, Vec<Source>)>, Vec<(String, String)>);
 
 impl Identities {
     fn is_empty(&self) -> bool {
@@ -401,7 +408,20 @@ impl Identities {
 
 impl Serialize for Identities {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_map(self.0.iter().map(|(name, sources)| (name, sources)))
+        // An identity with an `on_invalid` is written `{ sources, on_invalid }`.
+        serializer.collect_map(self.0.iter().map(|(name, sources)| {
+            let on_invalid = self.1.iter().find(|(n, _)| n == name).map(|(_, o)| o);
+            let value = match on_invalid {
+                None => to_value(sources),
+                Some(on_invalid) => {
+                    let mut full = Mapping::new();
+                    full.insert("sources".into(), to_value(sources));
+                    full.insert("on_invalid".into(), to_value(on_invalid));
+                    Value::Mapping(full)
+                }
+            };
+            (name, value)
+        }))
     }
 }
 

@@ -6,8 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::validator::{is_plain_name, Validator};
-use crate::config::raw::{indexmap_free::OrderedMap, RawClientIp, RawJwt, RawKey, RawSource};
-use crate::identity::{self, Identity, JwtVerifier, Source, TrustedProxies};
+use crate::config::raw::{
+    indexmap_free::OrderedMap, RawClientIp, RawIdentity, RawJwt, RawKey, RawSource,
+};
+use crate::identity::{self, Identity, JwtVerifier, OnInvalid, Source, TrustedProxies};
 
 pub(super) fn trusted_proxies(v: &mut Validator, raw: Option<&RawClientIp>) -> TrustedProxies {
     let Some(raw) = raw else {
@@ -38,12 +40,12 @@ pub(super) fn parse_net(text: &str) -> Option<ipnet::IpNet> {
 }
 
 /// The built-in identities, then the file's, in file order.
-pub(super) fn identities(v: &mut Validator, raw: OrderedMap<Vec<RawSource>>) -> Vec<Arc<Identity>> {
+pub(super) fn identities(v: &mut Validator, raw: OrderedMap<RawIdentity>) -> Vec<Arc<Identity>> {
     let mut out: Vec<Arc<Identity>> = ["client_ip", "global"]
         .iter()
         .filter_map(|n| identity::builtin(n).map(Arc::new))
         .collect();
-    for (name, sources) in raw.0 {
+    for (name, raw) in raw.0 {
         let path = format!("identities.{name}");
         if !is_plain_name(&name) {
             v.error(
@@ -58,17 +60,60 @@ pub(super) fn identities(v: &mut Validator, raw: OrderedMap<Vec<RawSource>>) -> 
             );
             continue;
         }
-        if sources.is_empty() {
-            v.error(&path, "needs at least one source (header, query, cookie, bearer, jwt, path_segment, client_ip)");
+        let sources_path = if raw.mapping {
+            format!("{path}.sources")
+        } else {
+            path.clone()
+        };
+        if raw.sources.is_empty() {
+            v.error(&sources_path, "needs at least one source (header, query, cookie, bearer, jwt, path_segment, client_ip)");
         }
-        let sources = sources
+        let on_invalid = on_invalid(v, &path, raw.on_invalid.as_deref(), &raw.sources);
+        let sources = raw
+            .sources
             .into_iter()
             .enumerate()
-            .filter_map(|(i, s)| source(v, &format!("{path}[{i}]"), s))
+            .filter_map(|(i, s)| source(v, &format!("{sources_path}[{i}]"), s))
             .collect();
-        out.push(Arc::new(Identity { name, sources }));
+        out.push(Arc::new(Identity {
+            name,
+            sources,
+            on_invalid,
+        }));
     }
     out
+}
+
+/// `on_invalid`: what a credential the identity refuses means. Only a `jwt` source refuses
+/// credentials, so it is an error on an identity without one.
+fn on_invalid(
+    v: &mut Validator,
+    path: &str,
+    raw: Option<&str>,
+    sources: &[RawSource],
+) -> OnInvalid {
+    let Some(text) = raw else {
+        return OnInvalid::default();
+    };
+    let at = format!("{path}.on_invalid");
+    let value = match text {
+        "reject" => OnInvalid::Reject,
+        "client_ip" => OnInvalid::ClientIp,
+        other => {
+            v.error(
+                &at,
+                format!("`{other}` is not an on_invalid: write `reject` (answer 401) or `client_ip` (key the caller by its client IP)"),
+            );
+            return OnInvalid::default();
+        }
+    };
+    if !sources.iter().any(|s| matches!(s, RawSource::Jwt(_))) {
+        v.error(
+            &at,
+            "only a `jwt` source refuses credentials: remove on_invalid, or add a jwt source",
+        );
+    }
+    value
 }
 
 fn source(v: &mut Validator, path: &str, raw: RawSource) -> Option<Source> {
