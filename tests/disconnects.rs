@@ -2,8 +2,8 @@
 //! store): a client that leaves does not end the app's work, so it does not end what the limits
 //! know of it. A `concurrency` slot stays taken until the app has answered (and its body has
 //! been read); `count_statuses` is settled on the app's answer although nobody receives it, and
-//! an exchange whose outcome can never be known (the upstream timed out) counts as failing;
-//! graceful shutdown waits for such exchanges.
+//! an exchange whose outcome can never be known (the upstream timed out, the client cut its
+//! request body off) counts as failing; graceful shutdown waits for such exchanges.
 
 mod support;
 
@@ -356,6 +356,43 @@ async fn an_unknown_outcome_counts_as_failing_memory() {
 async fn an_unknown_outcome_counts_as_failing_redis() {
     let redis = RedisServer::start();
     an_unknown_outcome_counts_as_failing(Some(&redis)).await;
+}
+
+/// A client that cuts its request body off after the app has seen the request: the outcome can
+/// never be known, so it counts as failing.
+async fn a_request_body_cut_off_counts_as_failing(redis: Option<&RedisServer>) {
+    let up = upstream().start().await;
+    let login = route("login")
+        .prefix("/")
+        .limit(limit::fixed_window(1, "1h").count_statuses([401]));
+    let proxy = proxy(per_user(&up, login, redis)).start().await;
+    wait_ready(&proxy).await;
+    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+    stream
+        .write_all(
+            b"POST /upload HTTP/1.1\r\nHost: app\r\nX-User: mallory\r\nContent-Length: 1000\r\n\r\n0123456789",
+        )
+        .await
+        .unwrap();
+    upstream_saw(&up, 1).await;
+    drop(stream);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        send(proxy.addr, "/respond?status=401", "mallory").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(up.request_count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_body_cut_off_counts_as_failing_memory() {
+    a_request_body_cut_off_counts_as_failing(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_body_cut_off_counts_as_failing_redis() {
+    let redis = RedisServer::start();
+    a_request_body_cut_off_counts_as_failing(Some(&redis)).await;
 }
 
 /// Graceful shutdown waits for an exchange whose client left (within `shutdown_timeout`).

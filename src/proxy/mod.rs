@@ -732,13 +732,24 @@ mod tests {
     }
 
     /// A request whose client goes away while the upstream has not answered (its future
-    /// dropped) is recorded once all the same: counted as decided, no longer in flight.
+    /// dropped) is recorded once all the same: counted as decided, no longer in flight, with
+    /// status 499 and no upstream time, whether it held nothing or (holding a concurrency slot)
+    /// its exchange goes on without it.
     #[tokio::test]
     async fn a_request_dropped_while_forwarded_is_recorded_once() {
+        for (limits, orphans) in [
+            ("{ algorithm: fixed_window, limit: 5, period: 1m }", 0),
+            ("{ algorithm: concurrency, limit: 5 }", 1),
+        ] {
+            dropped_while_forwarded(limits, orphans).await;
+        }
+    }
+
+    async fn dropped_while_forwarded(limits: &str, orphans: usize) {
         // An upstream that accepts and never answers.
         let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let yaml = format!(
-            "listen: 127.0.0.1:0\nupstream: {{ url: \"http://{}\" }}\nroutes:\n  - name: api\n    match: {{ path_prefix: / }}\n    limits:\n      - {{ algorithm: fixed_window, limit: 5, period: 1m }}\n",
+            "listen: 127.0.0.1:0\nupstream: {{ url: \"http://{}\" }}\nroutes:\n  - name: api\n    match: {{ path_prefix: / }}\n    limits:\n      - {limits}\n",
             silent.local_addr().unwrap()
         );
         let config = crate::config::parse(std::path::Path::new("t.yaml"), &yaml, |_| None).unwrap();
@@ -764,6 +775,7 @@ mod tests {
         let handled = proxy.clone().handle(request, conn);
         let waited = tokio::time::timeout(std::time::Duration::from_millis(200), handled).await;
         assert!(waited.is_err(), "the silent upstream answered");
+        assert_eq!(proxy.orphans().len(), orphans, "{limits}");
         let log = String::from_utf8(lines.lock().unwrap().clone()).unwrap();
         let access: Vec<&str> = log
             .lines()
