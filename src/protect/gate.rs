@@ -88,11 +88,6 @@ enum Turn {
     Shed,
 }
 
-/// A request was shed: the app is overloaded and this one is the least important (or waited
-/// `max_wait`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shed;
-
 /// What the gate decided for one request.
 pub enum Admission {
     /// Forward it, holding the slot until the response head.
@@ -154,23 +149,36 @@ impl Protector {
 
     /// A slot for a request of `priority`: at once, after waiting, or not at all.
     pub async fn admit(self: &Arc<Self>, priority: Priority) -> Admission {
-        let (ticket, max_wait) = {
+        match self.try_admit(priority) {
+            Ok(admission) => admission,
+            Err(ticket) => ticket.wait().await,
+        }
+    }
+
+    /// [`Protector::admit`] without waiting: the answer now, or a place in the queue to wait
+    /// in (the proxy boxes that wait, so that the common case adds nothing to its future).
+    pub fn try_admit(self: &Arc<Self>, priority: Priority) -> Result<Admission, Ticket> {
+        {
             let mut state = self.lock();
             let now = Instant::now();
             let limit = state.controller.limit();
             if state.in_flight < limit || state.mode == ProtectMode::Shadow {
+                let mut would_shed = false;
                 if state.in_flight >= limit {
                     state.controller.saturated(now);
                     if self.shadow_sheds(&state) {
+                        would_shed = true;
                         state.shed[priority.index()] += 1;
                         self.metrics.shadow_shed[priority.index()].increment(1);
                     }
                 }
-                return Admission::Admitted(self.take(&mut state, priority, now));
+                let mut slot = self.take(&mut state, priority, now);
+                slot.would_shed = would_shed;
+                return Ok(Admission::Admitted(slot));
             }
             state.controller.saturated(now);
             if state.max_wait.is_zero() {
-                return self.shed_now(&mut state, priority);
+                return Ok(self.shed_now(&mut state, priority));
             }
             if state.waiting >= limit {
                 // Backed up: make room by shedding the oldest of a lower priority.
@@ -188,15 +196,14 @@ impl Protector {
             state.queues[priority.index()].push_back(Waiter { id, answer });
             state.waiting += 1;
             self.metrics.waiting.set(state.waiting as f64);
-            let ticket = Ticket {
+            Err(Ticket {
                 protector: self.clone(),
                 priority,
                 id,
+                max_wait: state.max_wait,
                 answer: Some(rx),
-            };
-            (ticket, state.max_wait)
-        };
-        ticket.wait(max_wait).await
+            })
+        }
     }
 
     /// In shadow mode, with the limit reached: would enforce have shed this request? Yes when
@@ -231,6 +238,7 @@ impl Protector {
             protector: Some(self.clone()),
             started: now,
             concurrency: state.in_flight,
+            would_shed: false,
         }
     }
 
@@ -332,17 +340,19 @@ impl Protector {
 
 /// A place in the queue. Dropped before its answer is read (the client left), it leaves the
 /// queue, or gives back the slot it was granted.
-struct Ticket {
+pub struct Ticket {
     protector: Arc<Protector>,
     priority: Priority,
     id: u64,
+    max_wait: Duration,
     answer: Option<oneshot::Receiver<Turn>>,
 }
 
 impl Ticket {
-    async fn wait(mut self, max_wait: Duration) -> Admission {
+    /// Waits for a slot, at most `max_wait`.
+    pub async fn wait(mut self) -> Admission {
         let answer = self.answer.as_mut().expect("a fresh ticket");
-        let turn = match tokio::time::timeout(max_wait, answer).await {
+        let turn = match tokio::time::timeout(self.max_wait, answer).await {
             Ok(turn) => turn.unwrap_or(Turn::Shed),
             // Out of time: leave the queue, unless the turn came just now.
             Err(_) if self.protector.withdraw(self.priority, self.id) => Turn::Shed,
@@ -361,6 +371,7 @@ impl Ticket {
                     protector: Some(self.protector.clone()),
                     started: Instant::now(),
                     concurrency,
+                    would_shed: false,
                 })
             }
             Turn::Shed => {
@@ -392,11 +403,19 @@ pub struct Slot {
     started: Instant,
     /// In flight when it was taken, itself included.
     concurrency: usize,
+    /// Shadow mode: enforce would have shed this request.
+    would_shed: bool,
 }
 
 impl Slot {
+    /// Shadow mode: enforce would have shed this request (it is forwarded all the same).
+    pub fn would_shed(&self) -> bool {
+        self.would_shed
+    }
+
     /// The exchange got its head (`status`) or failed (`None`: timeout, connection failure):
-    /// the slot is free again and its time to head is a sample.
+    /// the slot is free again and its time to head is a sample (a 5xx or a failure counts as
+    /// an error).
     pub fn finish(mut self, status: Option<http::StatusCode>) {
         let outcome = match status {
             Some(status) if !status.is_server_error() => Outcome::Answered,

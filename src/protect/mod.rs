@@ -12,4 +12,4 @@ mod controller;
 mod gate;
 
 pub use controller::{Outcome, Reading, Settings};
-pub use gate::{Admission, ProtectMetrics, Protector, Shed, Slot, Snapshot};
+pub use gate::{Admission, ProtectMetrics, Protector, Slot, Snapshot, Ticket};
