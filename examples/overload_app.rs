@@ -12,6 +12,7 @@
 //! - `GET /release`: ends every open `/stream` response
 //! - `GET /stats`: the counters as JSON (`served`, `errors`, `max_waiting`, ...)
 //! - `GET /reset`: forgets the high-water marks (`max_waiting`, `max_in_service`)
+//! - `GET /drop`: empties the queue (every waiting request answers 500 at once, without a slot)
 
 #[path = "../tests/support/capacity_app.rs"]
 #[allow(dead_code)]
@@ -121,10 +122,14 @@ fn command(req: Request<Incoming>, control: &AppControl) -> Response<Full<Bytes>
             control.reset_maxima();
             answer(StatusCode::OK, control.stats().to_json().to_string())
         }
+        "/drop" => {
+            let dropped = control.drop_waiting();
+            answer(StatusCode::OK, format!("dropped {dropped}"))
+        }
         "/stats" => answer(StatusCode::OK, control.stats().to_json().to_string()),
         _ => answer(
             StatusCode::NOT_FOUND,
-            "try /set, /release, /reset or /stats".into(),
+            "try /set, /release, /reset, /drop or /stats".into(),
         ),
     }
 }

@@ -126,13 +126,18 @@ async fn app_changes_while_it_runs_and_the_client_counts_each_outcome() {
         (5, 5, 0),
         "{total:?}"
     );
-    // The app still works through what its clients gave up on, one at a time.
+    // The app still works through what its clients gave up on, one at a time, unless its
+    // queue is dropped.
     assert!(app.stats().max_waiting >= 3, "{:?}", app.stats());
+    let dropped = app.drop_waiting();
+    assert!(dropped >= 2, "{:?}", app.stats());
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while app.stats().served < 35 {
+    while app.stats().in_service > 0 {
         assert!(std::time::Instant::now() < deadline, "{:?}", app.stats());
-        tokio::time::sleep(50 * MS).await;
+        tokio::time::sleep(20 * MS).await;
     }
+    let stats = app.stats();
+    assert_eq!((stats.served + stats.dropped, stats.dropped), (35, dropped));
     assert!(app.stats().max_in_service <= 4);
 
     // Recovered: answers at its service time again.

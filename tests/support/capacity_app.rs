@@ -61,6 +61,8 @@ pub struct AppStats {
     pub served: usize,
     /// Answered `500` after holding a slot.
     pub errors: usize,
+    /// Answered `500` without a slot: dropped from the queue by [`AppControl::drop_waiting`].
+    pub dropped: usize,
     /// Holding a slot now.
     pub in_service: usize,
     /// Waiting for a slot now, and the most that ever waited at once.
@@ -85,6 +87,7 @@ struct Shared {
     arrived: AtomicUsize,
     served: AtomicUsize,
     errors: AtomicUsize,
+    dropped: AtomicUsize,
     open_streams: AtomicUsize,
     open_websockets: AtomicUsize,
     release_streams: watch::Sender<u64>,
@@ -115,13 +118,14 @@ impl Gate {
 }
 
 impl Shared {
-    async fn acquire(&self) {
+    /// Waits for a slot; false if the wait was ended by [`AppControl::drop_waiting`].
+    async fn acquire(&self) -> bool {
         let granted = {
             let mut gate = self.gate.lock().unwrap();
             if gate.busy < gate.slots && gate.queue.is_empty() {
                 gate.busy += 1;
                 gate.max_busy = gate.max_busy.max(gate.busy);
-                return;
+                return true;
             }
             let (tx, rx) = oneshot::channel();
             gate.queue.push_back(tx);
@@ -129,7 +133,7 @@ impl Shared {
             rx
         };
         // The granting side counted this request as busy already.
-        let _ = granted.await;
+        granted.await.is_ok()
     }
 
     fn release(&self) {
@@ -148,7 +152,10 @@ impl Shared {
     /// One request's work, run to its end even if the client leaves.
     async fn work(self: Arc<Self>) -> StatusCode {
         self.arrived.fetch_add(1, Ordering::Relaxed);
-        self.acquire().await;
+        if !self.acquire().await {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return StatusCode::INTERNAL_SERVER_ERROR;
+        }
         let service = Duration::from_micros(self.service_us.load(Ordering::Relaxed));
         tokio::time::sleep(service).await;
         let fails = self.next_fails();
@@ -188,6 +195,7 @@ impl CapacityApp {
             arrived: AtomicUsize::new(0),
             served: AtomicUsize::new(0),
             errors: AtomicUsize::new(0),
+            dropped: AtomicUsize::new(0),
             open_streams: AtomicUsize::new(0),
             open_websockets: AtomicUsize::new(0),
             release_streams: watch::channel(0).0,
@@ -269,6 +277,15 @@ impl AppControl {
         self.shared.release_streams.send_modify(|n| *n += 1);
     }
 
+    /// Empties the queue: every waiting request answers `500` at once, without a slot (a
+    /// benchmark's reset between two runs). Returns how many there were.
+    pub fn drop_waiting(&self) -> usize {
+        let mut gate = self.shared.gate.lock().unwrap();
+        let waiting = gate.queue.len();
+        gate.queue.clear();
+        waiting
+    }
+
     /// Forgets the high-water marks (`max_waiting`, `max_in_service`), e.g. between phases.
     pub fn reset_maxima(&self) {
         let mut gate = self.shared.gate.lock().unwrap();
@@ -289,6 +306,7 @@ impl AppControl {
             arrived: shared.arrived.load(Ordering::Relaxed),
             served: shared.served.load(Ordering::Relaxed),
             errors: shared.errors.load(Ordering::Relaxed),
+            dropped: shared.dropped.load(Ordering::Relaxed),
             in_service: gate.busy,
             waiting: gate.queue.len(),
             max_waiting: gate.max_queue,
@@ -306,6 +324,7 @@ impl AppStats {
     pub fn to_json(self) -> serde_json::Value {
         serde_json::json!({
             "arrived": self.arrived, "served": self.served, "errors": self.errors,
+            "dropped": self.dropped,
             "in_service": self.in_service, "waiting": self.waiting,
             "max_waiting": self.max_waiting, "max_in_service": self.max_in_service,
             "slots": self.slots, "service_ms": self.service_time.as_secs_f64() * 1000.0,

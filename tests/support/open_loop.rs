@@ -106,6 +106,8 @@ pub struct Summary {
     pub max: Duration,
     /// 99th percentile of how long a shed answer took.
     pub shed_p99: Duration,
+    /// How many of `other` had each status.
+    pub other_statuses: std::collections::BTreeMap<u16, usize>,
     /// Successes per second of the window.
     pub goodput: f64,
     /// The window's length.
@@ -376,11 +378,11 @@ impl Report {
         )
     }
 
-    /// The report as JSON: per phase and class (`all` for every class) a summary, and the
-    /// series of buckets of every class together.
+    /// The report as JSON: per phase and class (`all` for every class) a summary of the whole
+    /// phase (`classes`) and of the phase without its first `settle` (`settled`), and the
+    /// series of buckets, of every class together and per class.
     pub fn to_json(&self, settle: Duration) -> serde_json::Value {
-        let mut phases = Vec::new();
-        for (index, phase) in self.phases.iter().enumerate() {
+        let per_class = |index: usize, settle: Duration| {
             let mut classes = serde_json::Map::new();
             classes.insert("all".into(), self.phase(None, index, settle).to_json());
             if self.classes.len() > 1 {
@@ -391,12 +393,24 @@ impl Report {
                     );
                 }
             }
+            classes
+        };
+        let mut phases = Vec::new();
+        for (index, phase) in self.phases.iter().enumerate() {
             phases.push(serde_json::json!({
                 "rate": phase.rate,
                 "seconds": phase.duration.as_secs_f64(),
                 "settle_seconds": settle.as_secs_f64(),
-                "classes": classes,
+                "classes": per_class(index, Duration::ZERO),
+                "settled": per_class(index, settle),
             }));
+        }
+        let mut class_series = serde_json::Map::new();
+        if self.classes.len() > 1 {
+            for class in &self.classes {
+                let series = self.series(Some(class));
+                class_series.insert(class.clone(), series.iter().map(Summary::to_json).collect());
+            }
         }
         let (lag_max, lag_p99) = self.send_lag();
         serde_json::json!({
@@ -406,6 +420,7 @@ impl Report {
             "total": self.total().to_json(),
             "phases": phases,
             "series": self.series(None).iter().map(Summary::to_json).collect::<Vec<_>>(),
+            "class_series": class_series,
         })
     }
 }
@@ -440,7 +455,10 @@ fn summarize<'a>(records: impl Iterator<Item = &'a Record>, span: Duration) -> S
                 summary.shed += 1;
                 shed_latencies.push(record.latency);
             }
-            Outcome::Other(_) => summary.other += 1,
+            Outcome::Other(status) => {
+                summary.other += 1;
+                *summary.other_statuses.entry(status).or_default() += 1;
+            }
             Outcome::Timeout => summary.timeouts += 1,
             Outcome::Failed => summary.failed += 1,
         }
@@ -472,6 +490,9 @@ impl Summary {
         serde_json::json!({
             "sent": self.sent, "ok": self.ok, "shed": self.shed, "other": self.other,
             "timeouts": self.timeouts, "failed": self.failed,
+            "other_statuses": self.other_statuses.iter()
+                .map(|(status, n)| (status.to_string(), serde_json::json!(n)))
+                .collect::<serde_json::Map<_, _>>(),
             "goodput_per_s": (self.goodput * 10.0).round() / 10.0,
             "p50_ms": ms(self.p50), "p90_ms": ms(self.p90), "p99_ms": ms(self.p99),
             "max_ms": ms(self.max), "shed_p99_ms": ms(self.shed_p99),
