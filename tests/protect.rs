@@ -369,3 +369,31 @@ async fn a_shed_request_is_told_the_app_is_overloaded() {
     let state = state(&front).await;
     assert_eq!(state["shed"]["normal"], 2, "{state}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_over_its_quota_never_takes_a_slot() {
+    let _serial = SERIAL.lock().await;
+    let app = CapacityApp::start(SLOTS, SERVICE);
+    let front = front(
+        &app,
+        "protect:\n  max_wait: 0ms\n  min_limit: 1\n  max_limit: 1\nroutes:\n  - name: api\n    priority: high\n    limits:\n      - { algorithm: fixed_window, limit: 1, period: 1h }\n",
+    )
+    .await;
+    let client = support::http1_client();
+    let statuses = {
+        let mut statuses = Vec::new();
+        for _ in 0..3 {
+            let response = client
+                .request(support::get(&front.url("/x")))
+                .await
+                .unwrap();
+            statuses.push(response.status().as_u16());
+        }
+        statuses
+    };
+    // Limited (429), not shed (503): the limit stage decided first.
+    assert_eq!(statuses, [200, 429, 429]);
+    let state = state(&front).await;
+    assert_eq!(state["admitted"]["high"], 1, "{state}");
+    assert_eq!(state["shed"]["high"], 0, "{state}");
+}
