@@ -59,15 +59,24 @@ async fn metrics(front: &ProxyHandle) -> String {
 }
 
 /// A warm-up at a quarter of capacity: the proxy learns the app's unloaded latency, and the
-/// unloaded p99 the overload is compared with.
+/// unloaded p99 the overload is compared with. A machine so busy that even this load waits
+/// for the CPU (p99 above 4× the service time) measures nothing: the warm-up is tried again
+/// for a while, then the test fails saying so.
 async fn unloaded_p99(front: &ProxyHandle) -> Duration {
-    let report = OpenLoop::new(format!("http://{}", front.addr))
-        .rate(CAPACITY / 4.0, Duration::from_secs(2))
-        .run()
-        .await;
-    let total = report.total();
-    assert_eq!(total.ok, total.sent, "unloaded: {total:?}");
-    total.p99
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        let report = OpenLoop::new(format!("http://{}", front.addr))
+            .rate(CAPACITY / 4.0, Duration::from_secs(2))
+            .run()
+            .await;
+        let total = report.total();
+        assert_eq!(total.ok, total.sent, "unloaded: {total:?}");
+        if total.p99 <= SERVICE * 4 {
+            return total.p99;
+        }
+        seen.push(total.p99);
+    }
+    panic!("the machine is too busy to measure overload: unloaded p99s {seen:?} for a service time of {SERVICE:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
