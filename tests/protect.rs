@@ -60,8 +60,8 @@ async fn metrics(front: &ProxyHandle) -> String {
 
 /// A warm-up at a quarter of capacity: the proxy learns the app's unloaded latency, and the
 /// unloaded p99 the overload is compared with. A machine so busy that even this load waits
-/// for the CPU (p99 above 4× the service time) measures nothing: the warm-up is tried again
-/// for a while, then the test fails saying so.
+/// for the CPU (a request late, or p99 above 4× the service time) measures nothing: the
+/// warm-up is tried again for a while, then the test fails saying so.
 async fn unloaded_p99(front: &ProxyHandle) -> Duration {
     let mut seen = Vec::new();
     for _ in 0..5 {
@@ -70,8 +70,7 @@ async fn unloaded_p99(front: &ProxyHandle) -> Duration {
             .run()
             .await;
         let total = report.total();
-        assert_eq!(total.ok, total.sent, "unloaded: {total:?}");
-        if total.p99 <= SERVICE * 4 {
+        if total.ok == total.sent && total.p99 <= SERVICE * 4 {
             return total.p99;
         }
         seen.push(total.p99);
