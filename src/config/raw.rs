@@ -27,6 +27,18 @@ pub struct RawConfig {
     pub response: Option<RawResponse>,
     pub allow: Option<RawAllow>,
     pub usage: Option<RawUsage>,
+    pub protect: Option<RawProtect>,
+}
+
+/// `protect: { mode, latency, max_wait, min_limit, max_limit }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawProtect {
+    pub mode: Option<String>,
+    pub latency: Option<String>,
+    pub max_wait: Option<String>,
+    pub min_limit: Option<u64>,
+    pub max_limit: Option<u64>,
 }
 
 /// `usage: { path: /_quota }`: the path where a caller reads its own usage.
@@ -301,6 +313,7 @@ pub struct RawRoute {
     pub overrides: Vec<RawOverride>,
     /// The protocols an `Upgrade` request may switch to (default: websocket).
     pub upgrades: Option<Vec<String>>,
+    pub priority: Option<String>,
 }
 
 /// Callers that are never limited: by client address, or by identity value.
@@ -320,7 +333,9 @@ pub struct RawOverride {
     pub name: Option<String>,
     pub identity: Option<String>,
     pub values: Vec<String>,
+    #[serde(default)]
     pub limits: Vec<RawLimit>,
+    pub priority: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -331,6 +346,9 @@ pub struct RawMatch {
     pub host: Option<String>,
     /// `sensitive` (default) or `insensitive`.
     pub case: Option<String>,
+    /// Header name → exact value.
+    #[serde(default)]
+    pub headers: indexmap_free::OrderedMap<String>,
 }
 
 /// An identity name, or a list of names for a compound key.

@@ -53,8 +53,14 @@ pub struct Held {
     /// Units to settle on the answer (`count_statuses`, `cost_from_response`).
     pub settlement: Option<Obligation>,
     /// Anything else to keep until the response head arrives (or the exchange fails), such as
-    /// an overload slot: dropped then, whether or not the client is still there.
-    pub until_head: Option<Box<dyn Send>>,
+    /// an overload slot: told the answer then, whether or not the client is still there.
+    pub until_head: Option<Box<dyn UntilHead>>,
+}
+
+/// Something a request holds until the app's response head arrives (or the exchange fails),
+/// and that wants to know what the app answered (an overload slot learns its latency from it).
+pub trait UntilHead: Send {
+    fn answered(self: Box<Self>, answered: &Answered);
 }
 
 impl Held {
@@ -129,7 +135,9 @@ impl<F: Future<Output = Answered> + Send + 'static> Future for Holding<'_, F> {
         let answered = ready!(sending.as_mut().poll(cx));
         this.sending = None;
         let mut held = this.held.take().unwrap_or_default();
-        held.until_head = None;
+        if let Some(guard) = held.until_head.take() {
+            guard.answered(&answered);
+        }
         Poll::Ready((answered, held))
     }
 }
@@ -159,7 +167,9 @@ where
         settlement,
         until_head,
     } = held;
-    drop(until_head);
+    if let Some(guard) = until_head {
+        guard.answered(&answered);
+    }
     match answered {
         Ok(response) => {
             tracing::debug!(
@@ -283,12 +293,19 @@ mod tests {
     use std::sync::Arc;
 
     /// A guard whose life the test watches.
-    fn watched() -> (Arc<()>, Box<dyn Send>) {
-        let guard = Arc::new(());
-        (guard.clone(), Box::new(guard))
+    /// A guard whose life the test watches (by the count of its `Arc`).
+    struct Watched(#[allow(dead_code)] Arc<()>);
+
+    impl UntilHead for Watched {
+        fn answered(self: Box<Self>, _: &Answered) {}
     }
 
-    fn held_until_head(guard: Box<dyn Send>) -> Held {
+    fn watched() -> (Arc<()>, Box<dyn UntilHead>) {
+        let guard = Arc::new(());
+        (guard.clone(), Box::new(Watched(guard)))
+    }
+
+    fn held_until_head(guard: Box<dyn UntilHead>) -> Held {
         Held {
             until_head: Some(guard),
             ..Held::default()

@@ -1,6 +1,7 @@
 //! The request path, top to bottom in the order it happens: accept (in `server`) → route
 //! ([`routing::Routed`]) → identify ([`identity::caller::Caller`]) → limit ([`LimitOutcome`]) →
-//! forward (`Result<Forwarded, ProxyError>`) → respond. This module owns the order; each stage
+//! protect (a [`protect::Slot`], with a `protect` section) → forward
+//! (`Result<Forwarded, ProxyError>`) → respond. This module owns the order; each stage
 //! lives in its own module. One `RequestRecord` per request (see `record`) collects what the
 //! stages found and writes it once to the metrics, the access log and `tracing`. A request to
 //! the configured `usage` path is answered before routing, by [`crate::usage`], and never
@@ -33,6 +34,7 @@ use crate::control::{caller, sync, Control};
 use crate::error::ProxyError;
 use crate::identity;
 use crate::metrics::{Metrics, RouteMetrics};
+use crate::protect::{self, Admission, Protector};
 use crate::routing::{self, Routed};
 use crate::store::Stores;
 use crate::throttle::headers as limit_headers;
@@ -81,6 +83,8 @@ struct Runtime {
     /// One per route, in route order.
     route_metrics: Vec<RouteMetrics>,
     unrouted_metrics: RouteMetrics,
+    /// The app's protection (`protect`): carried over reloads with what it learned.
+    protect: Option<Arc<Protector>>,
 }
 
 impl Runtime {
@@ -125,9 +129,19 @@ impl Runtime {
             .iter()
             .map(|r| metrics.route(&r.name))
             .collect();
+        let protect = config.protect.as_ref().map(|settings| {
+            match previous.and_then(|p| p.protect.as_ref()) {
+                Some(carried) => {
+                    carried.reconfigure(settings);
+                    carried.clone()
+                }
+                None => Protector::new(settings, metrics.protect()),
+            }
+        });
         Runtime {
             upstream,
             limits,
+            protect,
             offenders,
             local_first,
             route_metrics,
@@ -218,8 +232,13 @@ impl Proxy {
         stores.ready() || stores.on_error() != crate::config::OnError::Deny
     }
 
-    /// Handles one request, in order: route → identify → limit → forward → respond. Never
-    /// fails: every error becomes a response.
+    /// The app's protection of the running configuration, for the admin's `/protect`.
+    pub fn protector(&self) -> Option<Arc<Protector>> {
+        self.inner.runtime.load().protect.clone()
+    }
+
+    /// Handles one request, in order: route → identify → limit → protect → forward → respond.
+    /// Never fails: every error becomes a response.
     ///
     /// Takes the proxy by value so that the future owns everything it uses and can be
     /// served without being boxed (see `conn`). The stages are plain functions awaited in this
@@ -301,8 +320,35 @@ impl Proxy {
             }
         };
 
-        // Forward. What the request holds for its limits stays held until the app answered,
-        // even if the client leaves first (see `exchange`).
+        // Protect: after the limits, so a caller over its quota never takes a slot.
+        let slot = match &runtime.protect {
+            None => None,
+            Some(protector) => {
+                let priority = admitted
+                    .as_ref()
+                    .map_or(crate::config::Priority::Normal, |a| a.set.priority);
+                let admission = match protector.try_admit(priority) {
+                    Ok(admission) => admission,
+                    // Boxed: waiting is the rare case, and its timer would size every future.
+                    Err(ticket) => Box::pin(ticket.wait()).await,
+                };
+                match admission {
+                    Admission::Admitted(slot) => {
+                        if slot.would_shed() {
+                            record.shed(true);
+                        }
+                        Some(slot)
+                    }
+                    Admission::Shed => {
+                        record.shed(false);
+                        return refuse(overloaded_response(), &mut record, grpc, false);
+                    }
+                }
+            }
+        };
+
+        // Forward. What the request holds for its limits (and its overload slot) stays held
+        // until the app answered, even if the client leaves first (see `exchange`).
         // Without a route nothing happened since the start worth a clock read of its own.
         let upstream_started = match routed {
             Some(_) => Instant::now(),
@@ -311,6 +357,8 @@ impl Proxy {
         let mut held = admitted
             .as_mut()
             .map_or_else(Held::default, Held::take_from);
+        // The slot is the app's until its head arrives, not until the body ends.
+        held.until_head = slot.map(|slot| Box::new(slot) as Box<dyn exchange::UntilHead>);
         let peer_is_trusted = config.throttle.trusted_proxies.contains(conn.peer.ip());
         let upgrades = routed.map(|r| &r.route.upgrades[..]);
         let (forwarded, outcome) =
@@ -642,6 +690,40 @@ fn refuse(
         response
     };
     response.map(AnswerBody::Right)
+}
+
+/// Gives back a protect slot with what the exchange showed: the head's status, or a failure
+/// of the upstream's (a refusal of the client's own, such as an oversized body, is no sample).
+impl exchange::UntilHead for protect::Slot {
+    /// The app's answer is the controller's sample: its latency and whether it failed.
+    fn answered(self: Box<Self>, answered: &exchange::Answered) {
+        match answered {
+            Ok(response) => self.finish(Some(response.status())),
+            Err(error) if error.side() == crate::error::Side::Upstream => self.finish(None),
+            Err(_) => drop(self),
+        }
+    }
+}
+
+/// The answer to a request `protect` shed: 503 with `Retry-After` and a problem+json body
+/// saying the app is overloaded (not that the caller is over a quota: the problem type
+/// differs from a limited response's).
+fn overloaded_response() -> Response<ProxyBody> {
+    const BODY: &str = concat!(
+        r#"{"detail":"The application is overloaded and this request was shed to keep it "#,
+        r#"answering; retry after 1 second(s).","status":503,"title":"Service Overloaded","#,
+        r#""type":"urn:tollgate:problem:overloaded"}"#
+    );
+    let mut response = Response::new(body::full(Bytes::from_static(BODY.as_bytes())));
+    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
 }
 
 /// A limited response as the client receives it, rendered from what the limit stage found.

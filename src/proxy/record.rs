@@ -44,6 +44,10 @@ pub enum Decision {
     LimitedByFallback,
     /// Refused with 401: the caller's credential was refused (`on_invalid: reject`).
     Rejected,
+    /// Refused by `protect`: the app is overloaded and this request was the one to shed.
+    Shed,
+    /// Forwarded, though `protect` in enforce mode would have shed it (shadow mode).
+    ShadowShed,
 }
 
 impl Decision {
@@ -74,6 +78,8 @@ impl Decision {
             Decision::StoreError => "store_error",
             Decision::Limited | Decision::LimitedByFallback => "limited",
             Decision::Rejected => "rejected",
+            Decision::Shed => "shed",
+            Decision::ShadowShed => "shadow_shed",
         }
     }
 
@@ -87,6 +93,8 @@ impl Decision {
                 route.store_error.increment(1);
             }
             Decision::Limited => route.limited.increment(1),
+            Decision::Shed => route.shed.increment(1),
+            Decision::ShadowShed => route.shadow_shed.increment(1),
             Decision::LimitedByFallback => {
                 global.store_errors.increment(1);
                 route.limited.increment(1);
@@ -179,6 +187,15 @@ impl<'a> RequestRecord<'a> {
         self.limit_time = Some(self.started.elapsed());
         self.identity = outcome.identity();
         self.decision = Some(Decision::of(outcome));
+    }
+
+    /// `protect` shed the request (`shadow`: would have, in enforce mode).
+    pub fn shed(&mut self, shadow: bool) {
+        self.decision = Some(if shadow {
+            Decision::ShadowShed
+        } else {
+            Decision::Shed
+        });
     }
 
     /// The forward stage's time, and the upstream's status when it answered.
@@ -366,6 +383,31 @@ mod tests {
                 "{counted:?}: missing {errors:?} in\n{text}"
             );
             assert!(text.contains("tollgate_inflight_requests 0"), "{text}");
+        }
+    }
+
+    /// A request `protect` shed is logged and counted as `shed`; one it would have shed in
+    /// shadow mode as `shadow_shed`.
+    #[test]
+    fn shed_requests_are_their_own_decision() {
+        let metrics = Metrics::new();
+        let route = metrics.route("api");
+        let request = http::Request::get("/x").body(()).unwrap();
+        let (parts, _) = request.into_parts();
+        for shadow in [false, true, false] {
+            let mut record =
+                RequestRecord::new(&metrics, &parts, "192.0.2.1:1".parse().unwrap(), false);
+            record.routed(None, &route);
+            record.shed(shadow);
+            let expected = if shadow { "shadow_shed" } else { "shed" };
+            assert_eq!(record.decision.map(Decision::as_str), Some(expected));
+        }
+        let text = metrics.render();
+        for line in [
+            "tollgate_requests_total{route=\"api\",decision=\"shed\"} 2",
+            "tollgate_requests_total{route=\"api\",decision=\"shadow_shed\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
     }
 

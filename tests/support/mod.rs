@@ -1,10 +1,12 @@
 //! Test support: real processes and servers, started by the tests themselves.
 #![allow(dead_code, unused_imports)]
 
+pub mod capacity_app;
 pub mod cluster;
 pub mod command;
 pub mod config;
 pub mod grpc;
+pub mod open_loop;
 pub mod pki;
 pub mod proxy;
 pub mod raw_upstream;
@@ -12,9 +14,11 @@ pub mod redis;
 pub mod rng;
 pub mod upstream;
 
+pub use capacity_app::{AppControl, AppStats, CapacityApp};
 pub use cluster::*;
 pub use command::*;
 pub use config::*;
+pub use open_loop::OpenLoop;
 pub use pki::*;
 pub use proxy::*;
 pub use raw_upstream::*;

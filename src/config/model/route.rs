@@ -1,6 +1,6 @@
-//! What a request is matched against: `Route` (path prefix, methods, host, case), the protocol
-//! upgrades it lets through, its default limits, its allow-list (`Allow`) and its tiers
-//! (`Override`).
+//! What a request is matched against: `Route` (path prefix, methods, host, case, header
+//! values), the protocol upgrades it lets through, its default limits, its allow-list (`Allow`)
+//! and its tiers (`Override`).
 
 use std::sync::Arc;
 
@@ -22,6 +22,8 @@ pub struct Route {
     /// The protocols an `Upgrade` request on this route may switch to (`upgrades`),
     /// lower-case protocol names.
     pub upgrades: Vec<String>,
+    /// Request headers that must be present with exactly these values (`match.headers`).
+    pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
     /// The default limits: what every caller gets unless a tier names it.
     pub limits: LimitSet,
     /// Callers never limited on this route.

@@ -3,7 +3,7 @@
 //! never meets a surprise. Each section has its own file; `validator` holds what they share.
 //!
 //! The files build on one another in one direction: this one runs the sections; `routes` over
-//! `limits`, `allow` and `matching`; `limits` over `by_response`; `routes`, `limits` and `allow` over
+//! `limits`, `allow`, `matching` and `protect` (priorities); `limits` over `by_response`; `routes`, `limits` and `allow` over
 //! `identities`; `store` over `redis`; every section over `validator`.
 
 mod allow;
@@ -11,6 +11,7 @@ mod by_response;
 mod identities;
 mod limits;
 mod matching;
+mod protect;
 mod proxy;
 mod redis;
 mod response;
@@ -37,7 +38,8 @@ pub(super) fn validate(
 ) -> Result<Config, Vec<ConfigError>> {
     let mut v = Validator::new(file, text, env);
     let throttle = throttle(&mut v, &mut raw);
-    let config = proxy::config(&mut v, &raw, throttle);
+    let protect = protect::protect(&mut v, raw.protect.as_ref());
+    let config = proxy::config(&mut v, &raw, throttle).map(|config| Config { protect, ..config });
     let errors = v.into_errors();
     if errors.is_empty() {
         Ok(config.expect("validation without errors yields a config"))
