@@ -29,11 +29,13 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 
 /// Headers a `Connection` option cannot remove: the message's target and framing, and what
 /// tollgate itself sets (X-Forwarded-*; `Forwarded`, which a trusted proxy in front may set
-/// and the app may read instead).
-const NEVER_NAMED: [&str; 7] = [
+/// and the app may read instead; `TE: trailers`, which RFC 9110 §10.1.4 has senders name in
+/// Connection, and which is handled below either way).
+const NEVER_NAMED: [&str; 8] = [
     "host",
     "content-length",
     "transfer-encoding",
+    "te",
     "x-forwarded-for",
     "x-forwarded-proto",
     "x-forwarded-host",
@@ -436,6 +438,10 @@ mod tests {
     #[test]
     fn te_trailers_survives_for_grpc() {
         let mut h = map(&[("te", "trailers, deflate")]);
+        strip(&mut h, false);
+        assert_eq!(h.get("te").unwrap(), "trailers");
+        // Named in Connection, as RFC 9110 asks of its senders.
+        let mut h = map(&[("connection", "TE"), ("te", "trailers")]);
         strip(&mut h, false);
         assert_eq!(h.get("te").unwrap(), "trailers");
     }

@@ -42,8 +42,11 @@ pub fn check(request: &Parts, found: &Found) -> Option<Refusal> {
     if *method == Method::CONNECT {
         return Some(Refusal::Connect);
     }
+    // The standard methods are upper case: a token without a lower-case letter is either one of
+    // them or no spelling of one (the common case, decided without comparing names).
     let name = method.as_str();
-    if !STANDARD_METHODS.contains(&name)
+    if name.len() <= 7
+        && name.bytes().any(|b| b.is_ascii_lowercase())
         && STANDARD_METHODS
             .iter()
             .any(|m| m.eq_ignore_ascii_case(name))
@@ -70,15 +73,12 @@ pub fn check(request: &Parts, found: &Found) -> Option<Refusal> {
 
 /// Why a Host value is no host name (with an optional port), if it is not.
 fn bad_host(host: &[u8]) -> Option<&'static str> {
-    if host.contains(&b'@') {
-        Some("the Host must not carry userinfo")
-    } else if host.contains(&b',') {
-        Some("the Host must name one host")
-    } else if host.iter().any(|b| *b >= 0x80) {
-        Some("the Host must be ASCII")
-    } else {
-        None
-    }
+    host.iter().find_map(|b| match b {
+        b'@' => Some("the Host must not carry userinfo"),
+        b',' => Some("the Host must name one host"),
+        0x80.. => Some("the Host must be ASCII"),
+        _ => None,
+    })
 }
 
 impl Refusal {
