@@ -263,6 +263,7 @@ impl Proxy {
         // Shapes no app should see, and CONNECT, are refused before anything else (see `shape`).
         if let Some(refusal) = shape::check(&parts, &found) {
             record.routed(None, &runtime.unrouted_metrics);
+            record.rejected();
             return refuse(refusal.response(), &mut record, grpc, false);
         }
 

@@ -42,7 +42,8 @@ pub enum Decision {
     Limited,
     /// Refused: over a limit the in-memory fallback decided because the store failed.
     LimitedByFallback,
-    /// Refused with 401: the caller's credential was refused (`on_invalid: reject`).
+    /// Refused before any limit: the caller's credential was refused (`on_invalid: reject`,
+    /// 401), or the request has a shape no app should see (400) or is a CONNECT (405).
     Rejected,
     /// Refused by `protect`: the app is overloaded and this request was the one to shed.
     Shed,
@@ -187,6 +188,11 @@ impl<'a> RequestRecord<'a> {
         self.limit_time = Some(self.started.elapsed());
         self.identity = outcome.identity();
         self.decision = Some(Decision::of(outcome));
+    }
+
+    /// Refused before routing: a request shape no app should see, or CONNECT (see `shape`).
+    pub fn rejected(&mut self) {
+        self.decision = Some(Decision::Rejected);
     }
 
     /// `protect` shed the request (`shadow`: would have, in enforce mode).
@@ -409,6 +415,26 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
+    }
+
+    /// A request refused for its shape (or a CONNECT) counts as `rejected`, not `allowed`.
+    #[test]
+    fn refused_shapes_are_rejected() {
+        let metrics = Metrics::new();
+        let unrouted = metrics.route(crate::metrics::UNROUTED);
+        let request = http::Request::get("/x").body(()).unwrap();
+        let (parts, _) = request.into_parts();
+        let mut record =
+            RequestRecord::new(&metrics, &parts, "192.0.2.1:1".parse().unwrap(), false);
+        record.routed(None, &unrouted);
+        record.rejected();
+        assert_eq!(record.decision.map(Decision::as_str), Some("rejected"));
+        drop(record);
+        let text = metrics.render();
+        assert!(
+            text.contains("decision=\"rejected\"} 1") && !text.contains("decision=\"allowed\"} 1"),
+            "{text}"
+        );
     }
 
     /// A request whose client leaves mid-way (its future dropped) is still counted, once.
