@@ -4,7 +4,8 @@
 //! (`GET /limits/state`) and its reset (`POST /limits/reset`); for "a customer asks for more":
 //! a temporary override of one caller's limits (`POST /limits/override`, ended
 //! early by `DELETE /limits/override`); and the audit trail of those actions
-//! (`GET /limits/audit`, see [`crate::control::audit`]).
+//! (`GET /limits/audit`, see [`crate::control::audit`]). A person rather than a script uses
+//! `GET /console` ([`crate::console`]), a page over the same endpoints.
 //!
 //! Reads are open to whoever reaches the listener (keep it off public interfaces). A mutation
 //! needs `Authorization: Bearer <token>` when `admin.token_env` names a token; without one,
@@ -32,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::body::{full, ProxyBody};
 use crate::config::Secret;
+use crate::console::Console;
 use crate::control::audit::{self, Who};
 use crate::control::caller::{self, CallerError};
 use crate::control::offenders::{self, View};
@@ -88,6 +90,8 @@ pub async fn serve(
         .local_addr()
         .map(|a| a.ip().is_loopback())
         .unwrap_or(false);
+    // `GET /console` and the JSON behind it (see [`crate::console`]).
+    let console = Arc::new(Console::start(proxy.clone(), stop.clone()));
     loop {
         let accepted: std::io::Result<(TcpStream, SocketAddr)> = tokio::select! {
             r = listener.accept() => r,
@@ -98,10 +102,15 @@ pub async fn serve(
         };
         let health = health.clone();
         let proxy = proxy.clone();
+        let console = console.clone();
         let service = service_fn(move |request: Request<Incoming>| {
             let health = health.clone();
             let proxy = proxy.clone();
+            let console = console.clone();
             async move {
+                if let Some(answer) = console.respond(&request, loopback).await {
+                    return Ok::<_, Infallible>(answer);
+                }
                 let caller = Caller { peer, loopback };
                 Ok::<_, Infallible>(respond(&request, &health, &proxy, caller).await)
             }
