@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::body::{full, ProxyBody};
 use crate::config::Secret;
-use crate::console::Console;
+use crate::console::{self, Console};
 use crate::control::audit::{self, Who};
 use crate::control::caller::{self, CallerError};
 use crate::control::offenders::{self, View};
@@ -108,10 +108,13 @@ pub async fn serve(
             let proxy = proxy.clone();
             let console = console.clone();
             async move {
+                let caller = Caller { peer, loopback };
+                if request.uri().path() == console::PROTECT_PATH {
+                    return Ok::<_, Infallible>(protect_for_console(&health, &proxy, caller).await);
+                }
                 if let Some(answer) = console.respond(&request, loopback).await {
                     return Ok::<_, Infallible>(answer);
                 }
-                let caller = Caller { peer, loopback };
                 Ok::<_, Infallible>(respond(&request, &health, &proxy, caller).await)
             }
         });
@@ -163,6 +166,35 @@ async fn respond<B>(
         "/limits/audit" => audit(request, proxy).await,
         _ => reset(request, proxy, caller).await,
     }
+}
+
+/// The console's view of the overload protection: what `GET /protect` answers, as
+/// `{"available": true, "state": ...}`, or `{"available": false}` while this listener has no
+/// such endpoint, so that the page never asks a path that answers 404 (a browser logs that as
+/// an error).
+async fn protect_for_console(
+    health: &Health,
+    proxy: &Proxy,
+    caller: Caller,
+) -> Response<ProxyBody> {
+    use http_body_util::BodyExt;
+    let probe = Request::get("/protect")
+        .header(ACCEPT, "application/json")
+        .body(())
+        .expect("a plain request");
+    let answer = respond(&probe, health, proxy, caller).await;
+    let state = match answer.status() {
+        StatusCode::OK => match answer.into_body().collect().await {
+            Ok(body) => serde_json::from_slice::<Value>(&body.to_bytes()).ok(),
+            Err(_) => None,
+        },
+        _ => None,
+    };
+    let value = match state {
+        Some(state) => json!({ "available": true, "state": state }),
+        None => json!({ "available": false }),
+    };
+    console::json_answer(StatusCode::OK, &value)
 }
 
 /// The query parameters each operator endpoint takes; any other is refused (400) with these

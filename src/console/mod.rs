@@ -5,7 +5,7 @@
 //! health, and a search by a caller's identity value: their state on every route, what
 //! `explain` says for a request of theirs, and buttons to reset them or override their limits.
 //!
-//! The page is three files embedded in the binary (no CDN, no build step, works offline):
+//! The page is four files embedded in the binary (no CDN, no build step, works offline):
 //! vanilla JavaScript that builds the DOM with `textContent` (never HTML from data) and draws
 //! small SVG charts. Every answer here carries a strict Content-Security-Policy (no inline
 //! script or style, scripts and requests from this origin only, never framed, Trusted Types
@@ -34,6 +34,7 @@ use crate::proxy::Proxy;
 const INDEX_HTML: &str = include_str!("assets/index.html");
 const APP_JS: &str = include_str!("assets/app.js");
 const APP_CSS: &str = include_str!("assets/app.css");
+const FAVICON: &str = include_str!("assets/favicon.svg");
 
 /// Every console answer's policy: nothing inline, nothing from elsewhere, never framed.
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
@@ -70,6 +71,7 @@ impl Console {
             | "/console/"
             | "/console/app.js"
             | "/console/app.css"
+            | "/console/favicon.svg"
             | "/console/api/overview" => &[],
             "/console/api/caller" => &["identity"],
             "/limits/explain" => EXPLAIN_PARAMS,
@@ -90,6 +92,7 @@ impl Console {
             "/console" | "/console/" => asset(INDEX_HTML, "text/html; charset=utf-8"),
             "/console/app.js" => asset(APP_JS, "text/javascript; charset=utf-8"),
             "/console/app.css" => asset(APP_CSS, "text/css; charset=utf-8"),
+            "/console/favicon.svg" => asset(FAVICON, "image/svg+xml"),
             "/console/api/overview" => json_answer(
                 StatusCode::OK,
                 &view::overview(&self.proxy, &self.history, loopback).await,
@@ -139,7 +142,12 @@ fn asset(text: &'static str, content_type: &'static str) -> Response<ProxyBody> 
     with_headers(Response::new(full(text)), content_type, NO_CACHE)
 }
 
-fn json_answer(status: StatusCode, value: &Value) -> Response<ProxyBody> {
+/// The path of the overload protection's state as the page reads it; the admin listener
+/// answers it (it owns `GET /protect`), with [`json_answer`].
+pub const PROTECT_PATH: &str = "/console/api/protect";
+
+/// A JSON answer with the console's headers.
+pub fn json_answer(status: StatusCode, value: &Value) -> Response<ProxyBody> {
     let mut text = serde_json::to_string_pretty(value).expect("JSON");
     text.push('\n');
     let mut response = Response::new(full(text));

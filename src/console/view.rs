@@ -240,14 +240,8 @@ async fn store(proxy: &Proxy, control: &Control) -> Value {
 pub async fn caller(proxy: &Proxy, raw: &[u8]) -> Value {
     let config = proxy.config();
     let control = proxy.throttle_control();
-    // A value read from a credential-named source on any route is a credential on every
-    // route: shown as its digest throughout.
-    let secret = config
-        .throttle
-        .routes
-        .iter()
-        .any(|route| shown::secret_kinds(route).len() > 1);
     let mut routes = Vec::new();
+    let mut masked_anywhere = false;
     for route in &config.throttle.routes {
         let state = match control.state(&route.name, raw).await {
             Ok(state) => state,
@@ -261,21 +255,24 @@ pub async fn caller(proxy: &Proxy, raw: &[u8]) -> Value {
         if let Some(note) = note {
             explained["note"] = json!(note);
         }
-        routes.push(json!({
+        let entry = json!({
             "route": route.name,
             "state": state,
             "explain": explained,
-        }));
+        });
+        // On a route that reads a credential-named source (other than a bearer token, hashed
+        // anyway), the value may be that credential: shown as its digest there.
+        if shown::secret_kinds(route).len() > 1 {
+            masked_anywhere = true;
+            routes.push(mask_value(entry, raw));
+        } else {
+            routes.push(entry);
+        }
     }
-    let answer = json!({
-        "identity": key::display_value(raw),
+    json!({
+        "identity": if masked_anywhere { key::display_hash(raw) } else { key::display_value(raw) },
         "routes": routes,
-    });
-    if secret {
-        mask_value(answer, raw)
-    } else {
-        answer
-    }
+    })
 }
 
 /// Every string in `value` with `raw` replaced by its digest, but for the names the

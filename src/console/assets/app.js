@@ -178,16 +178,17 @@ function renderStore(store) {
   dl(document.getElementById("store"), pairs);
 }
 
-// The overload protection's panel, shown only while `GET /protect` answers JSON.
+// The overload protection's panel, shown only while the admin listener has `GET /protect`.
 async function renderProtect() {
   const section = document.getElementById("protect-section");
   try {
-    const answer = await getJson("/protect");
-    if (!answer.ok || typeof answer.body !== "object" || answer.body === null) {
+    const answer = await getJson("/console/api/protect");
+    const state = answer.ok && answer.body.available ? answer.body.state : null;
+    if (state === null || typeof state !== "object") {
       section.hidden = true;
       return;
     }
-    const pairs = Object.entries(answer.body)
+    const pairs = Object.entries(state)
       .filter(([, v]) => v === null || typeof v !== "object")
       .map(([k, v]) => [k, v === null ? "—" : String(v)]);
     dl(document.getElementById("protect"), pairs);
