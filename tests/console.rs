@@ -269,7 +269,7 @@ async fn console_reset_is_refused_without_the_token_and_frees_the_caller_with_it
         .until_text(
             ".caller-route[data-route=\"api\"] .limit-state",
             "alice free",
-            |t| t.starts_with("per-user: 1 of 2 left"),
+            |t| t.starts_with("per-user: a request would pass, leaving 1 of 2"),
         )
         .await;
     browser.screenshot("reset-done").await;

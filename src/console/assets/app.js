@@ -254,7 +254,7 @@ function limitLine(l) {
   const over = l.overridden ? " — overridden" : "";
   if (l.allowed) {
     return el("li", { class: "limit-state ok" },
-      `${name}: ${l.remaining} of ${l.limit} left, full again in ${seconds(l.reset_after_seconds)}${shared}${over}`);
+      `${name}: a request would pass, leaving ${l.remaining} of ${l.limit}; full again in ${seconds(l.reset_after_seconds)}${shared}${over}`);
   }
   const retry = l.retry_after_seconds < 0 ? "never at this cost" : `retry in ${seconds(l.retry_after_seconds)}`;
   return el("li", { class: "limit-state limited" },
@@ -383,6 +383,12 @@ document.addEventListener("DOMContentLoaded", () => {
     const identity = document.getElementById("identity").value.trim();
     if (identity) lookUp(identity);
   });
+  // A link may name a caller to look up: /console#caller=VALUE.
+  const linked = new URLSearchParams(location.hash.slice(1)).get("caller");
+  if (linked) {
+    document.getElementById("identity").value = linked;
+    lookUp(linked);
+  }
   refresh();
   setInterval(refresh, REFRESH_MS);
 });
