@@ -109,6 +109,10 @@ pub async fn serve(
             let console = console.clone();
             async move {
                 let caller = Caller { peer, loopback };
+                if let Some(refused) = console::refuse_foreign_origin(&request) {
+                    tracing::warn!(target: "tollgate::admin", peer = %caller.peer, path = request.uri().path(), result = "refused", why = "a browser page from another origin", "admin mutation refused");
+                    return Ok::<_, Infallible>(refused);
+                }
                 if request.uri().path() == console::PROTECT_PATH {
                     return Ok::<_, Infallible>(protect_for_console(&health, &proxy, caller).await);
                 }

@@ -142,6 +142,59 @@ fn asset(text: &'static str, content_type: &'static str) -> Response<ProxyBody> 
     with_headers(Response::new(full(text)), content_type, NO_CACHE)
 }
 
+/// A state-changing request that a browser sent from a page of another origin: refused (403),
+/// with why. A browser names the page's origin in `Origin` on every `POST` and `DELETE`; the
+/// console's own page has this listener's origin, which the `Host` header names by an address
+/// or `localhost`. Anything else is a page elsewhere making the operator's browser act
+/// (cross-site request forgery, which a loopback listener without a token would otherwise
+/// accept) or a DNS name rebound to this listener. Requests without `Origin` (curl, scripts,
+/// `tollgate limits`) are not a browser's, and pass to the token and loopback rules.
+pub fn refuse_foreign_origin<B>(request: &Request<B>) -> Option<Response<ProxyBody>> {
+    if request.method() == Method::GET || request.method() == Method::HEAD {
+        return None;
+    }
+    let origin = request.headers().get(http::header::ORIGIN)?;
+    let own = request
+        .headers()
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .filter(|host| is_address(host));
+    let same = origin.to_str().ok().and_then(|o| o.strip_prefix("http://"));
+    match (same, own) {
+        (Some(origin), Some(host)) if origin.eq_ignore_ascii_case(host) => None,
+        _ => Some(error(
+            StatusCode::FORBIDDEN,
+            format!(
+                "refused: a browser page from another origin ({}) may not change state here; \
+                 use the console this listener serves",
+                String::from_utf8_lossy(origin.as_bytes())
+            ),
+        )),
+    }
+}
+
+/// `host[:port]` names an IP address or `localhost` (not a DNS name that could be rebound).
+fn is_address(authority: &str) -> bool {
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => {
+            return v6
+                .split(']')
+                .next()
+                .is_some_and(|a| a.parse::<std::net::Ipv6Addr>().is_ok())
+        }
+        None => authority
+            .rsplit_once(':')
+            .map_or(authority, |(host, port)| {
+                if port.chars().all(|c| c.is_ascii_digit()) {
+                    host
+                } else {
+                    authority
+                }
+            }),
+    };
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::Ipv4Addr>().is_ok()
+}
+
 /// The path of the overload protection's state as the page reads it; the admin listener
 /// answers it (it owns `GET /protect`), with [`json_answer`].
 pub const PROTECT_PATH: &str = "/console/api/protect";
@@ -328,6 +381,38 @@ mod tests {
         assert_eq!(d.peer, "10.0.0.1".parse::<IpAddr>().unwrap());
         assert!(described(&get("/limits/explain?url=/a&client_ip=nope")).is_err());
         assert!(described(&get("/limits/explain")).is_err());
+    }
+
+    #[test]
+    fn browsers_change_state_only_from_this_listeners_own_page() {
+        let post = |origin: Option<&str>, host: &str| {
+            let mut builder =
+                Request::post("/limits/reset?route=a&identity=b").header("host", host);
+            if let Some(origin) = origin {
+                builder = builder.header("origin", origin);
+            }
+            refuse_foreign_origin(&builder.body(()).unwrap()).is_none()
+        };
+        assert!(post(None, "example.com"), "not a browser");
+        assert!(post(Some("http://127.0.0.1:9901"), "127.0.0.1:9901"));
+        assert!(post(Some("http://localhost:9901"), "LOCALHOST:9901"));
+        assert!(post(Some("http://[::1]:9901"), "[::1]:9901"));
+        assert!(!post(Some("http://evil.example"), "127.0.0.1:9901"));
+        assert!(!post(Some("null"), "127.0.0.1:9901"));
+        assert!(!post(Some("http://127.0.0.1:9902"), "127.0.0.1:9901"));
+        assert!(!post(Some("https://127.0.0.1:9901"), "127.0.0.1:9901"));
+        // A DNS name rebound to the listener: same origin as far as the browser knows.
+        assert!(!post(
+            Some("http://rebound.example:9901"),
+            "rebound.example:9901"
+        ));
+        assert!(refuse_foreign_origin(
+            &Request::get("/console")
+                .header("origin", "http://evil.example")
+                .body(())
+                .unwrap()
+        )
+        .is_none());
     }
 
     #[test]
