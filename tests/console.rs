@@ -481,6 +481,24 @@ async fn console_json_endpoints() {
         (Some("normal"), Some("exact"))
     );
     assert_eq!(api["match"]["path_prefix"], "/");
+    // The sampler's first sample is taken when the listener starts: each route has a series
+    // of [allowed, limited, shed] per sample.
+    let times = overview["history"]["times"].as_array().unwrap().len();
+    assert!(times >= 1, "{}", overview["history"]);
+    assert_eq!(
+        overview["history"]["routes"]["api"]
+            .as_array()
+            .unwrap()
+            .len(),
+        times
+    );
+    assert_eq!(
+        overview["history"]["routes"]["api"][0]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
     assert_eq!(overview["store"]["kind"], "redis");
     assert_eq!(overview["store"]["up"], true);
     assert_eq!(overview["store"]["breaker"], "closed");
