@@ -6,6 +6,8 @@
 //! early by `DELETE /limits/override`); and the audit trail of those actions
 //! (`GET /limits/audit`, see [`crate::control::audit`]). `GET /protect` shows the app's
 //! protection: its adaptive limit, what it learned and what it admitted and shed.
+//! A person rather than a script uses `GET /console` ([`crate::console`]), a page over the
+//! same endpoints.
 //!
 //! Reads are open to whoever reaches the listener (keep it off public interfaces). A mutation
 //! needs `Authorization: Bearer <token>` when `admin.token_env` names a token; without one,
@@ -33,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::body::{full, ProxyBody};
 use crate::config::Secret;
+use crate::console::{self, Console};
 use crate::control::audit::{self, Who};
 use crate::control::caller::{self, CallerError};
 use crate::control::offenders::{self, View};
@@ -89,6 +92,8 @@ pub async fn serve(
         .local_addr()
         .map(|a| a.ip().is_loopback())
         .unwrap_or(false);
+    // `GET /console` and the JSON behind it (see [`crate::console`]).
+    let console = Arc::new(Console::start(proxy.clone(), stop.clone()));
     loop {
         let accepted: std::io::Result<(TcpStream, SocketAddr)> = tokio::select! {
             r = listener.accept() => r,
@@ -99,11 +104,23 @@ pub async fn serve(
         };
         let health = health.clone();
         let proxy = proxy.clone();
+        let console = console.clone();
         let service = service_fn(move |request: Request<Incoming>| {
             let health = health.clone();
             let proxy = proxy.clone();
+            let console = console.clone();
             async move {
                 let caller = Caller { peer, loopback };
+                if let Some(refused) = console::refuse_foreign_origin(&request) {
+                    tracing::warn!(target: "tollgate::admin", peer = %caller.peer, path = request.uri().path(), result = "refused", why = "a browser page from another origin", "admin mutation refused");
+                    return Ok::<_, Infallible>(refused);
+                }
+                if request.uri().path() == console::PROTECT_PATH {
+                    return Ok::<_, Infallible>(protect_for_console(&health, &proxy, caller).await);
+                }
+                if let Some(answer) = console.respond(&request, loopback).await {
+                    return Ok::<_, Infallible>(answer);
+                }
                 Ok::<_, Infallible>(respond(&request, &health, &proxy, caller).await)
             }
         });
@@ -157,6 +174,35 @@ async fn respond<B>(
         "/protect" => protect_state(request, proxy),
         _ => reset(request, proxy, caller).await,
     }
+}
+
+/// The console's view of the overload protection: what `GET /protect` answers, as
+/// `{"available": true, "state": ...}`, or `{"available": false}` while this listener has no
+/// such endpoint, so that the page never asks a path that answers 404 (a browser logs that as
+/// an error).
+async fn protect_for_console(
+    health: &Health,
+    proxy: &Proxy,
+    caller: Caller,
+) -> Response<ProxyBody> {
+    use http_body_util::BodyExt;
+    let probe = Request::get("/protect")
+        .header(ACCEPT, "application/json")
+        .body(())
+        .expect("a plain request");
+    let answer = respond(&probe, health, proxy, caller).await;
+    let state = match answer.status() {
+        StatusCode::OK => match answer.into_body().collect().await {
+            Ok(body) => serde_json::from_slice::<Value>(&body.to_bytes()).ok(),
+            Err(_) => None,
+        },
+        _ => None,
+    };
+    let value = match state {
+        Some(state) => json!({ "available": true, "state": state }),
+        None => json!({ "available": false }),
+    };
+    console::json_answer(StatusCode::OK, &value)
 }
 
 /// The query parameters each operator endpoint takes; any other is refused (400) with these

@@ -9,6 +9,7 @@ pub mod body;
 pub mod cli;
 pub mod config;
 pub mod conn;
+pub mod console;
 pub mod control;
 pub mod error;
 pub mod explain;

@@ -28,6 +28,7 @@ use serde_json::{json, Value};
 use super::offenders::Offenders;
 use crate::config::{Limit, LimitSet, Scope, StoreConfig, Throttle};
 use crate::identity::key;
+use crate::limit::algorithm::Verdict;
 use crate::limit::{Check, Store, StoreError};
 use crate::store::{Shared, Stores};
 use crate::throttle::deny_cache::{self, DenyCache};
@@ -219,6 +220,32 @@ impl Control {
             }
         }
         Ok(targets)
+    }
+
+    /// One `PING` through the shared store, timed: None without Redis (or not connected yet).
+    pub async fn ping(&self) -> Option<Result<Duration, StoreError>> {
+        let Some(Store::Redis(redis)) = self.redis.as_ref().and_then(Shared::get) else {
+            return None;
+        };
+        let started = std::time::Instant::now();
+        let answer = redis.command::<String>(&redis::cmd("PING")).await;
+        Some(answer.map(|_| started.elapsed()))
+    }
+
+    /// What `limit` would say now to a request stored at `key`, consuming nothing (as
+    /// `explain --live` reads it), from the store it lives in.
+    pub async fn peek(&self, limit: &Limit, key: &str) -> Result<Verdict, CallerError> {
+        let check = Check {
+            key,
+            params: limit.params,
+            shadow: limit.shadow,
+            block_us: limit.block_us(),
+        };
+        let decision = match self.store_for(limit)? {
+            Store::Memory(m) => m.peek(&[check]),
+            Store::Redis(r) => r.peek(&[check]).await?,
+        };
+        Ok(decision.verdicts[0])
     }
 
     /// The store a limit lives in: memory for local limits and without Redis.

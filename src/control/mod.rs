@@ -2,12 +2,14 @@
 //! caller's state and reset across stores and replicas, and the deny cache's watch on resets
 //! ([`caller`]), temporary overrides of one caller's limits and their watch ([`overrides`]),
 //! the audit trail of operator actions ([`audit`]), the top-offenders sketch ([`offenders`])
+//! with the last denials ([`denials`]),
 //! and its fleet-wide view through Redis ([`fleet`]), and the rounds of local-first limits
 //! ([`sync`]). The proxy's wiring starts and carries them over reloads; the limit stage knows
 //! none of them.
 
 pub mod audit;
 pub mod caller;
+pub mod denials;
 pub mod fleet;
 pub mod offenders;
 pub mod overrides;

@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
+use super::denials::RecentDenials;
 use super::fleet::{self, RouteList, Snapshot};
 use crate::config::LimitSet;
 use crate::limit::{new_lease_id, Store};
@@ -243,6 +244,8 @@ pub struct Offenders {
     /// This replica among the fleet's: random per sketch, so kept over the reloads that keep
     /// the store (and the sketch), and distinct for proxies sharing a process.
     id: String,
+    /// The last denials, in order (the console's "recent denials"): kept with the sketch.
+    recent: RecentDenials,
 }
 
 /// Which view `/limits/top` shows.
@@ -296,6 +299,7 @@ impl Offenders {
             link: Mutex::new(None),
             publishing: AtomicBool::new(false),
             id: format!("{:016x}", new_lease_id()),
+            recent: RecentDenials::default(),
         }
     }
 
@@ -425,6 +429,11 @@ impl Offenders {
         if let Some(item) = keys::identity_of(key_prefix, set, key) {
             self.record(&set.route, item);
         }
+    }
+
+    /// The last denials this replica answered.
+    pub fn recent(&self) -> &RecentDenials {
+        &self.recent
     }
 
     /// Per route with denials in the last minute, its top `k`, routes by name.

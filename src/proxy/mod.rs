@@ -224,6 +224,11 @@ impl Proxy {
         Control::new(&runtime.limits, runtime.offenders.clone())
     }
 
+    /// The running configuration's store state (the admin console's store health).
+    pub fn store_health(&self) -> crate::store::Health {
+        self.inner.runtime.load().limits.stores().health()
+    }
+
     /// Whether this instance should receive traffic as far as the store is concerned: a store
     /// that cannot be reached matters only when `on_error: deny` would refuse everything.
     pub fn store_ready(&self) -> bool {
@@ -306,6 +311,10 @@ impl Proxy {
                             limited.set,
                             &limited.key,
                         );
+                        runtime
+                            .offenders
+                            .recent()
+                            .record(&throttle.key_prefix, &limited);
                         let response = limited_response(&throttle.response, &limited);
                         return refuse(response, &mut record, grpc, true);
                     }

@@ -89,6 +89,20 @@ pub enum How {
     LocalFallback,
 }
 
+/// What [`Stores::health`] reports.
+#[derive(Debug, Clone, Copy)]
+pub struct Health {
+    /// A Redis store is configured.
+    pub shared: bool,
+    /// It has connected (at least once).
+    pub connected: bool,
+    /// Its last call and health check answered.
+    pub up: bool,
+    /// The circuit breaker refuses calls (after repeated failures, until a probe answers).
+    pub breaker_open: bool,
+    pub on_error: OnError,
+}
+
 /// The stores of one configuration and their upkeep (see the module docs).
 pub struct Stores {
     config: StoreConfig,
@@ -191,6 +205,17 @@ impl Stores {
 
     pub fn on_error(&self) -> OnError {
         self.on_error
+    }
+
+    /// The store's state as the admin console shows it.
+    pub fn health(&self) -> Health {
+        Health {
+            shared: self.shared.is_some(),
+            connected: self.shared().is_some(),
+            up: self.up.load(Ordering::Relaxed),
+            breaker_open: self.breaker.is_open(),
+            on_error: self.on_error,
+        }
     }
 
     /// True while the store answers (always true for the memory store).

@@ -1,6 +1,7 @@
 //! Test support: real processes and servers, started by the tests themselves.
 #![allow(dead_code, unused_imports)]
 
+pub mod browser;
 pub mod capacity_app;
 pub mod cluster;
 pub mod command;

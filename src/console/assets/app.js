@@ -1,0 +1,394 @@
+// tollgate console: reads the admin listener's JSON every few seconds and draws it. Every
+// piece of data goes into the page as text (textContent), never as markup.
+"use strict";
+
+const REFRESH_MS = 2000;
+const SVG = "http://www.w3.org/2000/svg";
+
+let lastCaller = null;
+let actions = "token";
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (name === "class") node.className = value;
+    else if (name.startsWith("data-")) node.setAttribute(name, value);
+    else node[name] = value;
+  }
+  for (const child of children) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : String(child));
+  }
+  return node;
+}
+
+function svg(tag, attrs) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [name, value] of Object.entries(attrs || {})) node.setAttribute(name, String(value));
+  return node;
+}
+
+function clear(node) {
+  while (node.firstChild) node.removeChild(node.firstChild);
+}
+
+function seconds(s) {
+  if (s === null || s === undefined) return "—";
+  if (s < 1) return `${Math.round(s * 1000)} ms`;
+  if (s < 120) return `${Math.round(s * 10) / 10} s`;
+  if (s < 7200) return `${Math.round(s / 60)} min`;
+  return `${Math.round(s / 3600)} h`;
+}
+
+async function getJson(url) {
+  const response = await fetch(url, { cache: "no-store", credentials: "omit" });
+  const body = await response.json().catch(() => ({}));
+  return { status: response.status, ok: response.ok, body };
+}
+
+// Rates per second between consecutive cumulative samples: [[allowed, limited, shed], ...].
+function rates(times, counts) {
+  const out = [];
+  for (let i = 1; i < counts.length; i++) {
+    const dt = (times[i] - times[i - 1]) / 1000;
+    if (dt <= 0) continue;
+    out.push(counts[i].map((c, k) => Math.max(0, (c - counts[i - 1][k]) / dt)));
+  }
+  return out;
+}
+
+function chart(series) {
+  const width = 240, height = 48;
+  const root = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, class: "chart", role: "img" });
+  root.append(svg("rect", { x: 0, y: 0, width, height, class: "chart-bg" }));
+  if (series.length < 2) {
+    const t = svg("text", { x: 6, y: 28, class: "chart-note" });
+    t.textContent = "collecting…";
+    root.append(t);
+    return root;
+  }
+  const max = Math.max(1, ...series.flat());
+  const names = ["allowed", "limited", "shed"];
+  names.forEach((name, k) => {
+    const points = series.map((r, i) => {
+      const x = (i / (series.length - 1)) * (width - 2) + 1;
+      const y = height - 2 - (r[k] / max) * (height - 6);
+      return `${x.toFixed(1)},${y.toFixed(1)}`;
+    });
+    root.append(svg("polyline", { points: points.join(" "), class: `line ${name}`, fill: "none" }));
+  });
+  const last = series[series.length - 1];
+  const label = svg("text", { x: width - 4, y: 11, class: "chart-note", "text-anchor": "end" });
+  label.textContent = `${last[0].toFixed(1)} / ${last[1].toFixed(1)} / ${last[2].toFixed(1)} per s (max ${max.toFixed(1)})`;
+  root.append(label);
+  const title = svg("title");
+  title.textContent = "allowed / limited / shed requests per second";
+  root.append(title);
+  return root;
+}
+
+function renderRoutes(data) {
+  const body = document.querySelector("#routes tbody");
+  clear(body);
+  for (const route of data.routes) {
+    const m = route.match;
+    const match = [
+      m.methods ? m.methods.join(",") : "any method",
+      m.host ? `host ${m.host}` : null,
+      m.path_prefix ? `${m.path_prefix}*` : "any path",
+    ].filter(Boolean).join(" ");
+    const limits = el("div", {}, el("code", { class: "policy" }, route.policy || "no limits"));
+    for (const l of route.limits) {
+      limits.append(el("div", { class: "muted small" }, `${l.name}: ${l.algorithm} ${l.summary}`));
+    }
+    for (const tier of route.tiers) {
+      limits.append(el("div", { class: "small" }, `tier ${tier.name} (by ${tier.identity}): `, el("code", {}, tier.policy)));
+    }
+    const counts = (data.history.routes[route.name] || []);
+    const series = rates(data.history.times, counts);
+    body.append(el("tr", { "data-route": route.name },
+      el("td", { class: "name" }, route.name),
+      el("td", {}, match),
+      el("td", {}, limits),
+      el("td", { class: "priority" }, route.priority),
+      el("td", { class: "mode" }, route.mode || "—"),
+      el("td", {}, chart(series))));
+  }
+  document.getElementById("routes-note").textContent =
+    `(${data.routes.length}; sampled every ${data.sample_seconds} s)`;
+}
+
+function renderTop(top) {
+  const body = document.querySelector("#top tbody");
+  clear(body);
+  let rows = 0;
+  for (const route of top.routes) {
+    for (const caller of route.top) {
+      rows++;
+      // A digest cannot be looked up: the search takes the value the caller sends.
+      const hashed = caller.identity.startsWith("sha256:");
+      const who = hashed
+        ? el("span", { class: "identity", title: "a digest: search by the value the caller sends" }, caller.identity)
+        : el("button", { type: "button", class: "link identity", title: "look this caller up" }, caller.identity);
+      if (!hashed) {
+        who.addEventListener("click", () => {
+          document.getElementById("identity").value = caller.identity;
+          lookUp(caller.identity);
+        });
+      }
+      body.append(el("tr", { class: "offender", "data-route": route.route, "data-identity": caller.identity },
+        el("td", {}, route.route),
+        el("td", {}, who, el("span", { class: "muted small" }, ` ${caller.source}`)),
+        el("td", { class: "count" }, caller.error ? `${caller.count} ±${caller.error}` : caller.count),
+        el("td", {}, caller.replicas)));
+    }
+  }
+  document.getElementById("top-empty").hidden = rows > 0;
+  const scope = top.scope === "fleet"
+    ? `(last minute, fleet: ${top.replicas} replica${top.replicas === 1 ? "" : "s"})`
+    : `(last minute, this replica only${top.reason ? ": " + top.reason : ""})`;
+  document.getElementById("top-scope").textContent = scope;
+}
+
+function dl(node, pairs) {
+  clear(node);
+  for (const [name, value, cls] of pairs) {
+    node.append(el("dt", {}, name), el("dd", { class: cls || "" }, value));
+  }
+}
+
+function renderStore(store) {
+  const pairs = [
+    ["store", store.kind],
+  ];
+  if (store.kind === "redis") {
+    pairs.push(["Redis", store.up ? "up" : (store.connected ? "down" : "not connected"), store.up ? "good" : "bad"]);
+    pairs.push(["round trip", store.rtt_ms === null ? "no answer" : `${store.rtt_ms.toFixed(2)} ms`]);
+    pairs.push(["circuit breaker", store.breaker, store.breaker === "open" ? "bad" : "good"]);
+    pairs.push(["on_error", store.on_error]);
+  }
+  pairs.push(["ready", store.ready ? "yes" : "no", store.ready ? "good" : "bad"]);
+  pairs.push(["store errors", String(store.store_errors)]);
+  if (store.local_first) {
+    const lf = store.local_first;
+    pairs.push(["local-first rounds", `${lf.rounds_ok} ok, ${lf.rounds_failed} failed`]);
+    pairs.push(["drift", String(lf.drift)]);
+    pairs.push(["replicas syncing", String(lf.replicas)]);
+  }
+  dl(document.getElementById("store"), pairs);
+}
+
+// The overload protection's panel, shown only while the admin listener has `GET /protect`.
+async function renderProtect() {
+  const section = document.getElementById("protect-section");
+  try {
+    const answer = await getJson("/console/api/protect");
+    const state = answer.ok && answer.body.available ? answer.body.state : null;
+    if (state === null || typeof state !== "object") {
+      section.hidden = true;
+      return;
+    }
+    const pairs = Object.entries(state)
+      .filter(([, v]) => v === null || typeof v !== "object")
+      .map(([k, v]) => [k, v === null ? "—" : String(v)]);
+    dl(document.getElementById("protect"), pairs);
+    section.hidden = false;
+  } catch (e) {
+    section.hidden = true;
+  }
+}
+
+function renderDenials(denials) {
+  const body = document.querySelector("#denials tbody");
+  clear(body);
+  const SHOWN = 30;
+  for (const d of denials.slice(0, SHOWN)) {
+    body.append(el("tr", { class: "denial" },
+      el("td", { class: "small" }, d.last.replace("T", " ").replace("Z", "")),
+      el("td", {}, d.tier ? `${d.route} (tier ${d.tier})` : d.route),
+      el("td", {}, d.limit),
+      el("td", {}, d.identity, el("span", { class: "muted small" }, ` ${d.source}`)),
+      el("td", {}, d.reason),
+      el("td", {}, d.count)));
+  }
+  if (denials.length > SHOWN) {
+    body.append(el("tr", {}, el("td", { colSpan: 6, class: "muted" }, `and ${denials.length - SHOWN} earlier (GET /console/api/overview lists them all)`)));
+  }
+  if (denials.length === 0) {
+    body.append(el("tr", {}, el("td", { colSpan: 6, class: "muted" }, "no denials since this replica started")));
+  }
+}
+
+async function refresh() {
+  try {
+    const answer = await getJson("/console/api/overview");
+    if (!answer.ok) throw new Error(answer.body.error || `HTTP ${answer.status}`);
+    const data = answer.body;
+    actions = data.actions;
+    renderRoutes(data);
+    renderTop(data.top);
+    renderStore(data.store);
+    renderDenials(data.denials);
+    const status = document.getElementById("status");
+    status.textContent = `updated ${data.now.replace("T", " ").replace("Z", " UTC")}`;
+    status.className = "muted";
+  } catch (e) {
+    const status = document.getElementById("status");
+    status.textContent = `cannot reach the admin listener: ${e.message}`;
+    status.className = "bad";
+  }
+  renderProtect();
+  if (lastCaller !== null) renderCaller(lastCaller, false);
+}
+
+function limitLine(l) {
+  const name = `${l.limit_name}${l.tier ? " (tier " + l.tier + ")" : ""}`;
+  if (l.error) return el("li", { class: "bad" }, `${name}: ${l.error}`);
+  if (l.unknown) return el("li", { class: "muted" }, `${name}: unknown (${l.unknown})`);
+  if (l.blocked) {
+    return el("li", { class: "limit-state blocked" },
+      el("strong", {}, `${name}: BLOCKED until ${l.blocked.until}`),
+      ` (${seconds(l.blocked.remaining_s)} left, by ${l.blocked.by})`);
+  }
+  const shared = l.shared_by_everyone ? " — shared by every caller" : "";
+  const over = l.overridden ? " — overridden" : "";
+  if (l.allowed) {
+    return el("li", { class: "limit-state ok" },
+      `${name}: a request would pass, leaving ${l.remaining} of ${l.limit}; full again in ${seconds(l.reset_after_seconds)}${shared}${over}`);
+  }
+  const retry = l.retry_after_seconds < 0 ? "never at this cost" : `retry in ${seconds(l.retry_after_seconds)}`;
+  return el("li", { class: "limit-state limited" },
+    el("strong", {}, `${name}: LIMITED`), ` — ${l.remaining} of ${l.limit} left, ${retry}${shared}${over}`);
+}
+
+function message(text, kind) {
+  const node = document.getElementById("message");
+  node.textContent = text;
+  node.className = kind;
+}
+
+async function act(method, path, params, what) {
+  const token = document.getElementById("token").value.trim();
+  const headers = {};
+  if (token) headers.Authorization = `Bearer ${token}`;
+  const query = new URLSearchParams(params).toString();
+  try {
+    const response = await fetch(`${path}?${query}`, { method, headers, cache: "no-store", credentials: "omit" });
+    const body = await response.json().catch(() => ({}));
+    if (response.ok) {
+      message(`${what}: done`, "done");
+    } else if (response.status === 403) {
+      message(`${what} refused (403): ${body.error || "not allowed"}`, "refused");
+    } else {
+      message(`${what} failed (${response.status}): ${body.error || "error"}`, "refused");
+    }
+  } catch (e) {
+    message(`${what} failed: ${e.message}`, "refused");
+  }
+  if (lastCaller !== null) renderCaller(lastCaller, false);
+}
+
+function actionsFor(route, identity) {
+  const box = el("div", { class: "actions" });
+  const reset = el("button", { type: "button", class: "reset", "data-route": route }, "reset");
+  reset.addEventListener("click", () =>
+    act("POST", "/limits/reset", { route, identity }, `reset of ${route}`));
+  const how = el("select", { class: "override-how" },
+    el("option", { value: "multiply" }, "× multiply"), el("option", { value: "limit" }, "limit ="));
+  const amount = el("input", { class: "override-amount", type: "text", size: 5, value: "10" });
+  const duration = el("input", { class: "override-for", type: "text", size: 5, value: "1h" });
+  const override = el("button", { type: "button", class: "override", "data-route": route }, "override");
+  override.addEventListener("click", () => {
+    const params = { route, identity, for: duration.value };
+    params[how.value] = amount.value;
+    act("POST", "/limits/override", params, `override of ${route}`);
+  });
+  const remove = el("button", { type: "button", class: "unoverride", "data-route": route }, "end override");
+  remove.addEventListener("click", () =>
+    act("DELETE", "/limits/override", { route, identity }, `end of the override on ${route}`));
+  box.append(reset, " ", how, amount, " for ", duration, override, " ", remove);
+  if (actions === "off") {
+    box.append(el("span", { class: "muted small" }, " (actions are off: no admin token is configured and the listener is not loopback)"));
+  }
+  return box;
+}
+
+function stateOf(state) {
+  const box = el("div", { class: "state" });
+  if (state.error) {
+    box.append(el("p", { class: "bad" }, state.error));
+    return box;
+  }
+  if (state.override) {
+    const o = state.override;
+    box.append(el("p", { class: "override-state" },
+      `override: ${o.limit !== null && o.limit !== undefined ? "limit " + o.limit : "×" + o.multiply} until ${o.until}`));
+  }
+  const list = el("ul", { class: "limits" });
+  for (const l of state.limits) list.append(limitLine(l));
+  if (state.limits.length === 0) list.append(el("li", { class: "muted" }, "no limit applies to this value"));
+  box.append(list);
+  return box;
+}
+
+// Draws the caller's routes (fresh: on a new lookup), or updates their state and explanation
+// in place (on a refresh, so that what the operator types in the action fields stays).
+async function renderCaller(identity, fresh) {
+  const target = document.getElementById("caller");
+  let answer;
+  try {
+    answer = await getJson(`/console/api/caller?identity=${encodeURIComponent(identity)}`);
+  } catch (e) {
+    message(`lookup failed: ${e.message}`, "refused");
+    return;
+  }
+  if (identity !== lastCaller) return;
+  if (!answer.ok) {
+    message(`lookup failed: ${answer.body.error || answer.status}`, "refused");
+    return;
+  }
+  const data = answer.body;
+  if (fresh) {
+    clear(target);
+    target.append(el("h3", {}, `caller ${data.identity}`));
+  }
+  for (const route of data.routes) {
+    const explained = route.explain;
+    const text = explained.text + (explained.note ? `\nnote: ${explained.note}\n` : "");
+    let box = fresh ? null : target.querySelector(`.caller-route[data-route="${CSS.escape(route.route)}"]`);
+    if (box) {
+      box.querySelector(".state").replaceWith(stateOf(route.state));
+      box.querySelector(".explain pre").textContent = text;
+      continue;
+    }
+    box = el("div", { class: "caller-route", "data-route": route.route });
+    box.append(el("h4", {}, `route ${route.route}`), stateOf(route.state));
+    const details = el("details", { class: "explain" },
+      el("summary", {}, "explain a request of theirs"), el("pre", {}, text));
+    box.append(details, actionsFor(route.route, identity));
+    target.append(box);
+  }
+  if (fresh) message("", "");
+}
+
+function lookUp(identity) {
+  lastCaller = identity;
+  message("looking up…", "muted");
+  renderCaller(identity, true);
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  document.getElementById("search-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const identity = document.getElementById("identity").value.trim();
+    if (identity) lookUp(identity);
+  });
+  // A link may name a caller to look up: /console#caller=VALUE.
+  const linked = new URLSearchParams(location.hash.slice(1)).get("caller");
+  if (linked) {
+    document.getElementById("identity").value = linked;
+    lookUp(linked);
+  }
+  refresh();
+  setInterval(refresh, REFRESH_MS);
+});

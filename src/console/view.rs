@@ -1,0 +1,502 @@
+//! The JSON the console page draws, built from the running configuration, the sampler's
+//! history, the store's health, the fleet's top offenders, the recent denials, one caller's
+//! state on every route and `explain`'s answer for a request of theirs. Scripts may read it
+//! too (docs/operations.md, "The console").
+
+use std::net::IpAddr;
+use std::time::SystemTime;
+
+use serde_json::{json, Value};
+
+use super::history::{self, History};
+use super::shown;
+use crate::config::{Limit, LimitSet, OnError, Route, Scope};
+use crate::control::offenders::{View, CAPACITY};
+use crate::control::Control;
+use crate::explain::{self, Explanation};
+use crate::identity::{key, Source};
+use crate::proxy::Proxy;
+
+/// Callers per route the console lists as top offenders.
+pub const TOP: usize = 10;
+
+/// How a limit decides: `exact` (one atomic store call per request), `local-first` (decided
+/// here, shared every `sync` interval), or `shadow` (measured, never refusing).
+pub fn mode(limit: &Limit) -> &'static str {
+    if limit.shadow {
+        "shadow"
+    } else if limit.sync.is_some() {
+        "local-first"
+    } else {
+        "exact"
+    }
+}
+
+/// A route's priority under the overload protection (`routes[].priority`, `normal` unless
+/// set).
+pub fn priority(route: &Route) -> &'static str {
+    route.limits.priority.as_str()
+}
+
+fn limits_json(set: &LimitSet) -> Value {
+    json!({
+        "policy": crate::throttle::headers::policy(set).to_str().unwrap_or_default(),
+        "limits": set.iter().map(|l| json!({
+            "name": l.name,
+            "algorithm": l.params.algorithm.name(),
+            "summary": crate::summary::limit(l),
+            "mode": mode(l),
+            "scope": if l.scope == Scope::Local { "local" } else { "global" },
+            "block_for_seconds": l.block_for.map(|d| d.as_secs_f64()),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn route_json(route: &Route) -> Value {
+    let mut modes: Vec<&str> = route.limits.iter().map(mode).collect();
+    modes.sort_unstable();
+    modes.dedup();
+    let mut limits = limits_json(&route.limits);
+    limits["name"] = json!(route.name);
+    limits["match"] = json!({
+        "path_prefix": route.path_prefix,
+        "methods": route.methods.as_ref().map(|m| m.iter().map(|m| m.as_str()).collect::<Vec<_>>()),
+        "host": route.host,
+        "case": if route.case == crate::config::MatchCase::Insensitive { "insensitive" } else { "sensitive" },
+        "headers": route.headers.iter().map(|(name, value)| {
+            (name.as_str().to_owned(), json!(String::from_utf8_lossy(value.as_bytes())))
+        }).collect::<serde_json::Map<_, _>>(),
+    });
+    limits["priority"] = json!(priority(route));
+    limits["mode"] = json!(modes.join(" + "));
+    limits["tiers"] = route
+        .overrides
+        .iter()
+        .map(|tier| {
+            let mut t = limits_json(&tier.limits);
+            t["name"] = json!(tier.name);
+            t["identity"] = json!(tier.identity.name);
+            t["priority"] = json!(tier.limits.priority.as_str());
+            t
+        })
+        .collect();
+    limits
+}
+
+/// Everything the page refreshes every few seconds.
+pub async fn overview(proxy: &Proxy, history: &History, loopback: bool) -> Value {
+    let config = proxy.config();
+    let throttle = &config.throttle;
+    let control = proxy.throttle_control();
+    let routes: Vec<Value> = throttle.routes.iter().map(|r| route_json(r)).collect();
+
+    let samples = history.samples();
+    let mut series = serde_json::Map::new();
+    for route in &throttle.routes {
+        let counts: Vec<Value> = samples
+            .iter()
+            .map(|s| {
+                let c = s.routes.get(&route.name).copied().unwrap_or_default();
+                json!([c.allowed, c.limited, c.shed])
+            })
+            .collect();
+        series.insert(route.name.clone(), Value::Array(counts));
+    }
+
+    let top = match control.offenders() {
+        Some(sketch) => {
+            let top = sketch.top_of(TOP.min(CAPACITY), View::Fleet).await;
+            let routes: Vec<Value> = top
+                .routes
+                .iter()
+                .map(|(route, callers)| {
+                    let secret = secret_kinds_of(throttle, route);
+                    json!({
+                        "route": route,
+                        "top": callers.iter().map(|o| {
+                            let (source, identity) = shown::item(&o.item, &secret);
+                            json!({
+                                "identity": identity,
+                                "source": source,
+                                "count": o.count,
+                                "error": o.error,
+                                "replicas": o.replicas,
+                            })
+                        }).collect::<Vec<_>>(),
+                    })
+                })
+                .collect();
+            json!({
+                "scope": if top.view == View::Fleet { "fleet" } else { "local" },
+                "reason": top.reason,
+                "replicas": top.replicas,
+                "routes": routes,
+            })
+        }
+        None => json!({ "scope": "local", "reason": null, "replicas": 1, "routes": [] }),
+    };
+
+    let denials: Vec<Value> = control
+        .offenders()
+        .map(|sketch| sketch.recent().list())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|d| {
+            let secret = secret_kinds_of(throttle, &d.route);
+            let (source, identity) = shown::item(&d.item, &secret);
+            json!({
+                "first": rfc3339_ms(d.first),
+                "last": rfc3339_ms(d.last),
+                "route": d.route,
+                "tier": d.tier,
+                "limit": d.limit,
+                "identity": identity,
+                "source": source,
+                "reason": d.reason.as_str(),
+                "count": d.count,
+            })
+        })
+        .collect();
+
+    json!({
+        "now": rfc3339_ms(SystemTime::now()),
+        "sample_seconds": history::SAMPLE_EVERY.as_secs(),
+        "actions": actions(proxy, loopback),
+        "routes": routes,
+        "history": {
+            "times": samples.iter().map(|s| s.at_ms).collect::<Vec<_>>(),
+            "rtt_ms": samples.iter().map(|s| s.rtt_ms).collect::<Vec<_>>(),
+            "routes": series,
+        },
+        "store": store(proxy, &control).await,
+        "top": top,
+        "denials": denials,
+    })
+}
+
+/// Who may act: `token` (a bearer token is needed), `loopback` (this listener is loopback and
+/// no token is configured: whoever reaches it may), or `off` (neither: no mutation is allowed).
+fn actions(proxy: &Proxy, loopback: bool) -> &'static str {
+    match (proxy.config().admin_token.is_some(), loopback) {
+        (true, _) => "token",
+        (false, true) => "loopback",
+        (false, false) => "off",
+    }
+}
+
+fn secret_kinds_of(throttle: &crate::config::Throttle, route: &str) -> Vec<&'static str> {
+    throttle
+        .routes
+        .iter()
+        .find(|r| r.name == route)
+        .map(|r| shown::secret_kinds(r))
+        .unwrap_or_else(|| vec!["bearer", "header", "query", "cookie"])
+}
+
+async fn store(proxy: &Proxy, control: &Control) -> Value {
+    let health = proxy.store_health();
+    let text = proxy.metrics().render();
+    let sum = |name: &str, wanted: Option<(&str, &str)>| -> f64 {
+        history::series(&text, name)
+            .filter(|(labels, _)| {
+                wanted.is_none_or(|(l, v)| history::label(labels, l).as_deref() == Some(v))
+            })
+            .map(|(_, value)| value)
+            .sum()
+    };
+    let throttle = &proxy.config().throttle;
+    let local_first = throttle
+        .routes
+        .iter()
+        .flat_map(|r| {
+            std::iter::once(&r.limits)
+                .chain(r.overrides.iter().map(|t| &t.limits))
+                .flat_map(|set| set.iter())
+        })
+        .any(|l| l.sync.is_some());
+    let rtt_ms = match control.ping().await {
+        Some(Ok(took)) => Some(took.as_secs_f64() * 1000.0),
+        _ => None,
+    };
+    json!({
+        "kind": if health.shared { "redis" } else { "memory" },
+        "connected": health.connected || !health.shared,
+        "up": health.up && (health.connected || !health.shared),
+        "breaker": if health.breaker_open { "open" } else { "closed" },
+        "rtt_ms": rtt_ms,
+        "on_error": match health.on_error {
+            OnError::Allow => "allow",
+            OnError::Deny => "deny",
+            OnError::Local => "local",
+        },
+        "ready": proxy.store_ready(),
+        "store_errors": sum("tollgate_store_errors_total", None),
+        "local_first": local_first.then(|| json!({
+            "rounds_ok": sum("tollgate_sync_rounds_total", Some(("result", "ok"))),
+            "rounds_failed": sum("tollgate_sync_rounds_total", Some(("result", "error"))),
+            "drift": sum("tollgate_sync_drift_total", None),
+            "replicas": sum("tollgate_sync_replicas", None),
+        })),
+    })
+}
+
+/// One caller (by the value it presents) on every route: its state, and what `explain` says
+/// for a request of theirs on that route.
+pub async fn caller(proxy: &Proxy, raw: &[u8]) -> Value {
+    let config = proxy.config();
+    let control = proxy.throttle_control();
+    let mut routes = Vec::new();
+    let mut masked_anywhere = false;
+    for route in &config.throttle.routes {
+        let state = match control.state(&route.name, raw).await {
+            Ok(state) => state,
+            Err(e) => json!({ "error": e.to_string() }),
+        };
+        let (parts, peer, note) = request_of(route, raw);
+        let mut explanation = explain::explain(&config, &parts, peer);
+        live(&control, &mut explanation).await;
+        let mut explained = explanation.json();
+        explained["text"] = json!(explanation.text());
+        if let Some(note) = note {
+            explained["note"] = json!(note);
+        }
+        let entry = json!({
+            "route": route.name,
+            "state": state,
+            "explain": explained,
+        });
+        // On a route that reads a credential-named source (other than a bearer token, hashed
+        // anyway), the value may be that credential: shown as its digest there.
+        if shown::secret_kinds(route).len() > 1 {
+            masked_anywhere = true;
+            routes.push(mask_value(entry, raw));
+        } else {
+            routes.push(entry);
+        }
+    }
+    json!({
+        "identity": if masked_anywhere { key::display_hash(raw) } else { key::display_value(raw) },
+        "routes": routes,
+    })
+}
+
+/// Every string in `value` with `raw` replaced by its digest, but for the names the
+/// configuration gives (routes, limits, tiers...), which a value may happen to equal.
+fn mask_value(value: Value, raw: &[u8]) -> Value {
+    const NAMES: &[&str] = &[
+        "route",
+        "limit_name",
+        "name",
+        "tier",
+        "algorithm",
+        "scope",
+        "source",
+    ];
+    match value {
+        Value::String(s) => Value::String(shown::masked(&s, raw)),
+        Value::Array(items) => {
+            Value::Array(items.into_iter().map(|v| mask_value(v, raw)).collect())
+        }
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .map(|(k, v)| {
+                    let v = if NAMES.contains(&k.as_str()) {
+                        v
+                    } else {
+                        mask_value(v, raw)
+                    };
+                    (k, v)
+                })
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+/// Fills each limit's current state from this instance's stores, consuming nothing (local
+/// limits included: they live here).
+pub async fn live(control: &Control, explanation: &mut Explanation) {
+    explanation.live_requested = true;
+    for limit in &mut explanation.limits {
+        limit.live = control.peek(&limit.limit, &limit.key).await.ok();
+    }
+}
+
+/// A request on `route` that carries `raw` where the route's first limit reads its caller:
+/// the route's method, path prefix and host, and the value in the first source of each
+/// identity of that limit's key. A note says what could not be put in a request.
+fn request_of(route: &Route, raw: &[u8]) -> (http::request::Parts, IpAddr, Option<String>) {
+    let text = String::from_utf8_lossy(raw).into_owned();
+    let method = route
+        .methods
+        .as_ref()
+        .and_then(|m| m.first().cloned())
+        .unwrap_or(http::Method::GET);
+    let mut segments: Vec<String> = route
+        .path_prefix
+        .as_deref()
+        .unwrap_or("/")
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let mut query = Vec::new();
+    let mut headers: Vec<(String, String)> = Vec::new();
+    let mut cookies = Vec::new();
+    let mut peer: IpAddr = [127, 0, 0, 1].into();
+    let mut note = None;
+    let identities = route
+        .limits
+        .first()
+        .map(|l| l.key.as_slice())
+        .unwrap_or_default();
+    for identity in identities {
+        match identity.sources.first() {
+            Some(Source::Header(name)) => headers.push((name.as_str().to_owned(), text.clone())),
+            Some(Source::Query(name)) => {
+                query.push(format!("{}={}", encode(name.as_bytes()), encode(raw)))
+            }
+            Some(Source::Cookie(name)) => cookies.push(format!("{name}={text}")),
+            Some(Source::Bearer) => {
+                headers.push(("authorization".into(), format!("Bearer {text}")))
+            }
+            Some(Source::PathSegment(n)) => {
+                while segments.len() < *n {
+                    segments.push("x".into());
+                }
+                segments[n - 1] = encode(raw);
+            }
+            Some(Source::ClientIp) => match text.parse() {
+                Ok(ip) => peer = ip,
+                Err(_) => note = Some(format!("`{}` reads the client address", identity.name)),
+            },
+            Some(Source::Jwt(_)) => {
+                note = Some(format!(
+                    "`{}` reads a signed token's claim: the request carries none",
+                    identity.name
+                ))
+            }
+            Some(Source::Global) | None => {}
+        }
+    }
+    if !cookies.is_empty() {
+        headers.push(("cookie".into(), cookies.join("; ")));
+    }
+    if let Some(host) = &route.host {
+        headers.push(("host".into(), host.replace("*.", "www.")));
+    }
+    let mut url = format!("/{}", segments.join("/"));
+    if route
+        .path_prefix
+        .as_deref()
+        .is_some_and(|p| p.ends_with('/'))
+        && !url.ends_with('/')
+    {
+        url.push('/');
+    }
+    if !query.is_empty() {
+        url = format!("{url}?{}", query.join("&"));
+    }
+    let described = explain::Described {
+        method: method.to_string(),
+        url,
+        headers: headers.iter().map(|(n, v)| format!("{n}: {v}")).collect(),
+        peer,
+    };
+    match explain::request_parts(&described) {
+        Ok(parts) => (parts, peer, note),
+        Err(why) => {
+            let fallback = explain::request_parts(&explain::Described {
+                method: "GET".into(),
+                url: "/".into(),
+                headers: Vec::new(),
+                peer,
+            })
+            .expect("a plain request");
+            (
+                fallback,
+                peer,
+                Some(format!("the value cannot be put in a request: {why}")),
+            )
+        }
+    }
+}
+
+/// Percent-encodes everything but unreserved characters.
+fn encode(raw: &[u8]) -> String {
+    let mut out = String::with_capacity(raw.len());
+    for &b in raw {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// RFC 3339 to the millisecond.
+pub fn rfc3339_ms(at: SystemTime) -> String {
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+/// `explain`'s JSON for a described request, with live state from this instance's stores when
+/// asked, every value of a credential-named source shown as its digest.
+pub async fn explain_request(
+    proxy: &Proxy,
+    described: &explain::Described,
+    with_live: bool,
+) -> Result<(Value, String), String> {
+    let config = proxy.config();
+    let parts = explain::request_parts(described)?;
+    let mut explanation = explain::explain(&config, &parts, described.peer);
+    if with_live {
+        live(&proxy.throttle_control(), &mut explanation).await;
+    }
+    let mut json = explanation.json();
+    let mut text = explanation.text();
+    // Values read from a credential-named header, parameter or cookie: never shown as sent.
+    for value in secret_values(&parts, &config.throttle) {
+        json = mask_value(json, &value);
+        text = shown::masked(&text, &value);
+    }
+    Ok((json, text))
+}
+
+/// The values `parts` carries in sources whose names say they hold a credential.
+fn secret_values(parts: &http::request::Parts, throttle: &crate::config::Throttle) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let sources = throttle
+        .routes
+        .iter()
+        .flat_map(|r| std::iter::once(&r.limits).chain(r.overrides.iter().map(|t| &t.limits)))
+        .flat_map(|set| set.iter())
+        .flat_map(|limit| limit.key.iter())
+        .flat_map(|identity| identity.sources.iter());
+    for source in sources {
+        if !shown::is_secret_source(source) {
+            continue;
+        }
+        let value: Option<Vec<u8>> = match source {
+            Source::Header(name) => parts.headers.get(name).map(|v| v.as_bytes().to_vec()),
+            Source::Query(name) => parts
+                .uri
+                .query()
+                .and_then(|q| crate::identity::query_param(q, name)),
+            Source::Cookie(name) => parts
+                .headers
+                .get_all(http::header::COOKIE)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(';'))
+                .filter_map(|pair| pair.trim().split_once('='))
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.trim_matches('"').as_bytes().to_vec()),
+            _ => None,
+        };
+        if let Some(value) = value.filter(|v| !v.is_empty()) {
+            out.push(value);
+        }
+    }
+    out
+}

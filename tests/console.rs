@@ -1,0 +1,621 @@
+//! `GET /console` on the admin listener, as a person uses it: a real headless Chromium loads the
+//! page from a tollgate with Redis and two replicas, and the tests read what the rendered DOM
+//! shows (top offenders over the fleet, a caller's blocked state, a refused and an accepted
+//! reset), with a screenshot per step under target/console-screenshots/. Plain HTTP tests hold
+//! the rest: no console request changes state without the token, the headers every console
+//! answer carries, and the JSON endpoints scripts may use.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use http::{Request, StatusCode};
+use serde_json::Value;
+use support::browser::{self, Browser};
+use support::*;
+
+const TOKEN_ENV: &str = "TOLLGATE_CONSOLE_TEST_TOKEN";
+const TOKEN: &str = "console-test-token";
+
+/// Route `api` on every path, by the `x-user` header: two requests an hour, and a caller
+/// refused once is blocked for ten minutes. `login` reads an API key from `x-api-key`.
+fn console_config(up: &Upstream, redis: &RedisServer) -> Config {
+    // SAFETY (edition 2021: safe): every test of this file sets the same value.
+    std::env::set_var(TOKEN_ENV, TOKEN);
+    config()
+        .upstream(&up.url())
+        .admin_with_token("127.0.0.1:0", TOKEN_ENV)
+        .store(store::redis(&redis.url()))
+        .identity("user", [source::header("x-user")])
+        .identity("apikey", [source::header("x-api-key")])
+        .route(
+            route("login")
+                .prefix("/login")
+                .key("apikey")
+                .limit(limit::fixed_window(1, "1h").name("per-key"))
+                .set("priority", "high"),
+        )
+        .route(
+            route("api").prefix("/").key("user").limit(
+                limit::fixed_window(2, "1h")
+                    .name("per-user")
+                    .block_for("10m"),
+            ),
+        )
+}
+
+async fn start(config: &Config) -> ProxyHandle {
+    let proxy = proxy(config.yaml()).start().await;
+    // Redis connects in the background.
+    let started = Instant::now();
+    while admin_get(&proxy, "/readyz").await.0 != StatusCode::OK {
+        assert!(started.elapsed() < Duration::from_secs(10), "never ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy
+}
+
+async fn call(proxy: &ProxyHandle, header: &str, value: &str, path: &str) -> StatusCode {
+    let request = Request::get(proxy.url(path))
+        .header(header, value)
+        .body(body(""))
+        .unwrap();
+    http1_client().request(request).await.unwrap().status()
+}
+
+async fn user(proxy: &ProxyHandle, name: &str) -> StatusCode {
+    call(proxy, "x-user", name, "/api/x").await
+}
+
+/// `count` requests of `name` on `proxy`: the first two admitted, every later one refused.
+async fn flood(proxy: &ProxyHandle, name: &str, count: usize) {
+    for i in 0..count {
+        let expected = if i < 2 {
+            StatusCode::OK
+        } else {
+            StatusCode::TOO_MANY_REQUESTS
+        };
+        assert_eq!(user(proxy, name).await, expected, "{name} request {i}");
+    }
+}
+
+async fn admin_request(
+    proxy: &ProxyHandle,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, http::HeaderMap, String) {
+    let mut request = Request::builder().method(method).uri(format!(
+        "http://{}{path}",
+        proxy.admin.expect("admin listener")
+    ));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = http1_client()
+        .request(request.body(body("")).unwrap())
+        .await
+        .unwrap();
+    let (status, headers) = (response.status(), response.headers().clone());
+    (status, headers, text(response).await)
+}
+
+async fn admin_get(proxy: &ProxyHandle, path: &str) -> (StatusCode, String) {
+    let (status, _, text) = admin_request(proxy, "GET", path, &[]).await;
+    (status, text)
+}
+
+async fn admin_json(proxy: &ProxyHandle, path: &str) -> (StatusCode, Value) {
+    let (status, text) = admin_get(proxy, path).await;
+    let value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    (status, value)
+}
+
+fn console_url(proxy: &ProxyHandle) -> String {
+    format!("http://{}/console", proxy.admin.expect("admin listener"))
+}
+
+/// Two replicas on one Redis, alice flooded on the first and bob on the second.
+struct Fleet {
+    _redis: RedisServer,
+    _up: Upstream,
+    a: ProxyHandle,
+    b: ProxyHandle,
+}
+
+async fn flooded_fleet() -> Fleet {
+    let redis = RedisServer::start();
+    let up = upstream().start().await;
+    let config = console_config(&up, &redis);
+    let a = start(&config).await;
+    let b = start(&config).await;
+    flood(&a, "alice", 12).await;
+    flood(&b, "bob", 8).await;
+    Fleet {
+        _redis: redis,
+        _up: up,
+        a,
+        b,
+    }
+}
+
+/// No error in the browser's log: no script error, no Content-Security-Policy violation, no
+/// request that failed.
+async fn assert_no_browser_errors(browser: &Browser) {
+    let errors = browser.errors().await;
+    assert!(errors.is_empty(), "the browser logged errors: {errors:#?}");
+}
+
+/// The console of replica A lists both callers in its top offenders — bob was denied on B
+/// only — and the caller search shows alice's penalty block with its end, and what explain
+/// says for a request of hers.
+#[tokio::test]
+async fn console_shows_the_fleet_top_offenders_and_a_blocked_caller() {
+    let fleet = flooded_fleet().await;
+    let browser = browser::launch("top-offenders-and-search").await;
+    browser.goto(&console_url(&fleet.a)).await;
+
+    let alice = browser
+        .until_text("#top tr.offender", "alice among the top offenders", |t| {
+            t.contains("alice")
+        })
+        .await;
+    assert!(alice.starts_with("api alice header 10 1"), "{alice}");
+    let bob = browser
+        .until_text(
+            "#top tr.offender",
+            "bob (denied on the other replica)",
+            |t| t.contains("bob"),
+        )
+        .await;
+    assert!(bob.starts_with("api bob header 6 1"), "{bob}");
+    browser
+        .until_text("#top-scope", "the fleet's view of 2 replicas", |t| {
+            t.contains("fleet: 2 replicas")
+        })
+        .await;
+    // The routes table: match, policy, priority and mode.
+    let api = browser
+        .until_text("#routes tbody tr", "route api", |t| t.starts_with("api"))
+        .await;
+    for shown in [
+        "any method /*",
+        "\"per-user\";q=2;w=3600",
+        "normal",
+        "exact",
+    ] {
+        assert!(api.contains(shown), "{shown:?} missing from {api:?}");
+    }
+    browser.screenshot("top-offenders").await;
+
+    browser.type_into("#identity", "alice").await;
+    browser.click("#search").await;
+    let blocked = browser
+        .until_text(
+            ".caller-route[data-route=\"api\"] .limit-state",
+            "alice blocked",
+            |t| t.contains("BLOCKED until"),
+        )
+        .await;
+    assert!(
+        blocked.starts_with("per-user: BLOCKED until 20"),
+        "{blocked}"
+    );
+    assert!(blocked.contains("by per-user"), "{blocked}");
+    browser
+        .click(".caller-route[data-route=\"api\"] details summary")
+        .await;
+    let explained = browser
+        .until_text(
+            ".caller-route[data-route=\"api\"] .explain pre",
+            "explain",
+            |t| t.contains("would be LIMITED"),
+        )
+        .await;
+    assert!(
+        explained.contains("identity  user = alice (from header x-user)"),
+        "{explained}"
+    );
+    browser.screenshot("caller-blocked").await;
+    assert_no_browser_errors(&browser).await;
+    browser.close().await;
+}
+
+/// Reset from the console: without the token the page shows the refusal and nothing
+/// changes; with it, alice is free again on both replicas, as the proxy answers.
+#[tokio::test]
+async fn console_reset_is_refused_without_the_token_and_frees_the_caller_with_it() {
+    let fleet = flooded_fleet().await;
+    let browser = browser::launch("reset").await;
+    browser.goto(&console_url(&fleet.a)).await;
+    browser.type_into("#identity", "alice").await;
+    browser.click("#search").await;
+    browser
+        .until_text(
+            ".caller-route[data-route=\"api\"] .limit-state",
+            "alice blocked",
+            |t| t.contains("BLOCKED until"),
+        )
+        .await;
+
+    browser.click(".reset[data-route=\"api\"]").await;
+    let refused = browser
+        .until_text("#message.refused", "the refusal", |t| t.contains("refused"))
+        .await;
+    assert_eq!(
+        refused,
+        "reset of api refused (403): missing `Authorization: Bearer <token>` (the token from admin.token_env)"
+    );
+    browser.screenshot("refused").await;
+    // The refused request is the one error the browser logs (it logs every 4xx answer).
+    let errors = browser.errors().await;
+    assert!(
+        errors.len() == 1
+            && errors[0].contains("/limits/reset?route=api&identity=alice")
+            && errors[0].contains("403 (Forbidden)"),
+        "{errors:#?}"
+    );
+    assert_eq!(user(&fleet.a, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(user(&fleet.b, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+
+    browser.type_into("#token", TOKEN).await;
+    browser.click(".reset[data-route=\"api\"]").await;
+    browser
+        .until_text("#message.done", "the reset done", |t| {
+            t == "reset of api: done"
+        })
+        .await;
+    browser
+        .until_text(
+            ".caller-route[data-route=\"api\"] .limit-state",
+            "alice free",
+            |t| t.starts_with("per-user: a request would pass, leaving 1 of 2"),
+        )
+        .await;
+    browser.screenshot("reset-done").await;
+    // Free on both replicas: B forgets its remembered denial within its reset watch.
+    let started = Instant::now();
+    loop {
+        let status = user(&fleet.b, "alice").await;
+        if status == StatusCode::OK {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "alice still refused on replica B: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(user(&fleet.a, "alice").await, StatusCode::OK);
+    // The reset was audited, as done with the token.
+    let (_, audit) = admin_json(&fleet.b, "/limits/audit").await;
+    let entry = &audit["entries"][0];
+    assert_eq!(
+        (
+            entry["action"].as_str(),
+            entry["route"].as_str(),
+            entry["who"].as_str()
+        ),
+        (Some("reset"), Some("api"), Some("token")),
+        "{audit}"
+    );
+    assert_no_browser_errors(&browser).await;
+    browser.close().await;
+}
+
+/// The page runs under its Content-Security-Policy with nothing logged, and the browser does
+/// enforce it: a script the page did not ship is refused.
+#[tokio::test]
+async fn console_loads_under_its_content_security_policy_without_browser_errors() {
+    let redis = RedisServer::start();
+    let up = upstream().start().await;
+    let proxy = start(&console_config(&up, &redis)).await;
+    let (status, headers, _) = admin_request(&proxy, "GET", "/console", &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    let csp = headers["content-security-policy"].to_str().unwrap();
+    for directive in [
+        "default-src 'none'",
+        "script-src 'self'",
+        "connect-src 'self'",
+        "frame-ancestors 'none'",
+    ] {
+        assert!(csp.contains(directive), "{directive} missing from {csp}");
+    }
+    assert!(!csp.contains("unsafe"), "{csp}");
+
+    let browser = browser::launch("csp").await;
+    browser.goto(&console_url(&proxy)).await;
+    // The shipped script ran: it drew the routes and the store.
+    browser
+        .until_text("#routes tbody tr", "the routes", |t| t.starts_with("login"))
+        .await;
+    browser
+        .until_text("#store", "the store's health", |t| {
+            t.contains("Redis\nup") && t.contains("circuit breaker\nclosed")
+        })
+        .await;
+    // A few refreshes, so that every periodic request ran at least once.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(browser.texts("#protect-section").await, vec![String::new()]);
+    browser.screenshot("loaded").await;
+    assert_no_browser_errors(&browser).await;
+
+    // A script the page did not ship: Trusted Types refuse the assignment.
+    let ran = browser
+        .client
+        .execute(
+            "const s = document.createElement('script'); \
+             try { s.src = 'data:text/javascript,window.injected=1'; } catch (e) {} \
+             document.body.append(s); \
+             return new Promise(done => setTimeout(() => done(window.injected === 1), 500));",
+            vec![],
+        )
+        .await
+        .expect("run a script");
+    assert_eq!(ran, Value::Bool(false), "a foreign script ran");
+    // A request to another origin: connect-src refuses it before anything is sent.
+    let fetched = browser
+        .client
+        .execute(
+            "return fetch('http://127.0.0.2:9/x').then(() => 'sent', e => 'refused: ' + e.name);",
+            vec![],
+        )
+        .await
+        .expect("run a script");
+    assert_eq!(fetched, Value::String("refused: TypeError".into()));
+    let errors = browser.errors().await;
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("requires 'TrustedScriptURL' assignment")),
+        "the refused script was not reported: {errors:?}"
+    );
+    assert!(
+        errors.iter().any(|e| e.contains(
+            "violates the following Content Security Policy directive: \"connect-src 'self'\""
+        )),
+        "the refused request was not reported: {errors:?}"
+    );
+    browser.close().await;
+}
+
+/// Every request that changes state, tried without the token, is refused and changes
+/// nothing; the console's own endpoints only read (any other method: 405).
+#[tokio::test]
+async fn console_actions_without_the_token_are_refused() {
+    let fleet = flooded_fleet().await;
+    let a = &fleet.a;
+    for (method, path) in [
+        ("POST", "/limits/reset?route=api&identity=alice"),
+        (
+            "POST",
+            "/limits/override?route=api&identity=alice&multiply=10&for=1h",
+        ),
+        ("DELETE", "/limits/override?route=api&identity=alice"),
+    ] {
+        for headers in [&[][..], &[("authorization", "Bearer wrong")][..]] {
+            let (status, _, text) = admin_request(a, method, path, headers).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{method} {path}: {text}");
+        }
+    }
+    for path in [
+        "/console",
+        "/console/app.js",
+        "/console/api/overview",
+        "/console/api/caller?identity=alice",
+        "/console/api/protect",
+        "/limits/explain?url=/api/x",
+    ] {
+        for method in ["POST", "PUT", "DELETE"] {
+            let (status, _, text) = admin_request(a, method, path, &[]).await;
+            let expected = if path == "/console/api/protect" {
+                StatusCode::OK
+            } else {
+                StatusCode::METHOD_NOT_ALLOWED
+            };
+            assert_eq!(status, expected, "{method} {path}: {text}");
+        }
+    }
+    // The token is not enough from a page of another origin: a browser could be made to
+    // send it no more than a cookie, but the listener may be loopback without a token.
+    let bearer = format!("Bearer {TOKEN}");
+    for origin in ["http://evil.example", "null"] {
+        let (status, _, text) = admin_request(
+            a,
+            "POST",
+            "/limits/reset?route=api&identity=alice",
+            &[("authorization", &bearer), ("origin", origin)],
+        )
+        .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{origin}: {text}");
+        assert!(text.contains("another origin"), "{text}");
+    }
+    // Nothing changed: alice still refused on both replicas, no override, no audit entry.
+    assert_eq!(user(a, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(user(&fleet.b, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+    let (_, state) = admin_json(a, "/limits/state?route=api&identity=alice").await;
+    assert_eq!(state["override"], Value::Null, "{state}");
+    assert!(state["limits"][0]["blocked"].is_object(), "{state}");
+    let (_, audit) = admin_json(a, "/limits/audit").await;
+    assert_eq!(audit["entries"], Value::Array(vec![]), "{audit}");
+    // From the console's own origin, with the token: done.
+    let own = format!("http://{}", a.admin.unwrap());
+    let (status, _, text) = admin_request(
+        a,
+        "POST",
+        "/limits/reset?route=api&identity=alice",
+        &[("authorization", &bearer), ("origin", &own)],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+}
+
+/// The JSON behind the page, for scripts: the overview, a caller on every route (a value
+/// read from a credential-named header shown as its digest only), `/limits/explain`, and
+/// the headers every console answer carries.
+#[tokio::test]
+async fn console_json_endpoints() {
+    let fleet = flooded_fleet().await;
+    let a = &fleet.a;
+    assert_eq!(
+        call(a, "x-api-key", "k_live_42", "/login").await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(a, "x-api-key", "k_live_42", "/login").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    let (status, headers, text) = admin_request(a, "GET", "/console/api/overview", &[]).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(headers["cache-control"], "no-store");
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+    assert!(headers.contains_key("content-security-policy"));
+    let overview: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(overview["actions"], "token");
+    let api = &overview["routes"][1];
+    assert_eq!(api["name"], "api");
+    assert_eq!(api["policy"], "\"per-user\";q=2;w=3600");
+    assert_eq!(
+        (api["priority"].as_str(), api["mode"].as_str()),
+        (Some("normal"), Some("exact"))
+    );
+    assert_eq!(api["match"]["path_prefix"], "/");
+    assert_eq!(overview["routes"][0]["priority"], "high");
+    // The sampler's first sample is taken when the listener starts: each route has a series
+    // of [allowed, limited, shed] per sample.
+    let times = overview["history"]["times"].as_array().unwrap().len();
+    assert!(times >= 1, "{}", overview["history"]);
+    assert_eq!(
+        overview["history"]["routes"]["api"]
+            .as_array()
+            .unwrap()
+            .len(),
+        times
+    );
+    assert_eq!(
+        overview["history"]["routes"]["api"][0]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+    assert_eq!(overview["store"]["kind"], "redis");
+    assert_eq!(overview["store"]["up"], true);
+    assert_eq!(overview["store"]["breaker"], "closed");
+    assert!(
+        overview["store"]["rtt_ms"].as_f64().is_some(),
+        "{}",
+        overview["store"]
+    );
+    // The newest denial first: the API key's, shown as its digest.
+    let newest = &overview["denials"][0];
+    assert_eq!(
+        (
+            newest["route"].as_str(),
+            newest["limit"].as_str(),
+            newest["reason"].as_str()
+        ),
+        (Some("login"), Some("per-key"), Some("over limit"))
+    );
+    let digest = newest["identity"].as_str().unwrap().to_owned();
+    assert!(digest.starts_with("sha256:"), "{newest}");
+    assert!(!text.contains("k_live_42"), "the API key is shown: {text}");
+    // alice's ten refusals in a row are one entry.
+    let alice = overview["denials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["identity"] == "alice")
+        .expect("alice's denials");
+    assert_eq!(
+        (alice["count"].as_u64(), alice["reason"].as_str()),
+        (Some(10), Some("penalty box (block_for)"))
+    );
+
+    // Searched by the operator: a digest in the heading and on the route that reads it from
+    // the API-key header (the `api` route would read it as a user id, and shows it so).
+    let (status, caller) = admin_json(a, "/console/api/caller?identity=k_live_42").await;
+    assert_eq!(status, StatusCode::OK, "{caller}");
+    assert_eq!(caller["identity"], digest.as_str());
+    let login = &caller["routes"][0];
+    assert_eq!(login["route"], "login");
+    assert!(
+        !login.to_string().contains("k_live_42"),
+        "the API key is shown: {login}"
+    );
+    assert!(
+        login["explain"]["text"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("apikey = {digest} (from header x-api-key)")),
+        "{login}"
+    );
+    assert_eq!(login["state"]["limits"][0]["allowed"], false, "{login}");
+    assert_eq!(
+        login["explain"]["limits"][0]["live"]["allowed"], false,
+        "{login}"
+    );
+
+    let (status, text) = admin_get(a, "/console/api/caller?identity=bob").await;
+    assert_eq!(status, StatusCode::OK);
+    let caller: Value = serde_json::from_str(&text).unwrap();
+    // `login` reads an API key: there, and in the heading, the value is a digest; `api`
+    // reads a user id and shows it.
+    assert_eq!(caller["identity"].as_str().unwrap(), support_digest("bob"));
+    assert_eq!(
+        caller["routes"][0]["state"]["identity"].as_str().unwrap(),
+        support_digest("bob")
+    );
+    assert_eq!(caller["routes"][1]["state"]["identity"], "bob");
+    assert_eq!(
+        caller["routes"][1]["state"]["limits"][0]["blocked"]["by"],
+        "per-user"
+    );
+
+    let (status, explained) = admin_json(
+        a,
+        "/limits/explain?url=%2Fapi%2Fx&header=x-user%3A%20carol&live=true",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{explained}");
+    assert_eq!(explained["route"], "api");
+    assert_eq!(explained["limits"][0]["identities"][0]["value"], "carol");
+    assert_eq!(explained["limits"][0]["live"]["remaining"], 1);
+    let (status, text) = admin_get(
+        a,
+        "/limits/explain?url=/login&header=x-api-key:k_live_42&format=text",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        text.contains(&format!("apikey = {digest} (from header x-api-key)")),
+        "{text}"
+    );
+    assert!(!text.contains("k_live_42"), "{text}");
+    for (query, error) in [
+        ("", "missing query parameter `url`"),
+        ("?url=/a&format=xml", "format must be `json` or `text`"),
+        ("?url=/a&live=yes", "live must be `true` or `false`"),
+        ("?url=/a&client_ip=x", "client_ip must be an IP address"),
+        ("?url=/a&uri=/b", "unknown query parameter `uri`"),
+    ] {
+        let (status, text) = admin_get(a, &format!("/limits/explain{query}")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {text}");
+        assert!(text.contains(error), "{query}: {text}");
+    }
+    let (status, text) = admin_get(a, "/console/api/overview?k=3").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    assert!(text.contains("takes none"), "{text}");
+    let (status, protect) = admin_json(a, "/console/api/protect").await;
+    assert_eq!(
+        (status, &protect["available"]),
+        (StatusCode::OK, &Value::Bool(false))
+    );
+}
+
+/// `sha256:<first 12 hex digits>`, as the logs and explain show a hashed value.
+fn support_digest(value: &str) -> String {
+    format!("sha256:{}", &sha256_hex(value.as_bytes())[..12])
+}
