@@ -389,11 +389,13 @@ impl LimitStage {
             ));
         }
         // Local-first limits (every limit of the set has the same `sync`, see config) are
-        // decided on the local copies: never waiting on Redis.
+        // decided on the local copies: never waiting on Redis, except for a key the engine has
+        // no view of (a new key on a route whose copies are all taken), decided exactly below.
         if let Some(local_first) = &self.local_first {
             if set.iter().all(|l| l.sync.is_some()) {
-                let decision = local_first.decide(&set.key_name, checks);
-                return Some((decision, AdmitReason::Decided));
+                if let Some(decision) = local_first.decide(&set.key_name, checks) {
+                    return Some((decision, AdmitReason::Decided));
+                }
             }
         }
         let all_global = set.iter().all(|l| l.scope == Scope::Global);
