@@ -137,6 +137,14 @@ impl LimitStage {
         denials: Arc<deny_cache::DenyCache>,
         local_first: Option<LocalFirst>,
     ) -> Self {
+        // The budget of keys per route, as this configuration sets it (the stores and the
+        // engine may be carried over from the one before).
+        if let Store::Memory(memory) = stores.memory() {
+            memory.set_keys_per_route(config.max_keys_per_route);
+        }
+        if let Some(engine) = &local_first {
+            engine.set_keys_per_route(config.max_keys_per_route);
+        }
         LimitStage {
             config,
             stores,
@@ -163,6 +171,11 @@ impl LimitStage {
 
     pub fn stores(&self) -> &Stores {
         &self.stores
+    }
+
+    /// The local-first engine, when a limit is local-first and the store is Redis.
+    pub fn local_first(&self) -> Option<&LocalFirst> {
+        self.local_first.as_ref()
     }
 
     pub fn denials(&self) -> &Arc<deny_cache::DenyCache> {
