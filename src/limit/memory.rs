@@ -95,6 +95,9 @@ struct Entry {
     group: u32,
     /// Used again since it was stored or last given a second chance (CLOCK's bit).
     used: bool,
+    /// The last decision on it left nothing (refused, or took the last unit): its caller is
+    /// being limited, and dropping the state would free it early. Evicted last.
+    limiting: bool,
 }
 
 /// One route's keys in one shard, oldest first (for eviction). A key removed from the map
@@ -154,11 +157,13 @@ impl Shard {
 
     /// Stores `state` at `key`; a new key on a route holding `budget` keys in this shard first
     /// evicts one of them. Returns how many keys were evicted (0 or 1).
+    #[allow(clippy::too_many_arguments)]
     fn put(
         &mut self,
         key: &str,
         state: State,
         expires_at: Micros,
+        limiting: bool,
         now: Micros,
         budget: usize,
     ) -> u64 {
@@ -166,6 +171,7 @@ impl Shard {
             entry.state = state;
             entry.expires_at = expires_at;
             entry.used = true;
+            entry.limiting = limiting;
             return 0;
         }
         let route = route_of(key);
@@ -202,6 +208,7 @@ impl Shard {
                 expires_at,
                 group,
                 used: false,
+                limiting,
             },
         );
         evicted
@@ -229,7 +236,8 @@ impl Shard {
             if entry.expires_at <= now {
                 break Some(key);
             }
-            if entry.used && chances > 0 {
+            if (entry.used || entry.limiting) && chances > 0 {
+                // A caller still limited keeps its turn (until every key is one).
                 chances -= 1;
                 entry.used = false;
                 self.groups[group as usize].ring.push_back(key);
@@ -343,10 +351,13 @@ impl MemoryStore {
         key: &str,
         state: State,
         expires_at: Micros,
+        limiting: bool,
         now: Micros,
     ) {
         let budget = self.inner.per_shard.load(Ordering::Relaxed);
-        let evicted = locked.shard(key).put(key, state, expires_at, now, budget);
+        let evicted = locked
+            .shard(key)
+            .put(key, state, expires_at, limiting, now, budget);
         if evicted > 0 {
             self.inner.evicted.fetch_add(evicted, Ordering::Relaxed);
         }
@@ -405,13 +416,31 @@ impl MemoryStore {
                 algorithm::penalty_box(step.verdict, blocked_until, c.block_us, now);
             step.verdict = verdict;
             if let Some(until) = start {
-                self.put(&mut locked, marker, State::Blocked { until }, until, now);
+                self.put(
+                    &mut locked,
+                    marker,
+                    State::Blocked { until },
+                    until,
+                    true,
+                    now,
+                );
             }
         }
         let allowed = steps
             .iter()
             .zip(checks)
             .all(|((s, _), c)| c.shadow || s.verdict.allowed);
+        if !allowed {
+            // A refused caller is being limited: its states are the last to go.
+            for ((step, _), c) in steps.iter().zip(checks) {
+                if !step.verdict.allowed {
+                    if let Some(entry) = locked.shard(c.key).get_mut(c.key) {
+                        entry.limiting = true;
+                        entry.used = true;
+                    }
+                }
+            }
+        }
         let mut leases = Vec::new();
         if allowed {
             for ((step, lease), c) in steps.iter().zip(checks) {
@@ -419,7 +448,15 @@ impl MemoryStore {
                     continue; // a denying shadow limit is not consumed
                 }
                 if step.ttl > 0 {
-                    self.put(&mut locked, c.key, step.state.clone(), now + step.ttl, now);
+                    let limiting = step.verdict.remaining == 0;
+                    self.put(
+                        &mut locked,
+                        c.key,
+                        step.state.clone(),
+                        now + step.ttl,
+                        limiting,
+                        now,
+                    );
                 } else {
                     locked.shard(c.key).remove(c.key);
                 }
@@ -503,7 +540,8 @@ impl MemoryStore {
                 continue;
             };
             if ttl > 0 {
-                self.put(&mut locked, &s.key, state, now + ttl, now);
+                let limiting = locked.shard(&s.key).get(&s.key).is_some_and(|e| e.limiting);
+                self.put(&mut locked, &s.key, state, now + ttl, limiting, now);
             } else {
                 locked.shard(&s.key).remove(&s.key);
             }
