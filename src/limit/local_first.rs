@@ -1210,7 +1210,7 @@ mod tests {
         /// A whole round: every write batch the round allows, then the read.
         fn round(&mut self) {
             let now = self.clock.now_us();
-            let mut charge = |shared: &mut HashMap<String, State>, batch: Vec<SyncItem>| {
+            let charge = |shared: &mut HashMap<String, State>, batch: Vec<SyncItem>| {
                 assert!(batch.len() <= BATCH_KEYS);
                 for item in batch {
                     let state = shared.get(&item.key);

@@ -512,7 +512,7 @@ impl MemoryStore {
     pub fn remove(&self, keys: &[&str]) -> usize {
         let mut locked = self.lock_keys(keys.iter().copied());
         keys.iter()
-            .filter(|k| locked.shard(k).remove(**k).is_some())
+            .filter(|k| locked.shard(k).remove(k).is_some())
             .count()
     }
 
