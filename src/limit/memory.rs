@@ -29,8 +29,8 @@ use super::decision::{block_key, new_lease_id, Check, Decision, Lease, Settlemen
 
 const SHARDS: usize = 16;
 
-/// Keys per route by default: about 230 bytes each with the map and the ring (measured with
-/// `bench/key_flood.sh`), so a route flooded with distinct keys holds about 23 MB at most.
+/// Keys per route by default: about 430 bytes of RSS each with the map and the ring (measured
+/// with `bench/key_flood.sh`), so a route flooded with distinct keys holds about 45 MB at most.
 pub const DEFAULT_KEYS_PER_ROUTE: usize = 100_000;
 /// How many of the oldest keys an eviction looks at for one it may drop for free.
 const EVICTION_PROBES: usize = 8;

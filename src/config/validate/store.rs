@@ -54,7 +54,7 @@ pub(super) fn max_keys_per_route(v: &mut Validator, raw: Option<&RawStore>) -> u
         Some(n) => {
             v.error(
                 "store.max_keys_per_route",
-                format!("`{n}` is out of range: write a number of keys from 16 to 100000000 (default {DEFAULT_MAX_KEYS_PER_ROUTE}, about 23 MB per route at most)"),
+                format!("`{n}` is out of range: write a number of keys from 16 to 100000000 (default {DEFAULT_MAX_KEYS_PER_ROUTE}: about 45 MB per flooded route, 120 MB with local-first limits)"),
             );
             DEFAULT_MAX_KEYS_PER_ROUTE
         }
