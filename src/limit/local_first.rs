@@ -179,7 +179,9 @@ struct Inner {
     evicted: u64,
     /// Keys with usage to write, oldest usage first.
     dirty: VecDeque<Arc<str>>,
-    /// Reads done.
+    /// Reads started; a copy made after a read started is not expected in it.
+    reads_started: u64,
+    /// The number of the last read done (reads run one at a time).
     reads: u64,
     /// The store's clock minus the local clock, as measured at the last read.
     offset: Micros,
@@ -206,6 +208,7 @@ impl LocalFirst {
                 keys_per_route: DEFAULT_KEYS_PER_ROUTE,
                 evicted: 0,
                 dirty: VecDeque::new(),
+                reads_started: 0,
                 reads: 0,
                 offset: 0,
                 // The copies start as good as Redis's idle state; reads must follow.
@@ -301,12 +304,13 @@ impl LocalFirst {
         let mut exact = false;
         for check in checks {
             let reads = inner.reads;
+            let started = inner.reads_started;
             if let Some(entry) = inner.keys.get_mut(check.key) {
                 if entry.params != check.params {
                     // A reload changed the limit: start over from the next view.
                     let route = entry.route.clone();
                     *entry = Entry::new(route, check.params, now, interval, replicas);
-                    entry.view_read = reads;
+                    entry.view_read = started;
                 }
                 exact |= entry.needs_view || entry.view_read < reads;
                 continue;
@@ -322,7 +326,7 @@ impl LocalFirst {
             exact |= evicted;
             let route = inner.route_name(route);
             let mut entry = Entry::new(route, check.params, now, interval, replicas);
-            entry.view_read = reads;
+            entry.view_read = started;
             entry.needs_view = evicted;
             inner.insert(Arc::from(check.key), entry);
         }
@@ -514,7 +518,9 @@ impl LocalFirst {
     /// read, or with usage not in the view), up to [`ROUND_KEYS`], then up to [`IDLE_READS`]
     /// of the others, the longest unread first.
     pub fn read_batch(&self) -> Vec<SyncItem> {
-        let inner = self.lock();
+        let mut inner = self.lock();
+        inner.reads_started += 1;
+        let inner = &*inner;
         let mut in_use = Vec::new();
         let mut idle = Vec::new();
         for (key, entry) in inner.keys.iter() {
@@ -557,7 +563,7 @@ impl LocalFirst {
         // The reply was made about half a round trip ago.
         inner.offset = store_now + latency_us / 2 - local_now;
         inner.synced_at = local_now;
-        inner.reads += 1;
+        inner.reads = inner.reads_started;
         let reads = inner.reads;
         let now = local_now + inner.offset;
         let replicas = inner.replicas;
