@@ -128,7 +128,7 @@ pub fn explain(config: &Config, parts: &Parts, peer: IpAddr) -> Explanation {
         let identities = limit
             .key
             .iter()
-            .map(|identity| describe_identity(identity, parts, caller.ip))
+            .map(|identity| describe_identity(identity, parts, caller.key_ip()))
             .collect();
         explanation.limits.push(LimitExplained {
             limit: limit.clone(),

@@ -285,6 +285,27 @@ impl Metrics {
         }
     }
 
+    /// `tollgate_store_keys{store}` (keys held in process memory) and
+    /// `tollgate_store_evicted_keys_total{store}` (keys dropped to make room for new ones), for
+    /// the memory store and the local-first copies: each `(held, evicted)`.
+    pub fn key_tables(&self, memory: Option<(usize, u64)>, local_first: Option<(usize, u64)>) {
+        for (store, table) in [("memory", memory), ("local_first", local_first)] {
+            let Some((held, evicted)) = table else {
+                continue;
+            };
+            let labels = || vec![Label::new("store", store)];
+            self.recorder
+                .register_gauge(&Key::from_parts("tollgate_store_keys", labels()), &METADATA)
+                .set(held as f64);
+            self.recorder
+                .register_counter(
+                    &Key::from_parts("tollgate_store_evicted_keys_total", labels()),
+                    &METADATA,
+                )
+                .absolute(evicted);
+        }
+    }
+
     /// A counter labelled with the route only.
     fn route_counter(&self, name: &'static str, route: &str) -> Counter {
         self.recorder.register_counter(

@@ -117,6 +117,7 @@ pub enum RawSize {
 pub struct RawStore {
     pub redis: Option<RawRedis>,
     pub on_error: Option<String>,
+    pub max_keys_per_route: Option<u64>,
 }
 
 /// Exactly one of `url` (one server), `cluster` (seed nodes) or `sentinel` is required.
@@ -155,6 +156,7 @@ pub struct RawRedisTls {
 pub struct RawClientIp {
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
+    pub ipv6_prefix: Option<u8>,
 }
 
 /// One way of telling who is calling. Written as `- header: X-User-Id`, `- client_ip`, ...

@@ -27,6 +27,7 @@ use serde_json::{json, Value};
 
 use super::offenders::Offenders;
 use crate::config::{Limit, LimitSet, Scope, StoreConfig, Throttle};
+use crate::identity::client_ip::key_value;
 use crate::identity::key;
 use crate::limit::algorithm::Verdict;
 use crate::limit::{Check, Store, StoreError};
@@ -205,17 +206,19 @@ impl Control {
             });
         };
         let prefix = &self.throttle.key_prefix;
+        // An IPv6 address as its keys hold it (grouped by `client_ip.ipv6_prefix`).
+        let keyed = key_value(raw, self.throttle.trusted_proxies.ipv6_prefix());
         let mut targets = vec![Target {
             tier: None,
             set: &found.limits,
-            keys: keys::for_value(prefix, &found.limits, raw),
+            keys: keys::for_value(prefix, &found.limits, &keyed),
         }];
         for tier in &found.overrides {
             if tier.values.iter().any(|v| v.as_bytes() == raw) {
                 targets.push(Target {
                     tier: Some(tier.name.clone()),
                     set: &tier.limits,
-                    keys: keys::for_value(prefix, &tier.limits, raw),
+                    keys: keys::for_value(prefix, &tier.limits, &keyed),
                 });
             }
         }

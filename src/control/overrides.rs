@@ -25,6 +25,7 @@ use serde_json::{json, Value};
 
 use super::caller::{everyones, identity_part, CallerError, Control};
 use crate::config::{LimitSet, Throttle};
+use crate::identity::client_ip::key_value;
 use crate::identity::key;
 use crate::limit::redis_store::RedisStore;
 use crate::limit::{params_fit, Store, StoreError};
@@ -204,10 +205,12 @@ fn caller_keys(
     raw: &[u8],
 ) -> Vec<(String, crate::limit::Params, String, String)> {
     let mut out = Vec::new();
+    // An IPv6 address as its keys hold it (grouped by `client_ip.ipv6_prefix`).
+    let keyed = key_value(raw, throttle.trusted_proxies.ipv6_prefix());
     for set in sets(throttle, route, raw) {
-        for (limit, candidates) in set
-            .iter()
-            .zip(keys::for_value(&throttle.key_prefix, set, raw))
+        for (limit, candidates) in
+            set.iter()
+                .zip(keys::for_value(&throttle.key_prefix, set, &keyed))
         {
             for k in candidates {
                 if !everyones(identity_part(set, &k)) {

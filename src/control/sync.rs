@@ -4,6 +4,11 @@
 //! tag, all at once) with the replica's heartbeat, and 3/4 of an interval later reads every
 //! key's shared state, which then holds every replica's write of the tick; the replies go to
 //! the engine ([`crate::limit::local_first`]). Requests never wait on it.
+//!
+//! A round is bounded whatever the number of keys: writes and reads go in calls of
+//! [`BATCH_KEYS`] keys each (each call within the store's timeout), at most [`ROUND_KEYS`] keys
+//! written and read, and no more calls once a quarter of the interval is spent; the rest waits
+//! for the next round (the engine keeps it, oldest first).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,7 +17,7 @@ use std::time::{Duration, Instant};
 use metrics::{Counter, Gauge, Histogram};
 
 use crate::config::Throttle;
-use crate::limit::local_first::LocalFirst;
+use crate::limit::local_first::{LocalFirst, SyncItem, BATCH_KEYS, ROUND_KEYS};
 use crate::limit::memory::SystemClock;
 use crate::limit::{new_lease_id, Store};
 use crate::store::{Shared, Stores};
@@ -133,8 +138,28 @@ async fn rounds(
             metrics.replicas.set(replicas as f64);
         }
         let mut error = write.err().map(|e| crate::error::chain(&e).to_string());
+        let phase = interval / 4;
         if error.is_none() {
             engine.written(round);
+            // The rest of the usage, a batch at a time, within the round's bounds.
+            let mut sent = batch.len();
+            while sent < ROUND_KEYS && started.elapsed() < phase {
+                let Some((round, batch)) = engine.next_write() else {
+                    break;
+                };
+                let call = Instant::now();
+                let result = redis.sync_round(&id, round, &batch, None).await;
+                metrics.round_seconds.record(call.elapsed().as_secs_f64());
+                metrics.keys.record(batch.len() as f64);
+                if let Err(e) = result {
+                    error = Some(crate::error::chain(&e).to_string());
+                    break;
+                }
+                engine.written(round);
+                sent += batch.len();
+            }
+        }
+        if error.is_none() {
             // The read, three quarters of an interval after the tick: every replica's write is
             // in by then (the bound assumes it), and the view is fresh for the next tick.
             let now = engine.store_now();
@@ -143,20 +168,17 @@ async fn rounds(
                 tokio::time::sleep(Duration::from_micros((read_at - now) as u64)).await;
             }
             let reads = engine.read_batch();
-            let started = Instant::now();
-            match redis.sync_round(&id, 0, &reads, None).await {
-                Ok((store_now, states)) => {
-                    let latency = started.elapsed();
-                    metrics.round_seconds.record(latency.as_secs_f64());
-                    metrics.keys.record(reads.len() as f64);
-                    engine.read_done(&reads, states, store_now, latency.as_micros() as i64);
-                    for (route, units) in engine.take_drift() {
-                        if let Some(counter) = metrics.drift.get(&route) {
-                            counter.increment(units);
-                        }
+            let (done, states, clock, failed) = read(&redis, &id, &reads, phase, &metrics).await;
+            if let Some((store_now, latency)) = clock {
+                engine.read_done(&reads[..done], states, store_now, latency);
+                for (route, units) in engine.take_drift() {
+                    if let Some(counter) = metrics.drift.get(&route) {
+                        counter.increment(units);
                     }
                 }
-                Err(e) => error = Some(crate::error::chain(&e).to_string()),
+            }
+            if failed.is_some() {
+                error = failed;
             }
         }
         if error.is_none() {
@@ -176,4 +198,54 @@ async fn rounds(
             _ => {}
         }
     }
+}
+
+/// The read of `items` in calls of [`BATCH_KEYS`], no more calls once `phase` is spent:
+/// how many items were read, their states, the last call's store clock and duration (µs), and
+/// the error that stopped it.
+async fn read(
+    redis: &crate::limit::redis_store::RedisStore,
+    id: &str,
+    items: &[SyncItem],
+    phase: Duration,
+    metrics: &SyncMetrics,
+) -> (
+    usize,
+    Vec<Option<crate::limit::algorithm::State>>,
+    Option<(i64, i64)>,
+    Option<String>,
+) {
+    let started = Instant::now();
+    let mut states = Vec::with_capacity(items.len());
+    let mut clock = None;
+    // At least one call, even with no key: it measures the store's clock.
+    let mut chunks: Vec<&[SyncItem]> = items.chunks(BATCH_KEYS).collect();
+    if chunks.is_empty() {
+        chunks.push(&[]);
+    }
+    for chunk in chunks {
+        if clock.is_some() && started.elapsed() >= phase {
+            break;
+        }
+        let call = Instant::now();
+        match redis.sync_round(id, 0, chunk, None).await {
+            Ok((store_now, replied)) => {
+                let latency = call.elapsed();
+                metrics.round_seconds.record(latency.as_secs_f64());
+                metrics.keys.record(chunk.len() as f64);
+                states.extend(replied);
+                clock = Some((store_now, latency.as_micros() as i64));
+            }
+            Err(e) => {
+                let done = states.len();
+                return (
+                    done,
+                    states,
+                    clock,
+                    Some(crate::error::chain(&e).to_string()),
+                );
+            }
+        }
+    }
+    (states.len(), states, clock, None)
 }

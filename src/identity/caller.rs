@@ -18,7 +18,7 @@ use http::request::Parts;
 
 use metrics::Counter;
 
-use super::client_ip::{client_ip, TrustedProxies};
+use super::client_ip::{client_ip, key_address, TrustedProxies, DEFAULT_IPV6_PREFIX};
 use super::{Identified, Identity, OnInvalid, Refusal};
 
 /// Counters of refused credentials, by what the identity's `on_invalid` made of them.
@@ -38,8 +38,11 @@ const INLINE: usize = 2;
 /// evaluated so far.
 pub struct Caller<'r> {
     pub request: &'r Parts,
-    /// The client's address (X-Forwarded-For resolved behind trusted proxies).
+    /// The client's address (X-Forwarded-For resolved behind trusted proxies): what
+    /// allow-lists compare.
     pub ip: IpAddr,
+    /// The address its client_ip keys are made of (IPv6 grouped by `client_ip.ipv6_prefix`).
+    key_ip: IpAddr,
     /// The first identities evaluated, by address (see the module docs).
     inline: [Option<(usize, Identified)>; INLINE],
     /// Any beyond those.
@@ -55,15 +58,23 @@ pub struct Caller<'r> {
 /// Identifies the caller of `request`, which came from `peer`: its client IP now, each identity
 /// when it is first asked for.
 pub fn identify<'r>(request: &'r Parts, peer: IpAddr, trusted: &TrustedProxies) -> Caller<'r> {
-    Caller::new(request, client_ip(peer, &request.headers, trusted))
+    let ip = client_ip(peer, &request.headers, trusted);
+    Caller::grouped(request, ip, trusted.ipv6_prefix())
 }
 
 impl<'r> Caller<'r> {
-    /// The caller of `request` whose client IP is `ip`.
+    /// The caller of `request` whose client IP is `ip` (IPv6 keyed by its /64).
     pub fn new(request: &'r Parts, ip: IpAddr) -> Caller<'r> {
+        Caller::grouped(request, ip, DEFAULT_IPV6_PREFIX)
+    }
+
+    /// The caller of `request` whose client IP is `ip`, IPv6 keyed by its first
+    /// `ipv6_prefix` bits.
+    pub fn grouped(request: &'r Parts, ip: IpAddr, ipv6_prefix: u8) -> Caller<'r> {
         Caller {
             request,
             ip,
+            key_ip: key_address(ip, ipv6_prefix),
             inline: [None, None],
             more: Vec::new(),
             refusals: None,
@@ -71,6 +82,11 @@ impl<'r> Caller<'r> {
             #[cfg(test)]
             evaluations: 0,
         }
+    }
+
+    /// The address the caller's client_ip keys are made of.
+    pub fn key_ip(&self) -> IpAddr {
+        self.key_ip
     }
 
     /// How `identity` identifies the caller: evaluated on the first call, remembered after.
@@ -83,7 +99,7 @@ impl<'r> Caller<'r> {
                 {
                     self.evaluations += 1;
                 }
-                let identified = identity.identify(self.request, self.ip);
+                let identified = identity.identify(self.request, self.key_ip);
                 if let Some(why) = identified.refused {
                     self.refused(identity, why);
                 }

@@ -7,8 +7,14 @@
 //! stops the walk at the last hop that was vouched for, so a client-written value can never
 //! become its identity. The walk works on the header bytes in place (no per-entry allocation)
 //! and is capped, because the header is attacker-sized.
+//!
+//! Keys group IPv6 clients by network: one host usually holds a whole /64 (SLAAC, privacy
+//! addresses), so a key per address would let one client take 2^64 keys. A client_ip key is
+//! made from the address with only its first `ipv6_prefix` bits ([`key_address`]); IPv4 and
+//! IPv4-mapped IPv6 are keyed whole. Allow-lists and trusted proxies compare the full address.
 
-use std::net::{IpAddr, SocketAddr};
+use std::borrow::Cow;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use http::header::{HeaderMap, HeaderName};
 use ipnet::{IpNet, Ipv4Net};
@@ -24,10 +30,48 @@ pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for
 /// well below this, so anything longer is garbage and skipped without parsing.
 const MAX_ENTRY_LEN: usize = 64;
 
-/// The networks whose hosts are trusted to append honest `X-Forwarded-For` entries.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// The bits of an IPv6 client address its keys keep by default (`client_ip.ipv6_prefix`).
+pub const DEFAULT_IPV6_PREFIX: u8 = 64;
+
+/// How the client address is read (`client_ip:`): the networks whose hosts are trusted to
+/// append honest `X-Forwarded-For` entries, and how IPv6 clients are grouped in keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TrustedProxies {
     nets: Vec<IpNet>,
+    ipv6_prefix: u8,
+}
+
+impl Default for TrustedProxies {
+    fn default() -> Self {
+        Self::none()
+    }
+}
+
+/// The address client_ip keys are made from: IPv4 (and IPv4-mapped IPv6, as IPv4) whole, IPv6
+/// with only its first `prefix` bits (the rest zero).
+pub fn key_address(ip: IpAddr, prefix: u8) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) if prefix < 128 => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+            IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask))
+        }
+        ip => ip,
+    }
+}
+
+/// An identity value as operators give it (`tollgate limits`, the admin endpoints): an IPv6
+/// address becomes its key address (see [`key_address`]) so that it finds the keys requests
+/// from it were counted on; any other value is unchanged.
+pub fn key_value(raw: &[u8], prefix: u8) -> Cow<'_, [u8]> {
+    let ip = std::str::from_utf8(raw)
+        .ok()
+        .and_then(|text| text.trim().parse::<IpAddr>().ok());
+    match ip {
+        Some(ip @ IpAddr::V6(_)) if ip.to_canonical().is_ipv6() => {
+            Cow::Owned(key_address(ip, prefix).to_string().into_bytes())
+        }
+        _ => Cow::Borrowed(raw),
+    }
 }
 
 impl TrustedProxies {
@@ -35,12 +79,25 @@ impl TrustedProxies {
     /// their IPv4 equivalent, because addresses are compared in canonical (IPv4) form.
     pub fn new(nets: Vec<IpNet>) -> Self {
         let nets = nets.into_iter().map(canonical_net).collect();
-        Self { nets }
+        Self {
+            nets,
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
+        }
     }
 
     /// Trust nobody: the peer address is always the client.
     pub fn none() -> Self {
-        Self { nets: Vec::new() }
+        Self::new(Vec::new())
+    }
+
+    /// Keys of IPv6 clients keep the first `prefix` bits of the address (0–128).
+    pub fn with_ipv6_prefix(mut self, prefix: u8) -> Self {
+        self.ipv6_prefix = prefix.min(128);
+        self
+    }
+
+    pub fn ipv6_prefix(&self) -> u8 {
+        self.ipv6_prefix
     }
 
     /// Whether `ip` (mapped IPv4 is treated as IPv4) lies in a trusted network.
@@ -423,5 +480,25 @@ mod tests {
                 let _ = client_ip(ip("10.0.0.1"), &h, &t);
             }
         }
+    }
+
+    #[test]
+    fn keys_group_ipv6_by_prefix_and_keep_ipv4_whole() {
+        assert_eq!(
+            key_address(ip("2001:db8:1:2:aaaa:bbbb:cccc:dddd"), 64),
+            ip("2001:db8:1:2::")
+        );
+        assert_eq!(key_address(ip("2001:db8:1:2::7"), 48), ip("2001:db8:1::"));
+        assert_eq!(key_address(ip("2001:db8::7"), 128), ip("2001:db8::7"));
+        assert_eq!(key_address(ip("2001:db8::7"), 0), ip("::"));
+        assert_eq!(key_address(ip("10.1.2.3"), 64), ip("10.1.2.3"));
+        // IPv4-mapped IPv6 is IPv4, whole.
+        assert_eq!(key_address(ip("::ffff:10.1.2.3"), 64), ip("10.1.2.3"));
+        assert_eq!(
+            key_value(b"2001:db8:1:2::99", 64).as_ref(),
+            b"2001:db8:1:2::"
+        );
+        assert_eq!(key_value(b"10.1.2.3", 64).as_ref(), b"10.1.2.3");
+        assert_eq!(key_value(b"alice", 64).as_ref(), b"alice");
     }
 }

@@ -21,17 +21,39 @@
 //! (Redis slow or down), each replica decides alone with limit ÷ R ([`divided`]), on a copy
 //! kept across stale spells so that spells that come and go do not give it again.
 //! docs/algorithms.md ("Local-first limits") states the bounds.
+//!
+//! Bounded state: each route (a limit set's key name) keeps at most `keys_per_route` local
+//! copies. A new key on a full route takes the place of the coldest copy it may drop, one with
+//! nothing to send (no usage lost) that no decision touched since the last read, at rest
+//! first (found among the oldest few, second chance to the rest: amortised O(1)); the new copy
+//! has no view yet, so it is decided exactly (the throttle asks Redis, as without `sync`) until
+//! a read brings it, and a caller whose copy was dropped is never freed early. When no copy may
+//! be dropped (every one busy this interval), the new key is decided exactly without a copy.
+//! While the views are stale, both decide with limit ÷ R instead. A round writes and reads
+//! bounded batches ([`ROUND_KEYS`], [`BATCH_KEYS`]); usage not written waits for the next
+//! round, oldest first, and a copy not read in a round is decided exactly until a read brings
+//! its view again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::algorithm::{self, Algorithm, Micros, Params, State, Verdict};
 use super::decision::{Check, Decision};
 use super::memory::Clock;
 
-/// The most keys kept; a new key past it is refused until the next read drops idle keys
-/// (fail safe: it cannot over-admit).
-pub const MAX_KEYS: usize = 100_000;
+/// Local copies per route by default (about 1.2 KB of RSS each, with the rounds' batches,
+/// measured with `bench/key_flood.sh`).
+pub const DEFAULT_KEYS_PER_ROUTE: usize = 100_000;
+/// Keys per `sync.lua` call: a call of this many keys takes Redis a few milliseconds, well
+/// within the store's timeout (10 ms at least).
+pub const BATCH_KEYS: usize = 1_000;
+/// Keys written per round, and keys in use read per round, at most (in batches).
+pub const ROUND_KEYS: usize = 10_000;
+/// Keys not in use (not decided since their last read, nothing to send) read per round, at
+/// most, the longest unread first: what an idle instance costs Redis.
+pub const IDLE_READS: usize = 1_000;
+/// How many of a route's oldest copies an eviction looks at.
+const EVICTION_PROBES: usize = 16;
 /// A view older than this many intervals is stale: decide on limit ÷ R.
 pub const STALE_AFTER_INTERVALS: i64 = 3;
 
@@ -67,12 +89,26 @@ struct Entry {
     touched: bool,
     /// What the last view held beyond the limit (drift is counted once, as it grows).
     over_seen: u64,
+    /// Which read brought the view (`Inner::reads` then); a copy that missed the last read is
+    /// decided exactly until one brings it.
+    view_read: u64,
+    /// No view and not to be decided as a new key (it took an evicted copy's place): decided
+    /// exactly until a read brings its view.
+    needs_view: bool,
+    /// In the queue of usage to write.
+    queued: bool,
 }
 
 impl Entry {
-    fn new(route: &str, params: Params, now: Micros, interval_us: Micros, replicas: u64) -> Entry {
+    fn new(
+        route: Arc<str>,
+        params: Params,
+        now: Micros,
+        interval_us: Micros,
+        replicas: u64,
+    ) -> Entry {
         Entry {
-            route: Arc::from(route),
+            route,
             params,
             view: None,
             local: None,
@@ -85,8 +121,31 @@ impl Entry {
             unseen: 0,
             touched: true,
             over_seen: 0,
+            view_read: 0,
+            needs_view: false,
+            queued: false,
         }
     }
+
+    /// Nothing to send: dropping the copy loses no usage.
+    fn clean(&self) -> bool {
+        self.pending == 0 && self.in_flight == 0
+    }
+}
+
+/// One route's copies, oldest first (for eviction). A dropped key stays in the ring until it
+/// comes up or the ring is compacted.
+#[derive(Default)]
+struct RouteKeys {
+    ring: VecDeque<Arc<str>>,
+    live: usize,
+}
+
+/// True when `key` (a ring or queue slot) is the key the map holds, not a dropped one's
+/// leftover.
+fn is_current(keys: &hashbrown::HashMap<Arc<str>, Entry>, key: &Arc<str>) -> bool {
+    keys.get_key_value(&**key)
+        .is_some_and(|(held, _)| Arc::ptr_eq(held, key))
 }
 
 /// One key's usage to send in a round.
@@ -111,7 +170,19 @@ struct Inner {
     /// decision looks its keys up twice, so the hash is a large part of a decision, and
     /// foldhash is much cheaper than SipHash while its per-map random seed still stands
     /// against crafted keys.
-    keys: hashbrown::HashMap<String, Entry>,
+    keys: hashbrown::HashMap<Arc<str>, Entry>,
+    /// Per route, its copies in order of arrival.
+    routes: HashMap<Arc<str>, RouteKeys>,
+    /// Copies per route, at most.
+    keys_per_route: usize,
+    /// Copies dropped to make room, since the start.
+    evicted: u64,
+    /// Keys with usage to write, oldest usage first.
+    dirty: VecDeque<Arc<str>>,
+    /// Reads started; a copy made after a read started is not expected in it.
+    reads_started: u64,
+    /// The number of the last read done (reads run one at a time).
+    reads: u64,
     /// The store's clock minus the local clock, as measured at the last read.
     offset: Micros,
     /// Local time of the last successful read (of the engine's start before the first).
@@ -133,6 +204,12 @@ impl LocalFirst {
         LocalFirst {
             inner: Arc::new(Mutex::new(Inner {
                 keys: hashbrown::HashMap::default(),
+                routes: HashMap::new(),
+                keys_per_route: DEFAULT_KEYS_PER_ROUTE,
+                evicted: 0,
+                dirty: VecDeque::new(),
+                reads_started: 0,
+                reads: 0,
                 offset: 0,
                 // The copies start as good as Redis's idle state; reads must follow.
                 synced_at: clock.now_us(),
@@ -182,6 +259,21 @@ impl LocalFirst {
         self.lock().keys.len()
     }
 
+    /// The most local copies one route keeps (at least 1).
+    pub fn set_keys_per_route(&self, keys: usize) {
+        self.lock().keys_per_route = keys.max(1);
+    }
+
+    /// Copies dropped to make room for new keys since the start.
+    pub fn evicted(&self) -> u64 {
+        self.lock().evicted
+    }
+
+    /// Copies held by `route` (tests).
+    pub fn route_len(&self, route: &str) -> usize {
+        self.lock().routes.get(route).map_or(0, |r| r.live)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -197,8 +289,10 @@ impl LocalFirst {
     }
 
     /// Decides all `checks` of `route` (its key name) atomically on the local copies:
-    /// consumes from them only if no enforcing limit denies. Never waits on Redis.
-    pub fn decide(&self, route: &str, checks: &[Check<'_>]) -> Decision {
+    /// consumes from them only if no enforcing limit denies. Never waits on Redis. None: a
+    /// key of the decision has no current view (a new key on a full route, or a copy a read
+    /// skipped) and the views are fresh: decide exactly, on the shared state.
+    pub fn decide(&self, route: &str, checks: &[Check<'_>]) -> Option<Decision> {
         let local_now = self.clock.now_us();
         let mut inner = self.lock();
         let now = local_now + inner.offset;
@@ -206,24 +300,48 @@ impl LocalFirst {
         let replicas = inner.replicas;
         let interval = self.interval_us;
         let until_tick = interval - now.rem_euclid(interval);
+        // Every key gets a copy, or is decided without one.
+        let mut exact = false;
+        for check in checks {
+            let reads = inner.reads;
+            let started = inner.reads_started;
+            if let Some(entry) = inner.keys.get_mut(check.key) {
+                if entry.params != check.params {
+                    // A reload changed the limit: start over from the next view.
+                    let route = entry.route.clone();
+                    *entry = Entry::new(route, check.params, now, interval, replicas);
+                    entry.view_read = started;
+                }
+                exact |= entry.needs_view || entry.view_read < reads;
+                continue;
+            }
+            let evicted = match inner.make_room(route, now) {
+                Room::Free => false,
+                Room::Evicted => true,
+                Room::None => {
+                    exact = true;
+                    continue;
+                }
+            };
+            exact |= evicted;
+            let route = inner.route_name(route);
+            let mut entry = Entry::new(route, check.params, now, interval, replicas);
+            entry.view_read = started;
+            entry.needs_view = evicted;
+            inner.insert(Arc::from(check.key), entry);
+        }
+        if exact && fresh {
+            for check in checks {
+                if let Some(entry) = inner.keys.get_mut(check.key) {
+                    entry.touched = true;
+                }
+            }
+            return None;
+        }
         let mut steps = Vec::with_capacity(checks.len());
         let mut allowed = true;
         for check in checks {
-            let full = inner.keys.len() >= MAX_KEYS && !inner.keys.contains_key(check.key);
-            let entry = if full {
-                None
-            } else {
-                // The key is copied only when it is new.
-                let entry = inner
-                    .keys
-                    .entry_ref(check.key)
-                    .or_insert_with(|| Entry::new(route, check.params, now, interval, replicas));
-                if entry.params != check.params {
-                    // A reload changed the limit: start over from the next view.
-                    *entry = Entry::new(route, check.params, now, interval, replicas);
-                }
-                Some(entry)
-            };
+            let entry = inner.keys.get(check.key);
             let (verdict, state) = match entry {
                 Some(entry) if fresh => {
                     let step = algorithm::step_for(&check.params, entry.local.as_ref(), now, 0);
@@ -258,14 +376,11 @@ impl LocalFirst {
                     (step.verdict, Some(step.state))
                 }
                 None => {
-                    let step = algorithm::step_for(&check.params, None, now, 0);
-                    let verdict = Verdict {
-                        allowed: false,
-                        remaining: 0,
-                        retry_after_us: until_tick.max(1),
-                        ..step.verdict
-                    };
-                    (verdict, None)
+                    // No room and the views are stale: limit ÷ R on a copy of its own that is
+                    // not kept (as a new key would start).
+                    let params = divided(&check.params, replicas);
+                    let step = algorithm::step_for(&params, None, now, 0);
+                    (step.verdict, None)
                 }
             };
             if !verdict.allowed && !check.shadow {
@@ -273,8 +388,9 @@ impl LocalFirst {
             }
             steps.push((verdict, state));
         }
+        let inner = &mut *inner;
         for (check, (verdict, state)) in checks.iter().zip(&steps) {
-            let Some(entry) = inner.keys.get_mut(check.key) else {
+            let Some((key, entry)) = inner.keys.get_key_value_mut(check.key) else {
                 continue;
             };
             entry.touched = true;
@@ -284,6 +400,10 @@ impl LocalFirst {
             }
             entry.pending += check.params.cost;
             entry.admitted += check.params.cost;
+            if !entry.queued {
+                entry.queued = true;
+                inner.dirty.push_back(key.clone());
+            }
             if fresh {
                 entry.local = state.clone();
             } else {
@@ -294,12 +414,12 @@ impl LocalFirst {
                         .map(|(s, _)| s);
             }
         }
-        Decision {
+        Some(Decision {
             allowed,
             verdicts: steps.into_iter().map(|(v, _)| v).collect(),
             leases: Vec::new(),
             at: now,
-        }
+        })
     }
 
     /// The tick `t_k`: starts the interval's shares and returns the write, its number and each
@@ -334,26 +454,47 @@ impl LocalFirst {
             .max(entry.share);
             entry.admitted = 0;
         }
+        drop(inner);
+        self.next_write()
+            .unwrap_or_else(|| (self.lock().round, Vec::new()))
+    }
+
+    /// The next write of the round: the one not acknowledged yet, again, or the usage of up to
+    /// [`BATCH_KEYS`] keys, the oldest usage first, under a new number. None: nothing to send.
+    pub fn next_write(&self) -> Option<(u64, Vec<SyncItem>)> {
+        let mut inner = self.lock();
         if let Some((round, batch)) = &inner.unacked {
-            return (*round, batch.clone());
+            return Some((*round, batch.clone()));
         }
+        let inner = &mut *inner;
         let mut batch = Vec::new();
-        for (key, entry) in inner.keys.iter_mut() {
+        while batch.len() < BATCH_KEYS {
+            let Some(key) = inner.dirty.pop_front() else {
+                break;
+            };
+            if !is_current(&inner.keys, &key) {
+                continue;
+            }
+            let entry = inner.keys.get_mut(&*key).expect("a current key is held");
+            entry.queued = false;
             if entry.pending == 0 {
                 continue;
             }
             entry.in_flight += entry.pending;
             batch.push(SyncItem {
-                key: key.clone(),
+                key: key.to_string(),
                 params: entry.params,
                 amount: entry.pending,
             });
             entry.pending = 0;
         }
+        if batch.is_empty() {
+            return None;
+        }
         inner.round += 1;
         let round = inner.round;
         inner.unacked = Some((round, batch.clone()));
-        (round, batch)
+        Some((round, batch))
     }
 
     /// A write was acknowledged: its usage is in the shared states.
@@ -367,20 +508,39 @@ impl LocalFirst {
             return;
         }
         for item in &batch {
-            if let Some(entry) = inner.keys.get_mut(&item.key) {
+            if let Some(entry) = inner.keys.get_mut(item.key.as_str()) {
                 entry.in_flight -= item.amount.min(entry.in_flight);
             }
         }
     }
 
-    /// The read, 3/4 of an interval after the tick: every key, to fetch its view.
+    /// The read, 3/4 of an interval after the tick: the keys in use (decided since the last
+    /// read, or with usage not in the view), up to [`ROUND_KEYS`], then up to [`IDLE_READS`]
+    /// of the others, the longest unread first.
     pub fn read_batch(&self) -> Vec<SyncItem> {
-        let inner = self.lock();
-        inner
-            .keys
-            .iter()
-            .map(|(key, entry)| SyncItem {
-                key: key.clone(),
+        let mut inner = self.lock();
+        inner.reads_started += 1;
+        let inner = &*inner;
+        let mut in_use = Vec::new();
+        let mut idle = Vec::new();
+        for (key, entry) in inner.keys.iter() {
+            if entry.touched || !entry.clean() || entry.needs_view {
+                in_use.push((entry.view_read, key, entry));
+            } else {
+                idle.push((entry.view_read, key, entry));
+            }
+        }
+        for (list, cap) in [(&mut in_use, ROUND_KEYS), (&mut idle, IDLE_READS)] {
+            if list.len() > cap {
+                list.select_nth_unstable_by_key(cap, |(read, _, _)| *read);
+                list.truncate(cap);
+            }
+        }
+        in_use
+            .into_iter()
+            .chain(idle)
+            .map(|(_, key, entry)| SyncItem {
+                key: key.to_string(),
                 params: entry.params,
                 amount: 0,
             })
@@ -403,6 +563,8 @@ impl LocalFirst {
         // The reply was made about half a round trip ago.
         inner.offset = store_now + latency_us / 2 - local_now;
         inner.synced_at = local_now;
+        inner.reads = inner.reads_started;
+        let reads = inner.reads;
         let now = local_now + inner.offset;
         let replicas = inner.replicas;
         let unacked = inner.unacked.is_some();
@@ -411,7 +573,7 @@ impl LocalFirst {
         let mut read = std::collections::HashSet::with_capacity(batch.len());
         for (item, view) in batch.iter().zip(states) {
             read.insert(item.key.as_str());
-            let Some(entry) = inner.keys.get_mut(&item.key) else {
+            let Some(entry) = inner.keys.get_mut(item.key.as_str()) else {
                 continue;
             };
             if entry.params != item.params {
@@ -441,6 +603,8 @@ impl LocalFirst {
             entry.others_share = entry.others_share.max(entry.share);
             entry.view = view;
             entry.unseen = 0;
+            entry.view_read = reads;
+            entry.needs_view = false;
             // The divided copy is kept: it is what this replica admitted alone, and a view that
             // goes stale again (a loaded machine whose rounds run late, Redis flapping) goes on
             // from it rather than from a whole limit ÷ R again.
@@ -448,16 +612,121 @@ impl LocalFirst {
         // Idle keys (not touched since the last read, nothing to send) whose state is full
         // again are dropped: a new copy starts from the same idle state.
         let interval = self.interval_us;
+        let routes = &mut inner.routes;
         inner.keys.retain(|key, entry| {
-            let keep = !read.contains(key.as_str())
+            let keep = !read.contains(&**key)
                 || entry.touched
                 || entry.pending > 0
                 || entry.in_flight > 0
                 || available(&entry.params, entry.view.as_ref(), now + interval)
                     < capacity(&entry.params);
             entry.touched = false;
+            if !keep {
+                if let Some(r) = routes.get_mut(&*entry.route) {
+                    r.live -= 1;
+                }
+            }
             keep
         });
+    }
+}
+
+/// What a new key found on its route.
+enum Room {
+    /// The route had room.
+    Free,
+    /// A copy was dropped to make room.
+    Evicted,
+    /// Every copy is busy: the key gets none.
+    None,
+}
+
+impl Inner {
+    /// The shared name of `route` (made on its first key).
+    fn route_name(&mut self, route: &str) -> Arc<str> {
+        match self.routes.get_key_value(route) {
+            Some((name, _)) => name.clone(),
+            None => {
+                let name: Arc<str> = Arc::from(route);
+                self.routes.insert(name.clone(), RouteKeys::default());
+                name
+            }
+        }
+    }
+
+    /// Adds a copy at `key` on its route (which [`Inner::route_name`] made).
+    fn insert(&mut self, key: Arc<str>, entry: Entry) {
+        let keys = &self.keys;
+        let r = self
+            .routes
+            .get_mut(&*entry.route)
+            .expect("the route is made first");
+        r.live += 1;
+        // Dropped keys leave stale slots: compact once they are half the ring (amortised O(1)
+        // per insert).
+        if r.ring.len() > 2 * r.live + 16 {
+            r.ring.retain(|k| is_current(keys, k));
+        }
+        r.ring.push_back(key.clone());
+        self.keys.insert(key, entry);
+    }
+
+    /// Makes room for a new key on `route` if it holds its budget: drops a clean copy (nothing
+    /// to send) untouched since the last read, at rest first.
+    fn make_room(&mut self, route: &str, now: Micros) -> Room {
+        let Inner {
+            keys,
+            routes,
+            keys_per_route,
+            ..
+        } = self;
+        let Some(r) = routes.get_mut(route) else {
+            return Room::Free;
+        };
+        if r.live < *keys_per_route {
+            return Room::Free;
+        }
+        let mut first_clean: Option<Arc<str>> = None;
+        let mut busy = Vec::new();
+        let mut victim = None;
+        let mut probes = EVICTION_PROBES;
+        while probes > 0 {
+            let Some(key) = r.ring.pop_front() else {
+                break;
+            };
+            if !is_current(keys, &key) {
+                continue; // A stale slot.
+            }
+            probes -= 1;
+            let entry = &keys[&*key];
+            if entry.touched || !entry.clean() {
+                busy.push(key);
+            } else if available(&entry.params, entry.view.as_ref(), now) >= capacity(&entry.params)
+            {
+                victim = Some(key);
+                break;
+            } else if first_clean.is_none() {
+                first_clean = Some(key);
+            } else {
+                busy.push(key);
+            }
+        }
+        // Busy copies get another turn at the back; a clean one not taken keeps its place.
+        r.ring.extend(busy);
+        let victim = match (victim, first_clean) {
+            (Some(v), Some(other)) => {
+                r.ring.push_front(other);
+                Some(v)
+            }
+            (v, other) => v.or(other),
+        };
+        let Some(victim) = victim else {
+            return Room::None;
+        };
+        keys.remove(&*victim);
+        r.live -= 1;
+        self.evicted += 1;
+        Room::Evicted
     }
 }
 
@@ -617,7 +886,12 @@ mod tests {
 
     fn admitted(engine: &LocalFirst, key: &str, p: Params, tries: usize) -> usize {
         (0..tries)
-            .filter(|_| engine.decide("r", &[check(key, p)]).allowed)
+            .filter(|_| {
+                engine
+                    .decide("r", &[check(key, p)])
+                    .expect("a view")
+                    .allowed
+            })
             .count()
     }
 
@@ -666,7 +940,7 @@ mod tests {
         engine.set_replicas(4);
         let p = params(Algorithm::FixedWindow, 100, 60 * SECOND);
         assert_eq!(admitted(&engine, "k", p, 200), 25);
-        let denied = engine.decide("r", &[check("k", p)]);
+        let denied = engine.decide("r", &[check("k", p)]).unwrap();
         assert!(!denied.allowed);
         assert!(denied.verdicts[0].retry_after_us > 0);
         // The tick: the next share is taken from the idle view less what all 4 may have spent
@@ -894,5 +1168,202 @@ mod tests {
         let g = params(Algorithm::Gcra, 10, SECOND);
         assert_eq!(over_limit(&g, Some(&State::Gcra { tat: SECOND }), 0), 0);
         assert_eq!(over_limit(&g, Some(&State::Gcra { tat: 1_200_000 }), 0), 2);
+    }
+
+    /// One replica and the shared state it syncs with, the rounds run by hand: what
+    /// `control::sync` and Redis do, on one clock.
+    struct Replica {
+        engine: LocalFirst,
+        clock: Arc<ManualClock>,
+        shared: HashMap<String, State>,
+        /// Units admitted (locally or exactly).
+        admitted: u64,
+        /// Decisions sent to the shared state (no view).
+        exact: u64,
+    }
+
+    impl Replica {
+        fn new(keys_per_route: usize) -> Replica {
+            let clock = Arc::new(ManualClock::new(10 * SECOND));
+            let engine = LocalFirst::new(clock.clone(), 100_000);
+            engine.set_keys_per_route(keys_per_route);
+            Replica {
+                engine,
+                clock,
+                shared: HashMap::new(),
+                admitted: 0,
+                exact: 0,
+            }
+        }
+
+        /// One request; true when admitted.
+        fn request(&mut self, route: &str, key: &str, p: Params) -> bool {
+            let allowed = match self.engine.decide(route, &[check(key, p)]) {
+                Some(d) => d.allowed,
+                None => {
+                    self.exact += 1;
+                    let now = self.clock.now_us();
+                    let step = algorithm::step_for(&p, self.shared.get(key), now, 0);
+                    if step.verdict.allowed {
+                        self.shared.insert(key.to_string(), step.state);
+                    }
+                    step.verdict.allowed
+                }
+            };
+            self.admitted += u64::from(allowed);
+            allowed
+        }
+
+        /// A whole round: every write batch the round allows, then the read.
+        fn round(&mut self) {
+            let now = self.clock.now_us();
+            let charge = |shared: &mut HashMap<String, State>, batch: Vec<SyncItem>| {
+                assert!(batch.len() <= BATCH_KEYS);
+                for item in batch {
+                    let state = shared.get(&item.key);
+                    let (state, _) =
+                        algorithm::charge(&item.params, state, now, item.amount).expect("charged");
+                    shared.insert(item.key, state);
+                }
+            };
+            let (round, batch) = self.engine.tick();
+            let mut sent = batch.len();
+            charge(&mut self.shared, batch);
+            self.engine.written(round);
+            while sent < ROUND_KEYS {
+                let Some((round, batch)) = self.engine.next_write() else {
+                    break;
+                };
+                sent += batch.len();
+                charge(&mut self.shared, batch);
+                self.engine.written(round);
+            }
+            let reads = self.engine.read_batch();
+            assert!(reads.len() <= ROUND_KEYS + IDLE_READS);
+            let states = reads
+                .iter()
+                .map(|i| self.shared.get(&i.key).cloned())
+                .collect();
+            self.engine.read_done(&reads, states, now, 0);
+        }
+
+        /// Every unit in the shared state.
+        fn shared_units(&self) -> u64 {
+            self.shared
+                .values()
+                .map(|s| match s {
+                    State::FixedWindow { count, .. } => *count,
+                    _ => unreachable!(),
+                })
+                .sum()
+        }
+    }
+
+    #[test]
+    fn a_million_key_flood_keeps_each_route_within_its_budget_and_loses_no_count() {
+        let mut replica = Replica::new(1_000);
+        let p = params(Algorithm::FixedWindow, 5, 3_600 * SECOND);
+        let busy = params(Algorithm::FixedWindow, 100_000, 3_600 * SECOND);
+        let mut hot_uses = 0;
+        for i in 0..1_000_000u32 {
+            let key = format!("t:{{login|f{i}}}:l");
+            assert!(replica.request("login", &key, p), "new key {i} refused");
+            if i % 100 == 0 {
+                // Alice, busy on the same route, and a caller on another route.
+                assert!(replica.request("login", "t:{login|alice}:l", busy));
+                assert!(replica.request(
+                    "search",
+                    &format!("t:{{search|s{}}}:l", i / 100 % 300),
+                    busy
+                ));
+                hot_uses += 1;
+                replica.clock.advance(1_000);
+            }
+            if i % 10_000 == 9_999 {
+                replica.round();
+                assert!(replica.engine.route_len("login") <= 1_000);
+                assert!(replica.engine.len() <= 1_300);
+            }
+        }
+        replica.round();
+        replica.round();
+        // Bounded: the flood's copies were dropped to make room (a route's budget each round,
+        // once they are clean), and the keys that found no room were decided exactly.
+        assert!(replica.engine.route_len("login") <= 1_000);
+        assert!(
+            replica.engine.evicted() >= 95_000,
+            "{}",
+            replica.engine.evicted()
+        );
+        assert!(replica.exact >= 900_000, "{}", replica.exact);
+        // Every unit admitted is in the shared state: none lost with a dropped copy.
+        assert_eq!(replica.shared_units(), replica.admitted);
+        // Alice kept her copy (decided locally throughout but for her first request).
+        assert_eq!(
+            replica.shared.get("t:{login|alice}:l"),
+            Some(&State::FixedWindow {
+                window: 0,
+                count: hot_uses
+            })
+        );
+        // The other route's 300 callers kept theirs.
+        assert_eq!(replica.engine.route_len("search"), 300);
+        // A new caller is admitted.
+        assert!(replica.request("login", "t:{login|carol}:l", p));
+    }
+
+    #[test]
+    fn a_copy_with_usage_not_written_is_never_dropped_and_a_full_route_decides_exactly() {
+        let mut replica = Replica::new(10);
+        let p = params(Algorithm::FixedWindow, 2, 3_600 * SECOND);
+        // Ten callers spend their limit: their copies hold usage not written yet.
+        for i in 0..10 {
+            let key = format!("t:{{r|u{i}}}:l");
+            assert!(replica.request("r", &key, p));
+            assert!(replica.request("r", &key, p));
+            assert!(!replica.request("r", &key, p));
+        }
+        // A new caller: no copy may be dropped, so it is decided exactly, and admitted.
+        assert!(replica.request("r", "t:{r|new}:l", p));
+        assert_eq!(replica.exact, 1);
+        assert_eq!(replica.engine.route_len("r"), 10);
+        // After a round the copies are clean and untouched: the next new key takes one's
+        // place, and the caller whose copy was dropped is not freed early: decided exactly
+        // on the shared state until a read brings its view again.
+        replica.round();
+        for i in 10..20 {
+            assert!(replica.request("r", &format!("t:{{r|u{i}}}:l"), p));
+        }
+        assert_eq!(replica.engine.route_len("r"), 10);
+        for i in 0..10 {
+            assert!(
+                !replica.request("r", &format!("t:{{r|u{i}}}:l"), p),
+                "u{i} freed"
+            );
+        }
+        replica.round();
+        assert_eq!(replica.shared_units(), replica.admitted);
+    }
+
+    #[test]
+    fn usage_beyond_a_batch_waits_for_the_next_write_oldest_first() {
+        let clock = Arc::new(ManualClock::new(10 * SECOND));
+        let engine = LocalFirst::new(clock.clone(), 100_000);
+        let p = params(Algorithm::FixedWindow, 5, 3_600 * SECOND);
+        for i in 0..2_500 {
+            let key = format!("t:{{r|u{i}}}:l");
+            assert!(engine.decide("r", &[check(&key, p)]).unwrap().allowed);
+        }
+        let (round, batch) = engine.tick();
+        assert_eq!(batch.len(), BATCH_KEYS);
+        assert_eq!(batch[0].key, "t:{r|u0}:l");
+        engine.written(round);
+        let (round, batch) = engine.next_write().unwrap();
+        assert_eq!(batch[0].key, "t:{r|u1000}:l");
+        // Not acknowledged: sent again as it was.
+        assert_eq!(engine.next_write().unwrap(), (round, batch));
+        engine.written(round);
+        let (_, batch) = engine.next_write().unwrap();
+        assert_eq!(batch.len(), 500);
     }
 }

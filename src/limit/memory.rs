@@ -4,13 +4,23 @@
 //! 16 mutex-protected shards so unrelated requests rarely contend; a decision locks the shards
 //! of all its keys, always in ascending shard order so two decisions can never deadlock, which
 //! makes the multi-limit step atomic exactly as the Lua script is inside Redis. Idle keys are
-//! evicted (an entry past its TTL counts as absent, and [`MemoryStore::sweep`] drops them) so
-//! memory stays bounded by the keys active within their TTLs.
+//! evicted (an entry past its TTL counts as absent, and [`MemoryStore::sweep`] drops them).
+//!
+//! Memory is bounded whatever the callers send: each route (a limit set's key name, the text
+//! of a key's hash tag before `|`) holds at most [`MemoryStore::set_keys_per_route`] keys
+//! (default [`DEFAULT_KEYS_PER_ROUTE`]), split evenly over the shards. A new key on a full
+//! route evicts one of the route's keys, never refuses its caller: a second-chance ring per
+//! route and shard (CLOCK) finds it in amortised O(1) under the shard lock the decision holds
+//! anyway. Among the oldest few keys it evicts, in this order, one past its TTL (its state is
+//! back at rest: dropping it changes nothing), a key not used since it was stored (one request
+//! and gone: what a key flood is made of) that returns to rest the soonest, and only then a key
+//! used again, which gets one more turn first. So a caller still limited loses its state only
+//! when the route's budget is filled with keys all newer or busier than its own.
 
 use std::collections::hash_map::RandomState;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -18,6 +28,12 @@ use super::algorithm::{self, Algorithm, Micros, State};
 use super::decision::{block_key, new_lease_id, Check, Decision, Lease, Settlement};
 
 const SHARDS: usize = 16;
+
+/// Keys per route by default: about 430 bytes of RSS each with the map and the ring (measured
+/// with `bench/key_flood.sh`), so a route flooded with distinct keys holds about 45 MB at most.
+pub const DEFAULT_KEYS_PER_ROUTE: usize = 100_000;
+/// How many of the oldest keys an eviction looks at for one it may drop for free.
+const EVICTION_PROBES: usize = 8;
 
 /// The store's time source.
 pub trait Clock: Send + Sync {
@@ -75,14 +91,197 @@ impl Clock for ManualClock {
 struct Entry {
     state: State,
     expires_at: Micros,
+    /// The route's index in its shard's `groups`.
+    group: u32,
+    /// Used again since it was stored or last given a second chance (CLOCK's bit).
+    used: bool,
+    /// The last decision on it left nothing (refused, or took the last unit): its caller is
+    /// being limited, and dropping the state would free it early. Evicted last.
+    limiting: bool,
 }
 
-type Shard = HashMap<String, Entry>;
+/// One route's keys in one shard, oldest first (for eviction). A key removed from the map
+/// stays in the ring until it comes up or the ring is compacted.
+#[derive(Debug, Default)]
+struct Group {
+    ring: VecDeque<Arc<str>>,
+    live: usize,
+}
+
+/// One shard: the states, and per route its keys in order of arrival.
+#[derive(Debug, Default)]
+struct Shard {
+    map: HashMap<Arc<str>, Entry>,
+    groups: Vec<Group>,
+    group_of: HashMap<Box<str>, u32>,
+}
+
+/// The route part of a store key: `<prefix>{<route>|...}...` or `<prefix>{<route>}...` (the
+/// prefix never holds `{`); the whole key's head when it has no hash tag.
+fn route_of(key: &str) -> &str {
+    let Some(open) = key.find('{') else {
+        return "";
+    };
+    let rest = &key[open + 1..];
+    let end = rest.find(['|', '}']).unwrap_or(rest.len());
+    &rest[..end]
+}
+
+impl Shard {
+    fn get(&self, key: &str) -> Option<&Entry> {
+        self.map.get(key)
+    }
+
+    fn get_mut(&mut self, key: &str) -> Option<&mut Entry> {
+        self.map.get_mut(key)
+    }
+
+    fn remove(&mut self, key: &str) -> Option<Entry> {
+        let entry = self.map.remove(key)?;
+        self.groups[entry.group as usize].live -= 1;
+        Some(entry)
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) -> usize {
+        let groups = &mut self.groups;
+        let before = self.map.len();
+        self.map.retain(|_, e| {
+            let kept = keep(e);
+            if !kept {
+                groups[e.group as usize].live -= 1;
+            }
+            kept
+        });
+        before - self.map.len()
+    }
+
+    /// Stores `state` at `key`; a new key on a route holding `budget` keys in this shard first
+    /// evicts one of them. Returns how many keys were evicted (0 or 1).
+    #[allow(clippy::too_many_arguments)]
+    fn put(
+        &mut self,
+        key: &str,
+        state: State,
+        expires_at: Micros,
+        limiting: bool,
+        now: Micros,
+        budget: usize,
+    ) -> u64 {
+        if let Some(entry) = self.map.get_mut(key) {
+            entry.state = state;
+            entry.expires_at = expires_at;
+            entry.used = true;
+            entry.limiting = limiting;
+            return 0;
+        }
+        let route = route_of(key);
+        let group = match self.group_of.get(route) {
+            Some(&g) => g,
+            None => {
+                self.groups.push(Group::default());
+                let g = (self.groups.len() - 1) as u32;
+                self.group_of.insert(route.into(), g);
+                g
+            }
+        };
+        let evicted = if self.groups[group as usize].live >= budget.max(1) {
+            u64::from(self.evict(group, now))
+        } else {
+            0
+        };
+        let key: Arc<str> = Arc::from(key);
+        let g = &mut self.groups[group as usize];
+        g.ring.push_back(key.clone());
+        g.live += 1;
+        // Removed keys leave stale ring slots: compact once they are half the ring
+        // (amortised O(1) per insert).
+        if g.ring.len() > 2 * g.live + 16 {
+            let map = &self.map;
+            g.ring.retain(|k| is_current(map, k));
+            // The new key is not in the map yet.
+            g.ring.push_back(key.clone());
+        }
+        self.map.insert(
+            key,
+            Entry {
+                state,
+                expires_at,
+                group,
+                used: false,
+                limiting,
+            },
+        );
+        evicted
+    }
+
+    /// Evicts one key of `group` (see the module's doc for the order). False when the group
+    /// has no key here.
+    fn evict(&mut self, group: u32, now: Micros) -> bool {
+        let mut probed: Vec<Arc<str>> = Vec::with_capacity(EVICTION_PROBES);
+        // A key used again gets a second chance: its bit is cleared and it goes to the back.
+        // Every chance given spends one use, so the loop is amortised O(1); the cap keeps one
+        // eviction bounded when every key is busy.
+        let mut chances = 4 * EVICTION_PROBES;
+        let victim = loop {
+            let Some(key) = self.groups[group as usize].ring.pop_front() else {
+                break None;
+            };
+            if !is_current(&self.map, &key) {
+                continue; // A stale slot.
+            }
+            let entry = self
+                .map
+                .get_mut(&*key)
+                .expect("a current slot's key is held");
+            if entry.expires_at <= now {
+                break Some(key);
+            }
+            if (entry.used || entry.limiting) && chances > 0 {
+                // A caller still limited keeps its turn (until every key is one).
+                chances -= 1;
+                entry.used = false;
+                self.groups[group as usize].ring.push_back(key);
+                continue;
+            }
+            probed.push(key);
+            if probed.len() == EVICTION_PROBES {
+                break None;
+            }
+        };
+        let victim = victim.or_else(|| {
+            // The one back at rest the soonest.
+            let best = (0..probed.len()).min_by_key(|&i| self.map[&*probed[i]].expires_at)?;
+            Some(probed.remove(best))
+        });
+        // The others keep their places at the front, in order.
+        let ring = &mut self.groups[group as usize].ring;
+        for key in probed.into_iter().rev() {
+            ring.push_front(key);
+        }
+        match victim {
+            Some(key) => {
+                self.remove(&key);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// True when `key` (a ring slot) is the key the map holds, not a removed one's leftover.
+fn is_current(map: &HashMap<Arc<str>, Entry>, key: &Arc<str>) -> bool {
+    map.get_key_value(&**key)
+        .is_some_and(|(held, _)| Arc::ptr_eq(held, key))
+}
 
 struct Inner {
     shards: Vec<Mutex<Shard>>,
     hasher: RandomState,
     clock: Arc<dyn Clock>,
+    /// Keys per route and shard (the route's budget split over the shards, rounded up).
+    per_shard: AtomicUsize,
+    /// Keys evicted to make room, since the start.
+    evicted: AtomicU64,
 }
 
 /// Limit states of this process only. Clone is cheap (shared).
@@ -95,6 +294,10 @@ impl Default for MemoryStore {
     fn default() -> Self {
         MemoryStore::new()
     }
+}
+
+fn per_shard(keys_per_route: usize) -> usize {
+    keys_per_route.div_ceil(SHARDS).max(1)
 }
 
 /// A poisoned shard only means another thread panicked mid-decision; the maps themselves are
@@ -114,10 +317,49 @@ impl MemoryStore {
     pub fn with_clock(clock: Arc<dyn Clock>) -> MemoryStore {
         MemoryStore {
             inner: Arc::new(Inner {
-                shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+                shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
                 hasher: RandomState::new(),
                 clock,
+                per_shard: AtomicUsize::new(per_shard(DEFAULT_KEYS_PER_ROUTE)),
+                evicted: AtomicU64::new(0),
             }),
+        }
+    }
+
+    /// The most keys one route holds (its budget); a new key past it evicts one of the route's
+    /// keys. Split evenly over the shards, so the bound is this rounded up to a multiple of 16.
+    pub fn set_keys_per_route(&self, keys: usize) {
+        self.inner
+            .per_shard
+            .store(per_shard(keys), Ordering::Relaxed);
+    }
+
+    /// The bound [`MemoryStore::set_keys_per_route`] set, as enforced (a multiple of 16).
+    pub fn keys_per_route(&self) -> usize {
+        self.inner.per_shard.load(Ordering::Relaxed) * SHARDS
+    }
+
+    /// Keys evicted to make room for new ones since the store was made.
+    pub fn evicted(&self) -> u64 {
+        self.inner.evicted.load(Ordering::Relaxed)
+    }
+
+    /// Stores `state` at `key` in its shard (locked by `locked`), counting an eviction.
+    fn put(
+        &self,
+        locked: &mut Locked<'_>,
+        key: &str,
+        state: State,
+        expires_at: Micros,
+        limiting: bool,
+        now: Micros,
+    ) {
+        let budget = self.inner.per_shard.load(Ordering::Relaxed);
+        let evicted = locked
+            .shard(key)
+            .put(key, state, expires_at, limiting, now, budget);
+        if evicted > 0 {
+            self.inner.evicted.fetch_add(evicted, Ordering::Relaxed);
         }
     }
 
@@ -174,12 +416,13 @@ impl MemoryStore {
                 algorithm::penalty_box(step.verdict, blocked_until, c.block_us, now);
             step.verdict = verdict;
             if let Some(until) = start {
-                locked.shard(marker).insert(
-                    marker.clone(),
-                    Entry {
-                        state: State::Blocked { until },
-                        expires_at: until,
-                    },
+                self.put(
+                    &mut locked,
+                    marker,
+                    State::Blocked { until },
+                    until,
+                    true,
+                    now,
                 );
             }
         }
@@ -187,23 +430,35 @@ impl MemoryStore {
             .iter()
             .zip(checks)
             .all(|((s, _), c)| c.shadow || s.verdict.allowed);
+        if !allowed {
+            // A refused caller is being limited: its states are the last to go.
+            for ((step, _), c) in steps.iter().zip(checks) {
+                if !step.verdict.allowed {
+                    if let Some(entry) = locked.shard(c.key).get_mut(c.key) {
+                        entry.limiting = true;
+                        entry.used = true;
+                    }
+                }
+            }
+        }
         let mut leases = Vec::new();
         if allowed {
             for ((step, lease), c) in steps.iter().zip(checks) {
                 if !step.verdict.allowed {
                     continue; // a denying shadow limit is not consumed
                 }
-                let map = locked.shard(c.key);
                 if step.ttl > 0 {
-                    map.insert(
-                        c.key.to_string(),
-                        Entry {
-                            state: step.state.clone(),
-                            expires_at: now + step.ttl,
-                        },
+                    let limiting = step.verdict.remaining == 0;
+                    self.put(
+                        &mut locked,
+                        c.key,
+                        step.state.clone(),
+                        now + step.ttl,
+                        limiting,
+                        now,
                     );
                 } else {
-                    map.remove(c.key);
+                    locked.shard(c.key).remove(c.key);
                 }
                 if c.params.algorithm == Algorithm::Concurrency {
                     leases.push(Lease {
@@ -257,7 +512,7 @@ impl MemoryStore {
     pub fn remove(&self, keys: &[&str]) -> usize {
         let mut locked = self.lock_keys(keys.iter().copied());
         keys.iter()
-            .filter(|k| locked.shard(k).remove(**k).is_some())
+            .filter(|k| locked.shard(k).remove(k).is_some())
             .count()
     }
 
@@ -284,15 +539,11 @@ impl MemoryStore {
             let Some((state, ttl)) = algorithm::settle(&s.params, state, now, s.op) else {
                 continue;
             };
-            let map = locked.shard(&s.key);
             if ttl > 0 {
-                let entry = Entry {
-                    state,
-                    expires_at: now + ttl,
-                };
-                map.insert(s.key.clone(), entry);
+                let limiting = locked.shard(&s.key).get(&s.key).is_some_and(|e| e.limiting);
+                self.put(&mut locked, &s.key, state, now + ttl, limiting, now);
             } else {
-                map.remove(&s.key);
+                locked.shard(&s.key).remove(&s.key);
             }
         }
     }
@@ -323,7 +574,7 @@ impl MemoryStore {
     pub fn sweep(&self) {
         let now = self.inner.clock.now_us();
         for shard in &self.inner.shards {
-            lock(shard).retain(|_, e| e.expires_at > now);
+            lock(shard).retain(|e| e.expires_at > now);
         }
     }
 
@@ -345,7 +596,7 @@ impl MemoryStore {
 
     /// Number of stored entries, expired or not (tests watch eviction with it).
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).len()).sum()
+        self.inner.shards.iter().map(|s| lock(s).map.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -567,5 +818,107 @@ mod tests {
             .await
             .expect("the sweeper stops once the store is gone")
             .unwrap();
+    }
+
+    fn flood_check(key: &str, params: Params) -> Check<'_> {
+        Check {
+            key,
+            params,
+            shadow: false,
+            block_us: 0,
+        }
+    }
+
+    #[test]
+    fn a_million_key_flood_stays_within_the_routes_budget_and_new_keys_are_admitted() {
+        let (s, clock) = store();
+        s.set_keys_per_route(1_000);
+        assert_eq!(s.keys_per_route(), 1_008);
+        let limit = p(Algorithm::FixedWindow, 3, 60 * SEC);
+        let busy = p(Algorithm::FixedWindow, 5_000, 60 * SEC);
+        // A busy caller on the flooded route, and one on another route.
+        let hot = "t:{login|alice}:l";
+        let other = "t:{search|bob}:l";
+        assert!(s.decide(&[flood_check(other, limit)]).allowed);
+        let mut hot_uses = 0;
+        let mut key = String::new();
+        for i in 0..1_000_000u32 {
+            key.clear();
+            use std::fmt::Write;
+            write!(key, "t:{{login|flood{i}}}:l").unwrap();
+            assert!(
+                s.decide(&[flood_check(&key, limit)]).allowed,
+                "key {i} refused"
+            );
+            if i % 500 == 0 {
+                clock.advance(1_000);
+                assert!(s.decide(&[flood_check(hot, busy)]).allowed);
+                hot_uses += 1;
+            }
+            if i % 100_000 == 0 {
+                assert!(s.len() <= 1_008 + 1, "{} keys after {i}", s.len());
+            }
+        }
+        assert!(s.len() <= 1_008 + 1, "{} keys", s.len());
+        assert_eq!(s.evicted(), 1_000_000 + 2 - s.len() as u64);
+        // The other route's key was never touched by the flood (peek counts the next request).
+        assert_eq!(
+            s.peek(&[flood_check(other, limit)]).verdicts[0].remaining,
+            1
+        );
+        // The hot key survived with its count.
+        let d = s.peek(&[flood_check(hot, busy)]);
+        assert_eq!(d.verdicts[0].remaining, 5_000 - hot_uses - 1);
+        // A new caller on the flooded route is admitted with its full quota.
+        let d = s.decide(&[flood_check("t:{login|carol}:l", limit)]);
+        assert!(d.allowed);
+        assert_eq!(d.verdicts[0].remaining, 2);
+    }
+
+    #[test]
+    fn eviction_takes_keys_at_rest_and_one_request_keys_before_a_limited_caller() {
+        let (s, clock) = store();
+        s.set_keys_per_route(16 * 4);
+        let strict = p(Algorithm::FixedWindow, 1, 3_600 * SEC);
+        let short = p(Algorithm::FixedWindow, 5, SEC);
+        // A limited caller: its one unit spent, refused for an hour, and retrying.
+        let limited = "t:{r|mallory}:l";
+        assert!(s.decide(&[flood_check(limited, strict)]).allowed);
+        assert!(!s.decide(&[flood_check(limited, strict)]).allowed);
+        // Refused decisions store nothing, so it is as cold as the flood's keys; but the flood's
+        // keys return to rest within a second, and eviction takes those first.
+        for i in 0..10_000 {
+            let key = format!("t:{{r|f{i}}}:l");
+            assert!(s.decide(&[flood_check(&key, short)]).allowed);
+            if i % 100 == 0 {
+                clock.advance(1_000);
+            }
+        }
+        assert!(
+            !s.decide(&[flood_check(limited, strict)]).allowed,
+            "freed early"
+        );
+        assert!(s.len() <= 64);
+    }
+
+    #[test]
+    fn removed_keys_do_not_grow_the_ring() {
+        let (s, _) = store();
+        let c = p(Algorithm::Concurrency, 1, 30 * SEC);
+        for _ in 0..10_000 {
+            let d = s.decide(&[flood_check("t:{r|k}:c", c)]);
+            s.release(&d.leases);
+        }
+        let shard = lock(&s.inner.shards[s.shard_of("t:{r|k}:c")]);
+        let ring: usize = shard.groups.iter().map(|g| g.ring.len()).sum();
+        assert!(ring <= 20, "{ring} ring slots for no key");
+    }
+
+    #[test]
+    fn route_of_reads_the_hash_tag() {
+        assert_eq!(route_of("t:{login|1.2.3.4}:burst"), "login");
+        assert_eq!(route_of("t:{login}:burst:1.2.3.4"), "login");
+        assert_eq!(route_of("t:{api~gold|u}:l"), "api~gold");
+        assert_eq!(route_of("plain"), "");
     }
 }

@@ -179,6 +179,22 @@ impl Proxy {
         &self.inner.metrics
     }
 
+    /// `/metrics`: the metrics, with the keys the running configuration holds in process
+    /// memory read now.
+    pub fn render_metrics(&self) -> String {
+        let runtime = self.inner.runtime.load();
+        let memory = match runtime.limits.stores().memory() {
+            crate::limit::Store::Memory(m) => Some((m.len(), m.evicted())),
+            crate::limit::Store::Redis(_) => None,
+        };
+        let local_first = runtime
+            .limits
+            .local_first()
+            .map(|engine| (engine.len(), engine.evicted()));
+        self.inner.metrics.key_tables(memory, local_first);
+        self.inner.metrics.render()
+    }
+
     /// The configuration new requests are served with.
     pub fn config(&self) -> Arc<Config> {
         self.inner.runtime.load().config.clone()

@@ -142,6 +142,14 @@ impl LimitStage {
         denials: Arc<deny_cache::DenyCache>,
         local_first: Option<LocalFirst>,
     ) -> Self {
+        // The budget of keys per route, as this configuration sets it (the stores and the
+        // engine may be carried over from the one before).
+        if let Store::Memory(memory) = stores.memory() {
+            memory.set_keys_per_route(config.max_keys_per_route);
+        }
+        if let Some(engine) = &local_first {
+            engine.set_keys_per_route(config.max_keys_per_route);
+        }
         LimitStage {
             config,
             stores,
@@ -168,6 +176,11 @@ impl LimitStage {
 
     pub fn stores(&self) -> &Stores {
         &self.stores
+    }
+
+    /// The local-first engine, when a limit is local-first and the store is Redis.
+    pub fn local_first(&self) -> Option<&LocalFirst> {
+        self.local_first.as_ref()
     }
 
     pub fn denials(&self) -> &Arc<deny_cache::DenyCache> {
@@ -411,11 +424,13 @@ impl LimitStage {
             ));
         }
         // Local-first limits (every limit of the set has the same `sync`, see config) are
-        // decided on the local copies: never waiting on Redis.
+        // decided on the local copies: never waiting on Redis, except for a key the engine has
+        // no view of (a new key on a route whose copies are all taken), decided exactly below.
         if let Some(local_first) = &self.local_first {
             if set.iter().all(|l| l.sync.is_some()) {
-                let decision = local_first.decide(&set.key_name, checks);
-                return Some((decision, AdmitReason::Decided));
+                if let Some(decision) = local_first.decide(&set.key_name, checks) {
+                    return Some((decision, AdmitReason::Decided));
+                }
             }
         }
         let all_global = set.iter().all(|l| l.scope == Scope::Global);

@@ -226,9 +226,22 @@ impl Config {
 
     /// `client_ip.trusted_proxies`.
     pub fn trusted_proxies<S: Into<String>>(mut self, cidrs: impl IntoIterator<Item = S>) -> Self {
+        let ipv6_prefix = self.client_ip.take().and_then(|c| c.ipv6_prefix);
         self.client_ip = Some(ClientIp {
             trusted_proxies: cidrs.into_iter().map(Into::into).collect(),
+            ipv6_prefix,
         });
+        self
+    }
+
+    /// `client_ip.ipv6_prefix`.
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.client_ip
+            .get_or_insert_with(|| ClientIp {
+                trusted_proxies: Vec::new(),
+                ipv6_prefix: None,
+            })
+            .ipv6_prefix = Some(bits);
         self
     }
 
@@ -386,6 +399,8 @@ impl From<&str> for Size {
 #[derive(Serialize, Clone)]
 struct ClientIp {
     trusted_proxies: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ipv6_prefix: Option<u8>,
 }
 
 #[derive(Serialize, Clone, Default)]
@@ -433,6 +448,8 @@ pub struct Store {
     redis: Option<Redis>,
     #[serde(skip_serializing_if = "Option::is_none")]
     on_error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_keys_per_route: Option<u64>,
 }
 
 #[derive(Serialize, Clone, Default)]
@@ -512,7 +529,7 @@ pub mod store {
     fn with(redis: Redis) -> Store {
         Store {
             redis: Some(redis),
-            on_error: None,
+            ..Store::default()
         }
     }
 }
@@ -522,6 +539,12 @@ impl Store {
         self.redis
             .as_mut()
             .expect("a Redis field on a store without Redis")
+    }
+
+    /// `max_keys_per_route`: the most keys a route keeps in process memory.
+    pub fn max_keys_per_route(mut self, keys: u64) -> Self {
+        self.max_keys_per_route = Some(keys);
+        self
     }
 
     /// `on_error`: `allow`, `deny` or `local`.

@@ -28,6 +28,6 @@ pub use route::{Allow, Override, Route};
 pub use route::{MatchCase, DEFAULT_UPGRADES};
 pub use throttle::{
     OnError, RedisConfig, RedisMode, RedisTls, ResponseConfig, Secret, StoreConfig, Throttle,
-    DEFAULT_KEY_PREFIX, DEFAULT_STORE_TIMEOUT,
+    DEFAULT_KEY_PREFIX, DEFAULT_MAX_KEYS_PER_ROUTE, DEFAULT_STORE_TIMEOUT,
 };
 pub use usage::Usage;

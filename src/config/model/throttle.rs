@@ -16,11 +16,16 @@ pub use crate::limit::redis_settings::{RedisMode, RedisSettings as RedisConfig, 
 
 pub const DEFAULT_KEY_PREFIX: &str = "tollgate:";
 pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
+/// `store.max_keys_per_route` unless set: the memory store's and local-first's default.
+pub const DEFAULT_MAX_KEYS_PER_ROUTE: usize = crate::limit::memory::DEFAULT_KEYS_PER_ROUTE;
 
 /// Everything the limiter needs, validated.
 #[derive(Debug, Clone)]
 pub struct Throttle {
     pub store: StoreConfig,
+    /// `store.max_keys_per_route`: the most keys a route (or tier) keeps in this process's
+    /// memory (the memory store, local-first copies); a new key past it evicts a cold one.
+    pub max_keys_per_route: usize,
     pub key_prefix: String,
     pub on_error: OnError,
     pub trusted_proxies: TrustedProxies,

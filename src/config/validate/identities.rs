@@ -26,7 +26,17 @@ pub(super) fn trusted_proxies(v: &mut Validator, raw: Option<&RawClientIp>) -> T
             ),
         }
     }
-    TrustedProxies::new(nets)
+    let mut trusted = TrustedProxies::new(nets);
+    if let Some(prefix) = raw.ipv6_prefix {
+        if prefix > 128 {
+            v.error(
+                "client_ip.ipv6_prefix",
+                format!("`{prefix}` is not an IPv6 prefix length: write 0 to 128 (64, the default, keys a client by its /64 network; 128 by its whole address)"),
+            );
+        }
+        trusted = trusted.with_ipv6_prefix(prefix.min(128));
+    }
+    trusted
 }
 
 /// A CIDR, or a single address as a host network.

@@ -52,6 +52,7 @@ pub(super) fn validate(
 /// allow-list and the shape of limited responses.
 fn throttle(v: &mut Validator, raw: &mut RawConfig) -> Throttle {
     let (store, key_prefix, on_error) = store::store(v, raw.store.as_ref());
+    let max_keys_per_route = store::max_keys_per_route(v, raw.store.as_ref());
     let trusted_proxies = identities::trusted_proxies(v, raw.client_ip.as_ref());
     let identities = identities::identities(v, std::mem::take(&mut raw.identities));
     let default_scope = match store {
@@ -62,6 +63,7 @@ fn throttle(v: &mut Validator, raw: &mut RawConfig) -> Throttle {
     let allow = allow::allow(v, "allow", raw.allow.as_ref(), &identities);
     Throttle {
         store,
+        max_keys_per_route,
         key_prefix,
         on_error,
         trusted_proxies,

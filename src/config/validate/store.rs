@@ -3,7 +3,9 @@
 
 use super::redis::redis;
 use super::validator::Validator;
-use crate::config::model::{OnError, StoreConfig, DEFAULT_KEY_PREFIX, DEFAULT_STORE_TIMEOUT};
+use crate::config::model::{
+    OnError, StoreConfig, DEFAULT_KEY_PREFIX, DEFAULT_MAX_KEYS_PER_ROUTE, DEFAULT_STORE_TIMEOUT,
+};
 use crate::config::raw::RawStore;
 
 pub(super) fn store(v: &mut Validator, raw: Option<&RawStore>) -> (StoreConfig, String, OnError) {
@@ -38,4 +40,23 @@ pub(super) fn store(v: &mut Validator, raw: Option<&RawStore>) -> (StoreConfig, 
     }
     let redis = redis(v, redis_raw, DEFAULT_STORE_TIMEOUT);
     (StoreConfig::Redis(redis), key_prefix, on_error)
+}
+
+/// The most keys a route keeps in process memory: at least 16 (the memory store's shards), at
+/// most 100,000,000.
+const KEYS_PER_ROUTE: std::ops::RangeInclusive<u64> = 16..=100_000_000;
+
+/// `store.max_keys_per_route`.
+pub(super) fn max_keys_per_route(v: &mut Validator, raw: Option<&RawStore>) -> usize {
+    match raw.and_then(|r| r.max_keys_per_route) {
+        None => DEFAULT_MAX_KEYS_PER_ROUTE,
+        Some(n) if KEYS_PER_ROUTE.contains(&n) => n as usize,
+        Some(n) => {
+            v.error(
+                "store.max_keys_per_route",
+                format!("`{n}` is out of range: write a number of keys from 16 to 100000000 (default {DEFAULT_MAX_KEYS_PER_ROUTE}: about 45 MB per flooded route, 120 MB with local-first limits)"),
+            );
+            DEFAULT_MAX_KEYS_PER_ROUTE
+        }
+    }
 }
