@@ -19,6 +19,7 @@
 //! | --- | --- | --- |
 //! | limited (the configured status, 429 by default) | RESOURCE_EXHAUSTED (8) | gRPC's code for "some resource has been exhausted, perhaps a per-user quota"; the spec table's UNAVAILABLE would invite an immediate retry |
 //! | 503, the store is down (`on_error: deny`) | UNAVAILABLE (14) | spec table; transient, and safe to retry: nothing reached the upstream |
+//! | 503, the app is overloaded (`protect` shed the request) | UNAVAILABLE (14), with `grpc-retry-pushback-ms` | spec table; nothing reached the app, and the pushback spaces the retry |
 //! | 400, the request cannot be forwarded | INTERNAL (13) | spec table: the HTTP request itself was malformed, not an argument of the call |
 //! | 413, the body is over `max_request_body` | RESOURCE_EXHAUSTED (8) | what gRPC itself answers for a message over its size limit (the table has no 413) |
 //! | 502, the upstream is unreachable or failed | UNAVAILABLE (14) | spec table; it is what a gRPC client reports itself when its connection fails |
@@ -180,12 +181,16 @@ fn ready_text(body: &mut ProxyBody) -> String {
 /// The human-readable part: the problem's `detail` for a denial, the plain-text answer
 /// otherwise, or the status's reason when neither is there.
 fn message(status: StatusCode, text: &str, limited: bool) -> String {
-    let detail = if limited {
+    // A problem document (a denial, a shed request) says it in its `detail`.
+    let problem = || {
         serde_json::from_str::<serde_json::Value>(text)
             .ok()
             .and_then(|problem| problem.get("detail")?.as_str().map(str::to_owned))
+    };
+    let detail = if limited {
+        problem()
     } else {
-        Some(text.trim().to_owned()).filter(|t| !t.is_empty())
+        problem().or_else(|| Some(text.trim().to_owned()).filter(|t| !t.is_empty()))
     };
     detail.unwrap_or_else(|| {
         let reason = if limited {

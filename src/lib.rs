@@ -19,6 +19,7 @@ pub mod idle;
 pub mod limit;
 pub mod limits_cli;
 pub mod metrics;
+pub mod protect;
 pub mod proxy;
 pub mod reload;
 pub mod routing;

@@ -65,6 +65,9 @@ pub struct RouteMetrics {
     pub allowed: Counter,
     pub limited: Counter,
     pub shadow_limited: Counter,
+    /// Shed by `protect` (the app was overloaded), and what shadow mode would have shed.
+    pub shed: Counter,
+    pub shadow_shed: Counter,
     pub store_error: Counter,
     /// `cost_from_response` reports that were missing or malformed (the default cost was
     /// charged instead), and settlements the store failed (see `throttle::settle`).
@@ -175,6 +178,8 @@ impl Metrics {
             allowed: requests("allowed"),
             limited: requests("limited"),
             shadow_limited: requests("shadow_limited"),
+            shed: requests("shed"),
+            shadow_shed: requests("shadow_shed"),
             store_error: requests("store_error"),
             settlement: crate::throttle::settle::SettleMetrics {
                 cost_report_invalid: self
@@ -226,6 +231,36 @@ impl Metrics {
                 .recorder
                 .register_gauge(&Key::from_static_name("tollgate_sync_replicas"), &METADATA),
             drift,
+        }
+    }
+
+    /// The handles `protect` keeps current: its limit, in-flight, waiting, learned baseline
+    /// and current latency, and admitted and shed by priority. Registered only with a
+    /// `protect` section (and kept from then on).
+    pub fn protect(&self) -> crate::protect::ProtectMetrics {
+        let gauge = |name: &'static str| {
+            self.recorder
+                .register_gauge(&Key::from_static_name(name), &METADATA)
+        };
+        let by_priority = |name: &'static str, mode: Option<&'static str>| {
+            crate::config::Priority::ALL.map(|priority| {
+                let mut labels = vec![Label::new("priority", priority.as_str())];
+                if let Some(mode) = mode {
+                    labels.push(Label::new("mode", mode));
+                }
+                self.recorder
+                    .register_counter(&Key::from_parts(name, labels), &METADATA)
+            })
+        };
+        crate::protect::ProtectMetrics {
+            limit: gauge("tollgate_protect_limit"),
+            in_flight: gauge("tollgate_protect_in_flight"),
+            waiting: gauge("tollgate_protect_waiting"),
+            baseline_seconds: gauge("tollgate_protect_baseline_seconds"),
+            latency_seconds: gauge("tollgate_protect_latency_seconds"),
+            admitted: by_priority("tollgate_protect_admitted_total", None),
+            shed: by_priority("tollgate_protect_shed_total", Some("enforce")),
+            shadow_shed: by_priority("tollgate_protect_shed_total", Some("shadow")),
         }
     }
 

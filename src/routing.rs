@@ -1,5 +1,6 @@
 //! Which route a request belongs to: routes are tried in file order and the first whose
-//! path prefix, methods and host all match wins. No match means the request is forwarded
+//! path prefix, methods, host and headers (`match.headers`: exact values, names
+//! case-insensitive) all match wins. No match means the request is forwarded
 //! unlimited.
 //!
 //! Path prefixes are plain string prefixes of the request path (as nginx and Traefik do): write
@@ -137,6 +138,11 @@ fn matches(route: &Route, path: &str, request: &Parts, host: Option<&str>) -> bo
             return false;
         }
     }
+    for (name, value) in &route.headers {
+        if request.headers.get(name) != Some(value) {
+            return false;
+        }
+    }
     if let Some(pattern) = &route.host {
         let Some(host) = host else { return false };
         let matched = match pattern.strip_prefix("*.") {
@@ -213,6 +219,7 @@ mod tests {
             path_prefix: prefix.map(Into::into),
             methods: methods.map(|m| m.to_vec()),
             host: host.map(Into::into),
+            headers: vec![],
             limits: crate::config::LimitSet::new(name, None, vec![], true),
             allow: Default::default(),
             overrides: vec![],

@@ -32,6 +32,7 @@ pub use model::{
     DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, MAX_WORKERS,
 };
+pub use model::{LatencyTarget, Priority, Protect, ProtectMode};
 use raw::RawConfig;
 
 /// Reads, substitutes, parses and validates the file at `path`.

@@ -27,6 +27,18 @@ pub struct RawConfig {
     pub response: Option<RawResponse>,
     pub allow: Option<RawAllow>,
     pub usage: Option<RawUsage>,
+    pub protect: Option<RawProtect>,
+}
+
+/// `protect: { mode, latency, max_wait, min_limit, max_limit }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawProtect {
+    pub mode: Option<String>,
+    pub latency: Option<String>,
+    pub max_wait: Option<String>,
+    pub min_limit: Option<u64>,
+    pub max_limit: Option<u64>,
 }
 
 /// `usage: { path: /_quota }`: the path where a caller reads its own usage.
@@ -246,6 +258,7 @@ pub struct RawRoute {
     pub allow: Option<RawAllow>,
     #[serde(default)]
     pub overrides: Vec<RawOverride>,
+    pub priority: Option<String>,
 }
 
 /// Callers that are never limited: by client address, or by identity value.
@@ -266,6 +279,7 @@ pub struct RawOverride {
     pub identity: Option<String>,
     pub values: Vec<String>,
     pub limits: Vec<RawLimit>,
+    pub priority: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -274,6 +288,9 @@ pub struct RawMatch {
     pub path_prefix: Option<String>,
     pub methods: Option<Vec<String>>,
     pub host: Option<String>,
+    /// Header name → exact value.
+    #[serde(default)]
+    pub headers: indexmap_free::OrderedMap<String>,
 }
 
 /// An identity name, or a list of names for a compound key.

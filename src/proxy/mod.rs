@@ -1,6 +1,7 @@
 //! The request path, top to bottom in the order it happens: accept (in `server`) → route
 //! ([`routing::Routed`]) → identify ([`identity::caller::Caller`]) → limit ([`LimitOutcome`]) →
-//! forward (`Result<Forwarded, ProxyError>`) → respond. This module owns the order; each stage
+//! protect (a [`protect::Slot`], with a `protect` section) → forward
+//! (`Result<Forwarded, ProxyError>`) → respond. This module owns the order; each stage
 //! lives in its own module. One `RequestRecord` per request (see `record`) collects what the
 //! stages found and writes it once to the metrics, the access log and `tracing`. A request to
 //! the configured `usage` path is answered before routing, by [`crate::usage`], and never
@@ -31,6 +32,7 @@ use crate::control::{caller, sync, Control};
 use crate::error::ProxyError;
 use crate::identity;
 use crate::metrics::{Metrics, RouteMetrics};
+use crate::protect::{self, Admission, Protector};
 use crate::routing::{self, Routed};
 use crate::store::Stores;
 use crate::throttle::headers as limit_headers;
@@ -74,6 +76,8 @@ struct Runtime {
     /// One per route, in route order.
     route_metrics: Vec<RouteMetrics>,
     unrouted_metrics: RouteMetrics,
+    /// The app's protection (`protect`): carried over reloads with what it learned.
+    protect: Option<Arc<Protector>>,
 }
 
 impl Runtime {
@@ -118,9 +122,19 @@ impl Runtime {
             .iter()
             .map(|r| metrics.route(&r.name))
             .collect();
+        let protect = config.protect.as_ref().map(|settings| {
+            match previous.and_then(|p| p.protect.as_ref()) {
+                Some(carried) => {
+                    carried.reconfigure(settings);
+                    carried.clone()
+                }
+                None => Protector::new(settings, metrics.protect()),
+            }
+        });
         Runtime {
             upstream,
             limits,
+            protect,
             offenders,
             local_first,
             route_metrics,
@@ -205,8 +219,13 @@ impl Proxy {
         stores.ready() || stores.on_error() != crate::config::OnError::Deny
     }
 
-    /// Handles one request, in order: route → identify → limit → forward → respond. Never
-    /// fails: every error becomes a response.
+    /// The app's protection of the running configuration, for the admin's `/protect`.
+    pub fn protector(&self) -> Option<Arc<Protector>> {
+        self.inner.runtime.load().protect.clone()
+    }
+
+    /// Handles one request, in order: route → identify → limit → protect → forward → respond.
+    /// Never fails: every error becomes a response.
     ///
     /// Takes the proxy by value so that the future owns everything it uses and can be
     /// served without being boxed (see `conn`). The stages are plain functions awaited in this
@@ -277,6 +296,33 @@ impl Proxy {
             }
         };
 
+        // Protect: after the limits, so a caller over its quota never takes a slot.
+        let mut slot = match &runtime.protect {
+            None => None,
+            Some(protector) => {
+                let priority = admitted
+                    .as_ref()
+                    .map_or(crate::config::Priority::Normal, |a| a.set.priority);
+                let admission = match protector.try_admit(priority) {
+                    Ok(admission) => admission,
+                    // Boxed: waiting is the rare case, and its timer would size every future.
+                    Err(ticket) => Box::pin(ticket.wait()).await,
+                };
+                match admission {
+                    Admission::Admitted(slot) => {
+                        if slot.would_shed() {
+                            record.shed(true);
+                        }
+                        Some(slot)
+                    }
+                    Admission::Shed => {
+                        record.shed(false);
+                        return refuse(overloaded_response(), &mut record, grpc, false);
+                    }
+                }
+            }
+        };
+
         // Forward.
         // Without a route nothing happened since the start worth a clock read of its own.
         let upstream_started = match routed {
@@ -287,6 +333,10 @@ impl Proxy {
         let forwarded = match outbound(config, parts, body, found, conn, peer_is_trusted) {
             Ok((upstream_request, returning)) => {
                 let answered = runtime.upstream.send(upstream_request).await;
+                // The slot is the app's until its head arrives, not until the body ends.
+                if let Some(slot) = slot.take() {
+                    protect_sample(slot, &answered);
+                }
                 self.inbound(returning, answered)
             }
             Err(error) => Err(error),
@@ -535,6 +585,40 @@ fn refuse(
         response
     };
     response.map(AnswerBody::Right)
+}
+
+/// Gives back a protect slot with what the exchange showed: the head's status, or a failure
+/// of the upstream's (a refusal of the client's own, such as an oversized body, is no sample).
+fn protect_sample(
+    slot: protect::Slot,
+    answered: &Result<Response<upstream::UpstreamBody>, ProxyError>,
+) {
+    match answered {
+        Ok(response) => slot.finish(Some(response.status())),
+        Err(error) if error.side() == crate::error::Side::Upstream => slot.finish(None),
+        Err(_) => drop(slot),
+    }
+}
+
+/// The answer to a request `protect` shed: 503 with `Retry-After` and a problem+json body
+/// saying the app is overloaded (not that the caller is over a quota: the problem type
+/// differs from a limited response's).
+fn overloaded_response() -> Response<ProxyBody> {
+    const BODY: &str = concat!(
+        r#"{"detail":"The application is overloaded and this request was shed to keep it "#,
+        r#"answering; retry after 1 second(s).","status":503,"title":"Service Overloaded","#,
+        r#""type":"urn:tollgate:problem:overloaded"}"#
+    );
+    let mut response = Response::new(body::full(Bytes::from_static(BODY.as_bytes())));
+    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
 }
 
 /// A limited response as the client receives it, rendered from what the limit stage found.

@@ -42,6 +42,10 @@ pub enum Decision {
     Limited,
     /// Refused: over a limit the in-memory fallback decided because the store failed.
     LimitedByFallback,
+    /// Refused by `protect`: the app is overloaded and this request was the one to shed.
+    Shed,
+    /// Forwarded, though `protect` in enforce mode would have shed it (shadow mode).
+    ShadowShed,
 }
 
 impl Decision {
@@ -70,6 +74,8 @@ impl Decision {
             Decision::ShadowLimited => "shadow_limited",
             Decision::StoreError => "store_error",
             Decision::Limited | Decision::LimitedByFallback => "limited",
+            Decision::Shed => "shed",
+            Decision::ShadowShed => "shadow_shed",
         }
     }
 
@@ -83,6 +89,8 @@ impl Decision {
                 route.store_error.increment(1);
             }
             Decision::Limited => route.limited.increment(1),
+            Decision::Shed => route.shed.increment(1),
+            Decision::ShadowShed => route.shadow_shed.increment(1),
             Decision::LimitedByFallback => {
                 global.store_errors.increment(1);
                 route.limited.increment(1);
@@ -174,6 +182,15 @@ impl<'a> RequestRecord<'a> {
         self.limit_time = Some(self.started.elapsed());
         self.identity = outcome.identity();
         self.decision = Some(Decision::of(outcome));
+    }
+
+    /// `protect` shed the request (`shadow`: would have, in enforce mode).
+    pub fn shed(&mut self, shadow: bool) {
+        self.decision = Some(if shadow {
+            Decision::ShadowShed
+        } else {
+            Decision::Shed
+        });
     }
 
     /// The forward stage's time, and the upstream's status when it answered.

@@ -209,6 +209,17 @@ impl LimitStage {
                 ..
             } => (set, keys, identity),
         };
+        // A route (or tier) with no limits, only a priority: nothing to decide.
+        if set.is_empty() {
+            return LimitOutcome::Admitted(Admitted {
+                set,
+                identity,
+                verdicts: Vec::new(),
+                reason: AdmitReason::Decided,
+                leases: None,
+                settlement: None,
+            });
+        }
         // A caller with a temporary override counts on keys of its own, with adjusted limits.
         let overridden = self.overrides.rekey(&mut keys);
 

@@ -33,6 +33,9 @@ pub struct LimitSet {
     /// True when a limit has a calendar window: its length changes from one window to the
     /// next, so the policy is rendered on every response instead of once.
     pub calendar: bool,
+    /// The priority of requests decided by this set under `protect` (the route's, or the
+    /// tier's own); `normal` unless configured.
+    pub priority: super::protect::Priority,
 }
 
 impl LimitSet {
@@ -47,6 +50,7 @@ impl LimitSet {
             shared_key,
             policy: OnceLock::new(),
             calendar: limits.iter().any(|l| l.params.calendar.is_some()),
+            priority: super::protect::Priority::Normal,
             limits,
         }
     }

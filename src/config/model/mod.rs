@@ -4,15 +4,21 @@
 //! human text by the command line (`summary`).
 //!
 //! The files build on one another in one direction: `proxy` (the whole `Config`) over
-//! `throttle` (store, routes, responses) over `route` over `limit`.
+//! `throttle` (store, routes, responses) over `route` over `limit`;
+//! `protect` (the app's protection and the priorities) stands beside them.
 
 mod limit;
+mod protect;
 mod proxy;
 mod route;
 mod throttle;
 mod usage;
 
 pub use limit::{ByResponse, Limit, LimitSet, OnLimit, Scope, StatusSet, DEFAULT_LEASE_TTL};
+pub use protect::{
+    LatencyTarget, Priority, Protect, ProtectMode, DEFAULT_LATENCY_MULTIPLE, DEFAULT_MAX_LIMIT,
+    DEFAULT_MAX_WAIT, DEFAULT_MIN_LIMIT,
+};
 pub use proxy::{
     Config, HostMode, Listener, TlsFiles, Upstream, DEFAULT_CONNECT_TIMEOUT, DEFAULT_H2_STREAMS,
     DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use http::uri::{Authority, Scheme};
 
+use super::protect::Protect;
 use super::throttle::{Secret, Throttle};
 use super::usage::Usage;
 
@@ -47,6 +48,8 @@ pub struct Config {
     pub throttle: Throttle,
     /// Where a caller reads its own usage (`usage`); None: off, that path is proxied like any.
     pub usage: Option<Usage>,
+    /// The app's protection under overload (`protect`); None: off, and no cost.
+    pub protect: Option<Protect>,
 }
 
 #[derive(Debug, Clone)]

@@ -1,4 +1,4 @@
-//! What a request is matched against: `Route` (path prefix, methods, host), its default
+//! What a request is matched against: `Route` (path prefix, methods, host, header values), its default
 //! limits, its allow-list (`Allow`) and its tiers (`Override`).
 
 use std::sync::Arc;
@@ -15,6 +15,8 @@ pub struct Route {
     pub methods: Option<Vec<Method>>,
     /// Lower-case host without port; `*.example.com` matches subdomains.
     pub host: Option<String>,
+    /// Request headers that must be present with exactly these values (`match.headers`).
+    pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
     /// The default limits: what every caller gets unless a tier names it.
     pub limits: LimitSet,
     /// Callers never limited on this route.

@@ -3,13 +3,14 @@
 //! never meets a surprise. Each section has its own file; `validator` holds what they share.
 //!
 //! The files build on one another in one direction: this one runs the sections; `routes` over
-//! `limits` and `allow`; `limits` over `by_response`; `routes`, `limits` and `allow` over
+//! `limits`, `allow` and `protect` (priorities); `limits` over `by_response`; `routes`, `limits` and `allow` over
 //! `identities`; `store` over `redis`; every section over `validator`.
 
 mod allow;
 mod by_response;
 mod identities;
 mod limits;
+mod protect;
 mod proxy;
 mod redis;
 mod response;
@@ -36,7 +37,8 @@ pub(super) fn validate(
 ) -> Result<Config, Vec<ConfigError>> {
     let mut v = Validator::new(file, text, env);
     let throttle = throttle(&mut v, &mut raw);
-    let config = proxy::config(&mut v, &raw, throttle);
+    let protect = protect::protect(&mut v, raw.protect.as_ref());
+    let config = proxy::config(&mut v, &raw, throttle).map(|config| Config { protect, ..config });
     let errors = v.into_errors();
     if errors.is_empty() {
         Ok(config.expect("validation without errors yields a config"))

@@ -65,6 +65,7 @@ pub(super) fn config(v: &mut Validator, raw: &RawConfig, throttle: Throttle) -> 
         access_log: raw.access_log.unwrap_or(true),
         throttle,
         usage: super::usage::usage(v, raw.usage.as_ref()),
+        protect: None,
     })
 }
 

@@ -1,5 +1,5 @@
 //! Validation of `routes`: unique names, what each route matches (path prefix, methods,
-//! host), its key, its limits and allow-list, and its tiers (`overrides`).
+//! host, header values), its priority, its key, its limits and allow-list, and its tiers (`overrides`).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -9,8 +9,9 @@ use http::Method;
 use super::allow::allow;
 use super::identities::{key, lookup};
 use super::limits::{limits, Owner};
+use super::protect::priority;
 use super::validator::{is_plain_name, Validator};
-use crate::config::model::{LimitSet, Override, Route, Scope};
+use crate::config::model::{LimitSet, Override, Priority, Route, Scope};
 use crate::config::raw::{RawMatch, RawOverride, RawRoute};
 use crate::identity::Identity;
 
@@ -62,9 +63,15 @@ fn route(
             .unwrap_or_else(|| vec![client_ip.clone()]),
         None => vec![client_ip],
     };
-    if raw.limits.is_empty() {
-        v.error(&format!("{path}.limits"), "a route needs at least one limit (routes with no limits are simply not listed: unmatched requests are forwarded unlimited)");
-    }
+    // A route without limits forwards its requests unlimited: it still gives them a
+    // priority (`protect`) and its tiers still apply.
+    let priority = priority(
+        v,
+        &format!("{path}.priority"),
+        raw.priority.as_deref(),
+        Priority::Normal,
+    );
+    let headers = match_headers(v, path, m);
     let owner = Owner {
         name: &raw.name,
         route_key: &route_key,
@@ -79,14 +86,17 @@ fn route(
         .overrides
         .iter()
         .enumerate()
-        .filter_map(|(i, tier)| self::tier(v, path, &owner, tier, i, &mut tier_names))
+        .filter_map(|(i, tier)| self::tier(v, path, &owner, tier, i, &mut tier_names, priority))
         .collect();
+    let mut limits = LimitSet::new(&raw.name, None, limits, shared_key);
+    limits.priority = priority;
     Some(Route {
         name: raw.name.clone(),
         path_prefix: m.path_prefix.clone(),
         methods,
         host,
-        limits: LimitSet::new(&raw.name, None, limits, shared_key),
+        headers,
+        limits,
         allow,
         overrides,
     })
@@ -121,6 +131,32 @@ fn matcher(v: &mut Validator, path: &str, m: &RawMatch) -> Option<Vec<Method>> {
     })
 }
 
+/// `match.headers`: names (case-insensitive) and the exact values they must have.
+fn match_headers(
+    v: &mut Validator,
+    path: &str,
+    m: &RawMatch,
+) -> Vec<(http::HeaderName, http::HeaderValue)> {
+    let mut headers = Vec::new();
+    for (name, value) in &m.headers.0 {
+        let Ok(header) = http::HeaderName::from_bytes(name.trim().as_bytes()) else {
+            v.error(
+                &format!("{path}.match.headers"),
+                format!("`{name}` is not a header name"),
+            );
+            continue;
+        };
+        match http::HeaderValue::from_str(value) {
+            Ok(value) => headers.push((header, value)),
+            Err(_) => v.error(
+                &format!("{path}.match.headers.{name}"),
+                "is not a valid header value (visible ASCII and spaces)",
+            ),
+        }
+    }
+    headers
+}
+
 /// The route's tier `overrides[index]`; `None` when whose values it lists is unknown
 /// (reported). `route` is the route's own limits' owner; `names` the tier names so far.
 fn tier(
@@ -130,6 +166,7 @@ fn tier(
     raw: &RawOverride,
     index: usize,
     names: &mut HashSet<String>,
+    route_priority: Priority,
 ) -> Option<Override> {
     let opath = format!("{path}.overrides[{index}]");
     let tier = raw
@@ -162,23 +199,31 @@ fn tier(
             "list the identity values this tier applies to",
         );
     }
-    if raw.limits.is_empty() {
+    if raw.limits.is_empty() && raw.priority.is_none() {
         v.error(
             &format!("{opath}.limits"),
-            "a tier needs its own limits (to exempt callers entirely, use `allow`)",
+            "a tier needs its own limits or a priority (to exempt callers entirely, use `allow`)",
         );
     }
+    let priority = priority(
+        v,
+        &format!("{opath}.priority"),
+        raw.priority.as_deref(),
+        route_priority,
+    );
     let owner = Owner {
         name: &tier,
         ..*route
     };
     let limits = limits(v, &opath, &owner, &raw.limits);
     let shared_key = limits.iter().all(|l| same_key(&l.key, route.route_key));
+    let mut limits = LimitSet::new(route.name, Some(&tier), limits, shared_key);
+    limits.priority = priority;
     Some(Override {
         name: tier.clone(),
         identity,
         values: raw.values.clone(),
-        limits: LimitSet::new(route.name, Some(&tier), limits, shared_key),
+        limits,
     })
 }
 
