@@ -43,6 +43,8 @@
 #
 # Knobs: FRONTS SLOTS SERVICE DEGRADED_SLOTS DEGRADED_SERVICE HALF_S STEADY_S DEGRADED_S
 # RECOVERED_S TIMEOUT SETTLE HIGH_SHARE NO_BUILD=1 TOLLGATE_BIN=path PROTECT_YAML='...'
+# TRACE=0.5 (seconds; default off: records tollgate's protect gauges to FRONT.trace, at some
+# CPU cost to the front)
 # BIN_DIR=target/release (where tollgate and the two examples are; with NO_BUILD=1, a debug
 # build's target/debug for a quick try of the script itself).
 # Everything listens on 127.0.0.1 only; every process started here is stopped on exit.
@@ -255,7 +257,7 @@ cpu_of() { if [ -n "$FRONT_PID" ]; then tree_cpu_ns "$FRONT_PID"; else echo 0; f
 
 {
   echo "date $(date -u '+%Y-%m-%d %H:%M UTC')"
-  echo "machine $(nproc) cores, $(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)"
+  echo "machine $(nproc) cores, $(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo), load average $(cut -d' ' -f1-3 /proc/loadavg) at the start"
   echo "commit $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- src || echo '+changes')"
   echo "tollgate $TOLLGATE"
   echo "nginx $(nginx -v 2>&1 | sed 's/.*nginx\///')"
@@ -284,6 +286,18 @@ for front in $FRONTS; do
     --class "high:$HIGH_SHARE:X-Priority=high" --class "normal:$((100 - HIGH_SHARE))" \
     >"$WORK/$front.json" 2>"$WORK/$front.load.log" &
   LOAD_PID=$!
+  TRACE_PID=""
+  if [ -n "${TRACE:-}" ] && [[ $front == tollgate-* ]]; then
+    # The protect gauges every TRACE seconds ("t name=value ..."); rendering /metrics costs
+    # the front some CPU, so the CPU figures of a traced run are a little high.
+    while sleep "$TRACE"; do
+      awk -v t0="$T0" -v n="$(date +%s.%N)" 'BEGIN { printf "%.2f ", n - t0 }'
+      curl -fsS "http://127.0.0.1:$ADMIN_PORT/metrics" 2>/dev/null |
+        awk '/^tollgate_protect_(limit|in_flight|waiting|baseline_seconds|latency_seconds) / { printf "%s=%s ", substr($1, 18), $2 }'
+      echo
+    done >"$WORK/$front.trace" &
+    TRACE_PID=$!
+  fi
   sleep_until "$HALF_S"
   cpu+=("$(cpu_of)")
   sleep_until "$((HALF_S + STEADY_S))"
@@ -295,6 +309,7 @@ for front in $FRONTS; do
   sleep_until "$((HALF_S + STEADY_S + DEGRADED_S + RECOVERED_S))"
   cpu+=("$(cpu_of)")
   wait "$LOAD_PID"
+  [ -z "$TRACE_PID" ] || { kill "$TRACE_PID"; wait "$TRACE_PID" 2>/dev/null || true; }
   echo "${cpu[*]}" >"$WORK/$front.cpu"
   ctl stats >"$WORK/$front.app.json"
   [[ $front != tollgate-* ]] || curl -fsS "http://127.0.0.1:$ADMIN_PORT/metrics" >"$WORK/$front.metrics" 2>/dev/null || true
