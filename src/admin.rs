@@ -4,7 +4,8 @@
 //! (`GET /limits/state`) and its reset (`POST /limits/reset`); for "a customer asks for more":
 //! a temporary override of one caller's limits (`POST /limits/override`, ended
 //! early by `DELETE /limits/override`); and the audit trail of those actions
-//! (`GET /limits/audit`, see [`crate::control::audit`]).
+//! (`GET /limits/audit`, see [`crate::control::audit`]). `GET /protect` shows the app's
+//! protection: its adaptive limit, what it learned and what it admitted and shed.
 //!
 //! Reads are open to whoever reaches the listener (keep it off public interfaces). A mutation
 //! needs `Authorization: Bearer <token>` when `admin.token_env` names a token; without one,
@@ -138,6 +139,7 @@ async fn respond<B>(
         }
         "/limits/override" => (Method::POST, OVERRIDE_PARAMS),
         "/limits/audit" => (Method::GET, AUDIT_PARAMS),
+        "/protect" => (Method::GET, PROTECT_PARAMS),
         _ => return health_response(request, health, proxy),
     };
     if let Some(refused) = allowed(request, method.clone()) {
@@ -152,6 +154,7 @@ async fn respond<B>(
         "/limits/override" if method == Method::DELETE => unoverride(request, proxy, caller).await,
         "/limits/override" => set_override(request, proxy, caller).await,
         "/limits/audit" => audit(request, proxy).await,
+        "/protect" => protect_state(request, proxy),
         _ => reset(request, proxy, caller).await,
     }
 }
@@ -166,6 +169,7 @@ const RESET_PARAMS: &[&str] = &["route", "identity", "format"];
 const OVERRIDE_PARAMS: &[&str] = &["route", "identity", "limit", "multiply", "for", "format"];
 const UNOVERRIDE_PARAMS: &[&str] = &["route", "identity", "format"];
 const AUDIT_PARAMS: &[&str] = &["limit", "format"];
+const PROTECT_PARAMS: &[&str] = &["format"];
 
 /// Every query parameter is one of `known`, each at most once; otherwise why not.
 fn known_params<B>(request: &Request<B>, path: &str, known: &[&str]) -> Result<(), String> {
@@ -279,6 +283,91 @@ fn wants_text<B>(request: &Request<B>) -> Result<bool, String> {
             .and_then(|a| a.to_str().ok())
             .is_some_and(|a| a.contains("text/plain") && !a.contains("json"))),
     }
+}
+
+/// `GET /protect`: the controller's state (limit, in-flight, waiting, learned baseline,
+/// current latency and its target) and what was admitted and shed per priority; 404 without
+/// a `protect` section.
+fn protect_state<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
+    let text = match wants_text(request) {
+        Ok(text) => text,
+        Err(why) => return error(StatusCode::BAD_REQUEST, why),
+    };
+    let Some(protector) = proxy.protector() else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "no `protect` section in the configuration: the app is not protected",
+        );
+    };
+    let s = protector.snapshot();
+    let ms = |d: Option<std::time::Duration>| d.map(|d| (d.as_secs_f64() * 1e6).round() / 1e3);
+    let by_priority = |counts: [u64; 4]| {
+        let mut map = serde_json::Map::new();
+        for priority in crate::config::Priority::ALL.into_iter().rev() {
+            map.insert(priority.as_str().into(), json!(counts[priority.index()]));
+        }
+        Value::Object(map)
+    };
+    let latency_setting = match s.settings.latency {
+        crate::config::LatencyTarget::Multiple(m) => format!("{m}x"),
+        crate::config::LatencyTarget::Absolute(d) => humantime::format_duration(d).to_string(),
+    };
+    let value = json!({
+        "mode": s.mode.as_str(),
+        "limit": s.limit,
+        "in_flight": s.in_flight,
+        "waiting": s.waiting,
+        "baseline_ms": ms(s.reading.baseline),
+        "latency_ms": ms(s.reading.latency),
+        "target_ms": ms(s.reading.target),
+        "error_share": s.reading.error_share,
+        "windows": s.reading.windows,
+        "settings": {
+            "latency": latency_setting,
+            "max_wait_ms": ms(Some(s.max_wait)),
+            "min_limit": s.settings.min_limit,
+            "max_limit": s.settings.max_limit,
+        },
+        "admitted": by_priority(s.admitted),
+        "shed": by_priority(s.shed),
+    });
+    if !text {
+        return json_response(StatusCode::OK, &value);
+    }
+    let show = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v} ms"));
+    let mut out = format!(
+        "protect   {} (latency {latency_setting}, max_wait {} ms, limit {}..{})
+         limit     {} ({} in flight, {} waiting)
+         latency   {} now, baseline {}, target {}
+         errors    {:.1}% of the last window
+",
+        s.mode.as_str(),
+        ms(Some(s.max_wait)).unwrap_or(0.0),
+        s.settings.min_limit,
+        s.settings.max_limit,
+        s.limit,
+        s.in_flight,
+        s.waiting,
+        show(ms(s.reading.latency)),
+        show(ms(s.reading.baseline)),
+        show(ms(s.reading.target)),
+        s.reading.error_share * 100.0,
+    );
+    let shed = if s.mode == crate::config::ProtectMode::Shadow {
+        "would have shed"
+    } else {
+        "shed"
+    };
+    for priority in crate::config::Priority::ALL.into_iter().rev() {
+        out.push_str(&format!(
+            "{:<9} {} admitted, {} {shed}
+",
+            priority.as_str(),
+            s.admitted[priority.index()],
+            s.shed[priority.index()],
+        ));
+    }
+    text_response(StatusCode::OK, out)
 }
 
 /// `?k=`: how many callers per route, from 1 to what the sketch holds.

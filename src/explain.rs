@@ -39,6 +39,8 @@ pub struct Explanation {
     pub limits: Vec<LimitExplained>,
     /// Whether `--live` asked the store (for the text of limits it could not answer for).
     pub live_requested: bool,
+    /// The priority `protect` gives the request; None without a `protect` section.
+    pub priority: Option<crate::config::Priority>,
 }
 
 pub struct LimitExplained {
@@ -95,11 +97,19 @@ pub fn explain(config: &Config, parts: &Parts, peer: IpAddr) -> Explanation {
         exempt: false,
         limits: Vec::new(),
         live_requested: false,
+        // Unrouted requests are normal; a routed one has its route's or its tier's.
+        priority: config
+            .protect
+            .as_ref()
+            .map(|_| crate::config::Priority::Normal),
     };
     let Some(routed) = routed else {
         return explanation;
     };
     explanation.route = Some(routed.route.clone());
+    if config.protect.is_some() {
+        explanation.priority = Some(routed.route.limits.priority);
+    }
     let (applied, tier, store_keys) = match tiers::applied(throttle, routed.route, &mut caller) {
         tiers::Applied::Exempt => {
             explanation.exempt = true;
@@ -111,6 +121,9 @@ pub fn explain(config: &Config, parts: &Parts, peer: IpAddr) -> Explanation {
         } => (set, tier, keys),
     };
     explanation.tier = tier.map(|t| t.name.clone());
+    if config.protect.is_some() {
+        explanation.priority = Some(applied.priority);
+    }
     for (limit, key) in applied.limits.iter().zip(store_keys) {
         let identities = limit
             .key
@@ -153,6 +166,11 @@ impl Explanation {
             out.push_str(&format!(
                 "client ip {} (from X-Forwarded-For; peer {} is a trusted proxy)\n",
                 self.client_ip, self.peer
+            ));
+        }
+        if let Some(priority) = self.priority {
+            out.push_str(&format!(
+                "priority  {priority} (under overload, waits and is shed in this order: critical, high, normal, low)\n"
             ));
         }
         let Some(route) = &self.route else {
@@ -206,6 +224,14 @@ impl Explanation {
     }
 
     pub fn json(&self) -> serde_json::Value {
+        let mut value = self.json_without_priority();
+        if let (Some(priority), Some(object)) = (self.priority, value.as_object_mut()) {
+            object.insert("priority".into(), json!(priority.as_str()));
+        }
+        value
+    }
+
+    fn json_without_priority(&self) -> serde_json::Value {
         json!({
             "method": self.method.as_str(),
             "uri": self.uri.to_string(),

@@ -59,17 +59,32 @@ pub fn check(config: &Config) -> String {
             crate::usage::OWN_WINDOW.as_secs()
         );
     }
+    if let Some(protect) = &config.protect {
+        let mode = match protect.mode {
+            crate::config::ProtectMode::Enforce => "enforce: sheds under overload",
+            crate::config::ProtectMode::Shadow => "shadow: measures, never sheds",
+        };
+        let _ = writeln!(
+            out,
+            "protect   {mode}; adaptive limit {}..{} in flight, latency {}, max_wait {}; unrouted requests are normal",
+            protect.min_limit,
+            protect.max_limit,
+            protect.latency,
+            humantime::format_duration(protect.max_wait)
+        );
+    }
     if config.throttle.routes.is_empty() {
         let _ = writeln!(out, "routes    none: every request is forwarded unlimited");
     }
     for route in &config.throttle.routes {
-        write_route(&mut out, route);
+        write_route(&mut out, route, config.protect.is_some());
     }
     out
 }
 
-/// A route's line, then one line per limit and per tier.
-fn write_route(out: &mut String, route: &Route) {
+/// A route's line, then one line per limit and per tier; with `protect`, each says its
+/// priority.
+fn write_route(out: &mut String, route: &Route, priorities: bool) {
     let mut matcher = route.path_prefix.clone().unwrap_or_else(|| "/".into());
     if let Some(methods) = &route.methods {
         let methods: Vec<&str> = methods.iter().map(|m| m.as_str()).collect();
@@ -78,16 +93,32 @@ fn write_route(out: &mut String, route: &Route) {
     if let Some(host) = &route.host {
         matcher = format!("{matcher} host {host}");
     }
+    for (name, value) in &route.headers {
+        let value = String::from_utf8_lossy(value.as_bytes());
+        matcher = format!("{matcher} header {name}: {value}");
+    }
+    let priority = |p: crate::config::Priority| {
+        if priorities {
+            format!(", priority {p}")
+        } else {
+            String::new()
+        }
+    };
     let key: Vec<&str> = route
         .limits
         .first()
         .map(|l| l.key.iter().map(|i| i.name.as_str()).collect())
         .unwrap_or_default();
+    let by = if route.limits.is_empty() {
+        "unlimited".to_owned()
+    } else {
+        format!("by {}", key.join("+"))
+    };
     let _ = writeln!(
         out,
-        "route     {} ({matcher}) by {}",
+        "route     {} ({matcher}) {by}{}",
         route.name,
-        key.join("+")
+        priority(route.limits.priority)
     );
     for l in &route.limits {
         let _ = writeln!(
@@ -106,10 +137,11 @@ fn write_route(out: &mut String, route: &Route) {
         };
         let _ = writeln!(
             out,
-            "  tier    {} for {} {values} of {}",
+            "  tier    {} for {} {values} of {}{}",
             tier.name,
             tier.values.len(),
-            tier.identity.name
+            tier.identity.name,
+            priority(tier.limits.priority)
         );
     }
 }

@@ -162,11 +162,13 @@ async fn every_metric_the_dashboard_queries_is_served() {
     assert!(panels >= 10, "only {panels} panels");
 
     // A proxy after some traffic: allowed, limited and shadow-limited requests, upstream
-    // responses, so every series (histograms included) has been touched.
+    // responses, so every series (histograms included) has been touched; with `protect`, whose
+    // series exist only with its section.
     let up = upstream().start().await;
     let routes = config()
         .upstream(&up.url())
         .admin("127.0.0.1:0")
+        .raw("protect: {}\n")
         .route(
             route("api")
                 .prefix("/api/")

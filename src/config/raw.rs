@@ -278,6 +278,7 @@ pub struct RawOverride {
     pub name: Option<String>,
     pub identity: Option<String>,
     pub values: Vec<String>,
+    #[serde(default)]
     pub limits: Vec<RawLimit>,
     pub priority: Option<String>,
 }

@@ -14,10 +14,11 @@
 //!    (at most by half). A failing app is an overloaded app until shown otherwise.
 //! 2. The baseline, the app's unloaded latency (what `latency: 2x` multiplies): the window's
 //!    10th percentile lowers it at once; it rises slowly (a fraction per window) from windows
-//!    where the limit was not reached, and at once to the window's median when in-flight was
-//!    cut and the latency did not fall with it (see 4): a queue's latency falls in proportion
-//!    to the requests in it (Little's law), the app's own does not. That is how a degraded
-//!    app's new latency is learned under overload, where the limit is always reached.
+//!    where the limit was not reached, and half-way to the window's median when in-flight was
+//!    cut by a quarter or more and the latency did not fall with it (see 4): a queue's latency
+//!    falls in proportion to the requests in it (Little's law), the app's own does not. That
+//!    is how a degraded app's new latency is learned under overload, where the limit is always
+//!    reached.
 //!    No probe: the baseline is never measured by cutting the limit on purpose, so healthy
 //!    traffic is never shed to learn it.
 //! 3. The latency of the window is its median time to head, compared with the target
@@ -45,6 +46,9 @@ pub const ERROR_SHARE: f64 = 0.1;
 /// The limit a fresh controller starts with (within the configured bounds): enough for a
 /// healthy app's ordinary concurrency, small enough to be found wrong within a few windows.
 pub const INITIAL_LIMIT: f64 = 20.0;
+/// A cut of in-flight this large (a quarter) tells the app's own latency from a queue's; the
+/// small steps of a limit that has settled do not (their latencies differ by noise).
+const BIG_CUT: f64 = 0.25;
 /// How much of the gap to a higher 10th percentile the baseline closes per window below the
 /// limit.
 const BASELINE_RISE: f64 = 0.05;
@@ -228,8 +232,9 @@ impl Controller {
                 // would have: the app answers this slowly on its own.
                 Some((before, latency)) if concurrency < before => {
                     let cut = 1.0 - concurrency / before;
-                    if cut >= 0.1 && median >= latency * (1.0 - cut / 2.0) {
-                        b.max(median)
+                    if cut >= BIG_CUT && median >= latency * (1.0 - cut / 2.0) && median > b {
+                        // Half the way: one noisy window cannot double the target.
+                        b + (median - b) / 2.0
                     } else {
                         b
                     }

@@ -254,7 +254,6 @@ impl Protector {
             }
         }
         self.grant(&mut state);
-        self.metrics.in_flight.set(state.in_flight as f64);
     }
 
     /// Hands free slots to waiters: highest priority first; within it the oldest, or the
@@ -281,6 +280,7 @@ impl Protector {
             }
         }
         self.metrics.waiting.set(state.waiting as f64);
+        self.metrics.in_flight.set(state.in_flight as f64);
     }
 
     /// Takes a waiter out of its queue; false when it was already answered.

@@ -381,6 +381,31 @@ mod tests {
         }
     }
 
+    /// A request `protect` shed is logged and counted as `shed`; one it would have shed in
+    /// shadow mode as `shadow_shed`.
+    #[test]
+    fn shed_requests_are_their_own_decision() {
+        let metrics = Metrics::new();
+        let route = metrics.route("api");
+        let request = http::Request::get("/x").body(()).unwrap();
+        let (parts, _) = request.into_parts();
+        for shadow in [false, true, false] {
+            let mut record =
+                RequestRecord::new(&metrics, &parts, "192.0.2.1:1".parse().unwrap(), false);
+            record.routed(None, &route);
+            record.shed(shadow);
+            let expected = if shadow { "shadow_shed" } else { "shed" };
+            assert_eq!(record.decision.map(Decision::as_str), Some(expected));
+        }
+        let text = metrics.render();
+        for line in [
+            "tollgate_requests_total{route=\"api\",decision=\"shed\"} 2",
+            "tollgate_requests_total{route=\"api\",decision=\"shadow_shed\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+    }
+
     /// A request whose client leaves mid-way (its future dropped) is still counted, once.
     #[test]
     fn a_request_dropped_mid_way_is_recorded_once() {

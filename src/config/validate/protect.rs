@@ -219,6 +219,21 @@ mod tests {
         );
         assert_eq!(routes[2].limits.priority, Priority::Normal);
 
+        let check = crate::summary::check(&c);
+        assert!(!check.contains(", priority"), "{check}");
+        let protected = parsed(&format!(
+            "protect: {{ mode: shadow, latency: 250ms }}\n{}",
+            "routes:\n  - name: urgent\n    match: { headers: { X-Priority: high } }\n    priority: high\n"
+        ))
+        .unwrap();
+        let check = crate::summary::check(&protected);
+        for line in [
+            "\nprotect   shadow: measures, never sheds; adaptive limit 1..1000 in flight, latency 250ms, max_wait 50ms; unrouted requests are normal\n",
+            "\nroute     urgent (/ header x-priority: high) unlimited, priority high\n",
+        ] {
+            assert!(check.contains(line), "missing {line:?} in\n{check}");
+        }
+
         let all = parsed("routes:\n  - name: a\n    priority: urgent\n    match: { headers: { \"bad name\": x, X-Ok: \"a\\nb\" } }\n")
             .expect_err("refused");
         for expected in [
