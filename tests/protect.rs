@@ -60,8 +60,8 @@ async fn metrics(front: &ProxyHandle) -> String {
 
 /// A warm-up at a quarter of capacity: the proxy learns the app's unloaded latency, and the
 /// unloaded p99 the overload is compared with. A machine so busy that even this load waits
-/// for the CPU (p99 above 4× the service time) measures nothing: the warm-up is tried again
-/// for a while, then the test fails saying so.
+/// for the CPU (a request late, or p99 above 4× the service time) measures nothing: the
+/// warm-up is tried again for a while, then the test fails saying so.
 async fn unloaded_p99(front: &ProxyHandle) -> Duration {
     let mut seen = Vec::new();
     for _ in 0..5 {
@@ -70,8 +70,7 @@ async fn unloaded_p99(front: &ProxyHandle) -> Duration {
             .run()
             .await;
         let total = report.total();
-        assert_eq!(total.ok, total.sent, "unloaded: {total:?}");
-        if total.p99 <= SERVICE * 4 {
+        if total.ok == total.sent && total.p99 <= SERVICE * 4 {
             return total.p99;
         }
         seen.push(total.p99);
@@ -194,8 +193,8 @@ async fn a_degraded_app_is_followed_within_two_seconds_and_its_recovery_within_f
 async fn a_websocket_tunnel_and_a_streaming_response_do_not_pin_the_limit() {
     let _serial = SERIAL.lock().await;
     let app = CapacityApp::start(SLOTS, SERVICE);
-    // A limit of at most 8: ten long-lived exchanges would hold all of it if they counted.
-    let front = front(&app, "protect:\n  max_wait: 50ms\n  max_limit: 8\n").await;
+    // A limit of at most 10: ten long-lived exchanges would hold all of it if they counted.
+    let front = front(&app, "protect:\n  max_wait: 50ms\n  max_limit: 10\n").await;
     unloaded_p99(&front).await;
     let client = support::http1_client();
     let mut streams = Vec::new();
@@ -236,10 +235,13 @@ async fn a_websocket_tunnel_and_a_streaming_response_do_not_pin_the_limit() {
         .run()
         .await;
     let steady = report.phase(None, 0, Duration::from_secs(1));
+    let series: Vec<f64> = report.series(None).iter().map(|b| b.goodput).collect();
     assert!(
         steady.goodput >= 0.9 * CAPACITY,
-        "goodput {}: {steady:?}",
-        steady.goodput
+        "goodput {}: {steady:?}\nby 250 ms: {series:?}\n{}\n{:?}",
+        steady.goodput,
+        state(&front).await,
+        app.stats()
     );
     // Still open, and still answering.
     for ws in &mut sockets {

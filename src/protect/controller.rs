@@ -24,7 +24,11 @@
 //! 3. The latency of the window is its median time to head, compared with the target
 //!    (`latency:` as a multiple of the baseline, or absolute).
 //! 4. Above the target, the limit is multiplied by target/latency (at most halved per
-//!    window): the gradient that brings the app's queue back to what the target allows.
+//!    window): the gradient that brings the app's queue back to what the target allows. It
+//!    is never cut below the app's parallelism as the window shows it (answers per second ×
+//!    the baseline, Little's law): at that concurrency the app has no queue left to shrink,
+//!    and a lower limit would only idle its workers (latency noise, such as a busy CPU, would
+//!    otherwise cost goodput).
 //!    It acts only when the limit was reached in the window (saturated): below the limit,
 //!    tollgate's concurrency is not what makes the app slow, and cutting it would shed
 //!    healthy traffic.
@@ -197,13 +201,13 @@ impl Controller {
         let age = now.saturating_duration_since(started);
         if age >= WINDOW && count >= MIN_SAMPLES {
             let window = std::mem::take(&mut self.window);
-            self.close(window);
+            self.close(window, age);
             return true;
         }
         false
     }
 
-    fn close(&mut self, mut w: Window) {
+    fn close(&mut self, mut w: Window, age: Duration) {
         self.windows += 1;
         let (min, max) = (self.settings.min_limit, self.settings.max_limit);
         let count = w.latencies.len() + w.failed;
@@ -251,7 +255,12 @@ impl Controller {
         }
         self.reference = Some((concurrency, median));
         if median > target {
-            self.limit = (self.limit * (target / median).max(0.5)).clamp(min, max);
+            // Never below the app's parallelism (answers per second × its unloaded latency,
+            // Little's law): at that concurrency it has no queue to shrink, and less only
+            // leaves its workers idle.
+            let parallelism = w.latencies.len() as f64 / age.as_secs_f64() * baseline;
+            let cut = self.limit * (target / median).max(0.5);
+            self.limit = cut.max(parallelism.min(self.limit)).clamp(min, max);
         } else {
             self.limit = (self.limit + (self.limit * 0.1).max(1.0)).clamp(min, max);
         }
@@ -359,13 +368,18 @@ mod tests {
         }
         assert_eq!(c.reading().limit, INITIAL_LIMIT);
         assert_eq!(c.reading().windows, 0);
-        // Ten within a window are enough.
+        // Ten within a window are enough (two fast ones show the app's own latency: the rest
+        // waited in a queue).
         let now = start + Duration::from_secs(20);
         for i in 0..10u64 {
             c.saturated(now);
             c.sample(
                 now + MS * (i as u32 * 20),
-                Duration::from_secs(2),
+                if i < 2 {
+                    10 * MS
+                } else {
+                    Duration::from_secs(2)
+                },
                 30,
                 Outcome::Answered,
             );

@@ -416,13 +416,17 @@ impl Slot {
     /// The exchange got its head (`status`) or failed (`None`: timeout, connection failure):
     /// the slot is free again and its time to head is a sample (a 5xx or a failure counts as
     /// an error).
+    ///
+    /// A switch of protocols (101) is no sample: the app only agreed to open a tunnel, and
+    /// its quick answer says nothing of how long its work takes.
     pub fn finish(mut self, status: Option<http::StatusCode>) {
         let outcome = match status {
-            Some(status) if !status.is_server_error() => Outcome::Answered,
-            _ => Outcome::Failed,
+            Some(status) if status.is_informational() => None,
+            Some(status) if !status.is_server_error() => Some(Outcome::Answered),
+            _ => Some(Outcome::Failed),
         };
         if let Some(protector) = self.protector.take() {
-            protector.release(self.started, self.concurrency, Some(outcome));
+            protector.release(self.started, self.concurrency, outcome);
         }
     }
 }
