@@ -10,6 +10,9 @@
 # Knobs: DURATION=8s CONNECTIONS=50 THREADS=2 ROUNDS=3 SCENARIO=plain|allowed|allowed-sync|allowed-coalesce
 # (plain: no route matches; allowed: one exact gcra limit; allowed-sync: the same, sync 100ms;
 # allowed-coalesce: the exact limit with store.redis.coalesce).
+# EXTRA_a, EXTRA_b, ... (YAML text, default none) are appended to that side's configuration at
+# the top level: one binary twice with a section added on one side measures what the section
+# costs, e.g. EXTRA_b='protect: { latency: 2x }' bench/ab.sh BIN BIN.
 # Prints per server and round: req/s, CPU µs per request (user+sys of the process and its
 # children from /proc, divided by the requests wrk completed) and its user and system parts,
 # Redis CPU µs per request, and context switches per request: voluntary (a thread slept for
@@ -73,6 +76,8 @@ routes:
     limits:
       - { algorithm: gcra, limit: 100000, period: 1s, burst: 100000$sync_line }
 EOF
+  extra="EXTRA_$side"
+  [ -z "${!extra:-}" ] || printf '%s\n' "${!extra}" >>"$T/$side.yaml"
 done
 nginx -p "$T" -c "$T/upstream.conf" -g 'daemon off;' >"$T/up.log" 2>&1 &
 UP_PID=$!

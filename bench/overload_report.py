@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""bench/overload_report.py WORK FRONT...: the tables of bench/overload.sh from its raw files
+(per front: FRONT.json from examples/open_loop.rs, FRONT.cpu with the front's CPU nanoseconds
+at the phase boundaries; params.json and meta.txt of the run). Prints markdown."""
+import json
+import sys
+from pathlib import Path
+
+work = Path(sys.argv[1])
+fronts = sys.argv[2:]
+params = json.loads((work / "params.json").read_text())
+meta = (work / "meta.txt").read_text().strip().splitlines()
+
+
+def load(front):
+    report = json.loads((work / f"{front}.json").read_text())
+    cpu = [int(x) for x in (work / f"{front}.cpu").read_text().split()]
+    return report, cpu
+
+
+def refused(summary):
+    """Answers the front refused: 503 (shed), 429 (a static concurrency limit)."""
+    return summary["shed"] + summary["other_statuses"].get("429", 0)
+
+
+def others(summary):
+    return summary["other"] - summary["other_statuses"].get("429", 0) + summary["failed"]
+
+
+def back_in(report, phase_index, good):
+    """Seconds from the phase's start until `good` holds for 1 s of buckets in a row."""
+    bucket = report["bucket_ms"] / 1000
+    start_s = sum(p["seconds"] for p in report["phases"][:phase_index])
+    end_s = start_s + report["phases"][phase_index]["seconds"]
+    series = report["series"]
+    need = round(1 / bucket)
+    first = round(start_s / bucket)
+    last = round(end_s / bucket)
+    run = 0
+    for i in range(first, min(last, len(series))):
+        run = run + 1 if good(series[i], bucket) else 0
+        if run == need:
+            return (i + 1 - need - first) * bucket
+    return None
+
+
+def fmt_s(x):
+    return "never" if x is None else f"{x:.2f} s"
+
+
+def cpu_us(report, cpu, index):
+    sent = report["phases"][index]["classes"]["all"]["sent"]
+    if not any(cpu) or sent == 0:
+        return "–"
+    return f"{(cpu[index + 1] - cpu[index]) / 1000 / sent:.1f}"
+
+
+def ms(x):
+    return f"{x:,.0f}" if x >= 10 else f"{x:.1f}"
+
+
+def pct(part, whole):
+    return f"{100 * part / whole:.1f} %" if whole else "–"
+
+
+data = {front: load(front) for front in fronts if (work / f"{front}.json").exists()}
+cap = params["capacity"]
+dcap = params["degraded_capacity"]
+print(f"## Overload ({meta[0].removeprefix('date ')})")
+print()
+for line in meta[1:]:
+    print(f"- {line}")
+print()
+
+for index, name, capacity in [(1, "steady", cap), (2, "degraded", dcap)]:
+    settle = next(iter(data.values()))[0]["phases"][index]["settle_seconds"] if data else 0
+    print(f"### {name}: {params['over_rate']}/s offered, app capacity {capacity}/s "
+          f"(the phase without its first {settle:g} s)")
+    print()
+    degraded = name == "degraded"
+    print("| front | goodput (% of capacity) | p50 ms | p99 ms | refused | timeouts | other |"
+          + (" back ≥ 90 % in |" if degraded else "") + " high ok | CPU µs/req |")
+    print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if degraded else "") + "---:|---:|")
+    for front, (report, cpu) in data.items():
+        s = report["phases"][index]["settled"]["all"]
+        high = report["phases"][index]["settled"].get("high")
+        row = (f"| {front} | {100 * s['goodput_per_s'] / capacity:.0f} % | {ms(s['p50_ms'])} | "
+               f"{ms(s['p99_ms'])} | {refused(s):,} | {s['timeouts']:,} | {others(s):,} |")
+        if degraded:
+            row += " " + fmt_s(back_in(report, index,
+                                       lambda b, w: b["ok"] / w >= 0.9 * capacity)) + " |"
+        row += f" {pct(high['ok'], high['sent']) if high else '–'} | {cpu_us(report, cpu, index)} |"
+        print(row)
+    print()
+
+for index, name in [(0, "half load, healthy app"), (3, "half load, app restored")]:
+    print(f"### {name}: {params['half_rate']}/s offered, app capacity {cap}/s (the whole phase)")
+    print()
+    restored = index == 3
+    print("| front | ok of sent | refused (false sheds) | timeouts | other | p50 ms | p99 ms |"
+          + (" all ok again in |" if restored else "") + " CPU µs/req |")
+    print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if restored else "") + "---:|")
+    for front, (report, cpu) in data.items():
+        s = report["phases"][index]["classes"]["all"]
+        row = (f"| {front} | {pct(s['ok'], s['sent'])} | {refused(s):,} of {s['sent']:,} | "
+               f"{s['timeouts']:,} | {others(s):,} | {ms(s['p50_ms'])} | {ms(s['p99_ms'])} |")
+        if restored:
+            row += " " + fmt_s(back_in(report, index,
+                                       lambda b, w: b["sent"] > 0 and b["ok"] == b["sent"])) + " |"
+        row += f" {cpu_us(report, cpu, index)} |"
+        print(row)
+    print()
+
+print("### Admitted latency against unloaded")
+print()
+print("Each front's own p99 at half load with a healthy app (unloaded), and the p99 of what it")
+print("admitted at 3× (steady, degraded) as a multiple of it:")
+print()
+print("| front | unloaded p99 ms | steady p99 ms | × unloaded | degraded p99 ms | × unloaded |")
+print("|---|---:|---:|---:|---:|---:|")
+for front, (report, cpu) in data.items():
+    u = report["phases"][0]["classes"]["all"]["p99_ms"]
+    s = report["phases"][1]["settled"]["all"]["p99_ms"]
+    d = report["phases"][2]["settled"]["all"]["p99_ms"]
+
+    def times(x):
+        return f"{x / u:.1f}×" if u and x else "–"
+
+    print(f"| {front} | {ms(u)} | {ms(s)} | {times(s)} | {ms(d)} | {times(d)} |")
