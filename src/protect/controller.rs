@@ -22,7 +22,11 @@
 //!    No probe: the baseline is never measured by cutting the limit on purpose, so healthy
 //!    traffic is never shed to learn it.
 //! 3. The latency of the window is its median time to head, compared with the target
-//!    (`latency:` as a multiple of the baseline, or absolute).
+//!    (`latency:` as a multiple of the baseline, or absolute). A multiple is never less than
+//!    the baseline plus [`MIN_SLACK`]: below a few milliseconds the spread of time to head is
+//!    the scheduling of a busy CPU (the proxy's, the app's), not a queue in the app, and twice
+//!    a sub-millisecond baseline would read a busy machine as an overloaded app and shed a
+//!    healthy one.
 //! 4. Above the target, the limit is multiplied by target/latency (at most halved per
 //!    window): the gradient that brings the app's queue back to what the target allows. It
 //!    is never cut below the app's parallelism as the window shows it (answers per second ×
@@ -53,6 +57,8 @@ pub const INITIAL_LIMIT: f64 = 20.0;
 /// A cut of in-flight this large (a quarter) tells the app's own latency from a queue's; the
 /// small steps of a limit that has settled do not (their latencies differ by noise).
 const BIG_CUT: f64 = 0.25;
+/// The least a `latency: <multiple>` target allows above the baseline (see the module docs, 3).
+pub const MIN_SLACK: Duration = Duration::from_millis(5);
 /// How much of the gap to a higher 10th percentile the baseline closes per window below the
 /// limit.
 const BASELINE_RISE: f64 = 0.05;
@@ -269,7 +275,9 @@ impl Controller {
     fn target_secs(&self) -> Option<f64> {
         match self.settings.latency {
             LatencyTarget::Absolute(d) => Some(d.as_secs_f64()),
-            LatencyTarget::Multiple(m) => self.baseline.map(|b| b * m),
+            LatencyTarget::Multiple(m) => self
+                .baseline
+                .map(|b| (b * m).max(b + MIN_SLACK.as_secs_f64())),
         }
     }
 
@@ -400,6 +408,19 @@ mod tests {
         assert!(limits.iter().all(|&l| l == INITIAL_LIMIT), "{limits:?}");
         let baseline = s.controller.reading().baseline.unwrap();
         assert!(baseline >= 25 * MS && baseline < 27 * MS, "{baseline:?}");
+    }
+
+    /// A fast app (0.2 ms, no queue) on a busy CPU: its time to head jitters by milliseconds,
+    /// many times its baseline, with the limit reached by a closed-loop load. That is not
+    /// overload: the limit is never cut, and it grows until the load no longer reaches it.
+    #[test]
+    fn a_fast_app_on_a_busy_cpu_is_never_cut() {
+        let mut s = Scene::new(LatencyTarget::Multiple(2.0));
+        s.jitter = [0.0, 1.5, 3.0, 0.5, 2.5];
+        let limits = s.run(5.0, 1000.0, Duration::from_micros(200), 50.0);
+        let lowest = limits.iter().copied().fold(f64::MAX, f64::min);
+        assert!(lowest >= INITIAL_LIMIT, "cut to {lowest}");
+        assert!(*limits.last().unwrap() >= 50.0, "{:?}", limits.last());
     }
 
     #[test]
