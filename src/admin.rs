@@ -162,7 +162,7 @@ async fn respond<B>(
     if let Some(refused) = allowed(request, method.clone()) {
         return refused;
     }
-    if let Err(why) = known_params(request, path, known) {
+    if let Err(why) = crate::query_params::known_params(request, path, known, &[]) {
         return error(StatusCode::BAD_REQUEST, why);
     }
     match path {
@@ -216,34 +216,6 @@ const OVERRIDE_PARAMS: &[&str] = &["route", "identity", "limit", "multiply", "fo
 const UNOVERRIDE_PARAMS: &[&str] = &["route", "identity", "format"];
 const AUDIT_PARAMS: &[&str] = &["limit", "format"];
 const PROTECT_PARAMS: &[&str] = &["format"];
-
-/// Every query parameter is one of `known`, each at most once; otherwise why not.
-fn known_params<B>(request: &Request<B>, path: &str, known: &[&str]) -> Result<(), String> {
-    let Some(query) = request.uri().query() else {
-        return Ok(());
-    };
-    let mut seen = vec![false; known.len()];
-    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
-        // One pair through the query decoder: its name compared as the endpoint reads it.
-        let Some(index) = known
-            .iter()
-            .position(|name| crate::identity::query_param(pair, name).is_some())
-        else {
-            let name = pair.split_once('=').map_or(pair, |(name, _)| name);
-            return Err(format!(
-                "unknown query parameter `{name}`: {path} takes {}",
-                known.join(", ")
-            ));
-        };
-        if std::mem::replace(&mut seen[index], true) {
-            return Err(format!(
-                "query parameter `{}` given more than once",
-                known[index]
-            ));
-        }
-    }
-    Ok(())
-}
 
 /// The endpoints that existed before the operators' ones, unchanged.
 fn health_response<B>(request: &Request<B>, health: &Health, proxy: &Proxy) -> Response<ProxyBody> {
@@ -877,10 +849,11 @@ mod tests {
     #[test]
     fn only_known_parameters_once_each() {
         let check = |uri: &str| {
-            known_params(
+            crate::query_params::known_params(
                 &Request::get(uri).body(()).unwrap(),
                 "/limits/top",
                 TOP_PARAMS,
+                &[],
             )
         };
         assert_eq!(check("/limits/top"), Ok(()));

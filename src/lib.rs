@@ -22,6 +22,7 @@ pub mod limits_cli;
 pub mod metrics;
 pub mod protect;
 pub mod proxy;
+pub mod query_params;
 pub mod reload;
 pub mod routing;
 pub mod server;

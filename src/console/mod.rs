@@ -259,36 +259,9 @@ fn param<B>(request: &Request<B>, name: &str) -> Option<Vec<u8>> {
     params(request, name).into_iter().next()
 }
 
-/// Every query parameter is one of `known`, and only [`REPEATABLE`] ones come more than once;
-/// otherwise why not (the admin API's rule: nothing misspelt is silently ignored).
+/// The admin listener's rule (see `query_params`), with [`REPEATABLE`] ones allowed twice.
 fn known_params<B>(request: &Request<B>, path: &str, known: &[&str]) -> Result<(), String> {
-    let Some(query) = request.uri().query() else {
-        return Ok(());
-    };
-    let mut seen = vec![false; known.len()];
-    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
-        let Some(index) = known
-            .iter()
-            .position(|name| crate::identity::query_param(pair, name).is_some())
-        else {
-            let name = pair.split_once('=').map_or(pair, |(name, _)| name);
-            return Err(if known.is_empty() {
-                format!("unknown query parameter `{name}`: {path} takes none")
-            } else {
-                format!(
-                    "unknown query parameter `{name}`: {path} takes {}",
-                    known.join(", ")
-                )
-            });
-        };
-        if std::mem::replace(&mut seen[index], true) && !REPEATABLE.contains(&known[index]) {
-            return Err(format!(
-                "query parameter `{}` given more than once",
-                known[index]
-            ));
-        }
-    }
-    Ok(())
+    crate::query_params::known_params(request, path, known, REPEATABLE)
 }
 
 fn text_param<B>(request: &Request<B>, name: &str) -> Option<String> {
