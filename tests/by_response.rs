@@ -78,7 +78,7 @@ async fn failed_logins(redis: Option<&RedisServer>, proxies: usize) {
     let mut handles = Vec::new();
     for _ in 0..proxies {
         let handle = proxy(&yaml).start().await;
-        wait_ready(&handle).await;
+        handle.wait_ready().await;
         handles.push(handle);
     }
     let addrs: Vec<SocketAddr> = handles.iter().map(|h| h.addr).collect();
@@ -196,7 +196,7 @@ async fn token_budget(redis: Option<&RedisServer>) {
     let up = upstream().start().await;
     let yaml = with_store(budget(&up.url()), redis);
     let proxy = proxy(yaml).start().await;
-    wait_ready(&proxy).await;
+    proxy.wait_ready().await;
 
     // Header report 35: 1 paid up front, 34 charged: balance -25, back to 1 token in 26 s.
     let (status, _) = send_h2(proxy.addr, "/respond?cost=35", "a").await;
@@ -254,22 +254,6 @@ async fn token_budget(redis: Option<&RedisServer>) {
         1 + 1 + 2 + 15,
         "refusals never reach the upstream"
     );
-}
-
-/// Redis connects in the background: wait until the proxy says it is ready.
-async fn wait_ready(proxy: &ProxyHandle) {
-    let admin = proxy.admin.expect("an admin listener");
-    for _ in 0..100 {
-        let response = http1_client()
-            .request(get(&format!("http://{admin}/readyz")))
-            .await
-            .unwrap();
-        if response.status() == StatusCode::OK {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the proxy never became ready");
 }
 
 async fn metrics(admin: SocketAddr) -> String {
@@ -457,7 +441,7 @@ async fn a_failed_settlement_is_counted_and_never_holds_up_the_client() {
                 .limit(limit::fixed_window(5, "1h").count_statuses([401])),
         );
     let proxy = proxy(yaml).start().await;
-    wait_ready(&proxy).await;
+    proxy.wait_ready().await;
     // Warm up: both scripts loaded into Redis, so the decision below is quick.
     assert_eq!(send(proxy.addr, "/respond?status=401", "w").await.0, 401);
     assert_eq!(send(proxy.addr, "/respond?status=200", "w").await.0, 200);
@@ -561,7 +545,7 @@ async fn fields_after_settlement(redis: Option<&RedisServer>) {
         redis,
     );
     let proxy = proxy(yaml).start().await;
-    wait_ready(&proxy).await;
+    proxy.wait_ready().await;
     // A token comes back every hour: t is when the bucket is full again.
     let expected = [
         (200, "\"failed-logins\";r=3;t=0"),

@@ -36,22 +36,6 @@ fn per_user(up: &Upstream, route: Route, redis: Option<&RedisServer>) -> Config 
     )
 }
 
-/// Waits until the proxy is ready (its store connected).
-async fn wait_ready(proxy: &ProxyHandle) {
-    let admin = proxy.admin.expect("an admin listener");
-    for _ in 0..250 {
-        let response = http1_client()
-            .request(get(&format!("http://{admin}/readyz")))
-            .await
-            .unwrap();
-        if response.status() == StatusCode::OK {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the proxy never became ready");
-}
-
 /// Sends `GET path` as `user` on a connection of its own and hangs up `after` later, without
 /// reading a byte of the answer.
 async fn hang_up(addr: SocketAddr, path: &str, user: &str, after: Duration) {
@@ -99,7 +83,7 @@ async fn a_slot_outlives_a_client_that_hangs_up(redis: Option<&RedisServer>) {
     let up = upstream().start().await;
     let slow = route("slow").prefix("/sleep").limit(limit::concurrency(1));
     let proxy = proxy(per_user(&up, slow, redis)).start().await;
-    wait_ready(&proxy).await;
+    proxy.wait_ready().await;
 
     let sent = Instant::now();
     hang_up(
@@ -172,7 +156,7 @@ async fn a_slot_outlives_a_client_that_leaves_mid_body(redis: Option<&RedisServe
     let up = upstream().start().await;
     let streaming = route("stream").prefix("/hold").limit(limit::concurrency(1));
     let proxy = proxy(per_user(&up, streaming, redis)).start().await;
-    wait_ready(&proxy).await;
+    proxy.wait_ready().await;
 
     let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
     stream
@@ -237,7 +221,7 @@ async fn hang_ups_are_settled_on_the_answer(redis: Option<&RedisServer>) {
         .prefix("/respond")
         .limit(limit::fixed_window(2, "1h").count_statuses([401]));
     let proxy = proxy(per_user(&up, login, redis)).start().await;
-    wait_ready(&proxy).await;
+    proxy.wait_ready().await;
 
     for _ in 0..2 {
         hang_up(
@@ -304,7 +288,7 @@ async fn an_unknown_outcome_counts_as_failing(redis: Option<&RedisServer>) {
     let proxy = proxy(per_user(&up, login.clone(), redis).upstream_timeout("300ms"))
         .start()
         .await;
-    wait_ready(&proxy).await;
+    proxy.wait_ready().await;
     assert_eq!(
         send(proxy.addr, "/sleep?ms=3000", "mallory").await,
         StatusCode::GATEWAY_TIMEOUT
@@ -337,7 +321,7 @@ async fn an_unknown_outcome_counts_as_failing(redis: Option<&RedisServer>) {
         redis,
     );
     let proxy = support::proxy(unreachable).start().await;
-    wait_ready(&proxy).await;
+    proxy.wait_ready().await;
     for i in 0..4 {
         assert_eq!(
             send(proxy.addr, "/respond?status=401", "bob").await,
@@ -366,7 +350,7 @@ async fn a_request_body_cut_off_counts_as_failing(redis: Option<&RedisServer>) {
         .prefix("/")
         .limit(limit::fixed_window(1, "1h").count_statuses([401]));
     let proxy = proxy(per_user(&up, login, redis)).start().await;
-    wait_ready(&proxy).await;
+    proxy.wait_ready().await;
     let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
     stream
         .write_all(
@@ -403,7 +387,7 @@ async fn shutdown_waits_for_an_exchange_whose_client_left() {
     let mut proxy = proxy(per_user(&up, slow, None).shutdown_timeout("10s"))
         .start()
         .await;
-    wait_ready(&proxy).await;
+    proxy.wait_ready().await;
     let sent = Instant::now();
     hang_up(
         proxy.addr,

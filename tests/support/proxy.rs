@@ -65,6 +65,23 @@ impl ProxyBuilder {
 }
 
 impl ProxyHandle {
+    /// Waits (at most 5 s) until its admin listener's `/readyz` answers 200: a Redis store
+    /// connects in the background.
+    pub async fn wait_ready(&self) {
+        let admin = self.admin.expect("an admin listener");
+        for _ in 0..250 {
+            let response = http1_client()
+                .request(get(&format!("http://{admin}/readyz")))
+                .await
+                .unwrap();
+            if response.status() == http::StatusCode::OK {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        panic!("the proxy never became ready");
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }
