@@ -146,11 +146,7 @@ async fn at_half_of_capacity_nothing_is_shed() {
     assert_eq!(state["shed"]["normal"], 0, "{state}");
 }
 
-// Not yet met in every run (issue 27 stays open on it): the degraded app's goodput is back to
-// 90 % within 2 s in most runs, but not all (33 of the 36 req/s needed in one quiet CI run).
-// The controller's own test of the same property (controller.rs, deterministic) runs always.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 27 open: recovery of goodput within 2 s of a degradation is met only in some runs; run with --ignored"]
 async fn a_degraded_app_is_followed_within_two_seconds_and_its_recovery_within_five() {
     let _serial = SERIAL.lock().await;
     let app = CapacityApp::start(SLOTS, SERVICE);

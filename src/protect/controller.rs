@@ -14,30 +14,42 @@
 //!    (at most by half). A failing app is an overloaded app until shown otherwise.
 //! 2. The baseline, the app's unloaded latency (what `latency: 2x` multiplies): the window's
 //!    10th percentile lowers it at once; it rises slowly (a fraction per window) from windows
-//!    where the limit was not reached, and half-way to the window's median when in-flight was
+//!    where the limit was not reached, and half-way to the window's 10th percentile when in-flight was
 //!    cut by a quarter or more and the latency did not fall with it (see 4): a queue's latency
 //!    falls in proportion to the requests in it (Little's law), the app's own does not. That
 //!    is how a degraded app's new latency is learned under overload, where the limit is always
 //!    reached.
 //!    No probe: the baseline is never measured by cutting the limit on purpose, so healthy
 //!    traffic is never shed to learn it.
-//! 3. The latency of the window is its median time to head, compared with the target
-//!    (`latency:` as a multiple of the baseline, or absolute). A multiple is never less than
-//!    the baseline plus [`MIN_SLACK`]: below a few milliseconds the spread of time to head is
-//!    the scheduling of a busy CPU (the proxy's, the app's), not a queue in the app, and twice
-//!    a sub-millisecond baseline would read a busy machine as an overloaded app and shed a
-//!    healthy one.
-//! 4. Above the target, the limit is multiplied by target/latency (at most halved per
-//!    window): the gradient that brings the app's queue back to what the target allows. It
-//!    is never cut below the app's parallelism as the window shows it (answers per second ×
-//!    the baseline, Little's law): at that concurrency the app has no queue left to shrink,
-//!    and a lower limit would only idle its workers (latency noise, such as a busy CPU, would
-//!    otherwise cost goodput).
-//!    It acts only when the limit was reached in the window (saturated): below the limit,
-//!    tollgate's concurrency is not what makes the app slow, and cutting it would shed
-//!    healthy traffic.
-//! 5. At or below the target and saturated, the limit grows by a tenth (at least 1). A limit
-//!    that in-flight never reaches does not grow: it would mean nothing when load comes.
+//! 3. The window's latencies: its 10th percentile (the fastest tenth) shows the queue, its
+//!    median is reported and its 90th percentile is held to an absolute `latency:`. The
+//!    fastest tenth, because a queue in the app delays every request by its wait, fast or
+//!    slow, while a change in the mix of requests (more slow ones) moves the median and not
+//!    the fastest; and it compares like with like with the baseline.
+//! 4. The knee, in windows where the limit was reached (below it, tollgate's concurrency is
+//!    not what makes the app slow, and cutting it would shed healthy traffic). While the
+//!    fastest tenth is within the aim, the limit grows by a tenth (at least 1); above the aim
+//!    it is multiplied by baseline / fastest (at most halved). The aim is the baseline plus a
+//!    small slack ([`SLACK_SHARE`] of it, at least [`MIN_SLACK`]: below a few milliseconds the
+//!    spread of time to head is a busy CPU's scheduling, not a queue), never above the target.
+//!    Under steady overload this keeps the limit at the app's parallelism and a step above:
+//!    the app is always busy and its own queue stays a request or two; more in flight would
+//!    add latency and no goodput (the app's answers per second do not grow past its
+//!    parallelism), fewer would idle its workers. So the target is a ceiling, not where the
+//!    limit sits: `latency: 2x` is what admitted requests keep at worst, the knee is what they
+//!    get. A cut never goes below the app's parallelism as the window shows it (answers per
+//!    second × the baseline, Little's law). The cut test of 2 compares with the window where
+//!    the cuts began, so that small cuts add up: a limit that slid below the app's
+//!    parallelism on a baseline the app has outgrown (its latency flat as the limit falls) is
+//!    found out once they make a quarter, or once the limit is down to 1 in flight (then every
+//!    answer is the app's own latency).
+//!    Answers to exchanges started before the limit last changed are no samples: a queue
+//!    takes a service time to build or drain, and they would show the old limit's.
+//! 5. An absolute `latency:` is also held by the window's 90th percentile: above it the limit
+//!    is cut by target/p90 (at most halved), the parallelism floor aside: the operator chose
+//!    that latency over goodput.
+//!
+//! A limit that in-flight never reaches does not grow: it would mean nothing when load comes.
 
 use std::time::{Duration, Instant};
 
@@ -57,8 +69,13 @@ pub const INITIAL_LIMIT: f64 = 20.0;
 /// A cut of in-flight this large (a quarter) tells the app's own latency from a queue's; the
 /// small steps of a limit that has settled do not (their latencies differ by noise).
 const BIG_CUT: f64 = 0.25;
-/// The least a `latency: <multiple>` target allows above the baseline (see the module docs, 3).
-pub const MIN_SLACK: Duration = Duration::from_millis(5);
+/// The least the aim allows above the baseline, and the least a `latency: <multiple>` target
+/// does (see the module docs, 4).
+pub const MIN_SLACK: Duration = Duration::from_millis(2);
+/// The aim's slack above the baseline, as a share of it.
+pub const SLACK_SHARE: f64 = 0.1;
+/// How much the limit grows per window within the aim, as a share of it (at least 1).
+pub const GROWTH: f64 = 0.1;
 /// How much of the gap to a higher 10th percentile the baseline closes per window below the
 /// limit.
 const BASELINE_RISE: f64 = 0.05;
@@ -114,9 +131,12 @@ pub struct Controller {
     error_share: f64,
     windows: u64,
     window: Window,
-    /// The mean concurrency and median latency of the last window, when it was saturated: to
-    /// tell the app's own latency from a queue's when the concurrency was cut.
+    /// The mean concurrency and fastest tenth of the window where the cuts began, when it was
+    /// saturated: to tell the app's own latency from a queue's when the concurrency was cut.
     reference: Option<(f64, f64)>,
+    /// When the limit (as a whole number) last changed: answers to exchanges started before
+    /// are no samples.
+    changed: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -144,6 +164,7 @@ impl Controller {
             windows: 0,
             window: Window::default(),
             reference: None,
+            changed: None,
         }
     }
 
@@ -187,6 +208,13 @@ impl Controller {
         in_flight: usize,
         outcome: Outcome,
     ) -> bool {
+        let began = now.checked_sub(latency).unwrap_or(now);
+        if outcome == Outcome::Answered && self.changed.is_some_and(|changed| began < changed) {
+            // Started under the limit before the last change: its latency says nothing of the
+            // limit there is now (a queue takes a service time to build or drain after a
+            // change, and the fastest tenth would read the old one).
+            return false;
+        }
         if self
             .window
             .started
@@ -207,7 +235,11 @@ impl Controller {
         let age = now.saturating_duration_since(started);
         if age >= WINDOW && count >= MIN_SAMPLES {
             let window = std::mem::take(&mut self.window);
+            let before = self.limit();
             self.close(window, age);
+            if self.limit() != before {
+                self.changed = Some(now);
+            }
             return true;
         }
         false
@@ -228,48 +260,79 @@ impl Controller {
         }
         w.latencies.sort_by(f64::total_cmp);
         let concurrency = w.concurrency / w.latencies.len() as f64;
-        let low = w.latencies[w.latencies.len() / 10];
+        let fastest = w.latencies[w.latencies.len() / 10];
         let median = w.latencies[w.latencies.len() / 2];
+        let slowest = w.latencies[w.latencies.len() * 9 / 10];
         self.latency = Some(median);
 
         // The baseline.
+        let baseline_before = self.baseline.unwrap_or(fastest);
         let baseline = match self.baseline {
-            None => low,
-            Some(b) if low < b => low,
-            Some(b) if !w.saturated => b + (low - b) * BASELINE_RISE,
+            None => fastest,
+            Some(b) if fastest < b => fastest,
+            Some(b) if !w.saturated => b + (fastest - b) * BASELINE_RISE,
+            // Every exchange was alone in flight: nothing of tollgate's queued before it, so
+            // this is the app's own latency (a limit cut to 1 on a baseline the app has
+            // outgrown learns it here, where no further cut can show it).
+            Some(_) if concurrency <= 1.0 => fastest,
             Some(b) => match self.reference {
-                // In-flight was cut and the median fell by less than half of what a queue's
-                // would have: the app answers this slowly on its own.
+                // In-flight was cut and the fastest tenth fell by less than half of what a
+                // queue's would have (a FIFO queue's falls with the requests in it): the app
+                // answers this slowly on its own.
                 Some((before, latency)) if concurrency < before => {
                     let cut = 1.0 - concurrency / before;
-                    if cut >= BIG_CUT && median >= latency * (1.0 - cut / 2.0) && median > b {
-                        // Half the way: one noisy window cannot double the target.
-                        b + (median - b) / 2.0
-                    } else {
+                    if cut < BIG_CUT || fastest <= b || fastest < latency * (1.0 - cut / 2.0) {
                         b
+                    } else if fastest >= latency * (1.0 - cut / 4.0) {
+                        // Flat: nothing of it was a queue.
+                        fastest
+                    } else {
+                        // Half the way: one noisy window cannot double the target.
+                        b + (fastest - b) / 2.0
                     }
                 }
                 _ => b,
             },
         };
         self.baseline = Some(baseline);
-        let target = self.target_secs().expect("a baseline is known");
 
         if !w.saturated {
             self.reference = None;
             return;
         }
-        self.reference = Some((concurrency, median));
-        if median > target {
+        let target = self.target_secs().expect("a baseline is known");
+        let aim = (baseline + (baseline * SLACK_SHARE).max(MIN_SLACK.as_secs_f64())).min(target);
+        let gradient = if fastest > aim {
+            (baseline / fastest).clamp(0.5, 1.0)
+        } else {
+            1.0
+        };
+        let mut next = if gradient < 1.0 {
+            self.limit * gradient
+        } else {
+            self.limit + (self.limit * GROWTH).max(1.0)
+        };
+        if next < self.limit {
             // Never below the app's parallelism (answers per second × its unloaded latency,
             // Little's law): at that concurrency it has no queue to shrink, and less only
             // leaves its workers idle.
             let parallelism = w.latencies.len() as f64 / age.as_secs_f64() * baseline;
-            let cut = self.limit * (target / median).max(0.5);
-            self.limit = cut.max(parallelism.min(self.limit)).clamp(min, max);
-        } else {
-            self.limit = (self.limit + (self.limit * 0.1).max(1.0)).clamp(min, max);
+            next = next.max(parallelism.min(self.limit));
         }
+        if let LatencyTarget::Absolute(ceiling) = self.settings.latency {
+            let ceiling = ceiling.as_secs_f64();
+            if slowest > ceiling {
+                next = next.min(self.limit * (ceiling / slowest).max(0.5));
+            }
+        }
+        // The cut test's reference (2) is the window where the cuts began (see the module
+        // docs, 4); growth or a new baseline starts it again.
+        if next >= self.limit || baseline != baseline_before {
+            self.reference = Some((concurrency, fastest));
+        } else {
+            self.reference.get_or_insert((concurrency, fastest));
+        }
+        self.limit = next.clamp(min, max);
     }
 
     fn target_secs(&self) -> Option<f64> {
@@ -318,6 +381,8 @@ mod tests {
         /// Latency noise by sample index, to keep windows from being flat.
         jitter: [f64; 5],
         sent: u64,
+        /// Completions the model owes (fractions of one carried between steps).
+        owed: f64,
     }
 
     impl Scene {
@@ -327,6 +392,7 @@ mod tests {
                 controller: Controller::new(settings(latency)),
                 jitter: [0.0, 0.3, 0.6, 0.1, 0.9],
                 sent: 0,
+                owed: 0.0,
             }
         }
 
@@ -342,8 +408,11 @@ mod tests {
                 // Completions in 10 ms: in_flight / latency × 10 ms.
                 let queueing = (in_flight / slots).max(1.0);
                 let latency = service.as_secs_f64() * queueing;
-                let completions = (in_flight / latency * 0.010).round().max(1.0) as usize;
-                for _ in 0..completions {
+                // Fractions carry over, so that a slow app's rate is right.
+                self.owed += in_flight / latency * 0.010;
+                let completions = self.owed.floor();
+                self.owed -= completions;
+                for _ in 0..completions as usize {
                     self.sent += 1;
                     let noise = self.jitter[(self.sent % 5) as usize] * 1e-3;
                     if saturated {
@@ -432,8 +501,9 @@ mod tests {
     }
 
     #[test]
-    fn under_steady_overload_the_limit_settles_near_the_target_without_collapsing() {
-        // 4 slots × 25 ms with 3× demand: a limit of 8 keeps 2× the unloaded latency.
+    fn under_steady_overload_the_limit_settles_at_the_knee_without_collapsing() {
+        // 4 slots × 25 ms with 3× demand: a limit of 8 would keep 2× the unloaded latency (the
+        // target); the knee is a limit a little above the 4 slots.
         let mut s = Scene::new(LatencyTarget::Multiple(2.0));
         // Learn the baseline first at light load.
         s.run(2.0, 4.0, 25 * MS, 2.0);
@@ -442,9 +512,9 @@ mod tests {
         let (lo, hi) = settled
             .iter()
             .fold((f64::MAX, 0.0f64), |(lo, hi), &l| (lo.min(l), hi.max(l)));
-        // Never below the app's slots (goodput kept), never far above the target's 8.
+        // Never below the app's slots (goodput kept), never more than the headroom above them.
         assert!(lo >= 4.0, "fell to {lo}");
-        assert!(hi <= 10.0, "rose to {hi}");
+        assert!(hi < 7.0, "rose to {hi}");
         let baseline = s.controller.reading().baseline.unwrap();
         assert!(baseline < 30 * MS, "the baseline crept up to {baseline:?}");
     }
@@ -462,13 +532,68 @@ mod tests {
             after_two_seconds.iter().all(|&l| (2.0..=6.0).contains(&l)),
             "{after_two_seconds:?}"
         );
-        // Recovered: back to 4 × 25 ms, the limit grows back above the slots within 5 s.
+        // Recovered: back to 4 × 25 ms, the limit grows back to the slots within 5 s.
         let recovered = s.run(6.0, 4.0, 25 * MS, 60.0);
         let after_five_seconds = &recovered[500..];
         assert!(
-            after_five_seconds.iter().all(|&l| l >= 6.0),
+            after_five_seconds.iter().all(|&l| l >= 4.0),
             "{after_five_seconds:?}"
         );
+    }
+
+    /// The app keeps its 10 slots and each gets twice as slow: its own latency doubles and the
+    /// learned baseline is stale. The limit must not slide below the 10 slots (goodput) for
+    /// long: the cut test learns the new latency from its staying flat as the limit falls.
+    #[test]
+    fn an_app_slower_on_its_own_keeps_its_slots_busy() {
+        let mut s = Scene::new(LatencyTarget::Multiple(2.0));
+        s.run(2.0, 10.0, 25 * MS, 5.0);
+        let steady = s.run(5.0, 10.0, 25 * MS, 100.0);
+        assert!(
+            steady[300..].iter().all(|&l| (10.0..15.0).contains(&l)),
+            "{steady:?}"
+        );
+        let slower = s.run(6.0, 10.0, 50 * MS, 100.0);
+        // Within a tenth of the slots at worst, and on average at least all of them.
+        let after_three_seconds = &slower[300..];
+        let mean = after_three_seconds.iter().sum::<f64>() / after_three_seconds.len() as f64;
+        assert!(
+            after_three_seconds
+                .iter()
+                .all(|&l| (9.0..14.0).contains(&l))
+                && mean >= 10.0,
+            "{slower:?} {:?}",
+            s.controller.reading()
+        );
+    }
+
+    /// Half of the answers take 5× as long (a mix of cheap and expensive requests): the median
+    /// moves with the mix, the fastest tenth does not, and with no queue nothing is cut.
+    #[test]
+    fn a_mix_of_slow_and_fast_requests_is_not_a_queue() {
+        let mut s = Scene::new(LatencyTarget::Multiple(2.0));
+        s.jitter = [0.0, 100.0, 0.5, 100.0, 1.0];
+        s.run(2.0, 1000.0, 25 * MS, 5.0);
+        let limits = s.run(5.0, 1000.0, 25 * MS, 60.0);
+        let lowest = limits.iter().copied().fold(f64::MAX, f64::min);
+        assert!(lowest >= INITIAL_LIMIT, "cut to {lowest}");
+    }
+
+    #[test]
+    fn an_absolute_latency_holds_the_slowest_tenth() {
+        // 4 slots × 25 ms, a target of 40 ms: the knee (5 in flight, 31 ms) is within it.
+        let mut s = Scene::new(LatencyTarget::Absolute(40 * MS));
+        s.run(2.0, 4.0, 25 * MS, 2.0);
+        let limits = s.run(10.0, 4.0, 25 * MS, 60.0);
+        assert!(
+            limits[300..].iter().all(|&l| (4.0..7.0).contains(&l)),
+            "{limits:?}"
+        );
+        // A target below the app's own latency: the operator chose latency over goodput.
+        let mut s = Scene::new(LatencyTarget::Absolute(20 * MS));
+        s.run(2.0, 4.0, 25 * MS, 2.0);
+        let limits = s.run(10.0, 4.0, 25 * MS, 60.0);
+        assert!(*limits.last().unwrap() < 4.0, "{:?}", limits.last());
     }
 
     #[test]
