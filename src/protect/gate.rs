@@ -4,10 +4,14 @@
 //! lengthen its latency samples past their time to head.
 //!
 //! With the limit reached, a request waits, at most `max_wait`, then is shed. Waiting requests
-//! are served highest priority first; within a priority the oldest first, unless the queue is
+//! are served highest priority first; within a priority the oldest first, unless its queue is
 //! backed up (as many waiting as the limit admits at once): then the newest first (adaptive
 //! LIFO), because in a backed-up queue the oldest are the ones that will be late anyway, and
 //! serving them first would make every admitted request carry nearly the whole `max_wait`.
+//! When a slot frees for a backed-up queue whose newest waiter has already waited a tenth of
+//! `max_wait` ([`STANDING_SHARE`]), the whole queue is shed rather than let in: a queue that
+//! stays backed up that long is standing, not absorbing a burst, and what it lets in late
+//! only adds its wait to the latency of what was admitted (the idea of CoDel's target delay).
 //! When a request must wait in a backed-up queue and a lower priority waits too, the oldest of
 //! the lowest priority is shed at once to make room. `critical` is only ever shed by its own
 //! `max_wait`: nothing outranks it.
@@ -25,6 +29,10 @@ use tokio::sync::oneshot;
 
 use super::controller::{Controller, Outcome, Reading, Settings};
 use crate::config::{Priority, Protect, ProtectMode};
+
+/// A backed-up queue whose newest waiter has waited `max_wait / STANDING_SHARE` when a slot
+/// frees is standing, and shed (see the module docs).
+const STANDING_SHARE: u32 = 10;
 
 /// The metric handles the gate keeps current (registered by `crate::metrics`).
 #[derive(Clone)]
@@ -79,6 +87,8 @@ struct State {
 
 struct Waiter {
     id: u64,
+    /// When it started waiting.
+    since: Instant,
     answer: oneshot::Sender<Turn>,
 }
 
@@ -193,7 +203,11 @@ impl Protector {
             let (answer, rx) = oneshot::channel();
             let id = state.next_id;
             state.next_id += 1;
-            state.queues[priority.index()].push_back(Waiter { id, answer });
+            state.queues[priority.index()].push_back(Waiter {
+                id,
+                since: now,
+                answer,
+            });
             state.waiting += 1;
             self.metrics.waiting.set(state.waiting as f64);
             Err(Ticket {
@@ -262,10 +276,26 @@ impl Protector {
         let now = Instant::now();
         let shadow = state.mode == ProtectMode::Shadow;
         while state.waiting > 0 && (shadow || state.in_flight < state.controller.limit()) {
-            let backed_up = state.waiting >= state.controller.limit();
+            let limit = state.controller.limit();
+            let standing = state.max_wait / STANDING_SHARE;
             let Some(queue) = state.queues.iter_mut().rev().find(|q| !q.is_empty()) else {
                 break;
             };
+            let backed_up = queue.len() >= limit;
+            if backed_up
+                && queue
+                    .back()
+                    .is_some_and(|newest| now.saturating_duration_since(newest.since) >= standing)
+            {
+                // Even the newest has waited this long: the whole queue is standing (every
+                // one in it is older). Their own futures count them as shed.
+                let stale: Vec<Waiter> = queue.drain(..).collect();
+                state.waiting -= stale.len();
+                for waiter in stale {
+                    let _ = waiter.answer.send(Turn::Shed);
+                }
+                continue;
+            }
             let waiter = if backed_up {
                 queue.pop_back()
             } else {
@@ -537,6 +567,33 @@ mod tests {
         drop(high);
         admitted(first_normal.await.unwrap());
         drop(second);
+    }
+
+    /// A backed-up queue is standing: a waiter that has waited a tenth of `max_wait` when its
+    /// turn comes is shed, not let in late; one that has not is let in. (Real time: the gate
+    /// reads the std clock.)
+    #[tokio::test]
+    async fn a_standing_queue_sheds_what_waited_too_long_when_its_turn_comes() {
+        let gate = fixed(1, 1000);
+        let held = admitted(gate.admit(Priority::Normal).await);
+        let old = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.admit(Priority::Normal).await }
+        });
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(gate.snapshot().waiting, 1);
+        drop(held);
+        assert!(matches!(old.await.unwrap(), Admission::Shed));
+        assert_eq!(gate.snapshot().shed[Priority::Normal.index()], 1);
+        // The freed slot went to nobody, so the next request takes it at once.
+        let next = admitted(gate.admit(Priority::Normal).await);
+        let fresh = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.admit(Priority::Normal).await }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        drop(next);
+        admitted(fresh.await.unwrap());
     }
 
     #[tokio::test(start_paused = true)]
