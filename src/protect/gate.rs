@@ -12,6 +12,8 @@
 //! `max_wait` ([`STANDING_SHARE`]), the whole queue is shed rather than let in: a queue that
 //! stays backed up that long is standing, not absorbing a burst, and what it lets in late
 //! only adds its wait to the latency of what was admitted (the idea of CoDel's target delay).
+//! Only the lowest priority waiting is shed this way; a higher one's waiters go only by their
+//! own `max_wait`, as the lowest is shed first everywhere else.
 //! When a request must wait in a backed-up queue and a lower priority waits too, the oldest of
 //! the lowest priority is shed at once to make room. `critical` is only ever shed by its own
 //! `max_wait`: nothing outranks it.
@@ -278,11 +280,22 @@ impl Protector {
         while state.waiting > 0 && (shadow || state.in_flight < state.controller.limit()) {
             let limit = state.controller.limit();
             let standing = state.max_wait / STANDING_SHARE;
-            let Some(queue) = state.queues.iter_mut().rev().find(|q| !q.is_empty()) else {
+            // The standing rule is for the lowest priority waiting only: a higher one's
+            // waiters are shed by their own max_wait alone (what must be shed goes lowest
+            // first).
+            let waiting_below =
+                |at: usize, queues: &[VecDeque<Waiter>]| queues[..at].iter().any(|q| !q.is_empty());
+            let Some(at) = (0..state.queues.len())
+                .rev()
+                .find(|&at| !state.queues[at].is_empty())
+            else {
                 break;
             };
+            let lowest = !waiting_below(at, &state.queues);
+            let queue = &mut state.queues[at];
             let backed_up = queue.len() >= limit;
             if backed_up
+                && lowest
                 && queue
                     .back()
                     .is_some_and(|newest| now.saturating_duration_since(newest.since) >= standing)
@@ -594,6 +607,30 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(10)).await;
         drop(next);
         admitted(fresh.await.unwrap());
+    }
+
+    /// The standing rule sheds the lowest priority waiting, never a higher one while a lower
+    /// one waits: a backed-up queue of high waiters is let in however long it waited.
+    #[tokio::test]
+    async fn a_standing_queue_of_a_higher_priority_is_let_in_while_a_lower_one_waits() {
+        let gate = fixed(2, 1000);
+        let first = admitted(gate.admit(Priority::Normal).await);
+        let second = admitted(gate.admit(Priority::Normal).await);
+        let spawn = |priority: Priority| {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.admit(priority).await })
+        };
+        let high = [spawn(Priority::High), spawn(Priority::High)];
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let low = spawn(Priority::Low);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(gate.snapshot().waiting, 3);
+        drop(first);
+        drop(second);
+        for high in high {
+            drop(admitted(high.await.unwrap()));
+        }
+        admitted(low.await.unwrap());
     }
 
     #[tokio::test(start_paused = true)]
