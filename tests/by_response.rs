@@ -431,9 +431,10 @@ async fn a_failed_settlement_is_counted_and_never_holds_up_the_client() {
         .upstream(&up.url())
         .admin("127.0.0.1:0")
         .store(
-            store::redis(&redis.url())
-                .timeout("100ms")
-                .on_error("allow"),
+            // Long enough that a busy machine's Redis decides every request below (a decision
+            // that timed out would fail open and leave nothing to settle); the settlement
+            // then waits this long on the frozen Redis before it counts as failed.
+            store::redis(&redis.url()).timeout("1s").on_error("allow"),
         )
         .route(
             route("login")
@@ -455,7 +456,8 @@ async fn a_failed_settlement_is_counted_and_never_holds_up_the_client() {
         started.elapsed() < Duration::from_millis(300),
         "the client waited for the store"
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Frozen past the settlement's timeout (sent about 150 ms after the pause).
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
     redis.resume();
     let metrics = metrics(proxy.admin.unwrap()).await;
     assert!(
