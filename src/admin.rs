@@ -437,19 +437,7 @@ async fn top<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
         .routes
         .into_iter()
         .map(|(route, top)| {
-            let callers: Vec<Value> = top
-                .into_iter()
-                .map(|o| {
-                    let (source, identity) = shown(&o.item);
-                    json!({
-                        "identity": identity,
-                        "source": source,
-                        "count": o.count,
-                        "error": o.error,
-                        "replicas": o.replicas,
-                    })
-                })
-                .collect();
+            let callers: Vec<Value> = top.into_iter().map(|o| o.to_json(shown(&o.item))).collect();
             json!({ "route": route, "top": callers })
         })
         .collect();
@@ -471,15 +459,10 @@ async fn top<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
 
 /// An identity part of a key (`header=alice`, or several joined by `|`) as logs show it:
 /// (source kinds, values).
+/// An offender's key as (sources, identity), nothing masked: the admin API is
+/// token-protected and shows what the store holds (hashes stay hashes).
 fn shown(item: &str) -> (String, String) {
-    let (sources, values): (Vec<String>, Vec<String>) = item
-        .split('|')
-        .map(|part| {
-            let (kind, value) = crate::identity::shown_from_key_part(part);
-            (kind.to_owned(), value)
-        })
-        .unzip();
-    (sources.join("+"), values.join("|"))
+    console::shown::item(item, &[])
 }
 
 fn top_text(body: &Value) -> String {

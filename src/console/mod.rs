@@ -17,7 +17,7 @@
 //! of identities is in [`shown`].
 
 mod history;
-mod shown;
+pub(crate) mod shown;
 mod view;
 
 use std::net::IpAddr;

@@ -113,16 +113,10 @@ pub async fn overview(proxy: &Proxy, history: &History, loopback: bool) -> Value
                     let secret = secret_kinds_of(throttle, route);
                     json!({
                         "route": route,
-                        "top": callers.iter().map(|o| {
-                            let (source, identity) = shown::item(&o.item, &secret);
-                            json!({
-                                "identity": identity,
-                                "source": source,
-                                "count": o.count,
-                                "error": o.error,
-                                "replicas": o.replicas,
-                            })
-                        }).collect::<Vec<_>>(),
+                        "top": callers
+                            .iter()
+                            .map(|o| o.to_json(shown::item(&o.item, &secret)))
+                            .collect::<Vec<_>>(),
                     })
                 })
                 .collect();

@@ -138,6 +138,20 @@ pub struct Offender {
     pub replicas: u32,
 }
 
+impl Offender {
+    /// Its entry in a top list (the admin API's and the console's), with its item as the
+    /// caller decided to show it: `(sources, identity)`.
+    pub fn to_json(&self, (source, identity): (String, String)) -> serde_json::Value {
+        serde_json::json!({
+            "identity": identity,
+            "source": source,
+            "count": self.count,
+            "error": self.error,
+            "replicas": self.replicas,
+        })
+    }
+}
+
 /// A minute of one route's denials: [`WINDOWS`] rotating sketches.
 #[derive(Debug, Clone)]
 pub struct Minute {

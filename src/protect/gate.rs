@@ -283,15 +283,13 @@ impl Protector {
             // The standing rule is for the lowest priority waiting only: a higher one's
             // waiters are shed by their own max_wait alone (what must be shed goes lowest
             // first).
-            let waiting_below =
-                |at: usize, queues: &[VecDeque<Waiter>]| queues[..at].iter().any(|q| !q.is_empty());
             let Some(at) = (0..state.queues.len())
                 .rev()
                 .find(|&at| !state.queues[at].is_empty())
             else {
                 break;
             };
-            let lowest = !waiting_below(at, &state.queues);
+            let lowest = state.queues[..at].iter().all(VecDeque::is_empty);
             let queue = &mut state.queues[at];
             let backed_up = queue.len() >= limit;
             if backed_up
