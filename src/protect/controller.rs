@@ -45,6 +45,17 @@
 //!    answer is the app's own latency).
 //!    Answers to exchanges started before the limit last changed are no samples: a queue
 //!    takes a service time to build or drain, and they would show the old limit's.
+//!    The fastest tenth misses one kind of queue: an app whose workers finish together
+//!    (service times alike, started together) serves a request over its slots a whole
+//!    service time late and the others at once, so the fastest tenth stays at the baseline up
+//!    to twice the slots in flight. Little's law sees it: the requests the app works on are
+//!    its answers per second × its typical latency (its mean while the limit was not reached,
+//!    its mix of requests included); the rest of in-flight waits in its queue. The limit
+//!    grows only while that queue is under [`QUEUE_ALLOWANCE`] on average, and is cut to it
+//!    when it holds a whole request more. A mix of slower requests is no queue by this
+//!    measure (the typical latency holds the mix); should the mix itself get slower, the
+//!    mean stays flat as the cuts take a quarter off in-flight, and the typical latency is
+//!    relearned as the baseline is.
 //! 5. An absolute `latency:` is also held by the window's 90th percentile: above it the limit
 //!    is cut by target/p90 (at most halved), the parallelism floor aside: the operator chose
 //!    that latency over goodput.
@@ -79,6 +90,12 @@ pub const GROWTH: f64 = 0.1;
 /// How much of the gap to a higher 10th percentile the baseline closes per window below the
 /// limit.
 const BASELINE_RISE: f64 = 0.05;
+/// How much of the gap to a window's mean latency the app's typical latency closes per window
+/// below the limit.
+const TYPICAL_WEIGHT: f64 = 0.1;
+/// The most requests the app may hold waiting, on average, for the limit to grow (see the
+/// module docs, 4).
+pub const QUEUE_ALLOWANCE: f64 = 0.5;
 
 /// How an exchange ended, as the controller counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,12 +148,23 @@ pub struct Controller {
     error_share: f64,
     windows: u64,
     window: Window,
-    /// The mean concurrency and fastest tenth of the window where the cuts began, when it was
-    /// saturated: to tell the app's own latency from a queue's when the concurrency was cut.
-    reference: Option<(f64, f64)>,
+    /// The window where the cuts began, when it was saturated: to tell the app's own latency
+    /// from a queue's when the concurrency was cut.
+    reference: Option<Reference>,
     /// When the limit (as a whole number) last changed: answers to exchanges started before
     /// are no samples.
     changed: Option<Instant>,
+    /// The app's mean time to head while the limit was not reached (its mix of requests
+    /// included), scaled with the baseline when the app's own speed changes: what Little's
+    /// law needs to tell the requests it works on from those waiting in its queue.
+    typical: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Reference {
+    concurrency: f64,
+    fastest: f64,
+    mean: f64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -144,6 +172,8 @@ struct Window {
     started: Option<Instant>,
     /// Seconds to head of the exchanges answered.
     latencies: Vec<f64>,
+    /// Every exchange that ended in the window, samples or not: the app's answers per second.
+    ended: usize,
     /// The sum over those of how many were in flight when each started (itself included).
     concurrency: f64,
     failed: usize,
@@ -165,6 +195,7 @@ impl Controller {
             window: Window::default(),
             reference: None,
             changed: None,
+            typical: None,
         }
     }
 
@@ -208,13 +239,6 @@ impl Controller {
         in_flight: usize,
         outcome: Outcome,
     ) -> bool {
-        let began = now.checked_sub(latency).unwrap_or(now);
-        if outcome == Outcome::Answered && self.changed.is_some_and(|changed| began < changed) {
-            // Started under the limit before the last change: its latency says nothing of the
-            // limit there is now (a queue takes a service time to build or drain after a
-            // change, and the fastest tenth would read the old one).
-            return false;
-        }
         if self
             .window
             .started
@@ -224,6 +248,15 @@ impl Controller {
             self.window = Window::default();
         }
         let started = *self.window.started.get_or_insert(now);
+        self.window.ended += 1;
+        let began = now.checked_sub(latency).unwrap_or(now);
+        if outcome == Outcome::Answered && self.changed.is_some_and(|changed| began < changed) {
+            // Started under the limit before the last change: its latency says nothing of the
+            // limit there is now (a queue takes a service time to build or drain after a
+            // change, and the fastest tenth would read the old one). It still counts in the
+            // app's answers per second.
+            return false;
+        }
         match outcome {
             Outcome::Answered => {
                 self.window.latencies.push(latency.as_secs_f64());
@@ -263,6 +296,8 @@ impl Controller {
         let fastest = w.latencies[w.latencies.len() / 10];
         let median = w.latencies[w.latencies.len() / 2];
         let slowest = w.latencies[w.latencies.len() * 9 / 10];
+        let mean = w.latencies.iter().sum::<f64>() / w.latencies.len() as f64;
+        let answers_per_second = w.ended as f64 / age.as_secs_f64();
         self.latency = Some(median);
 
         // The baseline.
@@ -279,7 +314,11 @@ impl Controller {
                 // In-flight was cut and the fastest tenth fell by less than half of what a
                 // queue's would have (a FIFO queue's falls with the requests in it): the app
                 // answers this slowly on its own.
-                Some((before, latency)) if concurrency < before => {
+                Some(Reference {
+                    concurrency: before,
+                    fastest: latency,
+                    ..
+                }) if concurrency < before => {
                     let cut = 1.0 - concurrency / before;
                     if cut < BIG_CUT || fastest <= b || fastest < latency * (1.0 - cut / 2.0) {
                         b
@@ -295,6 +334,23 @@ impl Controller {
             },
         };
         self.baseline = Some(baseline);
+        self.typical = match (self.typical, self.reference) {
+            (None, _) if !w.saturated => Some(mean),
+            (None, _) => None,
+            (Some(typical), _) if !w.saturated => Some(typical + (mean - typical) * TYPICAL_WEIGHT),
+            // In-flight was cut by a quarter or more and the mean stayed flat: the app's mix
+            // of requests got slower, and nothing of it was a queue (as for the baseline).
+            (Some(_), Some(r))
+                if concurrency <= r.concurrency * (1.0 - BIG_CUT)
+                    && mean >= r.mean * (1.0 - (1.0 - concurrency / r.concurrency) / 4.0) =>
+            {
+                Some(mean)
+            }
+            // The app's own latency changed (2): its requests are taken to have changed by
+            // the same time, the spread of its mix kept (the smaller guess: too small a
+            // typical latency cuts, and a flat mean then relearns it, above).
+            (Some(typical), _) => Some(typical + baseline - baseline_before),
+        };
 
         if !w.saturated {
             self.reference = None;
@@ -307,16 +363,32 @@ impl Controller {
         } else {
             1.0
         };
+        // Requests waiting in the app's queue on average: in flight less those it works on
+        // (answers per second × its typical latency, Little's law; that latency stretched as
+        // much as the fastest tenth is, by a busy CPU rather than a queue). The fastest tenth
+        // misses a queue that only some requests wait in (an app whose workers finish
+        // together serves a few requests late by a whole service time and the rest at once);
+        // this does not, and it keeps a mix of slow requests apart from a queue because the
+        // typical latency holds that mix.
+        let queued = self.typical.map_or(0.0, |typical| {
+            concurrency - answers_per_second * typical * (fastest / baseline).max(1.0)
+        });
         let mut next = if gradient < 1.0 {
             self.limit * gradient
-        } else {
+        } else if queued > QUEUE_ALLOWANCE + 1.0 {
+            // A queue the fastest tenth does not show: down to the allowance, at most halved.
+            (self.limit - (queued - QUEUE_ALLOWANCE)).max(self.limit * 0.5)
+        } else if queued < QUEUE_ALLOWANCE {
             self.limit + (self.limit * GROWTH).max(1.0)
+        } else {
+            // At the knee already: the app is busy and more would only wait in its queue.
+            self.limit
         };
         if next < self.limit {
             // Never below the app's parallelism (answers per second × its unloaded latency,
             // Little's law): at that concurrency it has no queue to shrink, and less only
             // leaves its workers idle.
-            let parallelism = w.latencies.len() as f64 / age.as_secs_f64() * baseline;
+            let parallelism = answers_per_second * baseline;
             next = next.max(parallelism.min(self.limit));
         }
         if let LatencyTarget::Absolute(ceiling) = self.settings.latency {
@@ -327,10 +399,15 @@ impl Controller {
         }
         // The cut test's reference (2) is the window where the cuts began (see the module
         // docs, 4); growth or a new baseline starts it again.
+        let window = Reference {
+            concurrency,
+            fastest,
+            mean,
+        };
         if next >= self.limit || baseline != baseline_before {
-            self.reference = Some((concurrency, fastest));
+            self.reference = Some(window);
         } else {
-            self.reference.get_or_insert((concurrency, fastest));
+            self.reference.get_or_insert(window);
         }
         self.limit = next.clamp(min, max);
     }
@@ -383,6 +460,12 @@ mod tests {
         sent: u64,
         /// Completions the model owes (fractions of one carried between steps).
         owed: f64,
+        /// The app's workers finish together (deterministic service times that started
+        /// together): above its slots, a share of the requests waits a whole service time in
+        /// its queue and the rest none, instead of every request waiting a little.
+        together: bool,
+        /// Slow answers the model owes in that case (fractions carried).
+        slow_owed: f64,
     }
 
     impl Scene {
@@ -393,6 +476,8 @@ mod tests {
                 jitter: [0.0, 0.3, 0.6, 0.1, 0.9],
                 sent: 0,
                 owed: 0.0,
+                together: false,
+                slow_owed: 0.0,
             }
         }
 
@@ -415,6 +500,17 @@ mod tests {
                 for _ in 0..completions as usize {
                     self.sent += 1;
                     let noise = self.jitter[(self.sent % 5) as usize] * 1e-3;
+                    let mut latency = latency;
+                    if self.together && queueing > 1.0 && queueing <= 2.0 {
+                        // The same mean (Little's law), as a share of whole service times.
+                        self.slow_owed += queueing - 1.0;
+                        latency = if self.slow_owed >= 1.0 {
+                            self.slow_owed -= 1.0;
+                            2.0 * service.as_secs_f64()
+                        } else {
+                            service.as_secs_f64()
+                        };
+                    }
                     if saturated {
                         self.controller.saturated(self.now);
                     }
@@ -564,6 +660,23 @@ mod tests {
                 && mean >= 10.0,
             "{slower:?} {:?}",
             s.controller.reading()
+        );
+    }
+
+    /// 4 slots × 40 ms whose workers finish together: one request over the slots waits a
+    /// whole service time and the others none, so the fastest tenth stays at the baseline up
+    /// to twice the slots in flight. The queue the app holds (Little's law) shows it: the
+    /// limit stays a step above the slots (without it, it climbed to 8 and every fifth
+    /// request waited twice its time).
+    #[test]
+    fn a_queue_that_only_some_requests_wait_in_is_seen() {
+        let mut s = Scene::new(LatencyTarget::Multiple(2.0));
+        s.together = true;
+        s.run(2.0, 4.0, 40 * MS, 2.0);
+        let limits = s.run(10.0, 4.0, 40 * MS, 60.0);
+        assert!(
+            limits[300..].iter().all(|&l| (4.0..6.0).contains(&l)),
+            "{limits:?}"
         );
     }
 
