@@ -158,6 +158,10 @@ pub struct Controller {
     /// included), scaled with the baseline when the app's own speed changes: what Little's
     /// law needs to tell the requests it works on from those waiting in its queue.
     typical: Option<f64>,
+    /// The spread of the app's latencies while the limit was not reached (standard
+    /// deviation over mean): how much its answers per window vary by chance, so how far the
+    /// queue Little's law shows can be off.
+    typical_spread: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -196,6 +200,7 @@ impl Controller {
             reference: None,
             changed: None,
             typical: None,
+            typical_spread: None,
         }
     }
 
@@ -297,6 +302,14 @@ impl Controller {
         let median = w.latencies[w.latencies.len() / 2];
         let slowest = w.latencies[w.latencies.len() * 9 / 10];
         let mean = w.latencies.iter().sum::<f64>() / w.latencies.len() as f64;
+        let spread = (w
+            .latencies
+            .iter()
+            .map(|l| (l - mean) * (l - mean))
+            .sum::<f64>()
+            / w.latencies.len() as f64)
+            .sqrt()
+            / mean;
         let answers_per_second = w.ended as f64 / age.as_secs_f64();
         self.latency = Some(median);
 
@@ -334,6 +347,12 @@ impl Controller {
             },
         };
         self.baseline = Some(baseline);
+        if !w.saturated {
+            self.typical_spread = Some(match self.typical_spread {
+                None => spread,
+                Some(before) => before + (spread - before) * TYPICAL_WEIGHT,
+            });
+        }
         self.typical = match (self.typical, self.reference) {
             (None, _) if !w.saturated => Some(mean),
             (None, _) => None,
@@ -373,12 +392,18 @@ impl Controller {
         let queued = self.typical.map_or(0.0, |typical| {
             concurrency - answers_per_second * typical * (fastest / baseline).max(1.0)
         });
+        // How far that can be off by chance: the answers of a window vary about their rate by
+        // about the latencies' spread over the square root of their count (a mix of slow and
+        // fast requests varies a lot, an app of alike requests hardly at all).
+        let doubt = self.typical_spread.map_or(0.0, |spread| {
+            concurrency * spread / (w.ended.max(1) as f64).sqrt()
+        });
         let mut next = if gradient < 1.0 {
             self.limit * gradient
-        } else if queued > QUEUE_ALLOWANCE + 1.0 {
+        } else if queued > QUEUE_ALLOWANCE + 1.0 + 3.0 * doubt {
             // A queue the fastest tenth does not show: down to the allowance, at most halved.
             (self.limit - (queued - QUEUE_ALLOWANCE)).max(self.limit * 0.5)
-        } else if queued < QUEUE_ALLOWANCE {
+        } else if queued < QUEUE_ALLOWANCE + 2.0 * doubt {
             self.limit + (self.limit * GROWTH).max(1.0)
         } else {
             // At the knee already: the app is busy and more would only wait in its queue.
@@ -466,6 +491,11 @@ mod tests {
         together: bool,
         /// Slow answers the model owes in that case (fractions carried).
         slow_owed: f64,
+        /// A random mix: this share of the requests takes this many times the service time,
+        /// and the app's answers per 10 ms vary as a real app's do with such a mix.
+        mix: Option<(f64, f64)>,
+        /// The mix's random numbers (a fixed seed: the test is the same every run).
+        rng: u64,
     }
 
     impl Scene {
@@ -478,7 +508,18 @@ mod tests {
                 owed: 0.0,
                 together: false,
                 slow_owed: 0.0,
+                mix: None,
+                rng: 0x9e37_79b9_7f4a_7c15,
             }
+        }
+
+        /// A uniform number in [0, 1).
+        fn uniform(&mut self) -> f64 {
+            self.rng = self
+                .rng
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (self.rng >> 11) as f64 / (1u64 << 53) as f64
         }
 
         /// Runs `seconds` of an app with `slots` × `service`, at `demand` in flight wanted;
@@ -494,13 +535,31 @@ mod tests {
                 let queueing = (in_flight / slots).max(1.0);
                 let latency = service.as_secs_f64() * queueing;
                 // Fractions carry over, so that a slow app's rate is right.
-                self.owed += in_flight / latency * 0.010;
+                match self.mix {
+                    None => self.owed += in_flight / latency * 0.010,
+                    Some((share, factor)) => {
+                        // The mix's mean sets the rate; its spread (coefficient of variation)
+                        // makes the count of answers vary about it.
+                        let mean = 1.0 - share + share * factor;
+                        let spread =
+                            (1.0 - share + share * factor * factor - mean * mean).sqrt() / mean;
+                        let expected = in_flight / (latency * mean) * 0.010;
+                        let normal = (self.uniform() + self.uniform() + self.uniform() - 1.5) * 2.0;
+                        self.owed =
+                            (self.owed + expected + spread * expected.sqrt() * normal).max(0.0);
+                    }
+                }
                 let completions = self.owed.floor();
                 self.owed -= completions;
                 for _ in 0..completions as usize {
                     self.sent += 1;
                     let noise = self.jitter[(self.sent % 5) as usize] * 1e-3;
                     let mut latency = latency;
+                    if let Some((share, factor)) = self.mix {
+                        if self.uniform() < share {
+                            latency *= factor;
+                        }
+                    }
                     if self.together && queueing > 1.0 && queueing <= 2.0 {
                         // The same mean (Little's law), as a share of whole service times.
                         self.slow_owed += queueing - 1.0;
@@ -690,6 +749,21 @@ mod tests {
         let limits = s.run(5.0, 1000.0, 25 * MS, 60.0);
         let lowest = limits.iter().copied().fold(f64::MAX, f64::min);
         assert!(lowest >= INITIAL_LIMIT, "cut to {lowest}");
+    }
+
+    /// A random mix, two fifths of the requests five times as slow, on an app with room to
+    /// spare: the count of answers per window varies by a seventh or more, and with it what
+    /// Little's law says the app holds. That noise is no queue: nothing is cut.
+    #[test]
+    fn a_random_mix_on_an_app_with_room_is_never_cut() {
+        let mut s = Scene::new(LatencyTarget::Multiple(2.0));
+        s.mix = Some((0.4, 5.0));
+        s.run(3.0, 1000.0, 25 * MS, 5.0);
+        let limits = s.run(20.0, 1000.0, 25 * MS, 60.0);
+        let cuts = limits.windows(2).filter(|pair| pair[1] < pair[0]).count();
+        assert_eq!(cuts, 0, "{limits:?}");
+        // It grows as fast as without the mix: past the demand of 60 within 2 s.
+        assert!(limits[200] >= 60.0, "{limits:?}");
     }
 
     #[test]
