@@ -50,12 +50,22 @@
 //!    service time late and the others at once, so the fastest tenth stays at the baseline up
 //!    to twice the slots in flight. Little's law sees it: the requests the app works on are
 //!    its answers per second × its typical latency (its mean while the limit was not reached,
-//!    its mix of requests included); the rest of in-flight waits in its queue. The limit
-//!    grows only while that queue is under [`QUEUE_ALLOWANCE`] on average, and is cut to it
-//!    when it holds a whole request more. A mix of slower requests is no queue by this
-//!    measure (the typical latency holds the mix); should the mix itself get slower, the
-//!    mean stays flat as the cuts take a quarter off in-flight, and the typical latency is
-//!    relearned as the baseline is.
+//!    its mix of requests included); the rest of in-flight waits in its queue. Answers are
+//!    counted over the windows at the current limit (the older fading: such an app answers
+//!    in bursts of its slots, so one window's count is off by a burst), and what the count
+//!    may be off by chance (the latencies' spread over the square root of the count) is
+//!    allowed for. The limit grows only while that queue is under [`QUEUE_ALLOWANCE`] on
+//!    average, and is cut to it when it holds a whole request more, or less when its wait
+//!    (queue ÷ answers per second) exceeds twice the aim's slack: with few slots a request
+//!    that waits for one waits long. A mix of slower requests is no queue by this measure
+//!    (the typical latency holds the mix); should the mix itself get slower, the mean stays
+//!    flat as the cuts take a quarter off in-flight, and the typical latency is relearned.
+//!    Tries are paced: a limit cut back within [`TRY_WINDOWS`] of growing to it marks that
+//!    level, and growing to it again waits [`FIRST_HOLD`] windows, twice as many after each
+//!    failed try (at most [`MAX_HOLD`]); below it the limit moves freely, and a new baseline
+//!    (a new app) or a try that held clears the mark. Each try makes a few requests wait in
+//!    the app's queue, and where one request over the slots waits a whole service time, the
+//!    p99 can afford one only every few seconds.
 //! 5. An absolute `latency:` is also held by the window's 90th percentile: above it the limit
 //!    is cut by target/p90 (at most halved), the parallelism floor aside: the operator chose
 //!    that latency over goodput.
@@ -96,6 +106,21 @@ const TYPICAL_WEIGHT: f64 = 0.1;
 /// The most requests the app may hold waiting, on average, for the limit to grow (see the
 /// module docs, 4).
 pub const QUEUE_ALLOWANCE: f64 = 0.5;
+/// The most the app's queue may add to its requests' wait on average, as a share of the aim's
+/// slack, before a cut (see the module docs, 4).
+const QUEUE_WAIT_SHARE: f64 = 2.0;
+/// The windows the limit waits, below a level where the app's queue showed, before it tries
+/// that level again: at first, and at most (it doubles with each failed try in between).
+/// Each try makes a few requests wait in the app's queue; a p99 can afford about one a few
+/// seconds.
+pub const FIRST_HOLD: u32 = 32;
+pub const MAX_HOLD: u32 = 128;
+/// A try of a level is judged within this many windows: cut back by then, it failed; held
+/// longer, the app has room there.
+pub const TRY_WINDOWS: u64 = 4;
+/// How much of a window's count of answers is kept for the next at the same limit (about the
+/// last five windows count).
+const RUN_FADE: f64 = 0.8;
 
 /// How an exchange ended, as the controller counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,6 +187,30 @@ pub struct Controller {
     /// deviation over mean): how much its answers per window vary by chance, so how far the
     /// queue Little's law shows can be off.
     typical_spread: Option<f64>,
+    /// A limit that was tried and cut back (the app queued there): growing to it again waits
+    /// `hold` windows.
+    ceiling: Option<f64>,
+    /// Windows to wait below the ceiling before trying it again; doubles with each failed try.
+    hold: u32,
+    /// Windows since the limit last changed.
+    calm: u32,
+    /// The window in which the limit last grew.
+    grew_at: Option<u64>,
+    /// When the last window closed.
+    closed: Option<Instant>,
+    /// The answers counted at the current limit.
+    run: Option<Run>,
+}
+
+/// The answers counted at one limit over its windows, the older fading by [`RUN_FADE`] each.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    limit: usize,
+    ended: f64,
+    span: f64,
+    /// Sum of the windows' mean in-flight.
+    concurrency: f64,
+    windows: f64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -201,6 +250,12 @@ impl Controller {
             changed: None,
             typical: None,
             typical_spread: None,
+            ceiling: None,
+            hold: 0,
+            calm: 0,
+            grew_at: None,
+            closed: None,
+            run: None,
         }
     }
 
@@ -273,8 +328,18 @@ impl Controller {
         let age = now.saturating_duration_since(started);
         if age >= WINDOW && count >= MIN_SAMPLES {
             let window = std::mem::take(&mut self.window);
+            // The answers per second are counted over the time since the last window closed
+            // when this one followed right on (under load): counted from its first event, n
+            // answers would span n - 1 gaps, a tenth too many per second at 10 answers.
+            let span = match self.closed {
+                Some(closed) if started.saturating_duration_since(closed) < WINDOW => {
+                    now.saturating_duration_since(closed)
+                }
+                _ => age,
+            };
+            self.closed = Some(now);
             let before = self.limit();
-            self.close(window, age);
+            self.close(window, span);
             if self.limit() != before {
                 self.changed = Some(now);
             }
@@ -283,7 +348,7 @@ impl Controller {
         false
     }
 
-    fn close(&mut self, mut w: Window, age: Duration) {
+    fn close(&mut self, mut w: Window, span: Duration) {
         self.windows += 1;
         let (min, max) = (self.settings.min_limit, self.settings.max_limit);
         let count = w.latencies.len() + w.failed;
@@ -310,7 +375,7 @@ impl Controller {
             / w.latencies.len() as f64)
             .sqrt()
             / mean;
-        let answers_per_second = w.ended as f64 / age.as_secs_f64();
+        let answers_per_second = w.ended as f64 / span.as_secs_f64();
         self.latency = Some(median);
 
         // The baseline.
@@ -357,10 +422,12 @@ impl Controller {
             (None, _) if !w.saturated => Some(mean),
             (None, _) => None,
             (Some(typical), _) if !w.saturated => Some(typical + (mean - typical) * TYPICAL_WEIGHT),
-            // In-flight was cut by a quarter or more and the mean stayed flat: the app's mix
-            // of requests got slower, and nothing of it was a queue (as for the baseline).
+            // In-flight was cut by a quarter or more and the mean stayed flat while the
+            // fastest tenth did not move: the app's mix of requests got slower, and nothing of
+            // it was a queue (as for the baseline).
             (Some(_), Some(r))
-                if concurrency <= r.concurrency * (1.0 - BIG_CUT)
+                if (baseline - baseline_before).abs() < MIN_SLACK.as_secs_f64()
+                    && concurrency <= r.concurrency * (1.0 - BIG_CUT)
                     && mean >= r.mean * (1.0 - (1.0 - concurrency / r.concurrency) / 4.0) =>
             {
                 Some(mean)
@@ -389,20 +456,56 @@ impl Controller {
         // together serves a few requests late by a whole service time and the rest at once);
         // this does not, and it keeps a mix of slow requests apart from a queue because the
         // typical latency holds that mix.
-        let queued = self.typical.map_or(0.0, |typical| {
-            concurrency - answers_per_second * typical * (fastest / baseline).max(1.0)
+        // Counted over the windows at this limit (the older fading), not one: a window holds
+        // ten or so answers, and an app whose workers finish together answers in bursts of
+        // its slots, so one window's count is off by a burst.
+        let limit = self.limit();
+        // A new baseline is a new app (2): what was counted before is of the old one.
+        let slack = aim - baseline;
+        let new_app = (baseline - baseline_before).abs() > slack;
+        if new_app {
+            self.run = None;
+        }
+        let run = match self.run {
+            Some(run) if run.limit == limit => Run {
+                limit,
+                ended: run.ended * RUN_FADE + w.ended as f64,
+                span: run.span * RUN_FADE + span.as_secs_f64(),
+                concurrency: run.concurrency * RUN_FADE + concurrency,
+                windows: run.windows * RUN_FADE + 1.0,
+            },
+            _ => Run {
+                limit,
+                ended: w.ended as f64,
+                span: span.as_secs_f64(),
+                concurrency,
+                windows: 1.0,
+            },
+        };
+        self.run = Some(run);
+        let run_concurrency = run.concurrency / run.windows;
+        let queued = self.typical.filter(|_| !new_app).map_or(0.0, |typical| {
+            run_concurrency - run.ended / run.span * typical * (fastest / baseline).max(1.0)
         });
-        // How far that can be off by chance: the answers of a window vary about their rate by
-        // about the latencies' spread over the square root of their count (a mix of slow and
+        // How far that can be off by chance: the count of answers varies about its rate by
+        // about the latencies' spread over the square root of the count (a mix of slow and
         // fast requests varies a lot, an app of alike requests hardly at all).
         let doubt = self.typical_spread.map_or(0.0, |spread| {
-            concurrency * spread / (w.ended.max(1) as f64).sqrt()
+            run_concurrency * spread / run.ended.max(1.0).sqrt()
         });
+        // The app's queue is cut when it holds a whole request more than the allowance, or
+        // when its wait takes more than the aim's slack: an app with few slots makes a
+        // request that waits for one wait long (its next answer may be a whole service time
+        // away), one with many hardly at all.
+        let too_many = (QUEUE_ALLOWANCE + 1.0).min(answers_per_second * slack * QUEUE_WAIT_SHARE);
         let mut next = if gradient < 1.0 {
             self.limit * gradient
-        } else if queued > QUEUE_ALLOWANCE + 1.0 + 3.0 * doubt {
-            // A queue the fastest tenth does not show: down to the allowance, at most halved.
-            (self.limit - (queued - QUEUE_ALLOWANCE)).max(self.limit * 0.5)
+        } else if queued > too_many.max(QUEUE_ALLOWANCE) + 3.0 * doubt {
+            // A queue the fastest tenth does not show: down to the allowance (a whole request
+            // at least), at most halved.
+            (self.limit - (queued - QUEUE_ALLOWANCE))
+                .min(self.limit.floor() - 0.01)
+                .max(self.limit * 0.5)
         } else if queued < QUEUE_ALLOWANCE + 2.0 * doubt {
             self.limit + (self.limit * GROWTH).max(1.0)
         } else {
@@ -422,6 +525,7 @@ impl Controller {
                 next = next.min(self.limit * (ceiling / slowest).max(0.5));
             }
         }
+        next = self.probe(next, new_app);
         // The cut test's reference (2) is the window where the cuts began (see the module
         // docs, 4); growth or a new baseline starts it again.
         let window = Reference {
@@ -435,6 +539,51 @@ impl Controller {
             self.reference.get_or_insert(window);
         }
         self.limit = next.clamp(min, max);
+    }
+
+    /// Paces the tries of a limit where the app queued (see the module docs, 4): a limit
+    /// cut back right after it grew marks that level; growing to it again waits `hold`
+    /// windows, twice as many after each failed try. Below it the limit moves freely. An app
+    /// whose own latency changed (a new baseline), or a try that held, clears the mark.
+    fn probe(&mut self, next: f64, new_app: bool) -> f64 {
+        let (now, proposed) = (self.limit.floor(), next.floor());
+        if new_app {
+            // Nothing tried before says anything of this app.
+            self.ceiling = None;
+            self.hold = 0;
+            self.grew_at = None;
+        }
+        let mut next = next;
+        if proposed < now {
+            if self
+                .grew_at
+                .is_some_and(|at| self.windows - at <= TRY_WINDOWS)
+            {
+                self.ceiling = Some(now);
+                self.hold = (self.hold * 2).clamp(FIRST_HOLD, MAX_HOLD);
+            }
+        } else if proposed > now && self.ceiling.is_some_and(|ceiling| proposed >= ceiling) {
+            if self.calm < self.hold {
+                next = self.limit;
+            }
+        } else if self.ceiling.is_some_and(|ceiling| now >= ceiling)
+            && self
+                .grew_at
+                .is_some_and(|at| self.windows - at > TRY_WINDOWS)
+        {
+            // The try held: the app has room there now.
+            self.ceiling = None;
+            self.hold /= 2;
+        }
+        if next.floor() > now {
+            self.grew_at = Some(self.windows);
+        }
+        if next.floor() == now {
+            self.calm += 1;
+        } else {
+            self.calm = 0;
+        }
+        next
     }
 
     fn target_secs(&self) -> Option<f64> {
@@ -737,6 +886,10 @@ mod tests {
             limits[300..].iter().all(|&l| (4.0..6.0).contains(&l)),
             "{limits:?}"
         );
+        // Where one request over the slots waits a whole service time, the tries of 5 are
+        // paced: after the first seconds the limit is at the slots nine tenths of the time.
+        let at_the_slots = limits[500..].iter().filter(|&&l| l < 5.0).count();
+        assert!(at_the_slots * 10 >= limits[500..].len() * 9, "{limits:?}");
     }
 
     /// Half of the answers take 5× as long (a mix of cheap and expensive requests): the median
