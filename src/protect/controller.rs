@@ -230,8 +230,6 @@ struct Window {
     /// The sum over those of how many were in flight when each started (itself included).
     concurrency: f64,
     failed: usize,
-    /// The most in flight at once.
-    peak: usize,
     /// The limit was reached: someone waited, or in-flight met it.
     saturated: bool,
 }
@@ -278,7 +276,6 @@ impl Controller {
     /// An exchange started with `in_flight` (itself included) in flight.
     pub fn started(&mut self, now: Instant, in_flight: usize) {
         self.window.started.get_or_insert(now);
-        self.window.peak = self.window.peak.max(in_flight);
         if in_flight >= self.limit() {
             self.window.saturated = true;
         }
@@ -449,52 +446,12 @@ impl Controller {
         } else {
             1.0
         };
-        // Requests waiting in the app's queue on average: in flight less those it works on
-        // (answers per second × its typical latency, Little's law; that latency stretched as
-        // much as the fastest tenth is, by a busy CPU rather than a queue). The fastest tenth
-        // misses a queue that only some requests wait in (an app whose workers finish
-        // together serves a few requests late by a whole service time and the rest at once);
-        // this does not, and it keeps a mix of slow requests apart from a queue because the
-        // typical latency holds that mix.
-        // Counted over the windows at this limit (the older fading), not one: a window holds
-        // ten or so answers, and an app whose workers finish together answers in bursts of
-        // its slots, so one window's count is off by a burst.
-        let limit = self.limit();
-        // A new baseline is a new app (2): what was counted before is of the old one.
         let slack = aim - baseline;
+        // A new baseline is a new app (2): what was counted before is of the old one.
         let new_app = (baseline - baseline_before).abs() > slack;
-        if new_app {
-            self.run = None;
-        }
-        let run = match self.run {
-            Some(run) if run.limit == limit => Run {
-                limit,
-                ended: run.ended * RUN_FADE + w.ended as f64,
-                span: run.span * RUN_FADE + span.as_secs_f64(),
-                concurrency: run.concurrency * RUN_FADE + concurrency,
-                windows: run.windows * RUN_FADE + 1.0,
-            },
-            _ => Run {
-                limit,
-                ended: w.ended as f64,
-                span: span.as_secs_f64(),
-                concurrency,
-                windows: 1.0,
-            },
-        };
-        self.run = Some(run);
-        let run_concurrency = run.concurrency / run.windows;
-        let queued = self.typical.filter(|_| !new_app).map_or(0.0, |typical| {
-            run_concurrency - run.ended / run.span * typical * (fastest / baseline).max(1.0)
-        });
-        // How far that can be off by chance: the count of answers varies about its rate by
-        // about the latencies' spread over the square root of the count (a mix of slow and
-        // fast requests varies a lot, an app of alike requests hardly at all).
-        let doubt = self.typical_spread.map_or(0.0, |spread| {
-            run_concurrency * spread / run.ended.max(1.0).sqrt()
-        });
+        let (queued, doubt) = self.queue(&w, span, concurrency, fastest / baseline, new_app);
         // The app's queue is cut when it holds a whole request more than the allowance, or
-        // when its wait takes more than the aim's slack: an app with few slots makes a
+        // when its wait takes more than QUEUE_WAIT_SHARE × the aim's slack: an app with few slots makes a
         // request that waits for one wait long (its next answer may be a whole service time
         // away), one with many hardly at all.
         let too_many = (QUEUE_ALLOWANCE + 1.0).min(answers_per_second * slack * QUEUE_WAIT_SHARE);
@@ -539,6 +496,56 @@ impl Controller {
             self.reference.get_or_insert(window);
         }
         self.limit = next.clamp(min, max);
+    }
+
+    /// Requests waiting in the app's queue on average, and how far that may be off by chance:
+    /// in flight less those the app works on (answers per second × its typical latency,
+    /// Little's law; that latency stretched by `stretch`, as much as the fastest tenth is, by
+    /// a busy CPU rather than a queue). The fastest tenth misses a queue that only some
+    /// requests wait in (an app whose workers finish together serves a few requests late by a
+    /// whole service time and the rest at once); this does not, and it keeps a mix of slow
+    /// requests apart from a queue because the typical latency holds that mix.
+    ///
+    /// Counted over the windows at this limit (the older fading), not one: a window holds ten
+    /// or so answers, and such an app answers in bursts of its slots, so one window's count is
+    /// off by a burst. For a new app no queue (what was counted says nothing of it).
+    fn queue(
+        &mut self,
+        w: &Window,
+        span: Duration,
+        concurrency: f64,
+        stretch: f64,
+        new_app: bool,
+    ) -> (f64, f64) {
+        let limit = self.limit();
+        let run = match self.run.filter(|run| run.limit == limit && !new_app) {
+            Some(run) => Run {
+                limit,
+                ended: run.ended * RUN_FADE + w.ended as f64,
+                span: run.span * RUN_FADE + span.as_secs_f64(),
+                concurrency: run.concurrency * RUN_FADE + concurrency,
+                windows: run.windows * RUN_FADE + 1.0,
+            },
+            None => Run {
+                limit,
+                ended: w.ended as f64,
+                span: span.as_secs_f64(),
+                concurrency,
+                windows: 1.0,
+            },
+        };
+        self.run = Some(run);
+        let concurrency = run.concurrency / run.windows;
+        let queued = self.typical.filter(|_| !new_app).map_or(0.0, |typical| {
+            concurrency - run.ended / run.span * typical * stretch.max(1.0)
+        });
+        // The count of answers varies about its rate by about the latencies' spread over the
+        // square root of the count (a mix of slow and fast requests varies a lot, an app of
+        // alike requests hardly at all).
+        let doubt = self.typical_spread.map_or(0.0, |spread| {
+            concurrency * spread / run.ended.max(1.0).sqrt()
+        });
+        (queued, doubt)
     }
 
     /// Paces the tries of a limit where the app queued (see the module docs, 4): a limit
