@@ -17,6 +17,9 @@
 #   degraded   DEGRADED_S (10s) at the same rate; at its start the app drops to
 #              DEGRADED_SLOTS x DEGRADED_SERVICE (4 x 40ms = 1/4 of its capacity, 12x overload)
 #   recovered  RECOVERED_S (10s) at half the capacity; at its start the app is restored
+#   burst      BURST_S (10s) at 3x the capacity on the restored app (a second incident)
+#   after      AFTER_S (15s) at half the capacity: the app is healthy again, so any refusal
+#              is a false shed left over from the burst ("recover"; BURST_S=0 leaves both out)
 # Between two fronts the app's queue is dropped and the app restored, so every front starts
 # from the same empty, healthy app.
 #
@@ -41,14 +44,23 @@
 #             /proc/PID/task/*/schedstat, nanosecond run times of every thread)
 #   high      tollgate-protect only: success ratio of the high-priority 20 %
 #
+# Busy node (BUSY, default none): what runs beside the whole run, as on a shared node:
+#   BUSY=cpu:K     K CPU-bound shell loops at normal priority
+#   BUSY=build     a release build of this project at normal priority, again and again (its
+#                  own target directory, cleaned before each build)
+#   BUSY=image     a container image build of the project's Dockerfile, again and again, with
+#                  podman or docker (the run stops if neither is there)
+# The load average at the start and end of each front's run is kept in FRONT.load.
+#
 # Knobs: FRONTS SLOTS SERVICE DEGRADED_SLOTS DEGRADED_SERVICE HALF_S STEADY_S DEGRADED_S
-# RECOVERED_S TIMEOUT SETTLE HIGH_SHARE NO_BUILD=1 TOLLGATE_BIN=path PROTECT_YAML='...'
+# RECOVERED_S BURST_S AFTER_S TIMEOUT SETTLE HIGH_SHARE BUSY NO_BUILD=1 TOLLGATE_BIN=path
+# PROTECT_YAML='...'
 # TRACE=0.5 (seconds; default off: records tollgate's protect gauges to FRONT.trace, at some
 # CPU cost to the front)
 # BIN_DIR=target/release (where tollgate and the two examples are; with NO_BUILD=1, a debug
 # build's target/debug for a quick try of the script itself).
 # Everything listens on 127.0.0.1 only; every process started here is stopped on exit.
-# About 50 s per front (six fronts: about 6 minutes).
+# About 75 s per front (six fronts: about 8 minutes).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -62,6 +74,9 @@ HALF_S=${HALF_S:-10}
 STEADY_S=${STEADY_S:-15}
 DEGRADED_S=${DEGRADED_S:-10}
 RECOVERED_S=${RECOVERED_S:-10}
+BURST_S=${BURST_S:-10}
+AFTER_S=${AFTER_S:-15}
+BUSY=${BUSY:-none}
 TIMEOUT=${TIMEOUT:-1s}
 SETTLE=${SETTLE:-2s}
 HIGH_SHARE=${HIGH_SHARE:-20}
@@ -102,6 +117,37 @@ if [[ " $FRONTS " == *" envoy "* ]] && ! need_envoy; then
 fi
 
 T=$WORK/tmp
+
+# start_busy: the neighbour named by BUSY, for the whole run (its processes are in PIDS, so
+# they stop with the script).
+start_busy() {
+  case $BUSY in
+    none) ;;
+    cpu:*)
+      local k
+      for k in $(seq "${BUSY#cpu:}"); do
+        (while :; do :; done) &
+        PIDS+=($!)
+      done ;;
+    build)
+      local src=$T/busy-src
+      mkdir -p "$src"
+      cp -r "$ROOT/src" "$ROOT/Cargo.toml" "$ROOT/Cargo.lock" "$ROOT/benches" "$ROOT/examples" "$src"
+      (cd "$src" && while :; do
+        CARGO_TARGET_DIR=$T/busy-target cargo clean -q 2>/dev/null
+        CARGO_TARGET_DIR=$T/busy-target cargo build --release -q --bin tollgate >/dev/null 2>&1
+      done) &
+      PIDS+=($!) ;;
+    image)
+      local engine
+      engine=$(command -v podman || command -v docker || true)
+      [ -n "$engine" ] || { log "BUSY=image needs podman or docker"; exit 1; }
+      (while :; do "$engine" build -q --no-cache -t tollgate-busy "$ROOT" >/dev/null 2>&1; done) &
+      PIDS+=($!) ;;
+    *) log "BUSY=$BUSY: none, cpu:K, build or image"; exit 1 ;;
+  esac
+}
+
 APP_PORT=$(free_port)
 CTL_PORT=$(free_port)
 FRONT_PORT=$(free_port)
@@ -263,19 +309,25 @@ cpu_of() { if [ -n "$FRONT_PID" ]; then tree_cpu_ns "$FRONT_PID"; else echo 0; f
   echo "nginx $(nginx -v 2>&1 | sed 's/.*nginx\///')"
   [[ " $FRONTS " != *" envoy "* ]] || echo "envoy $("$ENVOY" --version | sed -n 's/.*version: [^/]*\/\([^/]*\)\/.*/\1/p')"
   echo "app $SLOTS x $SERVICE = $CAPACITY/s, degraded $DEGRADED_SLOTS x $DEGRADED_SERVICE = $DEGRADED_CAPACITY/s"
-  echo "phases half $HALF_RATE/s ${HALF_S}s, steady $OVER_RATE/s ${STEADY_S}s, degraded $OVER_RATE/s ${DEGRADED_S}s, recovered $HALF_RATE/s ${RECOVERED_S}s; timeout $TIMEOUT, settle $SETTLE, high $HIGH_SHARE %"
+  echo "phases half $HALF_RATE/s ${HALF_S}s, steady $OVER_RATE/s ${STEADY_S}s, degraded $OVER_RATE/s ${DEGRADED_S}s, recovered $HALF_RATE/s ${RECOVERED_S}s, burst $OVER_RATE/s ${BURST_S}s, after $HALF_RATE/s ${AFTER_S}s; timeout $TIMEOUT, settle $SETTLE, high $HIGH_SHARE %"
+  echo "busy node: $BUSY"
 } >"$WORK/meta.txt"
 cat "$WORK/meta.txt" >&2
 cat >"$WORK/params.json" <<EOF
 { "capacity": $CAPACITY, "degraded_capacity": $DEGRADED_CAPACITY, "half_rate": $HALF_RATE,
   "over_rate": $OVER_RATE, "half_s": $HALF_S, "steady_s": $STEADY_S, "degraded_s": $DEGRADED_S,
-  "recovered_s": $RECOVERED_S }
+  "recovered_s": $RECOVERED_S, "burst_s": $BURST_S, "after_s": $AFTER_S }
 EOF
+start_busy
+[ "$BUSY" = none ] || sleep 5 # the neighbour gets going before the first front
 
+recover_phases=()
+[ "$BURST_S" -eq 0 ] || recover_phases=(--phase "$OVER_RATE:${BURST_S}s" --phase "$HALF_RATE:${AFTER_S}s")
 for front in $FRONTS; do
   reset_app
   start_front "$front"
-  log "$front: $((HALF_S + STEADY_S + DEGRADED_S + RECOVERED_S)) s of load"
+  log "$front: $((HALF_S + STEADY_S + DEGRADED_S + RECOVERED_S + BURST_S + AFTER_S)) s of load"
+  load_start=$(cut -d' ' -f1 /proc/loadavg)
   url="http://127.0.0.1:$FRONT_PORT"
   [ "$front" = none ] && url="http://127.0.0.1:$APP_PORT"
   cpu=("$(cpu_of)")
@@ -283,6 +335,7 @@ for front in $FRONTS; do
   "$LOAD_BIN" --url "$url" --timeout "$TIMEOUT" --settle "$SETTLE" \
     --phase "$HALF_RATE:${HALF_S}s" --phase "$OVER_RATE:${STEADY_S}s" \
     --phase "$OVER_RATE:${DEGRADED_S}s" --phase "$HALF_RATE:${RECOVERED_S}s" \
+    "${recover_phases[@]}" \
     --class "high:$HIGH_SHARE:X-Priority=high" --class "normal:$((100 - HIGH_SHARE))" \
     >"$WORK/$front.json" 2>"$WORK/$front.load.log" &
   LOAD_PID=$!
@@ -308,7 +361,14 @@ for front in $FRONTS; do
   cpu+=("$(cpu_of)")
   sleep_until "$((HALF_S + STEADY_S + DEGRADED_S + RECOVERED_S))"
   cpu+=("$(cpu_of)")
+  if [ "$BURST_S" -ne 0 ]; then
+    sleep_until "$((HALF_S + STEADY_S + DEGRADED_S + RECOVERED_S + BURST_S))"
+    cpu+=("$(cpu_of)")
+    sleep_until "$((HALF_S + STEADY_S + DEGRADED_S + RECOVERED_S + BURST_S + AFTER_S))"
+    cpu+=("$(cpu_of)")
+  fi
   wait "$LOAD_PID"
+  echo "$load_start $(cut -d' ' -f1 /proc/loadavg)" >"$WORK/$front.load"
   [ -z "$TRACE_PID" ] || { kill "$TRACE_PID"; wait "$TRACE_PID" 2>/dev/null || true; }
   echo "${cpu[*]}" >"$WORK/$front.cpu"
   ctl stats >"$WORK/$front.app.json"

@@ -72,7 +72,11 @@ for line in meta[1:]:
     print(f"- {line}")
 print()
 
-for index, name, capacity in [(1, "steady", cap), (2, "degraded", dcap)]:
+first = next(iter(data.values()))[0] if data else {"phases": []}
+recover = len(first["phases"]) >= 6  # the burst and the half load after it were run
+
+for index, name, capacity in [(1, "steady", cap), (2, "degraded", dcap)] + (
+        [(4, "burst on the restored app", cap)] if recover else []):
     settle = next(iter(data.values()))[0]["phases"][index]["settle_seconds"] if data else 0
     print(f"### {name}: {params['over_rate']}/s offered, app capacity {capacity}/s "
           f"(the phase without its first {settle:g} s)")
@@ -93,10 +97,11 @@ for index, name, capacity in [(1, "steady", cap), (2, "degraded", dcap)]:
         print(row)
     print()
 
-for index, name in [(0, "half load, healthy app"), (3, "half load, app restored")]:
+for index, name in [(0, "half load, healthy app"), (3, "half load, app restored")] + (
+        [(5, "half load after the burst (recover)", )] if recover else []):
     print(f"### {name}: {params['half_rate']}/s offered, app capacity {cap}/s (the whole phase)")
     print()
-    restored = index == 3
+    restored = index in (3, 5)
     print("| front | ok of sent | refused (false sheds) | timeouts | other | p50 ms | p99 ms |"
           + (" all ok again in |" if restored else "") + " CPU µs/req |")
     print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if restored else "") + "---:|")
@@ -127,3 +132,33 @@ for front, (report, cpu) in data.items():
         return f"{x / u:.1f}×" if u and x else "–"
 
     print(f"| {front} | {ms(u)} | {ms(s)} | {times(s)} | {ms(d)} | {times(d)} |")
+
+
+if recover:
+    print("### Recover: requests not served (shed, timed out, failed) at half load after the burst, by time since its end")
+    print()
+    print("| front | 0–2 s | 2–5 s | 5 s to the end | after 2 s: ok of sent |")
+    print("|---|---:|---:|---:|---:|")
+    for front, (report, cpu) in data.items():
+        bucket = report["bucket_ms"] / 1000
+        start_s = sum(p["seconds"] for p in report["phases"][:5])
+        end_s = start_s + report["phases"][5]["seconds"]
+        series = report["series"]
+
+        def window(a, b):
+            lo, hi = round((start_s + a) / bucket), round(min(start_s + b, end_s) / bucket)
+            part = series[lo:hi]
+            return (sum(x["sent"] - x["ok"] for x in part), sum(x["sent"] for x in part),
+                    sum(x["ok"] for x in part))
+
+        r02, _, _ = window(0, 2)
+        r25, _, _ = window(2, 5)
+        r5, _, _ = window(5, end_s - start_s)
+        _, sent2, ok2 = window(2, end_s - start_s)
+        print(f"| {front} | {r02:,} | {r25:,} | {r5:,} | {pct(ok2, sent2)} |")
+    print()
+
+loads = {f: (work / f"{f}.load").read_text().split() for f in data if (work / f"{f}.load").exists()}
+if loads:
+    print("Load average (1 min) at the start and end of each front's run: "
+          + ", ".join(f"{f} {a}–{b}" for f, (a, b) in loads.items()) + ".")
