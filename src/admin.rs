@@ -369,13 +369,12 @@ fn protect_state<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> 
     }
     let show = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v} ms"));
     let mut out = format!(
-        "protect   {} (latency {latency_setting}, max_wait {} ms, limit {}..{})
-         limit     {} ({} in flight, {} waiting)
-         latency   {} now, baseline {}, target {}
-         errors    {:.1}% of the last window
-         state     {} (window {}{}{})
-         last cut  {}
-",
+        "protect   {} (latency {latency_setting}, max_wait {} ms, limit {}..{})\n\
+         limit     {} ({} in flight, {} waiting)\n\
+         latency   {} now, baseline {}, target {}\n\
+         errors    {:.1}% of the last window\n\
+         state     {} (window {}{}{})\n\
+         last cut  {}\n",
         s.mode.as_str(),
         ms(Some(s.max_wait)).unwrap_or(0.0),
         s.settings.min_limit,

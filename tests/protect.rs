@@ -400,7 +400,8 @@ async fn protect_shows_why_the_limit_is_where_it_is() {
         text.contains(&format!("last cut  {from} → {to} by errors at window ")),
         "{text}"
     );
-    assert!(text.contains("state     "), "{text}");
+    assert!(text.contains("\nstate     "), "{text}");
+    assert!(text.contains("\nlimit     "), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
