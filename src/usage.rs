@@ -244,7 +244,10 @@ async fn route_usage(
         .zip(&verdicts)
         .map(|((limit, check), verdict)| limit_json(limit, &check.params, verdict, at))
         .collect();
-    entry.insert("override".into(), in_force.map_or(Value::Null, override_json));
+    entry.insert(
+        "override".into(),
+        in_force.map_or(Value::Null, override_json),
+    );
     entry.insert("limits".into(), limits.into());
     let policy = in_force.map(|_| limit_headers::policy_for(set, &checks));
     let mut fields = HeaderMap::new();
@@ -287,10 +290,7 @@ fn override_json((adjust, until_ms): (Adjust, u64)) -> Value {
             .into(),
     );
     let left_ms = until_ms.saturating_sub(crate::throttle::overrides::now_ms());
-    shown.insert(
-        "expires_in_seconds".into(),
-        left_ms.div_ceil(1000).into(),
-    );
+    shown.insert("expires_in_seconds".into(), left_ms.div_ceil(1000).into());
     Value::Object(shown)
 }
 

@@ -585,7 +585,10 @@ async fn wait_listening(proxies: [&ProxyHandle; 2], redis: Option<(&RedisServer,
         if count >= 4 {
             return;
         }
-        assert!(started.elapsed() < Duration::from_secs(10), "{count} subscribed");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{count} subscribed"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -608,7 +611,11 @@ async fn changes_apply_on_the_other_replica_at_once(a: &ProxyHandle, b: &ProxyHa
         "/limits/override?route=api&identity=alice&multiply=10&for=1h",
     )
     .await;
-    assert_eq!(call(b, "alice").await, StatusCode::OK, "override not applied");
+    assert_eq!(
+        call(b, "alice").await,
+        StatusCode::OK,
+        "override not applied"
+    );
     // Removed: back on her usual count, spent.
     change("DELETE", "/limits/override?route=api&identity=alice").await;
     assert_eq!(

@@ -469,10 +469,17 @@ async fn quota_agrees_with_responses(
     assert_eq!(policy, last.0, "{answer}");
     assert_eq!((&name, r), (&last.1 .0, last.1 .1), "{answer}");
     // Seconds move on while the test runs.
-    assert!(t <= last.1 .2 && t + 2 >= last.1 .2, "{answer} after {last:?}");
+    assert!(
+        t <= last.1 .2 && t + 2 >= last.1 .2,
+        "{answer} after {last:?}"
+    );
     let next = admitted_fields(proxy).await;
     assert_eq!(next.0, policy, "the next response's policy");
-    assert_eq!((&next.1 .0, next.1 .1), (&name, r - 1), "{answer}: {next:?}");
+    assert_eq!(
+        (&next.1 .0, next.1 .1),
+        (&name, r - 1),
+        "{answer}: {next:?}"
+    );
     answer
 }
 
@@ -503,10 +510,16 @@ async fn usage_follows_the_override(admin: &ProxyHandle, proxy: &ProxyHandle) {
     let left = expires_at.duration_since(SystemTime::now()).unwrap();
     assert!(left > Duration::from_secs(3500), "{answer}");
     let calls = first_limit(&answer);
-    assert_eq!((&calls["limit"], &calls["remaining"]), (&json!(50), &json!(43)));
+    assert_eq!(
+        (&calls["limit"], &calls["remaining"]),
+        (&json!(50), &json!(43))
+    );
     assert_eq!(calls["policy"], "\"calls\";q=50;w=60");
     let hourly = &route["limits"][1];
-    assert_eq!((&hourly["limit"], &hourly["remaining"]), (&json!(100), &json!(93)));
+    assert_eq!(
+        (&hourly["limit"], &hourly["remaining"]),
+        (&json!(100), &json!(93))
+    );
 
     // A limit instead: 20 a minute and 20 an hour, on the same count (8 spent).
     override_on(admin, "POST", "alice", "&limit=20&for=30m").await;

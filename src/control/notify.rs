@@ -74,7 +74,12 @@ pub async fn publish(store: &RedisStore, prefix: &str, topic: Topic) {
 pub fn listen(redis: &Shared, prefix: &str, topic: Topic) -> mpsc::Receiver<()> {
     let (wake, woken) = mpsc::channel(1);
     if tokio::runtime::Handle::try_current().is_ok() {
-        tokio::spawn(subscription(redis.downgrade(), channel(prefix), topic, wake));
+        tokio::spawn(subscription(
+            redis.downgrade(),
+            channel(prefix),
+            topic,
+            wake,
+        ));
     }
     woken
 }

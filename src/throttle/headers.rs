@@ -295,7 +295,11 @@ pub fn policy_value(limits: &[Limit]) -> HeaderValue {
 /// `RateLimit-Policy` for `set`'s limits as `checks` (one per limit, in order) decide them:
 /// the quotas a temporary override gave the caller rather than the set's own.
 pub fn policy_for(set: &LimitSet, checks: &[crate::limit::Check<'_>]) -> HeaderValue {
-    policy_of(set.iter().zip(checks).map(|(l, c)| (l.name.as_str(), &c.params)))
+    policy_of(
+        set.iter()
+            .zip(checks)
+            .map(|(l, c)| (l.name.as_str(), &c.params)),
+    )
 }
 
 /// `RateLimit-Policy` for named limits with these parameters.
@@ -305,10 +309,7 @@ pub fn policy_of<'a>(
     let items: Vec<String> = limits
         .map(|(name, params)| match params.algorithm {
             crate::limit::Algorithm::Concurrency => {
-                format!(
-                    "\"{}\";q={};qu=\"concurrent-requests\"",
-                    name, params.limit
-                )
+                format!("\"{}\";q={};qu=\"concurrent-requests\"", name, params.limit)
             }
             _ => format!(
                 "\"{}\";q={};w={}",
