@@ -6,7 +6,11 @@
 //!
 //! The keys are built exactly as the request path builds them ([`tiers::applied`] on the
 //! request's own [`Caller`]): allow-lists and tiers apply, and nothing but the request's own
-//! credentials names a key, so no caller can read another's numbers. The state is read
+//! credentials names a key, so no caller can read another's numbers. A temporary override in
+//! force for the caller (in the limit stage's table, as the stage applies it) is applied the
+//! same way: its keys, its limits, its `RateLimit-Policy`, and the route lists it with its
+//! end, so the numbers are those that decide the caller's next request and the `headers` are
+//! those its responses carry (the same fields, at no cost). The state is read
 //! without consuming (the stores' `peek`, as `tollgate limits get` reads it), with a cost of
 //! zero so that it shows the state as it is rather than after one more request. A route
 //! whose key takes a path segment cannot be answered from a request to this path (the
@@ -34,10 +38,11 @@ use crate::body::{self, ProxyBody};
 use crate::config::{Limit, LimitSet, Scope, StoreConfig, Throttle};
 use crate::identity::caller::{self, Caller};
 use crate::identity::Source;
-use crate::limit::algorithm::Verdict;
+use crate::limit::algorithm::{Params, Verdict};
 use crate::limit::{Algorithm, Check, Decision, Store, StoreError};
 use crate::store::Stores;
 use crate::throttle::headers as limit_headers;
+use crate::throttle::overrides::Adjust;
 use crate::throttle::tiers::{self, Applied};
 use crate::throttle::LimitStage;
 
@@ -130,7 +135,7 @@ pub async fn answer(
             .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         return response;
     }
-    let routes = match usage(throttle, stage.stores(), &mut caller).await {
+    let routes = match usage(stage, &mut caller).await {
         Ok(routes) => routes,
         Err(error) => {
             // The store's own failures are logged where they happen; this is one more reader.
@@ -176,11 +181,8 @@ enum Unreadable {
 }
 
 /// Per route, in route order, what applies to `caller` and what is left of it.
-async fn usage(
-    throttle: &Throttle,
-    stores: &Stores,
-    caller: &mut Caller<'_>,
-) -> Result<Vec<Value>, Unreadable> {
+async fn usage(stage: &LimitStage, caller: &mut Caller<'_>) -> Result<Vec<Value>, Unreadable> {
+    let throttle = stage.config();
     let mut routes = Vec::with_capacity(throttle.routes.len());
     for route in &throttle.routes {
         let (set, tier, keys, identity) = match tiers::applied(throttle, route, caller) {
@@ -208,30 +210,88 @@ async fn usage(
             continue;
         }
         entry.insert("identity".into(), identity.into());
-        let (verdicts, at) = peek(throttle, stores, set, &keys).await?;
-        let limits: Vec<Value> = set
-            .iter()
-            .zip(&verdicts)
-            .map(|(limit, verdict)| limit_json(limit, verdict, at))
-            .collect();
-        entry.insert("limits".into(), limits.into());
-        let mut fields = HeaderMap::new();
-        limit_headers::add_fields(&mut fields, &throttle.response, set, &verdicts, true);
-        let fields: Map<String, Value> = fields
-            .iter()
-            .map(|(name, value)| {
-                (
-                    name.as_str().to_owned(),
-                    String::from_utf8_lossy(value.as_bytes())
-                        .into_owned()
-                        .into(),
-                )
-            })
-            .collect();
-        entry.insert("headers".into(), fields.into());
+        route_usage(stage, set, keys, &mut entry).await?;
         routes.push(Value::Object(entry));
     }
     Ok(routes)
+}
+
+/// One route's limits for the caller whose keys are `keys` (one per limit of `set`), as the
+/// limit stage would decide its next request: under a temporary override in force, on the
+/// override's keys with its limits.
+async fn route_usage(
+    stage: &LimitStage,
+    set: &LimitSet,
+    mut keys: Vec<String>,
+    entry: &mut Map<String, Value>,
+) -> Result<(), Unreadable> {
+    let throttle = stage.config();
+    let overrides = stage.overrides();
+    let in_force = overrides.in_force(&keys);
+    if in_force.is_some() {
+        overrides.rekey(&mut keys);
+    }
+    let mut checks: Vec<Check<'_>> = set
+        .iter()
+        .zip(&keys)
+        .map(|(limit, key)| at_no_cost(limit, key))
+        .collect();
+    overrides.apply(&mut checks);
+    let (verdicts, at) = peek(throttle, stage.stores(), set, &checks).await?;
+    let limits: Vec<Value> = set
+        .iter()
+        .zip(&checks)
+        .zip(&verdicts)
+        .map(|((limit, check), verdict)| limit_json(limit, &check.params, verdict, at))
+        .collect();
+    entry.insert(
+        "override".into(),
+        in_force.map_or(Value::Null, override_json),
+    );
+    entry.insert("limits".into(), limits.into());
+    let policy = in_force.map(|_| limit_headers::policy_for(set, &checks));
+    let mut fields = HeaderMap::new();
+    limit_headers::add_fields_with(
+        &mut fields,
+        &throttle.response,
+        set,
+        policy.as_ref(),
+        &verdicts,
+        true,
+    );
+    let fields: Map<String, Value> = fields
+        .iter()
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                String::from_utf8_lossy(value.as_bytes())
+                    .into_owned()
+                    .into(),
+            )
+        })
+        .collect();
+    entry.insert("headers".into(), fields.into());
+    Ok(())
+}
+
+/// A temporary override in force, as the caller reads it: the limit it sets or the factor it
+/// multiplies by, and when it ends.
+fn override_json((adjust, until_ms): (Adjust, u64)) -> Value {
+    let mut shown = Map::new();
+    match adjust {
+        Adjust::Limit(n) => shown.insert("limit".into(), n.into()),
+        Adjust::Multiply(f) => shown.insert("multiply".into(), f.into()),
+    };
+    let expires_at = UNIX_EPOCH + Duration::from_millis(until_ms);
+    shown.insert(
+        "expires_at".into(),
+        humantime::format_rfc3339_seconds(expires_at)
+            .to_string()
+            .into(),
+    );
+    let left_ms = until_ms.saturating_sub(crate::throttle::overrides::now_ms());
+    shown.insert("expires_in_seconds".into(), left_ms.div_ceil(1000).into());
+    Value::Object(shown)
 }
 
 /// Whether any of the set's keys takes a path segment (then the usage path cannot stand in
@@ -246,25 +306,22 @@ fn by_path_segment(set: &LimitSet) -> bool {
     })
 }
 
-/// The verdicts of `set`'s limits for `keys` as they stand (nothing consumed), and the time
-/// the store read them at (Unix microseconds, the store's clock). Each store is read once:
-/// local limits (and every limit without a shared store) in memory, the others in the
+/// The verdicts of `checks` (one per limit of `set`) as they stand (nothing consumed), and
+/// the time the store read them at (Unix microseconds, the store's clock). Each store is read
+/// once: local limits (and every limit without a shared store) in memory, the others in the
 /// shared store, bounded by its timeout.
 async fn peek(
     throttle: &Throttle,
     stores: &Stores,
     set: &LimitSet,
-    keys: &[String],
+    all: &[Check<'_>],
 ) -> Result<(Vec<Verdict>, i64), Unreadable> {
     let shared = |limit: &Limit| stores.is_shared() && limit.scope == Scope::Global;
     let mut verdicts: Vec<Option<Verdict>> = vec![None; set.len()];
     let mut at = 0;
     let local: Vec<usize> = (0..set.len()).filter(|&i| !shared(&set[i])).collect();
     if !local.is_empty() {
-        let checks: Vec<Check<'_>> = local
-            .iter()
-            .map(|&i| at_no_cost(&set[i], &keys[i]))
-            .collect();
+        let checks: Vec<Check<'_>> = local.iter().map(|&i| all[i]).collect();
         let Store::Memory(memory) = stores.memory() else {
             unreachable!("the memory store is always in memory");
         };
@@ -277,10 +334,7 @@ async fn peek(
         let (Some(store), true) = (stores.shared(), stores.ready()) else {
             return Err(Unreadable::NotReady);
         };
-        let checks: Vec<Check<'_>> = global
-            .iter()
-            .map(|&i| at_no_cost(&set[i], &keys[i]))
-            .collect();
+        let checks: Vec<Check<'_>> = global.iter().map(|&i| all[i]).collect();
         let timeout = match &throttle.store {
             StoreConfig::Redis(redis) => redis.timeout,
             // A shared store is configured as Redis.
@@ -326,8 +380,10 @@ fn place(verdicts: &mut [Option<Verdict>], indices: &[usize], decision: &Decisio
     }
 }
 
-/// One limit as the caller reads it. `at` is when the store read it (Unix microseconds).
-fn limit_json(limit: &Limit, verdict: &Verdict, at: i64) -> Value {
+/// One limit as the caller reads it, with the parameters that decide it (`params`: the
+/// limit's own, or a temporary override's). `at` is when the store read it (Unix
+/// microseconds).
+fn limit_json(limit: &Limit, params: &Params, verdict: &Verdict, at: i64) -> Value {
     let concurrency = limit.params.algorithm == Algorithm::Concurrency;
     // Seconds until the state is full again, rounded up as every seconds field tollgate sends.
     let reset_seconds = limit_headers::ceil_secs(verdict.reset_after_us);
@@ -346,7 +402,7 @@ fn limit_json(limit: &Limit, verdict: &Verdict, at: i64) -> Value {
         reset_seconds
     };
     let ratelimit = format!("\"{}\";r={};t={t}", limit.name, verdict.remaining);
-    let policy = limit_headers::policy_value(std::slice::from_ref(limit));
+    let policy = limit_headers::policy_of(std::iter::once((limit.name.as_str(), params)));
     json!({
         "name": limit.name,
         "algorithm": limit.params.algorithm.name(),

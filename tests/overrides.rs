@@ -549,3 +549,178 @@ async fn a_memory_store_applies_an_override_through_the_admin_api() {
         "{trail}"
     );
 }
+
+/// A change made on one replica is announced on Redis and applied by the others at once: the
+/// first request sent after this pause already sees it. The pause is slack for a busy
+/// machine, and far below the watch's fallback interval (500ms): a replica that only looked
+/// on its ticks would catch each change in time about one time in five.
+const AT_ONCE: Duration = Duration::from_millis(100);
+
+/// Until both replicas are ready and subscribed to the changes channel (`subscribers` is
+/// how many subscriptions the channel must count, None where Redis cannot count them for
+/// the whole deployment: then a pause).
+async fn wait_listening(proxies: [&ProxyHandle; 2], redis: Option<(&RedisServer, &str)>) {
+    for proxy in proxies {
+        let started = Instant::now();
+        while admin(proxy, "GET", "/readyz", &[]).await.0 != StatusCode::OK {
+            assert!(started.elapsed() < Duration::from_secs(20), "not ready");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let Some((redis, prefix)) = redis else {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        return;
+    };
+    let mut connection = redis.client().await;
+    let channel = format!("{prefix}changes");
+    let started = Instant::now();
+    loop {
+        let (_, count): (String, u64) = ::redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        // Each replica's override watch and reset watch.
+        if count >= 4 {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{count} subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// On `a` and `b`, two replicas on one Redis: overrides set, replaced and removed on `a`, and
+/// a reset on `a`, each apply on `b` on the first request after [`AT_ONCE`].
+async fn changes_apply_on_the_other_replica_at_once(a: &ProxyHandle, b: &ProxyHandle) {
+    for _ in 0..2 {
+        assert_eq!(call(b, "alice").await, StatusCode::OK);
+    }
+    assert_eq!(call(b, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+    let change = |method: &'static str, query: &'static str| async move {
+        let (status, done) = admin_json(a, method, query).await;
+        assert_eq!(status, StatusCode::OK, "{method} {query}: {done}");
+        tokio::time::sleep(AT_ONCE).await;
+    };
+    // Ten times the quota (counted afresh): B admits alice again.
+    change(
+        "POST",
+        "/limits/override?route=api&identity=alice&multiply=10&for=1h",
+    )
+    .await;
+    assert_eq!(
+        call(b, "alice").await,
+        StatusCode::OK,
+        "override not applied"
+    );
+    // Removed: back on her usual count, spent.
+    change("DELETE", "/limits/override?route=api&identity=alice").await;
+    assert_eq!(
+        call(b, "alice").await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "removal not applied"
+    );
+    // Set again (its own count goes on: 2 spent), then replaced by a limit of 2: refused,
+    // where the multiply would have admitted.
+    change(
+        "POST",
+        "/limits/override?route=api&identity=alice&multiply=10&for=1h",
+    )
+    .await;
+    assert_eq!(call(b, "alice").await, StatusCode::OK);
+    change(
+        "POST",
+        "/limits/override?route=api&identity=alice&limit=2&for=1h",
+    )
+    .await;
+    assert_eq!(
+        call(b, "alice").await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "replaced override not applied"
+    );
+    // Removed again, then a reset on A (of the usual count and the override's): B, which
+    // remembers her denial, admits her again, exactly her two an hour.
+    change("DELETE", "/limits/override?route=api&identity=alice").await;
+    assert_eq!(call(b, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+    change("POST", "/limits/reset?route=api&identity=alice").await;
+    assert_eq!(call(b, "alice").await, StatusCode::OK, "reset not applied");
+    assert_eq!(call(b, "alice").await, StatusCode::OK);
+    assert_eq!(call(b, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+}
+
+fn two_an_hour(up: &Upstream, store: Store) -> Config {
+    api_config(
+        up,
+        Some(store),
+        limit::fixed_window(2, "1h").name("per-user"),
+    )
+}
+
+#[tokio::test]
+async fn overrides_and_resets_reach_another_replica_at_once() {
+    let redis = RedisServer::start();
+    let up = upstream().start().await;
+    let yaml = two_an_hour(&up, redis_store(&redis, "now:"));
+    let a = start(&yaml).await;
+    let b = start(&yaml).await;
+    wait_listening([&a, &b], Some((&redis, "now:"))).await;
+    changes_apply_on_the_other_replica_at_once(&a, &b).await;
+
+    // A replica whose subscription was cut (Redis kills it, as a failover or a network fault
+    // would) subscribes again, and follows the next change at once.
+    let mut connection = redis.client().await;
+    let _: ::redis::Value = ::redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    wait_listening([&a, &b], Some((&redis, "now:"))).await;
+    let (status, done) = admin_json(
+        &a,
+        "POST",
+        "/limits/override?route=api&identity=bob&limit=5&for=1h",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    tokio::time::sleep(AT_ONCE).await;
+    for _ in 0..5 {
+        assert_eq!(call(&b, "bob").await, StatusCode::OK);
+    }
+    assert_eq!(call(&b, "bob").await, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_and_resets_reach_another_replica_at_once_through_sentinel() {
+    let setup = tokio::task::block_in_place(SentinelSetup::start);
+    let up = upstream().start().await;
+    let store = store::sentinel(&setup.name, setup.sentinel_urls())
+        .key_prefix("nows:")
+        .timeout("500ms")
+        .on_error("deny");
+    let yaml = two_an_hour(&up, store);
+    let a = start(&yaml).await;
+    let b = start(&yaml).await;
+    wait_listening([&a, &b], None).await;
+    changes_apply_on_the_other_replica_at_once(&a, &b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_and_resets_reach_another_replica_at_once_on_a_cluster() {
+    let cluster = tokio::task::block_in_place(RedisCluster::start);
+    let up = upstream().start().await;
+    let store = store::cluster(cluster.urls())
+        .key_prefix("nowc:")
+        .timeout("2s")
+        .on_error("deny");
+    let yaml = two_an_hour(&up, store);
+    let a = start(&yaml).await;
+    let b = start(&yaml).await;
+    wait_listening([&a, &b], None).await;
+    changes_apply_on_the_other_replica_at_once(&a, &b).await;
+}

@@ -413,3 +413,161 @@ async fn a_bearer_token_is_never_echoed() {
     // The route matches every path, the usage path included: still answered by tollgate.
     assert_eq!(up.request_count(), 1);
 }
+
+/// `POST` (or `DELETE`) of `/limits/override` on `proxy`'s admin listener for `user` on `/api`.
+async fn override_on(proxy: &ProxyHandle, method: &str, user: &str, how: &str) {
+    let port = proxy.admin.expect("admin listener").port();
+    let request = Request::builder()
+        .method(method)
+        .uri(format!(
+            "http://127.0.0.1:{port}/limits/override?route=api&identity={user}{how}"
+        ))
+        .body(body(""))
+        .unwrap();
+    let response = http1_client().request(request).await.unwrap();
+    let status = response.status();
+    let answer = text(response).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+}
+
+/// The RateLimit fields of a response (or of `/_quota`'s `headers`): the policy as is, the
+/// `RateLimit` field as (name, remaining, seconds).
+fn fields_of(ratelimit: &str) -> (String, u64, u64) {
+    let mut parts = ratelimit.split(';');
+    let name = parts.next().unwrap().to_owned();
+    let mut number = |key: &str| {
+        let part = parts.next().unwrap();
+        part.strip_prefix(key)
+            .unwrap_or_else(|| panic!("{ratelimit}"))
+            .parse::<u64>()
+            .unwrap()
+    };
+    let r = number("r=");
+    let t = number("t=");
+    (name, r, t)
+}
+
+/// One request of alice's to `/api` on `proxy`, admitted: its RateLimit-Policy and RateLimit.
+async fn admitted_fields(proxy: &ProxyHandle) -> (String, (String, u64, u64)) {
+    let (status, headers, body) = send(proxy, "GET", "/api/x", Some("alice")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let policy = headers["ratelimit-policy"].to_str().unwrap().to_owned();
+    (policy, fields_of(headers["ratelimit"].to_str().unwrap()))
+}
+
+/// `/_quota` on `proxy` agrees with the responses around it: its `headers` are the fields
+/// the last response carried (nothing was spent since) and the next response carries them
+/// less the one unit it spends. Returns the `/_quota` answer.
+async fn quota_agrees_with_responses(
+    proxy: &ProxyHandle,
+    last: &(String, (String, u64, u64)),
+) -> Value {
+    let answer = quota(proxy, "alice").await;
+    let route = &answer["routes"][0];
+    let policy = route["headers"]["ratelimit-policy"].as_str().unwrap();
+    let (name, r, t) = fields_of(route["headers"]["ratelimit"].as_str().unwrap());
+    assert_eq!(policy, last.0, "{answer}");
+    assert_eq!((&name, r), (&last.1 .0, last.1 .1), "{answer}");
+    // Seconds move on while the test runs.
+    assert!(
+        t <= last.1 .2 && t + 2 >= last.1 .2,
+        "{answer} after {last:?}"
+    );
+    let next = admitted_fields(proxy).await;
+    assert_eq!(next.0, policy, "the next response's policy");
+    assert_eq!(
+        (&next.1 .0, next.1 .1),
+        (&name, r - 1),
+        "{answer}: {next:?}"
+    );
+    answer
+}
+
+/// With a temporary override in force for alice (set on `admin`'s admin listener, read and
+/// spent on `proxy`: the same instance, or another replica on the same Redis), `/_quota`
+/// reports the override's limits, its remaining counts and its end, and its `headers` are the
+/// fields alice's responses carry: for `multiply`, then for `limit`.
+async fn usage_follows_the_override(admin: &ProxyHandle, proxy: &ProxyHandle) {
+    for _ in 0..2 {
+        admitted_fields(proxy).await;
+    }
+    override_on(admin, "POST", "alice", "&multiply=10&for=1h").await;
+    // Another replica follows at once (announced on Redis); 100ms is slack for a busy machine.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut last = None;
+    for _ in 0..7 {
+        last = Some(admitted_fields(proxy).await);
+    }
+    let last = last.unwrap();
+    // Counted afresh under the override: 7 of 50 a minute, 7 of 100 an hour.
+    assert_eq!(last.1, ("\"calls\"".to_owned(), 43, last.1 .2), "{last:?}");
+    assert_eq!(last.0, "\"calls\";q=50;w=60, \"hourly\";q=100;w=3600");
+    let answer = quota_agrees_with_responses(proxy, &last).await;
+    let route = &answer["routes"][0];
+    assert_eq!(route["override"]["multiply"], 10.0, "{answer}");
+    let expires_at = humantime::parse_rfc3339(route["override"]["expires_at"].as_str().unwrap())
+        .expect("RFC 3339");
+    let left = expires_at.duration_since(SystemTime::now()).unwrap();
+    assert!(left > Duration::from_secs(3500), "{answer}");
+    let calls = first_limit(&answer);
+    assert_eq!(
+        (&calls["limit"], &calls["remaining"]),
+        (&json!(50), &json!(43))
+    );
+    assert_eq!(calls["policy"], "\"calls\";q=50;w=60");
+    let hourly = &route["limits"][1];
+    assert_eq!(
+        (&hourly["limit"], &hourly["remaining"]),
+        (&json!(100), &json!(93))
+    );
+
+    // A limit instead: 20 a minute and 20 an hour, on the same count (8 spent).
+    override_on(admin, "POST", "alice", "&limit=20&for=30m").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let last = admitted_fields(proxy).await;
+    assert_eq!(last.0, "\"calls\";q=20;w=60, \"hourly\";q=20;w=3600");
+    let answer = quota_agrees_with_responses(proxy, &last).await;
+    let route = &answer["routes"][0];
+    assert_eq!(route["override"]["limit"], 20, "{answer}");
+    assert!(route["override"].get("multiply").is_none(), "{answer}");
+    assert_eq!(first_limit(&answer)["limit"], 20);
+    assert_eq!(first_limit(&answer)["remaining"], 11, "{answer}");
+
+    // Bob has no override: the route's own limits, and says so.
+    let bob = quota(proxy, "bob").await;
+    assert_eq!(bob["routes"][0]["override"], Value::Null, "{bob}");
+    assert_eq!(first_limit(&bob)["limit"], 5);
+}
+
+#[tokio::test]
+async fn usage_under_an_override_in_memory() {
+    let up = upstream().start().await;
+    let proxy = proxy(quota_config(&up, None)).start().await;
+    usage_follows_the_override(&proxy, &proxy).await;
+}
+
+#[tokio::test]
+async fn usage_under_an_override_in_redis() {
+    let server = RedisServer::start();
+    let up = upstream().start().await;
+    let store = store::redis(&server.url())
+        .timeout("300ms")
+        .on_error("deny");
+    let proxy = proxy(quota_config(&up, Some(&store))).start().await;
+    wait_store_ready(&proxy).await;
+    usage_follows_the_override(&proxy, &proxy).await;
+}
+
+#[tokio::test]
+async fn usage_under_an_override_set_on_another_replica() {
+    let server = RedisServer::start();
+    let up = upstream().start().await;
+    let store = store::redis(&server.url())
+        .timeout("300ms")
+        .on_error("deny");
+    let one = proxy(quota_config(&up, Some(&store))).start().await;
+    let two = proxy(quota_config(&up, Some(&store))).start().await;
+    wait_store_ready(&one).await;
+    wait_store_ready(&two).await;
+    usage_follows_the_override(&one, &two).await;
+}

@@ -11,20 +11,20 @@
 //!
 //! Every replica also remembers recent denials in its deny cache ([`crate::throttle::deny_cache`]),
 //! which would keep refusing the caller until the retry time. A reset therefore bumps a reset
-//! generation in Redis (`<key_prefix>resets`), and every replica watches it while its deny
-//! cache holds anything, clearing the cache when it moves. Chosen over Redis pub/sub because it
-//! runs on the store's own connection whatever the deployment (one server, Cluster, Sentinel:
-//! no subscriber connection to follow through failovers, and a replica that was disconnected
-//! cannot miss a message), and it costs one `GET` per [`WATCH_EVERY`] while someone is being
-//! denied, one a second otherwise. The replica that serves the reset clears its own cache at
-//! once; the others within [`WATCH_EVERY`]. The watch is started with the deny cache of each
-//! configuration ([`new_deny_cache`]), which the limit stage is then given.
+//! generation in Redis (`<key_prefix>resets`) and announces it on the changes channel
+//! ([`super::notify`]). Every replica watches the generation: at once when the announcement
+//! arrives, and, as the fallback for a lost message, every [`WATCH_EVERY`] while its deny cache
+//! holds anything and once a second otherwise (one `GET` on the store's own connection,
+//! whatever the deployment); it clears the cache when the generation moved. The replica that
+//! serves the reset clears its own cache at once. The watch is started with the deny cache of
+//! each configuration ([`new_deny_cache`]), which the limit stage is then given.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use super::notify::{self, Topic};
 use super::offenders::Offenders;
 use crate::config::{Limit, LimitSet, Scope, StoreConfig, Throttle};
 use crate::identity::client_ip::key_value;
@@ -36,7 +36,8 @@ use crate::throttle::deny_cache::{self, DenyCache};
 use crate::throttle::overrides::{override_key, Overrides};
 use crate::throttle::{keys, LimitStage};
 
-/// How often a replica with remembered denials looks at the reset generation.
+/// How often a replica with remembered denials looks at the reset generation (the fallback
+/// for a missed announcement).
 pub const WATCH_EVERY: Duration = Duration::from_millis(50);
 /// Ticks of [`WATCH_EVERY`] between looks while nothing is remembered (once a second).
 const IDLE_WATCH_TICKS: u32 = 20;
@@ -103,12 +104,14 @@ fn watch_resets(redis: &Shared, denials: &Arc<DenyCache>, prefix: &str) {
     if tokio::runtime::Handle::try_current().is_err() {
         return;
     }
+    let mut announced = notify::listen(redis, prefix, Topic::Resets);
     let redis = redis.downgrade();
     let denials: Weak<DenyCache> = Arc::downgrade(denials);
     let key = generation_key(prefix);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(WATCH_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut listening = true;
         // The generation last seen. It is followed once a second while nothing is remembered
         // too, so that a denial remembered later is judged against a recent value (a reset
         // before that denial was remembered must not clear it, nor be missed after it).
@@ -116,14 +119,21 @@ fn watch_resets(redis: &Shared, denials: &Arc<DenyCache>, prefix: &str) {
         let mut idle_ticks = 0u32;
         let mut clear_again = false;
         loop {
-            tick.tick().await;
+            // An announced reset is read at once.
+            let announcement = tokio::select! {
+                _ = tick.tick() => false,
+                heard = announced.recv(), if listening => {
+                    listening = heard.is_some();
+                    listening
+                }
+            };
             let Some(denials) = denials.upgrade() else {
                 return;
             };
             // Until a first value was read (Redis may still be connecting) every tick reads:
             // a denial remembered before that would have no value to be judged against, and
             // a reset in between would go unnoticed.
-            if denials.is_empty() && !clear_again && last.is_some() {
+            if denials.is_empty() && !clear_again && last.is_some() && !announcement {
                 idle_ticks += 1;
                 if idle_ticks < IDLE_WATCH_TICKS {
                     continue;
@@ -432,6 +442,7 @@ impl Control {
             redis
                 .command::<u64>(redis::cmd("INCR").arg(generation_key(&self.throttle.key_prefix)))
                 .await?;
+            notify::publish(redis, &self.throttle.key_prefix, Topic::Resets).await;
         }
         if let Some(denials) = &self.denials {
             denials.clear();

@@ -1,6 +1,7 @@
 //! Operator and background work around the limit stage, kept off the request path: one
 //! caller's state and reset across stores and replicas, and the deny cache's watch on resets
 //! ([`caller`]), temporary overrides of one caller's limits and their watch ([`overrides`]),
+//! the announcement of those changes to every replica at once ([`notify`]),
 //! the audit trail of operator actions ([`audit`]), the top-offenders sketch ([`offenders`])
 //! with the last denials ([`denials`]),
 //! and its fleet-wide view through Redis ([`fleet`]), and the rounds of local-first limits
@@ -11,6 +12,7 @@ pub mod audit;
 pub mod caller;
 pub mod denials;
 pub mod fleet;
+pub mod notify;
 pub mod offenders;
 pub mod overrides;
 pub mod sync;

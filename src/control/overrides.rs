@@ -4,17 +4,20 @@
 //! Where they are kept: with a Redis store, in the hash `<key_prefix>overrides` (field
 //! `route` NUL `identity`, value the JSON [`Record`]), so every replica applies them and they
 //! survive a restart of tollgate; with a memory store, in this process's memory (gone with the
-//! process, like the limits' own state). At most [`MAX_OVERRIDES`] are in force at once: past
-//! that a new one is refused (expired ones are dropped first).
+//! process, like the limits' own state), applied by the limit stage at once. At most
+//! [`MAX_OVERRIDES`] are in force at once: past that a new one is refused (expired ones are
+//! dropped first).
 //!
-//! How replicas learn of them: every change bumps `<key_prefix>overrides:gen`, and each limit
-//! stage with a Redis store has a watch that reads it every [`REFRESH_EVERY`] and reloads the
-//! hash only when it moved (one `GET` per tick otherwise, as the reset watch in
-//! [`super::caller`] does, and for the same reasons: it runs on the store's own connection
-//! whatever the deployment, and a replica that was disconnected catches up on its next read).
-//! The replica that serves the change applies it at once. The table the request path reads is
-//! keyed by store key ([`crate::throttle::overrides`]), so it is rebuilt for each
-//! configuration, with that configuration's keys.
+//! How replicas learn of them: the replica that serves the change applies it at once; every
+//! change bumps `<key_prefix>overrides:gen` and is then announced on the changes channel
+//! ([`super::notify`]), on which each limit stage with a Redis store listens: the others
+//! reload the hash as soon as the announcement arrives (a round trip or two). Pub/sub may
+//! lose a message (a replica reconnecting), so the watch also reads the generation every
+//! [`REFRESH_EVERY`] and reloads the hash when it moved (one `GET` per tick otherwise, on the
+//! store's own connection whatever the deployment), and reloads it whenever its subscription
+//! is made again. The table the request path reads is keyed by store key
+//! ([`crate::throttle::overrides`]), so it is rebuilt for each configuration, with that
+//! configuration's keys.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -24,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::caller::{everyones, identity_part, CallerError, Control};
+use super::notify::{self, Topic};
 use crate::config::{LimitSet, Throttle};
 use crate::identity::client_ip::key_value;
 use crate::identity::key;
@@ -35,7 +39,8 @@ use crate::throttle::overrides::{now_ms, override_key, Active, Adjust, Overrides
 
 /// The most overrides in force at once.
 pub const MAX_OVERRIDES: usize = 10_000;
-/// How often a replica looks at the overrides' generation.
+/// How often a replica looks at the overrides' generation (the fallback for a missed
+/// announcement).
 pub const REFRESH_EVERY: Duration = Duration::from_millis(500);
 /// The longest an override may last.
 pub const MAX_FOR: Duration = Duration::from_secs(366 * 24 * 3600);
@@ -124,12 +129,13 @@ pub fn new_overrides(stores: &Stores, throttle: &Throttle) -> Arc<Overrides> {
     overrides
 }
 
-/// Starts the watch on the overrides' generation (see the module docs). It ends when the limit
-/// stage owning `overrides` is gone.
+/// Starts the watch on the overrides (see the module docs). It ends when the limit stage
+/// owning `overrides` is gone.
 fn watch(redis: &Shared, overrides: &Arc<Overrides>, throttle: Throttle) {
     if tokio::runtime::Handle::try_current().is_err() {
         return;
     }
+    let mut announced = notify::listen(redis, &throttle.key_prefix, Topic::Overrides);
     let redis = redis.downgrade();
     let overrides: Weak<Overrides> = Arc::downgrade(overrides);
     let generation = generation_key(&throttle.key_prefix);
@@ -140,8 +146,17 @@ fn watch(redis: &Shared, overrides: &Arc<Overrides>, throttle: Throttle) {
         // The table is rebuilt once its first entry has expired too, so that a table of
         // expired entries does not keep every request looking.
         let mut next_expiry = u64::MAX;
+        let mut listening = true;
         loop {
-            tick.tick().await;
+            // An announcement is read at once, whatever the generation says; a tick reads the
+            // hash only when the generation moved (a missed announcement).
+            let announcement = tokio::select! {
+                _ = tick.tick() => false,
+                heard = announced.recv(), if listening => {
+                    listening = heard.is_some();
+                    listening
+                }
+            };
             let Some(overrides) = overrides.upgrade() else {
                 return;
             };
@@ -154,7 +169,7 @@ fn watch(redis: &Shared, overrides: &Arc<Overrides>, throttle: Throttle) {
             else {
                 continue;
             };
-            if seen == Some(current) && now_ms() < next_expiry {
+            if !announcement && seen == Some(current) && now_ms() < next_expiry {
                 continue;
             }
             let Ok(records) = load(&store, &throttle.key_prefix).await else {
@@ -324,6 +339,7 @@ impl Control {
                 redis
                     .command::<u64>(redis::cmd("INCR").arg(generation_key(prefix)))
                     .await?;
+                notify::publish(&redis, prefix, Topic::Overrides).await;
                 records.push(record.clone());
                 records
             }
@@ -356,6 +372,7 @@ impl Control {
                 redis
                     .command::<u64>(redis::cmd("INCR").arg(generation_key(prefix)))
                     .await?;
+                notify::publish(&redis, prefix, Topic::Overrides).await;
                 (removed, load(&redis, prefix).await?)
             }
             None => {

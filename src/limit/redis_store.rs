@@ -470,6 +470,11 @@ impl RedisStore {
         self.runner.query(command).await
     }
 
+    /// A connection of its own subscribed to `channel` (see [`ScriptRunner::subscribe`]).
+    pub async fn subscribe(&self, channel: &str) -> Result<redis::aio::PubSub, StoreError> {
+        self.runner.subscribe(channel).await
+    }
+
     /// One `PING`, bounded by the timeout: how readiness learns that Redis is back while no
     /// request is asking.
     pub async fn ping(&self) -> Result<(), StoreError> {

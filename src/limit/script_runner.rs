@@ -96,8 +96,9 @@ enum Conn {
     /// One server; reconnects by itself.
     Standalone(Box<Standalone>),
     /// Redis Cluster: routes each script by its keys' slot, follows MOVED/ASK and refreshes the
-    /// slot map when a node fails or a replica is promoted.
-    Cluster(ClusterConnection),
+    /// slot map when a node fails or a replica is promoted. With a client per seed node, for
+    /// subscriptions (a Cluster delivers a `PUBLISH` on every node).
+    Cluster(ClusterConnection, Box<[redis::Client]>),
     /// The master named by the Sentinels, rediscovered after connection loss or `READONLY`.
     Sentinel(Arc<SentinelMaster>),
 }
@@ -215,7 +216,11 @@ impl ScriptRunner {
                 }
                 RedisMode::Cluster(nodes) => {
                     let client = cluster_client(nodes, settings)?;
-                    Conn::Cluster(client.get_async_connection().await?)
+                    let seeds = nodes
+                        .iter()
+                        .map(|n| standalone_client(n, settings))
+                        .collect::<RedisResult<Box<[_]>>>()?;
+                    Conn::Cluster(client.get_async_connection().await?, seeds)
                 }
                 RedisMode::Sentinel { master, nodes } => {
                     Conn::Sentinel(SentinelMaster::connect(master, nodes, settings).await?)
@@ -235,7 +240,7 @@ impl ScriptRunner {
 
     /// True on a Redis Cluster, where one script call takes keys of one slot only.
     pub fn is_cluster(&self) -> bool {
-        matches!(self.conn, Conn::Cluster(_))
+        matches!(self.conn, Conn::Cluster(..))
     }
 
     /// The scripts, each in the variant for the clock connected with.
@@ -256,7 +261,7 @@ impl ScriptRunner {
             let mut load = redis::cmd("SCRIPT");
             load.arg("LOAD").arg(&script.source);
             let loaded = match &self.conn {
-                Conn::Cluster(cluster) => {
+                Conn::Cluster(cluster, _) => {
                     let mut cluster = cluster.clone();
                     let everywhere = RoutingInfo::MultiNode((
                         MultipleNodeRoutingInfo::AllNodes,
@@ -335,7 +340,7 @@ impl ScriptRunner {
     async fn send<T: FromRedisValue>(&self, command: &redis::Cmd) -> RedisResult<T> {
         match &self.conn {
             Conn::Standalone(c) => command.query_async(&mut c.connection().clone()).await,
-            Conn::Cluster(c) => command.query_async(&mut c.clone()).await,
+            Conn::Cluster(c, _) => command.query_async(&mut c.clone()).await,
             Conn::Sentinel(s) => s.query(command).await,
         }
     }
@@ -387,6 +392,46 @@ impl ScriptRunner {
                 };
                 self.bounded(call).await.map(drop)
             }
+        }
+    }
+
+    /// A connection of its own subscribed to `channel` (a subscribed connection can send
+    /// nothing else): to the server, to the first seed node of a Cluster that answers (a
+    /// Cluster delivers `PUBLISH` to every node's subscribers), or to the master the Sentinels
+    /// name now. Connecting and subscribing are bounded by the timeout.
+    pub async fn subscribe(&self, channel: &str) -> Result<redis::aio::PubSub, StoreError> {
+        let subscribe = |client: redis::Client| async move {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(channel).await?;
+            Ok::<_, RedisError>(pubsub)
+        };
+        let call = async {
+            match &self.conn {
+                Conn::Standalone(c) => subscribe(c.client.clone()).await,
+                Conn::Cluster(_, seeds) => {
+                    let mut last = None;
+                    for seed in seeds.iter() {
+                        match tokio::time::timeout(self.timeout, subscribe(seed.clone())).await {
+                            Ok(Ok(pubsub)) => return Ok(pubsub),
+                            Ok(Err(e)) => last = Some(e),
+                            Err(_) => {}
+                        }
+                    }
+                    Err(last.unwrap_or_else(|| {
+                        RedisError::from((ErrorKind::Io, "no seed node answered"))
+                    }))
+                }
+                Conn::Sentinel(s) => subscribe(s.client().await?).await,
+            }
+        };
+        // A Cluster tries each seed within the timeout.
+        let bound = match &self.conn {
+            Conn::Cluster(_, seeds) => self.timeout * seeds.len().max(1) as u32,
+            _ => self.timeout,
+        };
+        match tokio::time::timeout(bound, call).await {
+            Ok(result) => result.map_err(|e| map_err(e, self.timeout)),
+            Err(_) => Err(StoreError::Timeout(bound)),
         }
     }
 

@@ -152,6 +152,12 @@ impl SentinelMaster {
         });
     }
 
+    /// A client for the master the Sentinels name now (for a connection of its own, such as
+    /// a subscription).
+    pub(crate) async fn client(&self) -> RedisResult<redis::Client> {
+        self.sentinels.lock().await.async_get_client().await
+    }
+
     fn install(&self, conn: MultiplexedConnection) {
         *self.current.write().expect("lock poisoned") = Some(conn);
         self.generation.fetch_add(1, Ordering::AcqRel);

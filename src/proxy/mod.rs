@@ -670,10 +670,11 @@ impl Proxy {
                     .map(AnswerBody::Right);
             }
             if !admitted.verdicts.is_empty() {
-                limit_headers::add_fields(
+                limit_headers::add_fields_with(
                     response.headers_mut(),
                     &config.throttle.response,
                     admitted.set,
+                    admitted.policy.as_ref(),
                     &admitted.verdicts,
                     false,
                 );
@@ -755,7 +756,12 @@ fn overloaded_response() -> Response<ProxyBody> {
 /// A limited response as the client receives it, rendered from what the limit stage found.
 fn limited_response(config: &ResponseConfig, limited: &Limited<'_>) -> Response<ProxyBody> {
     let rendered = match &limited.denial {
-        Denial::Decided(verdicts) => limit_headers::render_limited(config, limited.set, verdicts),
+        Denial::Decided(verdicts) => limit_headers::render_limited_with(
+            config,
+            limited.set,
+            limited.policy.as_ref(),
+            verdicts,
+        ),
         Denial::Remembered { denial, at } => limit_headers::render_remembered(
             config,
             limited.set,

@@ -308,6 +308,7 @@ mod tests {
             reason,
             leases: None,
             settlement: None,
+            policy: None,
         })
     }
 
@@ -318,6 +319,7 @@ mod tests {
             denial: Denial::Decided(Vec::new()),
             by_fallback,
             key: String::new(),
+            policy: None,
         })
     }
 

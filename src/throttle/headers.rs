@@ -76,6 +76,19 @@ pub fn add_fields(
     verdicts: &[Verdict],
     force_ietf: bool,
 ) {
+    add_fields_with(headers, config, set, None, verdicts, force_ietf);
+}
+
+/// [`add_fields`] with the `RateLimit-Policy` given when it is not the set's own (a caller
+/// whose limits a temporary override changed: see [`policy_for`]).
+pub fn add_fields_with(
+    headers: &mut HeaderMap,
+    config: &ResponseConfig,
+    set: &LimitSet,
+    policy_given: Option<&HeaderValue>,
+    verdicts: &[Verdict],
+    force_ietf: bool,
+) {
     let Some(i) = reported(set, verdicts) else {
         return;
     };
@@ -88,7 +101,11 @@ pub fn add_fields(
         retry_after_secs(verdict.retry_after_us)
     };
     if config.ietf || force_ietf {
-        headers.insert(&RATELIMIT_POLICY, policy(set).into_owned());
+        let policy = match policy_given {
+            Some(given) => given.clone(),
+            None => policy(set).into_owned(),
+        };
+        headers.insert(&RATELIMIT_POLICY, policy);
         // `"name";r=<remaining>;t=<seconds>`, written without the formatting machinery: this
         // runs for every response on a limited route.
         let (mut remaining, mut seconds) = (itoa::Buffer::new(), itoa::Buffer::new());
@@ -139,6 +156,17 @@ pub struct Rendered {
 /// limits' names and counts (fixed for one caller's denial) it depends only on the whole
 /// seconds of each verdict's retry and reset times, which is what [`seconds`] lists.
 pub fn render_limited(config: &ResponseConfig, set: &LimitSet, verdicts: &[Verdict]) -> Rendered {
+    render_limited_with(config, set, None, verdicts)
+}
+
+/// [`render_limited`] with the `RateLimit-Policy` given when it is not the set's own (see
+/// [`add_fields_with`]).
+pub fn render_limited_with(
+    config: &ResponseConfig,
+    set: &LimitSet,
+    policy: Option<&HeaderValue>,
+    verdicts: &[Verdict],
+) -> Rendered {
     let limits: &[Limit] = set;
     let violated: Vec<&str> = limits
         .iter()
@@ -189,7 +217,7 @@ pub fn render_limited(config: &ResponseConfig, set: &LimitSet, verdicts: &[Verdi
             HeaderValue::from(retry_after_secs(wait)),
         );
     }
-    add_fields(&mut headers, config, set, verdicts, true);
+    add_fields_with(&mut headers, config, set, policy, verdicts, true);
     Rendered {
         status: config.status,
         headers,
@@ -261,20 +289,33 @@ pub fn policy(set: &LimitSet) -> std::borrow::Cow<'_, HeaderValue> {
 /// `RateLimit-Policy` for all of `limits`, e.g. `"login";q=5;w=60`: the quota and the window
 /// in whole seconds, rounded up like every seconds field tollgate sends.
 pub fn policy_value(limits: &[Limit]) -> HeaderValue {
+    policy_of(limits.iter().map(|l| (l.name.as_str(), &l.params)))
+}
+
+/// `RateLimit-Policy` for `set`'s limits as `checks` (one per limit, in order) decide them:
+/// the quotas a temporary override gave the caller rather than the set's own.
+pub fn policy_for(set: &LimitSet, checks: &[crate::limit::Check<'_>]) -> HeaderValue {
+    policy_of(
+        set.iter()
+            .zip(checks)
+            .map(|(l, c)| (l.name.as_str(), &c.params)),
+    )
+}
+
+/// `RateLimit-Policy` for named limits with these parameters.
+pub fn policy_of<'a>(
+    limits: impl Iterator<Item = (&'a str, &'a crate::limit::Params)>,
+) -> HeaderValue {
     let items: Vec<String> = limits
-        .iter()
-        .map(|l| match l.params.algorithm {
+        .map(|(name, params)| match params.algorithm {
             crate::limit::Algorithm::Concurrency => {
-                format!(
-                    "\"{}\";q={};qu=\"concurrent-requests\"",
-                    l.name, l.params.limit
-                )
+                format!("\"{}\";q={};qu=\"concurrent-requests\"", name, params.limit)
             }
             _ => format!(
                 "\"{}\";q={};w={}",
-                l.name,
-                l.params.limit,
-                (window_us(&l.params).max(0) as u64).div_ceil(1_000_000)
+                name,
+                params.limit,
+                (window_us(params).max(0) as u64).div_ceil(1_000_000)
             ),
         })
         .collect();

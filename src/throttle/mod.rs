@@ -24,6 +24,7 @@ pub(crate) mod tiers;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::HeaderValue;
 use tokio::time::Instant;
 
 use crate::config::{LimitSet, OnLimit, Route, Scope, Throttle};
@@ -79,6 +80,9 @@ pub struct Admitted<'a> {
     /// Units to settle once the response is known (`count_statuses`, `cost_from_response`):
     /// the proxy hands it the response head.
     pub settlement: Option<settle::Obligation>,
+    /// The `RateLimit-Policy` of a caller whose limits a temporary override changed (the
+    /// override's quotas); None: the set's own.
+    pub policy: Option<HeaderValue>,
 }
 
 /// A refused request: what the limited response is rendered from.
@@ -92,6 +96,8 @@ pub struct Limited<'a> {
     pub by_fallback: bool,
     /// The store key of the set's first limit: who was denied, for the top offenders.
     pub key: String,
+    /// As [`Admitted::policy`].
+    pub policy: Option<HeaderValue>,
 }
 
 /// The verdicts a denial is rendered from.
@@ -224,6 +230,7 @@ impl LimitStage {
                     reason: AdmitReason::Exempt,
                     leases: None,
                     settlement: None,
+                    policy: None,
                 })
             }
             tiers::Applied::Keyed {
@@ -242,6 +249,7 @@ impl LimitStage {
                 reason: AdmitReason::Decided,
                 leases: None,
                 settlement: None,
+                policy: None,
             });
         }
         // A caller with a temporary override counts on keys of its own, with adjusted limits.
@@ -265,6 +273,7 @@ impl LimitStage {
                     denial: Denial::Remembered { denial, at },
                     by_fallback: false,
                     key: first_key(&mut keys),
+                    policy: None,
                 });
             }
         }
@@ -285,9 +294,13 @@ impl LimitStage {
             many = set.iter().zip(&keys).map(as_check).collect();
             &mut many
         };
-        if overridden {
+        // The fields of an overridden caller's responses show the override's quotas.
+        let policy = if overridden {
             self.overrides.apply(checks);
-        }
+            Some(headers::policy_for(set, checks))
+        } else {
+            None
+        };
         let checks: &[Check<'_>] = checks;
 
         // Delay mode keeps arrival order per key: every request of such a route takes its turn
@@ -321,9 +334,9 @@ impl LimitStage {
                 } else {
                     None
                 };
-                return LimitOutcome::Admitted(
-                    self.admitted(set, identity, decision, reason, settlement),
-                );
+                let mut admitted = self.admitted(set, identity, decision, reason, settlement);
+                admitted.policy = policy;
+                return LimitOutcome::Admitted(admitted);
             }
             let wait = match (deadline, &turn, delay_for(set, &decision.verdicts)) {
                 (Some(deadline), Some(_), Some(wait)) if Instant::now() + wait <= deadline => wait,
@@ -342,6 +355,7 @@ impl LimitStage {
                         denial: Denial::Decided(decision.verdicts),
                         by_fallback: reason == AdmitReason::LocalFallback,
                         key: first_key(&mut keys),
+                        policy,
                     });
                 }
             };
@@ -384,6 +398,7 @@ impl LimitStage {
             reason,
             leases,
             settlement,
+            policy: None,
         }
     }
 

@@ -121,6 +121,22 @@ impl Overrides {
         any
     }
 
+    /// The override in force now on any of `keys` (a caller's usual keys, before
+    /// [`Overrides::rekey`]): how it adjusts them and when it ends (ms since the epoch).
+    pub fn in_force(&self, keys: &[String]) -> Option<(Adjust, u64)> {
+        if self.is_empty() {
+            return None;
+        }
+        let table = self.table.load();
+        let now = now_ms();
+        keys.iter().find_map(|k| match table.get(k.as_str()) {
+            Some(active) if active.key.is_some() && active.until_ms > now => {
+                Some((active.adjust, active.until_ms))
+            }
+            _ => None,
+        })
+    }
+
     /// Adjusts the params of every check whose key has an override in force now.
     pub fn apply(&self, checks: &mut [Check<'_>]) {
         if self.is_empty() {
