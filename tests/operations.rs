@@ -107,7 +107,14 @@ async fn metrics_count_decisions_and_upstream_responses_per_route() {
     );
     assert_has(&text, "tollgate_inflight_requests 0");
     assert_eq!(store_errors(&text), 0.0, "{text}");
-    for cause in ["refused", "reset", "timeout", "auth_failed", "script_error", "other"] {
+    for cause in [
+        "refused",
+        "reset",
+        "timeout",
+        "auth_failed",
+        "script_error",
+        "other",
+    ] {
         assert_has(
             &text,
             &format!("tollgate_store_errors_total{{cause=\"{cause}\"}} 0"),

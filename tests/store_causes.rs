@@ -115,10 +115,7 @@ impl Tollgate {
             assert_eq!(self.request().await, StatusCode::SERVICE_UNAVAILABLE);
             let (status, readyz) = self.admin_get("/readyz").await;
             let counted = self.store_errors(cause).await;
-            let line = self
-                .log()
-                .into_iter()
-                .find(|l| l["store_cause"] == cause);
+            let line = self.log().into_iter().find(|l| l["store_cause"] == cause);
             if status == StatusCode::SERVICE_UNAVAILABLE && readyz.contains(words) && counted > 0.0
             {
                 if let Some(line) = line {
@@ -137,21 +134,24 @@ impl Tollgate {
 }
 
 fn limited(redis: &RedisServer, up: &Upstream) -> Config {
-    config().upstream(&up.url()).route(
-        route("api")
-            .prefix("/")
-            .limit(limit::fixed_window(1000, "1h")),
-    ).store(
-        store::redis(&redis.url())
-            .timeout("100ms")
-            .on_error("deny"),
-    )
+    config()
+        .upstream(&up.url())
+        .route(
+            route("api")
+                .prefix("/")
+                .limit(limit::fixed_window(1000, "1h")),
+        )
+        .store(store::redis(&redis.url()).timeout("100ms").on_error("deny"))
 }
 
 async fn ready(tollgate: &Tollgate) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while tollgate.admin_get("/readyz").await.0 != StatusCode::OK {
-        assert!(Instant::now() < deadline, "never ready: {:#?}", tollgate.log());
+        assert!(
+            Instant::now() < deadline,
+            "never ready: {:#?}",
+            tollgate.log()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(tollgate.request().await, StatusCode::OK);
@@ -193,7 +193,10 @@ async fn a_frozen_redis_is_named_timed_out() {
         "rate limit store unreachable (on_error: deny): timed out\n"
     );
     assert!(
-        line["cause"].as_str().unwrap().starts_with("store timed out after 100ms"),
+        line["cause"]
+            .as_str()
+            .unwrap()
+            .starts_with("store timed out after 100ms"),
         "{line}"
     );
     assert_eq!(tollgate.store_errors("refused").await, 0.0);
@@ -271,7 +274,9 @@ async fn a_calendar_window_on_a_redis_that_persists_nothing_is_warned_of() {
     ready(&tollgate).await;
     let panel = persistence_panel(&tollgate).await;
     assert_eq!(panel["persistence"], "none", "{panel}");
-    let warning = panel["warning"].as_str().unwrap_or_else(|| panic!("{panel}"));
+    let warning = panel["warning"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{panel}"));
     assert!(warning.contains("persists nothing"), "{warning}");
     assert!(warning.contains("calendar windows"), "{warning}");
     let logged = tollgate
@@ -281,7 +286,10 @@ async fn a_calendar_window_on_a_redis_that_persists_nothing_is_warned_of() {
         .unwrap_or_else(|| panic!("no warning logged: {:#?}", tollgate.log()));
     assert_eq!(logged["persistence"], "none", "{logged}");
     assert!(
-        logged["message"].as_str().unwrap().contains("calendar windows"),
+        logged["message"]
+            .as_str()
+            .unwrap()
+            .contains("calendar windows"),
         "{logged}"
     );
 }
@@ -303,7 +311,8 @@ async fn a_redis_with_aof_is_not_warned_of() {
         "{log:#?}"
     );
     assert!(
-        !log.iter().any(|l| l.to_string().contains("persists nothing")),
+        !log.iter()
+            .any(|l| l.to_string().contains("persists nothing")),
         "{log:#?}"
     );
 }

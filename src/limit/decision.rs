@@ -83,7 +83,7 @@ pub struct Lease {
 pub enum StoreError {
     #[error("store timed out after {0:?}")]
     Timeout(Duration),
-    #[error("store {}: {0}", Cause::of_redis(.0).describe())]
+    #[error("store {cause}: {0}", cause = Cause::of_redis(.0).describe())]
     Redis(#[from] redis::RedisError),
     #[error("store reply malformed: {0}")]
     Protocol(String),
@@ -140,12 +140,14 @@ mod tests {
     /// The message names the cause before redis-rs's own words.
     #[test]
     fn a_store_error_names_its_cause() {
-        let refused = StoreError::from(redis::RedisError::from(std::io::Error::from(
+        let refused = StoreError::Redis(redis::RedisError::from(std::io::Error::from(
             std::io::ErrorKind::ConnectionRefused,
         )));
         assert_eq!(refused.cause(), Cause::Refused);
         assert!(
-            refused.to_string().starts_with("store connection refused: "),
+            refused
+                .to_string()
+                .starts_with("store connection refused: "),
             "{refused}"
         );
         let timeout = StoreError::Timeout(Duration::from_millis(50));

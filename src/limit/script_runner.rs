@@ -400,9 +400,9 @@ impl ScriptRunner {
     /// on every request.
     pub async fn diagnose(&self, error: StoreError) -> StoreError {
         match (&error, &self.conn) {
-            (StoreError::Timeout(_), Conn::Standalone(c)) => {
-                fresh_attempt(&c.client, self.timeout).await.unwrap_or(error)
-            }
+            (StoreError::Timeout(_), Conn::Standalone(c)) => fresh_attempt(&c.client, self.timeout)
+                .await
+                .unwrap_or(error),
             _ => error,
         }
     }

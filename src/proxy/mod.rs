@@ -250,7 +250,13 @@ impl Proxy {
 
     /// The running configuration's store persistence check (the console's store panel).
     pub fn store_persistence(&self) -> serde_json::Value {
-        self.inner.runtime.load().limits.stores().persistence().json()
+        self.inner
+            .runtime
+            .load()
+            .limits
+            .stores()
+            .persistence()
+            .json()
     }
 
     /// Whether this instance should receive traffic as far as the store is concerned: a store

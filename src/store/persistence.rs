@@ -54,16 +54,18 @@ impl Persistence {
 
 /// Reads the server's persistence settings; never fails (see the module docs).
 pub async fn read(redis: &RedisStore) -> Persistence {
-    let get = |name: &str| async move {
-        let mut command = redis::cmd("CONFIG");
-        command.arg("GET").arg(name);
-        // A map in RESP3, pairs in RESP2: both read as a map.
-        let reply = redis.command::<HashMap<String, String>>(&command).await;
-        reply.ok().and_then(|mut m| m.remove(name))
-    };
-    let appendonly = get("appendonly").await;
-    let save = get("save").await;
+    let appendonly = config_get(redis, "appendonly").await;
+    let save = config_get(redis, "save").await;
     Persistence::from_settings(appendonly.as_deref(), save.as_deref())
+}
+
+/// `CONFIG GET name`: its value, None when refused or unknown.
+async fn config_get(redis: &RedisStore, name: &str) -> Option<String> {
+    let mut command = redis::cmd("CONFIG");
+    command.arg("GET").arg(name);
+    // A map in RESP3, pairs in RESP2: both read as a map.
+    let reply = redis.command::<HashMap<String, String>>(&command).await;
+    reply.ok().and_then(|mut m| m.remove(name))
 }
 
 /// What the configuration keeps in Redis that a restart without persistence would lose
@@ -142,7 +144,12 @@ impl Check {
     /// warning if it applies.
     pub async fn check(&self, redis: &RedisStore) {
         let server = read(redis).await;
-        let hash = self.0.lock().unwrap_or_else(|p| p.into_inner()).overrides_hash.clone();
+        let hash = self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .overrides_hash
+            .clone();
         let overrides = match hash {
             Some(hash) => redis
                 .command::<u64>(redis::cmd("HLEN").arg(hash))
@@ -155,7 +162,10 @@ impl Check {
         state.overrides = overrides;
         match state.warning() {
             Some(warning) => tracing::warn!(persistence = server.as_str(), "{warning}"),
-            None => tracing::info!(persistence = server.as_str(), "rate limit store persistence"),
+            None => tracing::info!(
+                persistence = server.as_str(),
+                "rate limit store persistence"
+            ),
         }
     }
 
@@ -204,7 +214,10 @@ mod tests {
         let warning = state.warning().unwrap();
         assert!(warning.contains("loses calendar windows"), "{warning}");
         state.overrides = true;
-        assert!(state.warning().unwrap().contains("calendar windows, overrides"));
+        assert!(state
+            .warning()
+            .unwrap()
+            .contains("calendar windows, overrides"));
         for server in [
             Persistence::Aof,
             Persistence::Snapshots("60 1".into()),
