@@ -65,13 +65,27 @@ impl Health {
         self.draining.store(true, Ordering::Release);
     }
 
-    pub fn readiness(&self) -> Result<(), &'static str> {
+    /// Ready or not, in the words `/readyz` answers with. A store that is down names its cause
+    /// (refused, timed out, authentication failed, ...), also when `on_error` keeps this
+    /// instance ready: a second line then says so.
+    pub fn readiness(&self) -> Result<String, String> {
         if self.draining.load(Ordering::Acquire) {
-            Err("draining\n")
-        } else if !self.proxy.store_ready() {
-            Err("rate limit store unreachable (on_error: deny)\n")
+            return Err("draining\n".into());
+        }
+        let down = self.proxy.store_health().cause.map(|c| c.describe());
+        if !self.proxy.store_ready() {
+            Err(match down {
+                Some(cause) => format!("rate limit store unreachable (on_error: deny): {cause}\n"),
+                None => "rate limit store unreachable (on_error: deny)\n".into(),
+            })
         } else {
-            Ok(())
+            Ok(match down {
+                Some(cause) => format!(
+                    "ready\nrate limit store down ({cause}); on_error: {} applies\n",
+                    self.proxy.store_health().on_error
+                ),
+                None => "ready\n".into(),
+            })
         }
     }
 }
@@ -228,14 +242,14 @@ fn health_response<B>(request: &Request<B>, health: &Health, proxy: &Proxy) -> R
         return response;
     }
     let (status, text) = match request.uri().path() {
-        "/healthz" => (StatusCode::OK, "ok\n"),
+        "/healthz" => (StatusCode::OK, "ok\n".to_string()),
         "/readyz" => match health.readiness() {
-            Ok(()) => (StatusCode::OK, "ready\n"),
+            Ok(text) => (StatusCode::OK, text),
             Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
         },
         _ => (
             StatusCode::NOT_FOUND,
-            "not found: try /healthz or /readyz\n",
+            "not found: try /healthz or /readyz\n".into(),
         ),
     };
     let mut response = Response::new(full(text));

@@ -13,6 +13,8 @@ use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
+use crate::limit::Cause;
+
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
@@ -32,7 +34,8 @@ pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
     pub limit_check_duration: Histogram,
-    pub store_errors: Counter,
+    /// Requests the store failed, by cause (`tollgate_store_errors_total{cause}`).
+    pub store_errors: StoreErrors,
     pub upstream_duration: Histogram,
     pub inflight: Gauge,
     /// Open client connections (plain and TLS).
@@ -41,6 +44,17 @@ pub struct Metrics {
     pub parked_connections: Gauge,
     reload_ok: Counter,
     reload_failed: Counter,
+}
+
+/// `tollgate_store_errors_total{cause}`: one series per [`Cause`], all registered at start (so
+/// each shows 0 until it happens).
+pub struct StoreErrors([Counter; Cause::ALL.len()]);
+
+impl StoreErrors {
+    /// One more request the store failed for `cause`.
+    pub fn increment(&self, cause: Cause, n: u64) {
+        self.0[cause.index()].increment(n);
+    }
 }
 
 /// Adds one to a gauge for as long as it is held.
@@ -112,7 +126,12 @@ impl Metrics {
             "tollgate_config_reloads_total",
             vec![Label::new("result", "error")],
         );
-        let store_errors = counter("tollgate_store_errors_total", vec![]);
+        let store_errors = StoreErrors(Cause::ALL.map(|cause| {
+            counter(
+                "tollgate_store_errors_total",
+                vec![Label::new("cause", cause.as_str())],
+            )
+        }));
         let limit_check_duration = recorder.register_histogram(
             &Key::from_static_name("tollgate_limit_check_duration_seconds"),
             &METADATA,
@@ -361,7 +380,7 @@ mod tests {
         api.upstream_response(204);
         api.upstream_response(503);
         api.upstream_response(999);
-        metrics.store_errors.increment(3);
+        metrics.store_errors.increment(Cause::Refused, 3);
         metrics.limit_check_duration.record(0.0004);
         metrics.reloaded(false);
         // Registering again returns the same series.
@@ -372,7 +391,8 @@ mod tests {
             "tollgate_requests_total{route=\"api\",decision=\"limited\"} 1",
             "tollgate_upstream_responses_total{route=\"api\",status_class=\"2xx\"} 1",
             "tollgate_upstream_responses_total{route=\"api\",status_class=\"5xx\"} 1",
-            "tollgate_store_errors_total 3",
+            "tollgate_store_errors_total{cause=\"refused\"} 3",
+            "tollgate_store_errors_total{cause=\"auth_failed\"} 0",
             "tollgate_config_reloads_total{result=\"error\"} 1",
             "tollgate_inflight_requests 0",
             "tollgate_limit_check_duration_seconds_bucket{le=\"0.0005\"} 1",

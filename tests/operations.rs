@@ -37,6 +37,14 @@ async fn metrics(admin: std::net::SocketAddr) -> String {
     text(response).await
 }
 
+/// The sum of `tollgate_store_errors_total` over its causes.
+fn store_errors(text: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with("tollgate_store_errors_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 fn assert_has(text: &str, line: &str) {
     assert!(
         text.lines().any(|l| l == line),
@@ -98,7 +106,20 @@ async fn metrics_count_decisions_and_upstream_responses_per_route() {
         "tollgate_upstream_responses_total{route=\"(none)\",status_class=\"2xx\"} 1",
     );
     assert_has(&text, "tollgate_inflight_requests 0");
-    assert_has(&text, "tollgate_store_errors_total 0");
+    assert_eq!(store_errors(&text), 0.0, "{text}");
+    for cause in [
+        "refused",
+        "reset",
+        "timeout",
+        "auth_failed",
+        "script_error",
+        "other",
+    ] {
+        assert_has(
+            &text,
+            &format!("tollgate_store_errors_total{{cause=\"{cause}\"}} 0"),
+        );
+    }
     assert_has(&text, "tollgate_limit_check_duration_seconds_count 5");
     assert_has(&text, "tollgate_upstream_duration_seconds_count 5");
     assert!(
@@ -490,7 +511,7 @@ async fn store_errors_are_counted_whatever_the_local_fallback_decides() {
         StatusCode::TOO_MANY_REQUESTS
     );
     let text = metrics(proxy.admin.unwrap()).await;
-    assert_has(&text, "tollgate_store_errors_total 2");
+    assert_eq!(store_errors(&text), 2.0, "{text}");
     assert_has(
         &text,
         "tollgate_requests_total{route=\"api\",decision=\"store_error\"} 1",

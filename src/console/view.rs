@@ -208,6 +208,11 @@ async fn store(proxy: &Proxy, control: &Control) -> Value {
                 .flat_map(|set| set.iter())
         })
         .any(|l| l.sync.is_some());
+    // What the server persists and the warning when durable state is at risk (Redis only).
+    let persistence = health
+        .shared
+        .then(|| proxy.store_persistence())
+        .unwrap_or(Value::Null);
     let rtt_ms = match control.ping().await {
         Some(Ok(took)) => Some(took.as_secs_f64() * 1000.0),
         _ => None,
@@ -224,7 +229,9 @@ async fn store(proxy: &Proxy, control: &Control) -> Value {
             OnError::Local => "local",
         },
         "ready": proxy.store_ready(),
+        "cause": health.cause.map(|c| c.describe()),
         "store_errors": sum("tollgate_store_errors_total", None),
+        "persistence": persistence,
         "local_first": local_first.then(|| json!({
             "rounds_ok": sum("tollgate_sync_rounds_total", Some(("result", "ok"))),
             "rounds_failed": sum("tollgate_sync_rounds_total", Some(("result", "error"))),

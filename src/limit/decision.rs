@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use sha2::{Digest, Sha256};
 
 use super::algorithm::{Micros, Params, Settle, Verdict};
+use super::cause::Cause;
 
 /// One limit to check for one request.
 #[derive(Clone, Copy, Debug)]
@@ -76,18 +77,32 @@ pub struct Lease {
     pub params: Params,
 }
 
-/// Why a store could not decide.
+/// Why a store could not decide. Each message starts with its [`Cause`] in words, so a log
+/// line names it ("store connection refused: ...", not a bare "store error").
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("store timed out after {0:?}")]
     Timeout(Duration),
-    #[error("store error: {0}")]
+    #[error("store {cause}: {0}", cause = Cause::of_redis(.0).describe())]
     Redis(#[from] redis::RedisError),
     #[error("store reply malformed: {0}")]
     Protocol(String),
     /// Not called: recent calls failed and the circuit breaker is cooling down.
     #[error("store circuit open after repeated errors")]
     CircuitOpen,
+}
+
+impl StoreError {
+    /// The cause, named (see [`Cause`]). A refusal by the circuit breaker and a malformed
+    /// reply are `other`: the breaker's cause is the failure that opened it, known to whoever
+    /// saw that failure.
+    pub fn cause(&self) -> Cause {
+        match self {
+            StoreError::Timeout(_) => Cause::Timeout,
+            StoreError::Redis(e) => Cause::of_redis(e),
+            StoreError::Protocol(_) | StoreError::CircuitOpen => Cause::Other,
+        }
+    }
 }
 
 /// A lease id unique within this process and, with overwhelming probability, across processes.
@@ -121,6 +136,25 @@ pub fn new_lease_id() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The message names the cause before redis-rs's own words.
+    #[test]
+    fn a_store_error_names_its_cause() {
+        let refused = StoreError::Redis(redis::RedisError::from(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        assert_eq!(refused.cause(), Cause::Refused);
+        assert!(
+            refused
+                .to_string()
+                .starts_with("store connection refused: "),
+            "{refused}"
+        );
+        let timeout = StoreError::Timeout(Duration::from_millis(50));
+        assert_eq!(timeout.cause(), Cause::Timeout);
+        assert_eq!(timeout.to_string(), "store timed out after 50ms");
+        assert_eq!(StoreError::CircuitOpen.cause(), Cause::Other);
+    }
 
     #[test]
     fn lease_ids_do_not_repeat() {

@@ -12,6 +12,7 @@
 
 pub mod algorithm;
 pub mod calendar;
+mod cause;
 mod coalesce;
 mod decision;
 pub mod local_first;
@@ -23,6 +24,7 @@ mod script_runner;
 mod sentinel;
 
 pub use algorithm::{params_fit, Algorithm, Micros, Params, Settle, Verdict, MAX_SAFE};
+pub use cause::Cause;
 pub use decision::{
     block_key, new_lease_id, Check, Decision, Lease, Settlement, StoreError, BLOCK_SUFFIX,
 };

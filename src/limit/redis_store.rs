@@ -484,6 +484,11 @@ impl RedisStore {
             .map(drop)
     }
 
+    /// `error`'s cause, looked into when it is a timeout (see [`ScriptRunner::diagnose`]).
+    pub async fn diagnose(&self, error: StoreError) -> StoreError {
+        self.runner.diagnose(error).await
+    }
+
     /// The health probe's check: every connection requests use answers `PING`, a broken one
     /// replaced first (see [`ScriptRunner::check_connections`]).
     pub async fn check_connections(&self) -> Result<(), StoreError> {

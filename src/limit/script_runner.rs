@@ -227,10 +227,10 @@ impl ScriptRunner {
                 }
             })
         };
-        let conn = tokio::time::timeout(timeout, connecting)
-            .await
-            .map_err(|_| StoreError::Timeout(timeout))?
-            .map_err(|e| map_err(e, timeout))?;
+        let conn = match tokio::time::timeout(timeout, connecting).await {
+            Ok(connected) => connected.map_err(|e| map_err(e, timeout))?,
+            Err(_) => return Err(diagnose_connect(settings).await),
+        };
         Ok(ScriptRunner {
             conn,
             timeout,
@@ -435,6 +435,23 @@ impl ScriptRunner {
         }
     }
 
+    /// Why a call failed, named as precisely as can be found out. A timeout may hide the real
+    /// cause: while Redis refuses connections (or the password is wrong) the connection
+    /// manager keeps retrying with backoff, and every call waiting on it times out. So on one
+    /// server a timeout is checked with one fresh connection and a `PING`, bounded by the
+    /// timeout: its error (refused, authentication failed, ...) is the cause; a fresh
+    /// connection that answers, or that times out too, leaves the timeout standing. Called
+    /// where a failure is reported (the health probe, the first failure of a request), never
+    /// on every request.
+    pub async fn diagnose(&self, error: StoreError) -> StoreError {
+        match (&error, &self.conn) {
+            (StoreError::Timeout(_), Conn::Standalone(c)) => fresh_attempt(&c.client, self.timeout)
+                .await
+                .unwrap_or(error),
+            _ => error,
+        }
+    }
+
     async fn bounded<T>(
         &self,
         call: impl std::future::Future<Output = redis::RedisResult<T>>,
@@ -473,6 +490,39 @@ async fn ping_fresh(mut conn: ConnectionManager) -> RedisResult<()> {
             ping.query_async::<String>(&mut conn).await.map(drop)
         }
         other => other.map(drop),
+    }
+}
+
+/// One connection made afresh to `client`'s server (no retries) and a `PING`, bounded by
+/// `timeout`: the error it met, unless it answered or timed out (then nothing more is known).
+async fn fresh_attempt(client: &redis::Client, timeout: Duration) -> Option<StoreError> {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout));
+    let attempt = async {
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        redis::cmd("PING").query_async::<String>(&mut conn).await
+    };
+    match tokio::time::timeout(timeout, attempt).await {
+        Ok(Err(e)) if !e.is_timeout() => Some(StoreError::Redis(e)),
+        _ => None,
+    }
+}
+
+/// A first connection that timed out, diagnosed as [`ScriptRunner::diagnose`] does (one
+/// server only: a Cluster or Sentinel connection reports its own errors).
+async fn diagnose_connect(settings: &RedisSettings) -> StoreError {
+    let timeout = StoreError::Timeout(settings.timeout);
+    let RedisMode::Standalone(url) = &settings.mode else {
+        return timeout;
+    };
+    match standalone_client(url, settings) {
+        Ok(client) => fresh_attempt(&client, settings.timeout)
+            .await
+            .unwrap_or(timeout),
+        Err(e) => StoreError::Redis(e),
     }
 }
 

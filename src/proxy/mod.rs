@@ -99,6 +99,9 @@ impl Runtime {
             throttle.on_error,
             previous.map(|p| p.limits.stores()),
         );
+        if stores.is_shared() {
+            stores.persistence().configure(throttle);
+        }
         // The offenders sketch and the local-first rounds go on only with the stores they
         // counted on.
         let carried = previous.filter(|p| stores.carried_from(p.limits.stores()));
@@ -245,6 +248,17 @@ impl Proxy {
         self.inner.runtime.load().limits.stores().health()
     }
 
+    /// The running configuration's store persistence check (the console's store panel).
+    pub fn store_persistence(&self) -> serde_json::Value {
+        self.inner
+            .runtime
+            .load()
+            .limits
+            .stores()
+            .persistence()
+            .json()
+    }
+
     /// Whether this instance should receive traffic as far as the store is concerned: a store
     /// that cannot be reached matters only when `on_error: deny` would refuse everything.
     pub fn store_ready(&self) -> bool {
@@ -319,6 +333,7 @@ impl Proxy {
                         .counting_refusals_in(&runtime.route_metrics[routed.index].refusals);
                 let outcome = runtime.limits.limit(routed.route, caller).await;
                 record.decided(&outcome);
+                record.store_cause(|| runtime.limits.stores().cause());
                 match outcome {
                     LimitOutcome::Admitted(admitted) => Some(runtime.owed(admitted, routed)),
                     LimitOutcome::Limited(limited) => {

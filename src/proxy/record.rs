@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use crate::config::Route;
 use crate::error::{ProxyError, Side};
+use crate::limit::Cause;
 use crate::metrics::{Metrics, RouteMetrics};
 use crate::throttle::{AdmitReason, LimitOutcome, Limited};
 
@@ -84,20 +85,20 @@ impl Decision {
         }
     }
 
-    /// Store errors count twice: once in total and once on the route they hit.
-    fn count(self, global: &Metrics, route: &RouteMetrics) {
+    /// Store errors count twice: once in total (by `cause`) and once on the route they hit.
+    fn count(self, global: &Metrics, route: &RouteMetrics, cause: Cause) {
         match self {
             Decision::Allowed | Decision::Exempt => route.allowed.increment(1),
             Decision::ShadowLimited => route.shadow_limited.increment(1),
             Decision::StoreError => {
-                global.store_errors.increment(1);
+                global.store_errors.increment(cause, 1);
                 route.store_error.increment(1);
             }
             Decision::Limited => route.limited.increment(1),
             Decision::Shed => route.shed.increment(1),
             Decision::ShadowShed => route.shadow_shed.increment(1),
             Decision::LimitedByFallback => {
-                global.store_errors.increment(1);
+                global.store_errors.increment(cause, 1);
                 route.limited.increment(1);
             }
             Decision::Rejected => route.rejected.increment(1),
@@ -132,6 +133,8 @@ pub struct RequestRecord<'a> {
     identity: &'static str,
     /// None until decided (a request whose client left while it was being limited).
     decision: Option<Decision>,
+    /// Why the store failed, for a request it failed (counted under `other` unless told).
+    store_cause: Cause,
     /// How long routing, identifying and limiting took, for a routed request.
     limit_time: Option<Duration>,
     upstream: Option<Upstream>,
@@ -161,6 +164,7 @@ impl<'a> RequestRecord<'a> {
             route_metrics: None,
             identity: "-",
             decision: None,
+            store_cause: Cause::Other,
             limit_time: None,
             upstream: None,
             error: None,
@@ -188,6 +192,17 @@ impl<'a> RequestRecord<'a> {
         self.limit_time = Some(self.started.elapsed());
         self.identity = outcome.identity();
         self.decision = Some(Decision::of(outcome));
+    }
+
+    /// The store's cause of failure, asked only when the store failed this request (see
+    /// `store::Stores::cause`).
+    pub fn store_cause(&mut self, cause: impl FnOnce() -> Option<Cause>) {
+        if matches!(
+            self.decision,
+            Some(Decision::StoreError | Decision::LimitedByFallback)
+        ) {
+            self.store_cause = cause().unwrap_or(Cause::Other);
+        }
     }
 
     /// Refused before routing: a request shape no app should see, or CONNECT (see `shape`).
@@ -227,7 +242,7 @@ impl<'a> RequestRecord<'a> {
     /// Writes the record to the metrics, `tracing` and the access log.
     fn write(&self) {
         if let (Some(decision), Some(route)) = (self.decision, self.route_metrics) {
-            decision.count(self.metrics, route);
+            decision.count(self.metrics, route, self.store_cause);
         }
         if let Some(limit_time) = self.limit_time {
             self.metrics
@@ -372,6 +387,7 @@ mod tests {
             let route = metrics.route("api");
             let mut record = RequestRecord::new(&metrics, &parts, peer, false);
             record.decided(&outcome);
+            record.store_cause(|| Some(Cause::Refused));
             record.route_metrics = Some(&route);
             drop(record);
             let text = metrics.render();
@@ -385,7 +401,7 @@ mod tests {
                 .filter(|l| l.starts_with("tollgate_requests_total") && !l.ends_with(" 0"))
                 .count();
             assert_eq!(counted_requests, 1, "{counted:?}: counted once in\n{text}");
-            let errors = format!("tollgate_store_errors_total {store_errors}");
+            let errors = format!("tollgate_store_errors_total{{cause=\"refused\"}} {store_errors}");
             assert!(
                 text.contains(&errors),
                 "{counted:?}: missing {errors:?} in\n{text}"

@@ -16,6 +16,14 @@
 //!   closed at the same moment. So readiness says ready only once the connections requests
 //!   will use are good, and a Redis restarted while the proxy was idle costs no request.
 //!
+//! Every failure is reported with its cause named ([`Cause`]: refused, reset, timeout,
+//! authentication failed, script error, other): the last one seen while the store is down is
+//! kept ([`Stores::cause`]) for the metrics of the requests it fails, `/readyz` and the
+//! console. A timeout is looked into before it is reported (`RedisStore::diagnose`), since a
+//! refused connection or a wrong password shows up as calls timing out while the connection
+//! retries. At connect and each return the server's persistence is checked against what the
+//! configuration keeps there (`persistence.rs`).
+//!
 //! The probe runs every [`HEALTH_PROBE_EVERY`] whether or not traffic flows, so it also
 //! finds a store lost while idle (down) and connections broken by a quick restart it never
 //! saw as down (replaced). Before the first connection the store is down as well.
@@ -26,8 +34,9 @@
 //! shared store, and shared decisions with `on_error` applied ([`Stores::decide_shared`]).
 
 mod breaker;
+pub mod persistence;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -36,7 +45,7 @@ use tokio::sync::OnceCell;
 use crate::config::{OnError, RedisConfig, StoreConfig};
 use crate::limit::memory::MemoryStore;
 use crate::limit::redis_store::RedisStore;
-use crate::limit::{Check, Decision, Store, StoreError};
+use crate::limit::{Cause, Check, Decision, Store, StoreError};
 
 /// How often idle in-memory keys are swept away.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -101,6 +110,30 @@ pub struct Health {
     /// The circuit breaker refuses calls (after repeated failures, until a probe answers).
     pub breaker_open: bool,
     pub on_error: OnError,
+    /// Why it is down (None while up, or when no failure was seen yet).
+    pub cause: Option<Cause>,
+}
+
+/// The cause of the store's current failure, shared by everyone who sees one: 0 while none is
+/// known, else 1 + the cause's index.
+#[derive(Clone, Default)]
+struct CauseCell(Arc<AtomicU8>);
+
+impl CauseCell {
+    fn set(&self, cause: Cause) {
+        self.0.store(cause.index() as u8 + 1, Ordering::Relaxed);
+    }
+
+    fn clear(&self) {
+        self.0.store(0, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Option<Cause> {
+        match self.0.load(Ordering::Relaxed) {
+            0 => None,
+            n => Cause::ALL.get(usize::from(n) - 1).copied(),
+        }
+    }
 }
 
 /// The stores of one configuration and their upkeep (see the module docs).
@@ -117,6 +150,10 @@ pub struct Stores {
     /// Wakes the health probe at once when a request finds the store failing, so a store
     /// that still answers is back without waiting for the probe's next tick.
     probe_now: Arc<tokio::sync::Notify>,
+    /// The cause of the current failure (see the module docs).
+    cause: CauseCell,
+    /// The server's persistence against what the configuration keeps in Redis.
+    persistence: persistence::Check,
 }
 
 impl Stores {
@@ -133,6 +170,8 @@ impl Stores {
                 up: previous.up.clone(),
                 breaker: previous.breaker.clone(),
                 probe_now: previous.probe_now.clone(),
+                cause: previous.cause.clone(),
+                persistence: previous.persistence.clone(),
             };
         }
         let memory = MemoryStore::new();
@@ -140,6 +179,8 @@ impl Stores {
             memory.spawn_sweeper(SWEEP_EVERY);
         }
         let up = Arc::new(AtomicBool::new(true));
+        let cause = CauseCell::default();
+        let persistence = persistence::Check::default();
         let probe_now = Arc::new(tokio::sync::Notify::new());
         let probe_timeout = match config {
             StoreConfig::Redis(redis) => redis.timeout,
@@ -160,9 +201,13 @@ impl Stores {
                 tokio::spawn(connect_redis(
                     redis.clone(),
                     cell.clone(),
-                    up.clone(),
-                    breaker.clone(),
-                    probe_now.clone(),
+                    Probe {
+                        up: up.clone(),
+                        breaker: breaker.clone(),
+                        probe_now: probe_now.clone(),
+                        cause: cause.clone(),
+                        persistence: persistence.clone(),
+                    },
                 ));
                 Some(Shared(cell))
             }
@@ -175,6 +220,8 @@ impl Stores {
             up,
             breaker,
             probe_now,
+            cause,
+            persistence,
         }
     }
 
@@ -215,7 +262,24 @@ impl Stores {
             up: self.up.load(Ordering::Relaxed),
             breaker_open: self.breaker.is_open(),
             on_error: self.on_error,
+            cause: self.cause(),
         }
+    }
+
+    /// Why the shared store is down: None while it answers (or with no shared store). What
+    /// the requests it fails are counted under (`other` when nothing more is known).
+    pub fn cause(&self) -> Option<Cause> {
+        let up = self.shared().is_some() && self.up.load(Ordering::Relaxed);
+        if self.shared.is_none() || up && !self.breaker.is_open() {
+            return None;
+        }
+        self.cause.get()
+    }
+
+    /// The persistence check of the shared store: the configuration using these stores says
+    /// what it keeps there (`configure`); the console reads it (`json`).
+    pub fn persistence(&self) -> &persistence::Check {
+        &self.persistence
     }
 
     /// True while the store answers (always true for the memory store).
@@ -260,13 +324,37 @@ impl Stores {
             // Only the probe marks the store up again: it checks every connection first.
             Ok(decision) => Some((decision, How::Answered)),
             Err(error) => {
+                if !matches!(error, StoreError::CircuitOpen) && self.shared().is_some() {
+                    self.cause.set(error.cause());
+                }
                 if self.up.swap(false, Ordering::Relaxed) {
-                    tracing::error!(cause = %crate::error::chain(&error), on_error = %self.on_error, "rate limit store failed; applying on_error until it answers again");
+                    self.report_failure(error);
                     self.probe_now.notify_one();
                 }
                 self.apply_on_error(checks).await
             }
         }
+    }
+
+    /// Logs the failure that marked the store down, with its cause looked into first (in a
+    /// task of its own: the request that met it does not wait for that).
+    fn report_failure(&self, error: StoreError) {
+        let on_error = self.on_error;
+        let cause = self.cause.clone();
+        let redis = match self.shared() {
+            Some(Store::Redis(redis)) => Some(redis.clone()),
+            _ => None,
+        };
+        tokio::spawn(async move {
+            let error = match redis {
+                Some(redis) => redis.diagnose(error).await,
+                None => error,
+            };
+            if !matches!(error, StoreError::CircuitOpen) {
+                cause.set(error.cause());
+            }
+            tracing::error!(store_cause = error.cause().as_str(), cause = %crate::error::chain(&error), on_error = %on_error, "rate limit store failed; applying on_error until it answers again");
+        });
     }
 
     /// What `on_error` says for a decision the shared store did not make.
@@ -293,30 +381,40 @@ impl Stores {
     }
 }
 
-async fn connect_redis(
-    config: RedisConfig,
-    cell: Arc<OnceCell<Store>>,
+/// What the background connection and health probe of one Redis store share with its
+/// [`Stores`].
+struct Probe {
     up: Arc<AtomicBool>,
     breaker: Arc<breaker::Breaker>,
     probe_now: Arc<tokio::sync::Notify>,
-) {
+    cause: CauseCell,
+    persistence: persistence::Check,
+}
+
+async fn connect_redis(config: RedisConfig, cell: Arc<OnceCell<Store>>, probe: Probe) {
     let mut backoff = CONNECT_BACKOFF.0;
-    let mut logged = false;
+    let mut logged = None;
     let redis = loop {
         match RedisStore::open(&config).await {
             Ok(redis) => {
                 let store = Store::Redis(redis.clone());
                 tracing::info!(store = %store.describe(), "rate limit store connected");
-                up.store(true, Ordering::Relaxed);
+                probe.cause.clear();
+                probe.up.store(true, Ordering::Relaxed);
                 let _ = cell.set(store);
+                probe.persistence.check(&redis).await;
                 break redis;
             }
             Err(e) => {
-                if !logged {
-                    tracing::error!(cause = %crate::error::chain(&e), "cannot connect to the rate limit store yet; applying on_error and retrying");
-                    logged = true;
+                // Logged once per cause: a cause that changes (Redis started, but with a
+                // password) is news.
+                let cause = e.cause();
+                probe.cause.set(cause);
+                if logged != Some(cause) {
+                    tracing::error!(store_cause = cause.as_str(), cause = %crate::error::chain(&e), "cannot connect to the rate limit store yet; applying on_error and retrying");
+                    logged = Some(cause);
                 }
-                up.store(false, Ordering::Relaxed);
+                probe.up.store(false, Ordering::Relaxed);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(CONNECT_BACKOFF.1);
             }
@@ -327,7 +425,7 @@ async fn connect_redis(
     // loss and for connections broken while idle (a quiet pod would otherwise report ready
     // while its first requests fail). One PING per connection per tick, bounded by the store
     // timeout, and at once when a request marks the store down. Each transition is logged
-    // once, by whoever sees it first.
+    // once, by whoever sees it first; while down, a change of cause is logged too.
     let alive = Arc::downgrade(&cell);
     drop(cell);
     let mut tick = tokio::time::interval(HEALTH_PROBE_EVERY);
@@ -335,29 +433,42 @@ async fn connect_redis(
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            _ = probe_now.notified() => {}
+            _ = probe.probe_now.notified() => {}
         }
         if alive.strong_count() == 0 {
             return; // Every holder of this store is gone (a reload replaced it).
         }
         match redis.check_connections().await {
             Ok(()) => {
-                let down = !up.load(Ordering::Relaxed) || breaker.is_open();
+                let down = !probe.up.load(Ordering::Relaxed) || probe.breaker.is_open();
                 if down {
                     // Close the breaker too: readiness waits on both, and nothing else would
                     // close it without a request.
-                    breaker.success();
-                    if !up.swap(true, Ordering::Relaxed) {
+                    probe.breaker.success();
+                    probe.cause.clear();
+                    if !probe.up.swap(true, Ordering::Relaxed) {
                         tracing::info!("rate limit store is back");
+                        // It may be a new server (restarted, failed over): look again.
+                        probe.persistence.check(&redis).await;
                     }
                 }
             }
-            Err(error) => {
-                if up.swap(false, Ordering::Relaxed) {
-                    tracing::error!(cause = %crate::error::chain(&error), "rate limit store stopped answering its health check; applying on_error until it answers again");
-                }
-            }
+            Err(error) => probe_failed(&redis, &probe, error).await,
         }
+    }
+}
+
+/// The health probe found the store failing: its cause, looked into, is kept and logged when
+/// the store was up until now or the cause changed.
+async fn probe_failed(redis: &RedisStore, probe: &Probe, error: StoreError) {
+    let error = redis.diagnose(error).await;
+    let cause = error.cause();
+    let before = probe.cause.get();
+    probe.cause.set(cause);
+    if probe.up.swap(false, Ordering::Relaxed) {
+        tracing::error!(store_cause = cause.as_str(), cause = %crate::error::chain(&error), "rate limit store stopped answering its health check; applying on_error until it answers again");
+    } else if before.is_some_and(|b| b != cause) {
+        tracing::warn!(store_cause = cause.as_str(), cause = %crate::error::chain(&error), "rate limit store still down, now for another cause");
     }
 }
 

@@ -17,6 +17,8 @@ pub struct RedisServer {
     dir: PathBuf,
     port: u16,
     child: Option<Child>,
+    /// Arguments after the defaults (which they override): `--requirepass`, `--appendonly`.
+    extra: Vec<String>,
 }
 
 pub fn find_redis_server() -> PathBuf {
@@ -43,6 +45,12 @@ pub fn free_port() -> u16 {
 
 impl RedisServer {
     pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// A server started with `args` after the defaults, e.g. `["--requirepass", "s3cret"]` or
+    /// `["--appendonly", "yes"]` (a later setting wins).
+    pub fn start_with(args: &[&str]) -> RedisServer {
         static N: AtomicU32 = AtomicU32::new(0);
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -60,6 +68,7 @@ impl RedisServer {
             dir,
             port: free_port(),
             child: None,
+            extra: args.iter().map(|a| a.to_string()).collect(),
         };
         server.spawn();
         server
@@ -73,6 +82,7 @@ impl RedisServer {
             .args(["--appendonly", "no"])
             .arg("--dir")
             .arg(&self.dir)
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -102,8 +112,11 @@ impl RedisServer {
             return false;
         };
         let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+        // A server with a password answers `-NOAUTH ...`: up all the same.
         let mut buf = [0u8; 7];
-        s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+        s.write_all(b"PING\r\n").is_ok()
+            && s.read_exact(&mut buf).is_ok()
+            && (&buf == b"+PONG\r\n" || buf.starts_with(b"-NOAUTH"))
     }
 
     pub fn url(&self) -> String {

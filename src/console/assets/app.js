@@ -166,6 +166,16 @@ function renderStore(store) {
     pairs.push(["round trip", store.rtt_ms === null ? "no answer" : `${store.rtt_ms.toFixed(2)} ms`]);
     pairs.push(["circuit breaker", store.breaker, store.breaker === "open" ? "bad" : "good"]);
     pairs.push(["on_error", store.on_error]);
+    if (store.cause) {
+      pairs.push(["cause", store.cause, "bad"]);
+    }
+    const p = store.persistence;
+    if (p) {
+      pairs.push(["persistence", p.persistence === null ? "not checked yet" : p.persistence, p.warning ? "bad" : ""]);
+      if (p.warning) {
+        pairs.push(["warning", p.warning, "bad"]);
+      }
+    }
   }
   pairs.push(["ready", store.ready ? "yes" : "no", store.ready ? "good" : "bad"]);
   pairs.push(["store errors", String(store.store_errors)]);
