@@ -236,7 +236,9 @@ async fn route_usage(
         .zip(&keys)
         .map(|(limit, key)| at_no_cost(limit, key))
         .collect();
-    overrides.apply(&mut checks);
+    if in_force.is_some() {
+        overrides.apply(&mut checks);
+    }
     let (verdicts, at) = peek(throttle, stage.stores(), set, &checks).await?;
     let limits: Vec<Value> = set
         .iter()
