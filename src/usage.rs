@@ -236,7 +236,9 @@ async fn route_usage(
         .zip(&keys)
         .map(|(limit, key)| at_no_cost(limit, key))
         .collect();
-    overrides.apply(&mut checks);
+    if in_force.is_some() {
+        overrides.apply(&mut checks);
+    }
     let (verdicts, at) = peek(throttle, stage.stores(), set, &checks).await?;
     let limits: Vec<Value> = set
         .iter()
@@ -282,15 +284,19 @@ fn override_json((adjust, until_ms): (Adjust, u64)) -> Value {
         Adjust::Limit(n) => shown.insert("limit".into(), n.into()),
         Adjust::Multiply(f) => shown.insert("multiply".into(), f.into()),
     };
+    // To the millisecond, as the operators' endpoints show an override's end.
     let expires_at = UNIX_EPOCH + Duration::from_millis(until_ms);
     shown.insert(
         "expires_at".into(),
-        humantime::format_rfc3339_seconds(expires_at)
+        humantime::format_rfc3339_millis(expires_at)
             .to_string()
             .into(),
     );
     let left_ms = until_ms.saturating_sub(crate::throttle::overrides::now_ms());
-    shown.insert("expires_in_seconds".into(), left_ms.div_ceil(1000).into());
+    shown.insert(
+        "expires_in_seconds".into(),
+        (left_ms as f64 / 1000.0).into(),
+    );
     Value::Object(shown)
 }
 

@@ -121,9 +121,9 @@ async fn subscription(redis: WeakShared, channel: String, topic: Topic, wake: mp
             pause = (pause * 2).min(RETRY.1);
             continue;
         };
-        pause = RETRY.0;
         // Whatever was announced while not subscribed is read now.
         let _ = wake.try_send(());
+        let subscribed_at = tokio::time::Instant::now();
         if !forward(pubsub, topic, &wake).await {
             return;
         }
@@ -131,6 +131,17 @@ async fn subscription(redis: WeakShared, channel: String, topic: Topic, wake: mp
             topic = topic.word(),
             "the subscription to changes was lost; subscribing again"
         );
+        // A subscription that keeps being cut at once (a server that refuses subscribers) is
+        // renewed with the same backoff as a failed one, not in a loop.
+        if subscribed_at.elapsed() < KEEPALIVE {
+            tokio::select! {
+                _ = wake.closed() => return,
+                _ = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(RETRY.1);
+        } else {
+            pause = RETRY.0;
+        }
     }
 }
 

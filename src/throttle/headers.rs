@@ -438,6 +438,48 @@ mod tests {
     }
 
     #[test]
+    fn an_overridden_callers_policy_shows_the_overrides_quotas() {
+        let limits = set(vec![
+            limit("calls", Algorithm::SlidingLog, 5, 60),
+            limit("hourly", Algorithm::TokenBucket, 10, 3600),
+        ]);
+        let checks: Vec<crate::limit::Check<'_>> = limits
+            .iter()
+            .map(|l| crate::limit::Check {
+                key: "k",
+                params: Params {
+                    limit: l.params.limit * 10,
+                    ..l.params
+                },
+                shadow: false,
+                block_us: 0,
+            })
+            .collect();
+        let overridden = policy_for(&limits, &checks);
+        assert_eq!(overridden, "\"calls\";q=50;w=60, \"hourly\";q=100;w=3600");
+        let verdicts = [
+            verdict(true, 50, 43, 60_000_000, 0),
+            verdict(true, 100, 93, 600_000_000, 0),
+        ];
+        let mut h = HeaderMap::new();
+        add_fields_with(
+            &mut h,
+            &config(true, false),
+            &limits,
+            Some(&overridden),
+            &verdicts,
+            false,
+        );
+        assert_eq!(h["ratelimit-policy"], overridden);
+        assert_eq!(h["ratelimit"], "\"calls\";r=43;t=60");
+        // The set's own policy is untouched.
+        assert_eq!(
+            *policy(&limits),
+            "\"calls\";q=5;w=60, \"hourly\";q=10;w=3600"
+        );
+    }
+
+    #[test]
     fn shadow_limits_are_not_violations() {
         let mut shadow = limit("shadow", Algorithm::FixedWindow, 1, 60);
         shadow.shadow = true;

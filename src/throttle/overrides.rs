@@ -225,6 +225,17 @@ mod tests {
             ("old".to_owned(), active(now_ms() - 1, Some("old2"))),
         ]));
         let mut keys = ["k".to_owned(), "old".to_owned(), "x".to_owned()];
+        // What `/_quota` shows: the override in force on a caller's usual keys.
+        assert_eq!(
+            overrides.in_force(&keys),
+            Some((Adjust::Multiply(3.0), later))
+        );
+        assert_eq!(overrides.in_force(&keys[1..]), None, "expired, or none");
+        assert_eq!(
+            overrides.in_force(&["k2".to_owned()]),
+            None,
+            "not a usual key"
+        );
         assert!(overrides.rekey(&mut keys));
         assert_eq!(
             keys,
