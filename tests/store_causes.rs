@@ -318,7 +318,7 @@ async fn persistence_panel(tollgate: &Tollgate) -> Value {
 
 #[tokio::test]
 async fn a_calendar_window_on_a_redis_that_persists_nothing_is_warned_of() {
-    let redis = RedisServer::start_with(&["--save", "", "--appendonly", "no"]);
+    let mut redis = RedisServer::start_with(&["--save", "", "--appendonly", "no"]);
     let up = upstream().start().await;
     let (config, rewrite) = monthly(&redis, &up);
     let tollgate = start(config, rewrite).await;
@@ -343,6 +343,24 @@ async fn a_calendar_window_on_a_redis_that_persists_nothing_is_warned_of() {
             .contains("calendar windows"),
         "{logged}"
     );
+    // Redis restarted (with everything lost): checked and warned of again when it is back.
+    redis.restart();
+    let warnings = || {
+        tollgate
+            .log()
+            .iter()
+            .filter(|l| l["level"] == "WARN" && l.to_string().contains("persists nothing"))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while warnings() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "not warned again after the restart: {:#?}",
+            tollgate.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test]
