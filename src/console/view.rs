@@ -209,10 +209,11 @@ async fn store(proxy: &Proxy, control: &Control) -> Value {
         })
         .any(|l| l.sync.is_some());
     // What the server persists and the warning when durable state is at risk (Redis only).
-    let persistence = health
-        .shared
-        .then(|| proxy.store_persistence())
-        .unwrap_or(Value::Null);
+    let persistence = if health.shared {
+        proxy.store_persistence()
+    } else {
+        Value::Null
+    };
     let rtt_ms = match control.ping().await {
         Some(Ok(took)) => Some(took.as_secs_f64() * 1000.0),
         _ => None,

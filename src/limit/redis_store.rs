@@ -490,8 +490,8 @@ impl RedisStore {
     }
 
     /// The health probe's check: every connection requests use answers `PING`, a broken one
-    /// replaced first (see [`ScriptRunner::check_connections`]).
-    pub async fn check_connections(&self) -> Result<(), StoreError> {
+    /// replaced first (see [`ScriptRunner::check_connections`]); Ok(true) when one was.
+    pub async fn check_connections(&self) -> Result<bool, StoreError> {
         self.runner.check_connections().await
     }
 }

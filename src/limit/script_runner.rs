@@ -349,8 +349,9 @@ impl ScriptRunner {
     /// server: the shared one and each serving thread's, each on its own thread), each bounded
     /// by the timeout. A connection found broken (Redis restarted while it was idle) is
     /// replaced by redis-rs on that error, and pinged again through its replacement, so once
-    /// this succeeds no request meets a connection broken before the check.
-    pub async fn check_connections(&self) -> Result<(), StoreError> {
+    /// this succeeds no request meets a connection broken before the check. Ok(true): a
+    /// connection was replaced (Redis restarted, or a connection was cut, since the last check).
+    pub async fn check_connections(&self) -> Result<bool, StoreError> {
         let timeout = self.timeout;
         match &self.conn {
             Conn::Standalone(c) => {
@@ -371,9 +372,10 @@ impl ScriptRunner {
                         Ok(pinged) => pinged.map_err(|e| map_err(e, timeout)),
                         Err(_) => Err(StoreError::Timeout(timeout)),
                     };
-                    if result.is_ok() {
-                        result = checked;
-                    }
+                    result = match (result, checked) {
+                        (Ok(a), Ok(b)) => Ok(a || b),
+                        (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+                    };
                 }
                 result
             }
@@ -385,12 +387,12 @@ impl ScriptRunner {
                         // the error started (a Cluster reconnects the node; a Sentinel
                         // master's rediscovery may still be running, then the next check).
                         Err(e) if e.is_io_error() || e.is_unrecoverable_error() => {
-                            self.send::<String>(&ping).await
+                            self.send::<String>(&ping).await.map(|_| true)
                         }
-                        other => other,
+                        other => other.map(|_| false),
                     }
                 };
-                self.bounded(call).await.map(drop)
+                self.bounded(call).await
             }
         }
     }
@@ -482,14 +484,14 @@ fn never_sent(e: &RedisError) -> bool {
 
 /// `PING` through `conn`, and once more if that failed on the connection itself: the
 /// `ConnectionManager` replaces its connection on such an error, and the second `PING` waits
-/// for the replacement.
-async fn ping_fresh(mut conn: ConnectionManager) -> RedisResult<()> {
+/// for the replacement. Ok(true) when it was replaced.
+async fn ping_fresh(mut conn: ConnectionManager) -> RedisResult<bool> {
     let ping = redis::cmd("PING");
     match ping.query_async::<String>(&mut conn).await {
         Err(e) if e.is_io_error() || e.is_unrecoverable_error() => {
-            ping.query_async::<String>(&mut conn).await.map(drop)
+            ping.query_async::<String>(&mut conn).await.map(|_| true)
         }
-        other => other.map(drop),
+        other => other.map(|_| false),
     }
 }
 

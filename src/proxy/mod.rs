@@ -100,7 +100,8 @@ impl Runtime {
             previous.map(|p| p.limits.stores()),
         );
         if stores.is_shared() {
-            stores.persistence().configure(throttle);
+            let overrides = crate::control::overrides::hash_key(&throttle.key_prefix);
+            stores.persistence().configure(throttle, overrides);
         }
         // The offenders sketch and the local-first rounds go on only with the stores they
         // counted on.

@@ -439,7 +439,7 @@ async fn connect_redis(config: RedisConfig, cell: Arc<OnceCell<Store>>, probe: P
             return; // Every holder of this store is gone (a reload replaced it).
         }
         match redis.check_connections().await {
-            Ok(()) => {
+            Ok(replaced) => {
                 let down = !probe.up.load(Ordering::Relaxed) || probe.breaker.is_open();
                 if down {
                     // Close the breaker too: readiness waits on both, and nothing else would
@@ -451,6 +451,10 @@ async fn connect_redis(config: RedisConfig, cell: Arc<OnceCell<Store>>, probe: P
                         // It may be a new server (restarted, failed over): look again.
                         probe.persistence.check(&redis).await;
                     }
+                } else if replaced {
+                    // A restart quicker than a check, seen only as a broken connection: the
+                    // server may have come back with other settings.
+                    probe.persistence.check(&redis).await;
                 }
             }
             Err(error) => probe_failed(&redis, &probe, error).await,

@@ -127,13 +127,14 @@ impl State {
 pub struct Check(Arc<Mutex<State>>);
 
 impl Check {
-    /// What a (new or reloaded) configuration keeps in Redis; warns at once when the server is
-    /// already known to persist nothing and this adds to what it would lose.
-    pub fn configure(&self, throttle: &Throttle) {
+    /// What a (new or reloaded) configuration keeps in Redis, and the hash its overrides are
+    /// kept in (`control::overrides::hash_key`); warns at once when the server is already
+    /// known to persist nothing and this adds to what it would lose.
+    pub fn configure(&self, throttle: &Throttle, overrides_hash: String) {
         let mut state = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let before = state.warning();
         state.needs = durable_state(throttle);
-        state.overrides_hash = Some(crate::control::overrides::hash_key(&throttle.key_prefix));
+        state.overrides_hash = Some(overrides_hash);
         let after = state.warning();
         if after.is_some() && after != before {
             tracing::warn!("{}", after.unwrap_or_default());
