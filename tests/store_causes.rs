@@ -385,3 +385,32 @@ async fn a_redis_with_aof_is_not_warned_of() {
         "{log:#?}"
     );
 }
+
+/// With `on_error: local` a down store keeps the instance ready, and `/readyz` still names the
+/// cause on a second line.
+#[tokio::test]
+async fn readyz_names_the_cause_while_on_error_keeps_the_instance_ready() {
+    let mut redis = RedisServer::start();
+    let up = upstream().start().await;
+    let config = limited(&redis, &up).store(
+        store::redis(&redis.url())
+            .timeout("100ms")
+            .on_error("local"),
+    );
+    let tollgate = start(config, no_change).await;
+    ready(&tollgate).await;
+    redis.stop();
+    let expected = "ready\nrate limit store down (connection refused); on_error: local applies\n";
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        assert_eq!(tollgate.request().await, StatusCode::OK);
+        let (status, readyz) = tollgate.admin_get("/readyz").await;
+        assert_eq!(status, StatusCode::OK, "{readyz}");
+        if readyz == expected {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{readyz:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(tollgate.store_errors("refused").await > 0.0);
+}
