@@ -142,7 +142,8 @@ impl ConnectionService {
         // In flight from the moment hyper hands the request over, before the future first
         // runs: the connection must not be parked between the two.
         let in_flight = self.activity.start();
-        let mut request = request.map(|body| self.activity.request_body(body));
+        let lingers = request.version() != http::Version::HTTP_2;
+        let mut request = request.map(|body| self.activity.request_body(body, lingers));
         if let Some(handoff) = &self.handoff {
             handoff.prepare(&mut request);
         }
@@ -173,6 +174,8 @@ pub struct Shared {
     pub http2: http2::Builder<TokioExecutor>,
     pub idle_timeout: Duration,
     pub header_read_timeout: Duration,
+    /// How an HTTP/1 connection closed with a request body unread lingers (see `linger`).
+    pub linger: crate::linger::Bounds,
     /// Cancelled when the server starts draining.
     pub stop: CancellationToken,
 }
@@ -195,6 +198,7 @@ impl Shared {
             http2,
             idle_timeout: config.idle_timeout,
             header_read_timeout: config.header_read_timeout,
+            linger: config.lingering_close,
             stop,
         })
     }
@@ -361,8 +365,10 @@ pub async fn serve_tls(
 ) {
     let peer = info.peer;
     let activity = Arc::new(Activity::default());
-    let stream = IdleIo::with_hook(stream, Idleness::new(shared.idle_timeout, activity.clone()));
-    let service = ConnectionService::new(shared.proxy.clone(), info, activity);
+    // Over TLS the socket wrapper lingers, in hyper's shutdown, below the TLS layer.
+    let idleness = Idleness::new(shared.idle_timeout, activity.clone()).lingering(shared.linger);
+    let stream = IdleIo::with_hook(stream, idleness);
+    let service = ConnectionService::new(shared.proxy.clone(), info, activity.clone());
     // The handshake runs in the connection's task so a slow client cannot hold up accepting;
     // it is bounded like a request head.
     let mut tls_stream =
@@ -407,6 +413,9 @@ pub async fn serve_tls(
     };
     if let Err(e) = served {
         tracing::debug!(%peer, cause = %crate::error::chain(&e), "connection ended with an error");
+    }
+    if let Some(outcome) = activity.take_lingered() {
+        shared.proxy.metrics().lingered(outcome);
     }
 }
 
@@ -556,8 +565,20 @@ async fn serve_http1(
     if served.is_ok() && parking && !draining {
         return Some((stream, unparsed));
     }
-    let _ = stream.shutdown().await;
+    close(stream, unparsed.len(), activity, shared).await;
     None
+}
+
+/// Closes a plain HTTP/1 connection: FIN after everything written, then, if a request body was
+/// let go unread, a lingering close (see `linger`): what the client still sends is read and
+/// discarded, `discarded` bytes of it already read, so that the answer reaches it.
+async fn close(mut stream: TcpStream, discarded: usize, activity: &Activity, shared: &Shared) {
+    let shut = stream.shutdown().await;
+    if shut.is_err() || !activity.take_unread() || shared.linger.is_off() {
+        return;
+    }
+    let outcome = crate::linger::drain(&mut stream, &shared.linger, discarded as u64).await;
+    shared.proxy.metrics().lingered(outcome);
 }
 
 /// Tells a serving HTTP/1 connection that the server has begun to drain, polled on every
