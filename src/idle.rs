@@ -48,7 +48,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::body::{End, EndHook, OnEnd};
 use crate::hooked_io::{HookedIo, IoHook};
-use crate::linger::{self, Linger};
+use crate::linger::{self, DrainOnDrop, Linger};
 
 /// What the service and the socket tell the connection about its requests.
 #[derive(Debug, Default)]
@@ -180,11 +180,14 @@ pub struct BodyInFlight {
     lingers: bool,
 }
 
-impl EndHook<Incoming> for BodyInFlight {
+/// A request body from hyper; on HTTP/2 read to its end if let go before it (see `linger`).
+pub type HyperBody = DrainOnDrop<Incoming>;
+
+impl EndHook<HyperBody> for BodyInFlight {
     type Error = hyper::Error;
 
     #[inline]
-    fn frame(&mut self, _frame: &Frame<Bytes>, inner: &Incoming) -> Result<(), hyper::Error> {
+    fn frame(&mut self, _frame: &Frame<Bytes>, inner: &HyperBody) -> Result<(), hyper::Error> {
         if inner.is_end_stream() {
             self.in_flight = None;
         }
@@ -199,7 +202,7 @@ impl EndHook<Incoming> for BodyInFlight {
     }
 
     #[inline]
-    fn dropped(&mut self, inner: &Incoming) {
+    fn dropped(&mut self, inner: &HyperBody) {
         if let Some(in_flight) = &self.in_flight {
             if self.lingers && !inner.is_end_stream() {
                 in_flight.0.unread.store(true, Ordering::Release);
@@ -209,15 +212,23 @@ impl EndHook<Incoming> for BodyInFlight {
 }
 
 /// A request body as the connection hands it to the proxy; see [`BodyInFlight`].
-pub type RequestBody = OnEnd<Incoming, BodyInFlight>;
+pub type RequestBody = OnEnd<HyperBody, BodyInFlight>;
 
 impl Activity {
-    /// `inner`, counted as in flight until its end (an empty body never is). `lingers`: an
-    /// HTTP/1 body, whose connection lingers if it is let go unread (HTTP/2 resets the
-    /// stream instead).
-    pub fn request_body(self: &Arc<Self>, inner: Incoming, lingers: bool) -> RequestBody {
+    /// `inner`, counted as in flight until its end (an empty body never is). With `drain`
+    /// (HTTP/2), a body let go before its end is read to it within those bounds; without
+    /// (HTTP/1), its connection lingers as it closes.
+    pub fn request_body(
+        self: &Arc<Self>,
+        inner: Incoming,
+        drain: Option<linger::Bounds>,
+    ) -> RequestBody {
         let in_flight = (!inner.is_end_stream()).then(|| self.start());
-        OnEnd::with_hook(inner, BodyInFlight { in_flight, lingers })
+        let lingers = drain.is_none();
+        OnEnd::with_hook(
+            DrainOnDrop::new(inner, drain),
+            BodyInFlight { in_flight, lingers },
+        )
     }
 }
 

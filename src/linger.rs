@@ -16,12 +16,24 @@
 //!
 //! Only a connection that let a request body go before its end and then closes lingers
 //! (`idle::Activity` knows); keep-alive traffic and connections that end with nothing unread
-//! never reach this module. Imports nothing from the crate.
+//! never reach this module.
+//!
+//! HTTP/2 needs no lingering close, but its equivalent for one stream: a request body let go
+//! before its end resets the stream (`RST_STREAM`, NO_ERROR after a complete answer, as RFC
+//! 9113 §8.1 allows), and some clients (curl 7.x) then fail the whole exchange, answer
+//! included, while they are still sending. [`DrainOnDrop`] reads such a body to its end in a
+//! task of its own instead, within the same bounds, so that the stream ends normally.
+//!
+//! Imports nothing from the crate.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Buf;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
@@ -151,9 +163,7 @@ impl Linger {
             }
             let mut buf = ReadBuf::new(&mut self.scratch);
             match io.as_mut().poll_read(cx, &mut buf) {
-                Poll::Ready(Ok(())) if buf.filled().is_empty() => {
-                    return Poll::Ready(Outcome::Eof)
-                }
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => return Poll::Ready(Outcome::Eof),
                 Poll::Ready(Ok(())) => {
                     self.left = self.left.saturating_sub(buf.filled().len() as u64);
                     self.moved = true;
@@ -193,6 +203,92 @@ pub async fn drain<T: AsyncRead + Unpin + ?Sized>(
 ) -> Outcome {
     let mut linger = Linger::new(bounds, discarded);
     std::future::poll_fn(|cx| linger.poll_drain(Pin::new(&mut *io), cx)).await
+}
+
+/// A request body that, let go before its end, is read to its end by a task of its own (within
+/// `bounds`, None: dropped as it is); see the module docs.
+pub struct DrainOnDrop<B: Body + Unpin + Send + 'static> {
+    body: Option<B>,
+    bounds: Option<Bounds>,
+}
+
+impl<B: Body + Unpin + Send + 'static> DrainOnDrop<B> {
+    pub fn new(body: B, bounds: Option<Bounds>) -> Self {
+        DrainOnDrop {
+            body: Some(body),
+            bounds: bounds.filter(|b| !b.is_off()),
+        }
+    }
+}
+
+impl<B: Body + Unpin + Send + 'static> Body for DrainOnDrop<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    #[inline]
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        match self.get_mut().body.as_mut() {
+            Some(body) => Pin::new(body).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    #[inline]
+    fn is_end_stream(&self) -> bool {
+        self.body.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    #[inline]
+    fn size_hint(&self) -> SizeHint {
+        self.body
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+    }
+}
+
+impl<B: Body + Unpin + Send + 'static> Drop for DrainOnDrop<B> {
+    fn drop(&mut self) {
+        let (Some(bounds), Some(body)) = (self.bounds, self.body.take()) else {
+            return;
+        };
+        if body.is_end_stream() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let outcome = drain_body(body, &bounds).await;
+                tracing::debug!(
+                    outcome = outcome.label(),
+                    "read the rest of a request body answered early"
+                );
+            });
+        }
+    }
+}
+
+/// Reads `body` to its end or the first bound, discarding it.
+pub async fn drain_body<B: Body + Unpin>(mut body: B, bounds: &Bounds) -> Outcome {
+    let until = Instant::now() + bounds.time;
+    let mut left = bounds.max_bytes;
+    loop {
+        let due = until.min(Instant::now() + bounds.timeout);
+        match tokio::time::timeout_at(due, body.frame()).await {
+            Err(_) if due >= until => return Outcome::Time,
+            Err(_) => return Outcome::Timeout,
+            Ok(None) => return Outcome::Eof,
+            Ok(Some(Err(_))) => return Outcome::Error,
+            Ok(Some(Ok(frame))) => {
+                let n = frame.data_ref().map_or(0, |data| data.remaining());
+                left = left.saturating_sub(n as u64);
+                if left == 0 {
+                    return Outcome::Bytes;
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

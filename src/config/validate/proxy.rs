@@ -6,7 +6,6 @@ use std::net::SocketAddr;
 use http::uri::Scheme;
 
 use super::validator::Validator;
-use crate::linger;
 use crate::config::model::{
     Config, HostMode, Listener, Secret, Throttle, TlsFiles, Upstream, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_H2_STREAMS, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
@@ -15,6 +14,7 @@ use crate::config::model::{
 use crate::config::raw::{
     RawAdmin, RawConfig, RawLingeringClose, RawListen, RawListener, RawSize, RawTls, RawUpstream,
 };
+use crate::linger;
 
 /// The whole configuration: the proxy's fields around the already validated `throttle`.
 /// `None` when a field the proxy cannot run without is unusable (its problem is reported).
@@ -129,8 +129,7 @@ fn size(v: &mut Validator, path: &str, value: &RawSize) -> Option<u64> {
 fn lingering_close(v: &mut Validator, raw: Option<&RawLingeringClose>) -> linger::Bounds {
     let defaults = linger::Bounds::default();
     let Some(raw) = raw else { return defaults };
-    let time =
-        v.duration_or_zero("lingering_close.time", raw.time.as_deref(), defaults.time);
+    let time = v.duration_or_zero("lingering_close.time", raw.time.as_deref(), defaults.time);
     let timeout = v.duration(
         "lingering_close.timeout",
         raw.timeout.as_deref(),
@@ -142,7 +141,9 @@ fn lingering_close(v: &mut Validator, raw: Option<&RawLingeringClose>) -> linger
             v.error("lingering_close.max_bytes", "must be greater than zero");
             defaults.max_bytes
         }
-        Some(size_text) => size(v, "lingering_close.max_bytes", size_text).unwrap_or(defaults.max_bytes),
+        Some(size_text) => {
+            size(v, "lingering_close.max_bytes", size_text).unwrap_or(defaults.max_bytes)
+        }
     };
     linger::Bounds {
         time,
