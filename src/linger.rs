@@ -304,6 +304,46 @@ mod tests {
         }
     }
 
+    /// A body of `chunks` chunks of 100 bytes, one a second (`None`: without end).
+    fn trickled(
+        chunks: Option<usize>,
+    ) -> impl Body<Data = bytes::Bytes, Error = std::io::Error> + Unpin {
+        let stream = futures_util::stream::unfold(0usize, move |sent| async move {
+            if chunks.is_some_and(|n| sent == n) {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let frame = Frame::data(bytes::Bytes::from_static(&[1; 100]));
+            Some((Ok(frame), sent + 1))
+        });
+        http_body_util::StreamBody::new(Box::pin(stream))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_http2_body_is_read_to_its_end_or_a_bound() {
+        let start = Instant::now();
+        assert_eq!(
+            drain_body(trickled(Some(10)), &bounds(1 << 20)).await,
+            Outcome::Eof
+        );
+        assert_eq!(start.elapsed(), Duration::from_secs(10));
+        let start = Instant::now();
+        assert_eq!(
+            drain_body(trickled(None), &bounds(1 << 20)).await,
+            Outcome::Time
+        );
+        assert_eq!(start.elapsed(), Duration::from_secs(30));
+        assert_eq!(
+            drain_body(trickled(None), &bounds(1000)).await,
+            Outcome::Bytes
+        );
+        let quiet = Bounds {
+            timeout: Duration::from_millis(500),
+            ..bounds(1 << 20)
+        };
+        assert_eq!(drain_body(trickled(None), &quiet).await, Outcome::Timeout);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn it_reads_until_the_client_closes() {
         let (mut client, mut server) = tokio::io::duplex(1024);
