@@ -665,8 +665,8 @@ async fn a_client_that_never_stops_sending_is_cut_at_the_bound() {
         proxy(yaml).start()
     };
 
-    // Steady sending, never a second quiet: cut at 2 s in all.
-    let proxy = start("{ time: 2s, timeout: 1s, max_bytes: 1GiB }").await;
+    // Steady sending: cut at 2 s in all (the quiet timeout, longer, cannot come first).
+    let proxy = start("{ time: 2s, timeout: 10s, max_bytes: 1GiB }").await;
     let (answer, cut, _writer) =
         upload_without_end(&proxy, |_| Some(Duration::from_millis(10))).await;
     assert!(answer.starts_with("HTTP/1.1 413 "), "{answer}");
