@@ -108,6 +108,8 @@ pub struct ConnectionService {
     activity: Arc<Activity>,
     /// Set when upgrades are handed over by the connection loop (plain HTTP/1), not by hyper.
     handoff: Option<Handoff>,
+    /// How an HTTP/2 request body answered early is read to its end (`lingering_close`).
+    linger: crate::linger::Bounds,
 }
 
 impl ConnectionService {
@@ -117,6 +119,15 @@ impl ConnectionService {
             info,
             activity,
             handoff: None,
+            linger: crate::linger::Bounds::default(),
+        }
+    }
+
+    /// With these bounds for HTTP/2 request bodies answered early (see `linger`).
+    pub fn lingering(self, bounds: crate::linger::Bounds) -> Self {
+        ConnectionService {
+            linger: bounds,
+            ..self
         }
     }
 
@@ -142,7 +153,9 @@ impl ConnectionService {
         // In flight from the moment hyper hands the request over, before the future first
         // runs: the connection must not be parked between the two.
         let in_flight = self.activity.start();
-        let mut request = request.map(|body| self.activity.request_body(body));
+        // HTTP/2 reads a body answered early to its end; HTTP/1 lingers as it closes.
+        let drain = (request.version() == http::Version::HTTP_2).then_some(self.linger);
+        let mut request = request.map(|body| self.activity.request_body(body, drain));
         if let Some(handoff) = &self.handoff {
             handoff.prepare(&mut request);
         }
@@ -173,6 +186,8 @@ pub struct Shared {
     pub http2: http2::Builder<TokioExecutor>,
     pub idle_timeout: Duration,
     pub header_read_timeout: Duration,
+    /// How an HTTP/1 connection closed with a request body unread lingers (see `linger`).
+    pub linger: crate::linger::Bounds,
     /// Cancelled when the server starts draining.
     pub stop: CancellationToken,
 }
@@ -195,6 +210,7 @@ impl Shared {
             http2,
             idle_timeout: config.idle_timeout,
             header_read_timeout: config.header_read_timeout,
+            linger: config.lingering_close,
             stop,
         })
     }
@@ -222,7 +238,8 @@ pub fn hyper_builders(
 /// Serves one plain-TCP connection until it closes; see the module docs.
 pub async fn serve_plain(mut stream: TcpStream, info: ConnInfo, shared: Arc<Shared>) {
     let activity = Arc::new(Activity::default());
-    let mut service = ConnectionService::new(shared.proxy.clone(), info, activity);
+    let mut service =
+        ConnectionService::new(shared.proxy.clone(), info, activity).lingering(shared.linger);
     service.handoff = Some(Handoff::default());
     let mut carried = Bytes::new();
     let mut first = true;
@@ -361,8 +378,11 @@ pub async fn serve_tls(
 ) {
     let peer = info.peer;
     let activity = Arc::new(Activity::default());
-    let stream = IdleIo::with_hook(stream, Idleness::new(shared.idle_timeout, activity.clone()));
-    let service = ConnectionService::new(shared.proxy.clone(), info, activity);
+    // Over TLS the socket wrapper lingers, in hyper's shutdown, below the TLS layer.
+    let idleness = Idleness::new(shared.idle_timeout, activity.clone()).lingering(shared.linger);
+    let stream = IdleIo::with_hook(stream, idleness);
+    let service = ConnectionService::new(shared.proxy.clone(), info, activity.clone())
+        .lingering(shared.linger);
     // The handshake runs in the connection's task so a slow client cannot hold up accepting;
     // it is bounded like a request head.
     let mut tls_stream =
@@ -407,6 +427,9 @@ pub async fn serve_tls(
     };
     if let Err(e) = served {
         tracing::debug!(%peer, cause = %crate::error::chain(&e), "connection ended with an error");
+    }
+    if let Some(outcome) = activity.take_lingered() {
+        shared.proxy.metrics().lingered(outcome);
     }
 }
 
@@ -545,7 +568,7 @@ async fn serve_http1(
         }
     }
     let parts = conn.into_parts();
-    let (mut stream, rest) = parts.io.into_inner().into_inner().into_parts();
+    let (stream, rest) = parts.io.into_inner().into_inner().into_parts();
     let rest = rest.into_bytes();
     let unparsed = join(parts.read_buf, rest);
     let handoff = service.handoff.as_ref().and_then(Handoff::take);
@@ -556,8 +579,20 @@ async fn serve_http1(
     if served.is_ok() && parking && !draining {
         return Some((stream, unparsed));
     }
-    let _ = stream.shutdown().await;
+    close(stream, unparsed.len(), activity, shared).await;
     None
+}
+
+/// Closes a plain HTTP/1 connection: FIN after everything written, then, if a request body was
+/// let go unread, a lingering close (see `linger`): what the client still sends is read and
+/// discarded, `discarded` bytes of it already read, so that the answer reaches it.
+async fn close(mut stream: TcpStream, discarded: usize, activity: &Activity, shared: &Shared) {
+    let shut = stream.shutdown().await;
+    if shut.is_err() || !activity.take_unread() || shared.linger.is_off() {
+        return;
+    }
+    let outcome = crate::linger::drain(&mut stream, &shared.linger, discarded as u64).await;
+    shared.proxy.metrics().lingered(outcome);
 }
 
 /// Tells a serving HTTP/1 connection that the server has begun to drain, polled on every

@@ -45,8 +45,9 @@ pub trait IoHook {
         inner.poll_flush(cx)
     }
 
+    /// Also readable: a hook may read what the peer still sends before it lets go.
     #[inline]
-    fn poll_shutdown<T: AsyncWrite>(
+    fn poll_shutdown<T: AsyncRead + AsyncWrite>(
         &mut self,
         inner: Pin<&mut T>,
         cx: &mut Context<'_>,
@@ -91,7 +92,7 @@ impl<T: AsyncRead, H: IoHook> AsyncRead for HookedIo<T, H> {
     }
 }
 
-impl<T: AsyncWrite, H: IoHook> AsyncWrite for HookedIo<T, H> {
+impl<T: AsyncRead + AsyncWrite, H: IoHook> AsyncWrite for HookedIo<T, H> {
     #[inline]
     fn poll_write(
         self: Pin<&mut Self>,

@@ -26,11 +26,16 @@
 //! a request body is dropped before its end (a refused upload), hyper itself drains the rest
 //! or closes the connection as soon as it notices, before it waits on the socket again, so
 //! the connection is never parked with part of a body still to come.
+//!
+//! When hyper closes instead (the rest of the body was not there to drain), the client may
+//! still be sending: [`Activity`] remembers that a body was let go unread, and the connection
+//! lingers before it closes (see `linger`). Over TLS the wrapper does it, in its shutdown,
+//! below the TLS layer (the client's bytes are discarded undecrypted).
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -43,6 +48,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::body::{End, EndHook, OnEnd};
 use crate::hooked_io::{HookedIo, IoHook};
+use crate::linger::{self, DrainOnDrop, Linger};
 
 /// What the service and the socket tell the connection about its requests.
 #[derive(Debug, Default)]
@@ -61,6 +67,13 @@ pub struct Activity {
     /// Requests (and request bodies) started on this connection so far: lets the connection
     /// tell "quiet since then" from "busy in between" without a timer per request.
     started: AtomicU64,
+    /// An HTTP/1 request body was let go before its end, and nothing since shows that the
+    /// rest was read (a next request, the client's end of input, the idle timeout): if the
+    /// connection closes now, it lingers.
+    unread: AtomicBool,
+    /// How a lingering close done by [`Idleness`] (over TLS) ended: an `Outcome` code, 0 for
+    /// none.
+    lingered: AtomicU8,
 }
 
 impl Activity {
@@ -69,7 +82,22 @@ impl Activity {
     pub fn start(self: &Arc<Self>) -> RequestInFlight {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.started.fetch_add(1, Ordering::Relaxed);
+        // A new request on the connection: hyper read past any body let go before.
+        if self.unread.load(Ordering::Relaxed) {
+            self.unread.store(false, Ordering::Relaxed);
+        }
         RequestInFlight(self.clone())
+    }
+
+    /// Whether a request body was let go unread and the connection should linger as it
+    /// closes; clears it.
+    pub fn take_unread(&self) -> bool {
+        self.unread.swap(false, Ordering::AcqRel)
+    }
+
+    /// How the lingering close [`Idleness`] did ended, if it did one; clears it.
+    pub fn take_lingered(&self) -> Option<linger::Outcome> {
+        linger::Outcome::from_code(self.lingered.swap(0, Ordering::AcqRel))
     }
 
     /// The connection was upgraded: the idle timeout no longer applies.
@@ -107,6 +135,7 @@ impl Activity {
         self.read_waiting.store(false, Ordering::Release);
         self.write_pending.store(false, Ordering::Release);
         self.park.store(false, Ordering::Release);
+        self.unread.store(false, Ordering::Release);
     }
 
     fn busy(&self) -> bool {
@@ -144,16 +173,23 @@ impl Drop for RequestInFlight {
 
 /// Keeps a request body in flight until its last frame (or until it is dropped): while the
 /// proxy still forwards an upload, the connection is not idle even if the response is done.
-/// A body that fails stays in flight until it is dropped.
-pub struct BodyInFlight(Option<RequestInFlight>);
+/// A body that fails stays in flight until it is dropped. An HTTP/1 body (`lingers`) dropped
+/// before its end marks its connection's [`Activity`] as having left bytes unread.
+pub struct BodyInFlight {
+    in_flight: Option<RequestInFlight>,
+    lingers: bool,
+}
 
-impl EndHook<Incoming> for BodyInFlight {
+/// A request body from hyper; on HTTP/2 read to its end if let go before it (see `linger`).
+pub type HyperBody = DrainOnDrop<Incoming>;
+
+impl EndHook<HyperBody> for BodyInFlight {
     type Error = hyper::Error;
 
     #[inline]
-    fn frame(&mut self, _frame: &Frame<Bytes>, inner: &Incoming) -> Result<(), hyper::Error> {
+    fn frame(&mut self, _frame: &Frame<Bytes>, inner: &HyperBody) -> Result<(), hyper::Error> {
         if inner.is_end_stream() {
-            self.0 = None;
+            self.in_flight = None;
         }
         Ok(())
     }
@@ -161,19 +197,38 @@ impl EndHook<Incoming> for BodyInFlight {
     #[inline]
     fn end(&mut self, how: End) {
         if how == End::Stream {
-            self.0 = None;
+            self.in_flight = None;
+        }
+    }
+
+    #[inline]
+    fn dropped(&mut self, inner: &HyperBody) {
+        if let Some(in_flight) = &self.in_flight {
+            if self.lingers && !inner.is_end_stream() {
+                in_flight.0.unread.store(true, Ordering::Release);
+            }
         }
     }
 }
 
 /// A request body as the connection hands it to the proxy; see [`BodyInFlight`].
-pub type RequestBody = OnEnd<Incoming, BodyInFlight>;
+pub type RequestBody = OnEnd<HyperBody, BodyInFlight>;
 
 impl Activity {
-    /// `inner`, counted as in flight until its end (an empty body never is).
-    pub fn request_body(self: &Arc<Self>, inner: Incoming) -> RequestBody {
+    /// `inner`, counted as in flight until its end (an empty body never is). With `drain`
+    /// (HTTP/2), a body let go before its end is read to it within those bounds; without
+    /// (HTTP/1), its connection lingers as it closes.
+    pub fn request_body(
+        self: &Arc<Self>,
+        inner: Incoming,
+        drain: Option<linger::Bounds>,
+    ) -> RequestBody {
         let in_flight = (!inner.is_end_stream()).then(|| self.start());
-        OnEnd::with_hook(inner, BodyInFlight(in_flight))
+        let lingers = drain.is_none();
+        OnEnd::with_hook(
+            DrainOnDrop::new(inner, drain),
+            BodyInFlight { in_flight, lingers },
+        )
     }
 }
 
@@ -204,6 +259,10 @@ pub struct Idleness {
     // The deadline of the head being read, and `Activity::started` when it was set (a new
     // request since means a new head).
     head_deadline: Option<(u64, Instant)>,
+    // Set for a connection that lingers in its shutdown (TLS; a plain HTTP/1 connection
+    // lingers in `conn`), and the lingering close once begun.
+    linger: Option<linger::Bounds>,
+    lingering: Option<Box<Linger>>,
 }
 
 impl Idleness {
@@ -218,6 +277,17 @@ impl Idleness {
             park: false,
             head_timeout: None,
             head_deadline: None,
+            linger: None,
+            lingering: None,
+        }
+    }
+
+    /// Lingers within `bounds` when hyper shuts the connection down after a request body was
+    /// let go unread (see `linger`).
+    pub fn lingering(self, bounds: linger::Bounds) -> Self {
+        Idleness {
+            linger: (!bounds.is_off()).then_some(bounds),
+            ..self
         }
     }
 
@@ -264,6 +334,9 @@ impl IoHook for Idleness {
                     self.moved = true;
                     self.activity.read_since_idle.store(true, Ordering::Release);
                     self.activity.park.store(false, Ordering::Release);
+                } else if result.is_ok() {
+                    // The client closed its side: nothing more will come to linger for.
+                    self.activity.unread.store(false, Ordering::Release);
                 }
                 return Poll::Ready(result);
             }
@@ -336,6 +409,8 @@ impl IoHook for Idleness {
                 } else {
                     tracing::debug!(timeout = ?self.timeout, "closing idle client connection");
                 }
+                // Nothing came for the idle timeout: not a client still sending.
+                self.activity.unread.store(false, Ordering::Release);
                 return Poll::Ready(Ok(()));
             }
         }
@@ -364,9 +439,9 @@ impl IoHook for Idleness {
         polled
     }
 
-    fn poll_shutdown<T: AsyncWrite>(
+    fn poll_shutdown<T: AsyncRead + AsyncWrite>(
         &mut self,
-        inner: Pin<&mut T>,
+        mut inner: Pin<&mut T>,
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<()>> {
         if self.park {
@@ -375,7 +450,25 @@ impl IoHook for Idleness {
             // shuts the socket down itself when it is really done (`conn::serve_http1`).
             return inner.poll_flush(cx);
         }
-        inner.poll_shutdown(cx)
+        if self.lingering.is_none() {
+            // FIN after everything written: the answer reaches the client whatever it sends.
+            std::task::ready!(inner.as_mut().poll_shutdown(cx))?;
+            match self.linger {
+                Some(bounds) if self.activity.take_unread() => {
+                    self.lingering = Some(Box::new(Linger::new(&bounds, 0)));
+                }
+                _ => return Poll::Ready(Ok(())),
+            }
+        }
+        let Some(lingering) = self.lingering.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        let outcome = std::task::ready!(lingering.poll_drain(inner, cx));
+        self.lingering = None;
+        self.activity
+            .lingered
+            .store(outcome.code(), Ordering::Release);
+        Poll::Ready(Ok(()))
     }
 }
 

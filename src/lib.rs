@@ -19,6 +19,7 @@ pub mod identity;
 pub mod idle;
 pub mod limit;
 pub mod limits_cli;
+pub mod linger;
 pub mod metrics;
 pub mod protect;
 pub mod proxy;

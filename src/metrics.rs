@@ -42,6 +42,8 @@ pub struct Metrics {
     pub client_connections: Gauge,
     /// Of those, plain HTTP/1 connections parked: idle, holding no HTTP buffers.
     pub parked_connections: Gauge,
+    /// Lingering closes by how they ended, in `linger::Outcome::ALL`'s order.
+    lingering_closes: [Counter; 5],
     reload_ok: Counter,
     reload_failed: Counter,
 }
@@ -152,6 +154,12 @@ impl Metrics {
         };
         let client_connections = gauge("tollgate_client_connections");
         let parked_connections = gauge("tollgate_client_connections_parked");
+        let lingering_closes = crate::linger::Outcome::ALL.map(|outcome| {
+            counter(
+                "tollgate_lingering_closes_total",
+                vec![Label::new("outcome", outcome.label())],
+            )
+        });
         let metrics = Arc::new(Metrics {
             recorder,
             handle,
@@ -161,6 +169,7 @@ impl Metrics {
             inflight,
             client_connections,
             parked_connections,
+            lingering_closes,
             reload_ok,
             reload_failed,
         });
@@ -168,6 +177,15 @@ impl Metrics {
             tokio::spawn(upkeep(Arc::downgrade(&metrics)));
         }
         metrics
+    }
+
+    /// Counts a lingering close that ended as `outcome`.
+    pub fn lingered(&self, outcome: crate::linger::Outcome) {
+        let at = crate::linger::Outcome::ALL
+            .iter()
+            .position(|o| *o == outcome)
+            .unwrap_or(0);
+        self.lingering_closes[at].increment(1);
     }
 
     /// The handles of one route (registering them is idempotent: a reload that keeps a route

@@ -164,6 +164,30 @@ mod tests {
     }
 
     #[test]
+    fn lingering_close_has_bounds_and_can_be_turned_off() {
+        let base = "listen: 127.0.0.1:8080\nupstream: { url: http://127.0.0.1:3000 }\n";
+        let c = parse_ok(base);
+        assert_eq!(c.lingering_close, crate::linger::Bounds::default());
+        let c = parse_ok(&format!(
+            "{base}lingering_close: {{ time: 10s, timeout: 1s, max_bytes: 1MiB }}\n"
+        ));
+        let expected = crate::linger::Bounds {
+            time: Duration::from_secs(10),
+            timeout: Duration::from_secs(1),
+            max_bytes: 1024 * 1024,
+        };
+        assert_eq!(c.lingering_close, expected);
+        let c = parse_ok(&format!("{base}lingering_close: {{ time: 0s }}\n"));
+        assert!(c.lingering_close.is_off());
+        let errors = parse_err(&format!(
+            "{base}lingering_close: {{ timeout: 0s, max_bytes: 0 }}\n"
+        ));
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[0].contains("lingering_close.timeout: must be greater than zero"));
+        assert!(errors[1].contains("lingering_close.max_bytes: must be greater than zero"));
+    }
+
+    #[test]
     fn full_core_config_parses() {
         let c = parse_ok(
             "listen:\n  - 127.0.0.1:8080\n  - address: \"[::1]:8443\"\n    tls: { cert: certs/c.pem, key: /k.pem }\n\

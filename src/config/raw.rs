@@ -13,6 +13,7 @@ pub struct RawConfig {
     pub max_request_body: Option<RawSize>,
     pub header_read_timeout: Option<String>,
     pub idle_timeout: Option<String>,
+    pub lingering_close: Option<RawLingeringClose>,
     pub shutdown_timeout: Option<String>,
     pub max_connections: Option<u64>,
     pub workers: Option<u64>,
@@ -102,6 +103,15 @@ pub struct RawUpstream {
     pub http2: Option<bool>,
     pub pool_idle_timeout: Option<String>,
     pub ca_file: Option<String>,
+}
+
+/// `lingering_close: { time, timeout, max_bytes }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLingeringClose {
+    pub time: Option<String>,
+    pub timeout: Option<String>,
+    pub max_bytes: Option<RawSize>,
 }
 
 /// A size: `10MiB`, `512KB`, or a plain number of bytes.

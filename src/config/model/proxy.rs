@@ -38,6 +38,9 @@ pub struct Config {
     /// A client connection with no request in flight and no bytes moving for this long is
     /// closed (keep-alive idlers, and peers that connect and never speak).
     pub idle_timeout: Duration,
+    /// How long a connection closed with part of a request body unread keeps reading (and
+    /// discarding) what the client still sends, so that the answer reaches it.
+    pub lingering_close: crate::linger::Bounds,
     pub shutdown_timeout: Duration,
     pub max_connections: usize,
     /// Serving threads, each with its own runtime and upstream connection pool (`workers`).

@@ -12,8 +12,9 @@ use crate::config::model::{
     DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, MAX_WORKERS,
 };
 use crate::config::raw::{
-    RawAdmin, RawConfig, RawListen, RawListener, RawSize, RawTls, RawUpstream,
+    RawAdmin, RawConfig, RawLingeringClose, RawListen, RawListener, RawSize, RawTls, RawUpstream,
 };
+use crate::linger;
 
 /// The whole configuration: the proxy's fields around the already validated `throttle`.
 /// `None` when a field the proxy cannot run without is unusable (its problem is reported).
@@ -35,6 +36,7 @@ pub(super) fn config(v: &mut Validator, raw: &RawConfig, throttle: Throttle) -> 
         raw.idle_timeout.as_deref(),
         DEFAULT_IDLE_TIMEOUT,
     );
+    let lingering_close = lingering_close(v, raw.lingering_close.as_ref());
     let shutdown_timeout = v.duration(
         "shutdown_timeout",
         raw.shutdown_timeout.as_deref(),
@@ -58,6 +60,7 @@ pub(super) fn config(v: &mut Validator, raw: &RawConfig, throttle: Throttle) -> 
         max_request_body,
         header_read_timeout,
         idle_timeout,
+        lingering_close,
         shutdown_timeout,
         max_connections,
         workers,
@@ -119,6 +122,33 @@ fn size(v: &mut Validator, path: &str, value: &RawSize) -> Option<u64> {
                 None
             }
         },
+    }
+}
+
+/// `lingering_close`: `time` may be zero (no lingering), `timeout` and `max_bytes` may not.
+fn lingering_close(v: &mut Validator, raw: Option<&RawLingeringClose>) -> linger::Bounds {
+    let defaults = linger::Bounds::default();
+    let Some(raw) = raw else { return defaults };
+    let time = v.duration_or_zero("lingering_close.time", raw.time.as_deref(), defaults.time);
+    let timeout = v.duration(
+        "lingering_close.timeout",
+        raw.timeout.as_deref(),
+        defaults.timeout,
+    );
+    let max_bytes = match &raw.max_bytes {
+        None => defaults.max_bytes,
+        Some(RawSize::Bytes(0)) => {
+            v.error("lingering_close.max_bytes", "must be greater than zero");
+            defaults.max_bytes
+        }
+        Some(size_text) => {
+            size(v, "lingering_close.max_bytes", size_text).unwrap_or(defaults.max_bytes)
+        }
+    };
+    linger::Bounds {
+        time,
+        timeout,
+        max_bytes,
     }
 }
 
