@@ -60,12 +60,18 @@
 //!    that waits for one waits long. A mix of slower requests is no queue by this measure
 //!    (the typical latency holds the mix); should the mix itself get slower, the mean stays
 //!    flat as the cuts take a quarter off in-flight, and the typical latency is relearned.
-//!    Tries are paced: a limit cut back within [`TRY_WINDOWS`] of growing to it marks that
-//!    level, and growing to it again waits [`FIRST_HOLD`] windows, twice as many after each
-//!    failed try (at most [`MAX_HOLD`]); below it the limit moves freely, and a new baseline
-//!    (a new app) or a try that held clears the mark. Each try makes a few requests wait in
-//!    the app's queue, and where one request over the slots waits a whole service time, the
-//!    p99 can afford one only every few seconds.
+//!    Tries are paced: a limit cut back within [`TRY_WINDOWS`] of growing to it by a queue
+//!    Little's law counts, or twice in a row by its latency (once may be a busy node's
+//!    noise), marks that level, and growing to it again waits [`FIRST_HOLD`] windows from the
+//!    mark, twice as many after each failed try (at most [`MAX_HOLD`]); below it the limit
+//!    moves freely, and a new baseline (a new app) or a try that held clears the mark. Each
+//!    try makes a few requests wait in the app's queue, and where one request over the slots
+//!    waits a whole service time, the p99 can afford one only every few seconds.
+//!    A transient costs a healthy app nothing for long (issue 36): the highest level the app
+//!    was lately served at with the latency within the aim and no queue, past its try, is
+//!    remembered (`good`), and a limit below it doubles back towards it in each window that
+//!    shows room. The aim's slack is at least twice the node's noise (the fastest tenth's
+//!    mean distance above the baseline in windows below the limit).
 //! 5. An absolute `latency:` is also held by the window's 90th percentile: above it the limit
 //!    is cut by target/p90 (at most halved), the parallelism floor aside: the operator chose
 //!    that latency over goodput.
@@ -95,6 +101,15 @@ const BIG_CUT: f64 = 0.25;
 pub const MIN_SLACK: Duration = Duration::from_millis(2);
 /// The aim's slack above the baseline, as a share of it.
 pub const SLACK_SHARE: f64 = 0.1;
+/// The aim's slack is at least this many times the node's noise: how far the fastest tenth
+/// sits above the baseline, on average, in windows below the limit (nothing of tollgate's
+/// queued there). On a busy node (a build beside the proxy) the proxy's own scheduling adds
+/// milliseconds to every time to head, the fastest tenth included; a fixed slack of 2 ms read
+/// that as a queue, cut a healthy app to 1 and kept it there (issue 36).
+const NOISE_SLACK: f64 = 2.0;
+/// How much of the gap to a window's noise the learned noise closes per window below the
+/// limit.
+const NOISE_WEIGHT: f64 = 0.2;
 /// How much the limit grows per window within the aim, as a share of it (at least 1).
 pub const GROWTH: f64 = 0.1;
 /// How much of the gap to a higher 10th percentile the baseline closes per window below the
@@ -278,6 +293,9 @@ pub struct Controller {
     good: Option<f64>,
     /// A level at or below `good` whose try failed once.
     doubted: Option<f64>,
+    /// The node's noise: the fastest tenth's mean distance above the baseline in windows
+    /// below the limit (seconds). Widens the aim on a busy node.
+    noise: Option<f64>,
     /// What the last window did, and the last cut.
     state: State,
     last_cut: Option<Cut>,
@@ -342,6 +360,7 @@ impl Controller {
             marked_at: 0,
             good: None,
             doubted: None,
+            noise: None,
             state: State::Holding,
             last_cut: None,
             blocked: false,
@@ -522,6 +541,15 @@ impl Controller {
         };
         self.baseline = Some(baseline);
         if !w.saturated {
+            // Below the limit nothing of tollgate's queued: how far the fastest tenth sits
+            // above the baseline is the node's noise (its scheduling), not a queue.
+            let above = (fastest - baseline).max(0.0);
+            self.noise = Some(match self.noise {
+                None => above,
+                Some(noise) => noise + (above - noise) * NOISE_WEIGHT,
+            });
+        }
+        if !w.saturated {
             self.typical_spread = Some(match self.typical_spread {
                 None => spread,
                 Some(before) => before + (spread - before) * TYPICAL_WEIGHT,
@@ -552,7 +580,11 @@ impl Controller {
             return None;
         }
         let target = self.target_secs().expect("a baseline is known");
-        let aim = (baseline + (baseline * SLACK_SHARE).max(MIN_SLACK.as_secs_f64())).min(target);
+        let aim = (baseline
+            + (baseline * SLACK_SHARE)
+                .max(MIN_SLACK.as_secs_f64())
+                .max(self.noise.unwrap_or(0.0) * NOISE_SLACK))
+        .min(target);
         let gradient = if fastest > aim {
             (baseline / fastest).clamp(0.5, 1.0)
         } else {
@@ -697,11 +729,14 @@ impl Controller {
     /// freely. An app whose own latency changed (a new baseline), or a try that held, clears
     /// the mark.
     ///
-    /// Only a level where a queue was seen is marked: a failed try at or below `good` (a
-    /// level the app lately served at its baseline) is a busy node's noise the first time,
-    /// and only the second failure in a row, or a queue Little's law counts, marks it and
-    /// lowers `good`. Otherwise one slow window during a regrowth held a healthy app below
-    /// its slots for seconds (the pacing's first hold is 32 windows, 6 s at a limit of 1).
+    /// Only a level where a queue was seen is marked: a try cut back by its latency (the
+    /// fastest tenth above the aim) may be a busy node's noise, so only the second such
+    /// failure in a row marks it; a queue Little's law counts marks it at once (the kind of
+    /// queue the pacing is for: one the fastest tenth does not show, where each try costs a
+    /// few requests a whole service time). A mark lowers `good` to where the cut went.
+    /// Otherwise one slow window during a regrowth held a healthy app below its slots for
+    /// seconds (the pacing's first hold is 32 windows, 6 s at a limit of 1; on a busy node in
+    /// tests/protect.rs a limit of 2 for 4 slots, paced at 3 after one noisy try).
     fn probe(&mut self, next: f64, new_app: bool, queue_seen: bool) -> f64 {
         let (now, proposed) = (self.limit.floor(), next.floor());
         if new_app {
@@ -719,8 +754,8 @@ impl Controller {
                 self.good = self.good.filter(|&good| good < now);
             }
             if self.trying() {
-                let known = self.good.is_some_and(|good| now <= good);
-                if known && self.doubted.is_none_or(|doubted| doubted != now) {
+                if !queue_seen && self.doubted.is_none_or(|doubted| doubted != now) {
+                    // Cut by its latency once: a busy node's noise as likely as a queue.
                     self.doubted = Some(now);
                 } else {
                     self.doubted = None;
