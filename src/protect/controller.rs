@@ -341,6 +341,25 @@ struct Window {
     saturated: bool,
 }
 
+impl Window {
+    /// Sorts the latencies and returns their 10th percentile (the fastest tenth), median,
+    /// 90th percentile, mean and spread (standard deviation over mean).
+    fn statistics(&mut self) -> [f64; 5] {
+        let l = &mut self.latencies;
+        l.sort_by(f64::total_cmp);
+        let mean = l.iter().sum::<f64>() / l.len() as f64;
+        let spread =
+            (l.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / l.len() as f64).sqrt() / mean;
+        [
+            l[l.len() / 10],
+            l[l.len() / 2],
+            l[l.len() * 9 / 10],
+            mean,
+            spread,
+        ]
+    }
+}
+
 impl Controller {
     pub fn new(settings: Settings) -> Controller {
         Controller {
@@ -489,91 +508,22 @@ impl Controller {
         if w.latencies.len() < MIN_SAMPLES / 2 {
             return None;
         }
-        w.latencies.sort_by(f64::total_cmp);
+        let [fastest, median, slowest, mean, spread] = w.statistics();
         let concurrency = w.concurrency / w.latencies.len() as f64;
-        let fastest = w.latencies[w.latencies.len() / 10];
-        let median = w.latencies[w.latencies.len() / 2];
-        let slowest = w.latencies[w.latencies.len() * 9 / 10];
-        let mean = w.latencies.iter().sum::<f64>() / w.latencies.len() as f64;
-        let spread = (w
-            .latencies
-            .iter()
-            .map(|l| (l - mean) * (l - mean))
-            .sum::<f64>()
-            / w.latencies.len() as f64)
-            .sqrt()
-            / mean;
         let answers_per_second = w.ended as f64 / span.as_secs_f64();
         self.latency = Some(median);
 
         // The baseline.
         let baseline_before = self.baseline.unwrap_or(fastest);
-        let baseline = match self.baseline {
-            None => fastest,
-            Some(b) if fastest < b => fastest,
-            Some(b) if !w.saturated => b + (fastest - b) * BASELINE_RISE,
-            // Every exchange was alone in flight: nothing of tollgate's queued before it, so
-            // this is the app's own latency (a limit cut to 1 on a baseline the app has
-            // outgrown learns it here, where no further cut can show it).
-            Some(_) if concurrency <= 1.0 => fastest,
-            Some(b) => match self.reference {
-                // In-flight was cut and the fastest tenth fell by less than half of what a
-                // queue's would have (a FIFO queue's falls with the requests in it): the app
-                // answers this slowly on its own.
-                Some(Reference {
-                    concurrency: before,
-                    fastest: latency,
-                    ..
-                }) if concurrency < before => {
-                    let cut = 1.0 - concurrency / before;
-                    if cut < BIG_CUT || fastest <= b || fastest < latency * (1.0 - cut / 2.0) {
-                        b
-                    } else if fastest >= latency * (1.0 - cut / 4.0) {
-                        // Flat: nothing of it was a queue.
-                        fastest
-                    } else {
-                        // Half the way: one noisy window cannot double the target.
-                        b + (fastest - b) / 2.0
-                    }
-                }
-                _ => b,
-            },
-        };
+        let baseline = self.next_baseline(w.saturated, concurrency, fastest);
         self.baseline = Some(baseline);
-        if !w.saturated {
-            // Below the limit nothing of tollgate's queued: how far the fastest tenth sits
-            // above the baseline is the node's noise (its scheduling), not a queue.
-            let above = (fastest - baseline).max(0.0);
-            self.noise = Some(match self.noise {
-                None => above,
-                Some(noise) => noise + (above - noise) * NOISE_WEIGHT,
-            });
-        }
-        if !w.saturated {
-            self.typical_spread = Some(match self.typical_spread {
-                None => spread,
-                Some(before) => before + (spread - before) * TYPICAL_WEIGHT,
-            });
-        }
-        self.typical = match (self.typical, self.reference) {
-            (None, _) if !w.saturated => Some(mean),
-            (None, _) => None,
-            (Some(typical), _) if !w.saturated => Some(typical + (mean - typical) * TYPICAL_WEIGHT),
-            // In-flight was cut by a quarter or more and the mean stayed flat while the
-            // fastest tenth did not move: the app's mix of requests got slower, and nothing of
-            // it was a queue (as for the baseline).
-            (Some(_), Some(r))
-                if (baseline - baseline_before).abs() < MIN_SLACK.as_secs_f64()
-                    && concurrency <= r.concurrency * (1.0 - BIG_CUT)
-                    && mean >= r.mean * (1.0 - (1.0 - concurrency / r.concurrency) / 4.0) =>
-            {
-                Some(mean)
-            }
-            // The app's own latency changed (2): its requests are taken to have changed by
-            // the same time, the spread of its mix kept (the smaller guess: too small a
-            // typical latency cuts, and a flat mean then relearns it, above).
-            (Some(typical), _) => Some(typical + baseline - baseline_before),
-        };
+        self.learn_typical(
+            &w,
+            fastest,
+            (baseline, baseline_before),
+            concurrency,
+            (mean, spread),
+        );
 
         if !w.saturated {
             self.reference = None;
@@ -623,16 +573,12 @@ impl Controller {
             let parallelism = answers_per_second * baseline;
             next = next.max(parallelism.min(self.limit));
         }
-        if let LatencyTarget::Absolute(ceiling) = self.settings.latency {
-            let ceiling = ceiling.as_secs_f64();
-            if slowest > ceiling && next > self.limit * (ceiling / slowest).max(0.5) {
-                next = self.limit * (ceiling / slowest).max(0.5);
-                cause = Cause::Target;
-            }
+        if let Some(held) = self.held_to_target(slowest).filter(|&held| next > held) {
+            (next, cause) = (held, Cause::Target);
         }
-        let settled = !self.trying();
+        let settled = healthy && cause != Cause::Target && !self.trying() && !new_app;
         next = self.probe(next, new_app, cause == Cause::Queue);
-        if healthy && cause != Cause::Target && settled && !new_app {
+        if settled {
             // The app served this level without a queue, at its baseline, past its try.
             self.good = Some(self.good.unwrap_or(0.0).max(self.limit.floor()));
         }
@@ -643,13 +589,102 @@ impl Controller {
             fastest,
             mean,
         };
-        if next >= self.limit || baseline != baseline_before {
-            self.reference = Some(window);
-        } else {
-            self.reference.get_or_insert(window);
-        }
+        let cutting = next < self.limit && baseline == baseline_before;
+        self.reference = Some(self.reference.filter(|_| cutting).unwrap_or(window));
         self.limit = next.clamp(min, max);
         Some(cause)
+    }
+
+    /// The baseline after this window (see the module docs, 2).
+    fn next_baseline(&self, saturated: bool, concurrency: f64, fastest: f64) -> f64 {
+        match self.baseline {
+            None => fastest,
+            Some(b) if fastest < b => fastest,
+            Some(b) if !saturated => b + (fastest - b) * BASELINE_RISE,
+            // Every exchange was alone in flight: nothing of tollgate's queued before it, so
+            // this is the app's own latency (a limit cut to 1 on a baseline the app has
+            // outgrown learns it here, where no further cut can show it).
+            Some(_) if concurrency <= 1.0 => fastest,
+            Some(b) => match self.reference {
+                // In-flight was cut and the fastest tenth fell by less than half of what a
+                // queue's would have (a FIFO queue's falls with the requests in it): the app
+                // answers this slowly on its own.
+                Some(Reference {
+                    concurrency: before,
+                    fastest: latency,
+                    ..
+                }) if concurrency < before => {
+                    let cut = 1.0 - concurrency / before;
+                    if cut < BIG_CUT || fastest <= b || fastest < latency * (1.0 - cut / 2.0) {
+                        b
+                    } else if fastest >= latency * (1.0 - cut / 4.0) {
+                        // Flat: nothing of it was a queue.
+                        fastest
+                    } else {
+                        // Half the way: one noisy window cannot double the target.
+                        b + (fastest - b) / 2.0
+                    }
+                }
+                _ => b,
+            },
+        }
+    }
+
+    /// The node's noise, the spread and the typical latency of the app's requests after this
+    /// window (see the module docs, 4).
+    fn learn_typical(
+        &mut self,
+        w: &Window,
+        fastest: f64,
+        (baseline, baseline_before): (f64, f64),
+        concurrency: f64,
+        (mean, spread): (f64, f64),
+    ) {
+        let saturated = w.saturated;
+        if !saturated {
+            // Below the limit nothing of tollgate's queued: how far the fastest tenth sits
+            // above the baseline is the node's noise (its scheduling), not a queue.
+            let above = (fastest - baseline).max(0.0);
+            self.noise = Some(match self.noise {
+                None => above,
+                Some(noise) => noise + (above - noise) * NOISE_WEIGHT,
+            });
+        }
+        if !saturated {
+            self.typical_spread = Some(match self.typical_spread {
+                None => spread,
+                Some(before) => before + (spread - before) * TYPICAL_WEIGHT,
+            });
+        }
+        self.typical = match (self.typical, self.reference) {
+            (None, _) if !saturated => Some(mean),
+            (None, _) => None,
+            (Some(typical), _) if !saturated => Some(typical + (mean - typical) * TYPICAL_WEIGHT),
+            // In-flight was cut by a quarter or more and the mean stayed flat while the
+            // fastest tenth did not move: the app's mix of requests got slower, and nothing of
+            // it was a queue (as for the baseline).
+            (Some(_), Some(r))
+                if (baseline - baseline_before).abs() < MIN_SLACK.as_secs_f64()
+                    && concurrency <= r.concurrency * (1.0 - BIG_CUT)
+                    && mean >= r.mean * (1.0 - (1.0 - concurrency / r.concurrency) / 4.0) =>
+            {
+                Some(mean)
+            }
+            // The app's own latency changed (2): its requests are taken to have changed by
+            // the same time, the spread of its mix kept (the smaller guess: too small a
+            // typical latency cuts, and a flat mean then relearns it, above).
+            (Some(typical), _) => Some(typical + baseline - baseline_before),
+        };
+    }
+
+    /// An absolute `latency:` exceeded by the window's 90th percentile: the limit cut by
+    /// target / p90, at most halved (see the module docs, 5).
+    fn held_to_target(&self, slowest: f64) -> Option<f64> {
+        let LatencyTarget::Absolute(ceiling) = self.settings.latency else {
+            return None;
+        };
+        let ceiling = ceiling.as_secs_f64();
+        (slowest > ceiling).then(|| self.limit * (ceiling / slowest).max(0.5))
     }
 
     /// The next limit of a window that shows room: a tenth more (at least 1); straight back
