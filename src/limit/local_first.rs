@@ -37,8 +37,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::algorithm::{self, Algorithm, Micros, Params, State, Verdict};
-use super::decision::{Check, Decision};
+use super::algorithm::{self, Algorithm, Micros, Params, Settle, State, Verdict};
+use super::decision::{Check, Decision, Settlement};
 use super::memory::Clock;
 
 /// Local copies per route by default (about 1.2 KB of RSS each, with the rounds' batches,
@@ -420,6 +420,77 @@ impl LocalFirst {
             leases: Vec::new(),
             at: now,
         })
+    }
+
+    /// Settles what decisions on the local copies took (`count_statuses`, `cost_from_response`)
+    /// in those copies, at once: the next decision sees it. A charge is more usage, written
+    /// with the rest at the next tick. A refund comes out of the usage not written yet, where
+    /// the units still are (nothing to send: the shared state never held them); only units
+    /// already written are returned, to be refunded in the shared state (`settle.lua`). A
+    /// settlement of a key without a copy (decided exactly) is returned whole. Refunding the
+    /// shared state alone would lose the refund: it would meet a state that does not hold the
+    /// units yet (a fixed window's count of 0 stays 0), and the usage written later would take
+    /// them for good.
+    pub fn settle(&self, settlements: &[Settlement]) -> Vec<Settlement> {
+        let local_now = self.clock.now_us();
+        let mut inner = self.lock();
+        let now = local_now + inner.offset;
+        let inner = &mut *inner;
+        let mut rest = Vec::new();
+        for s in settlements {
+            let Some((key, entry)) = inner.keys.get_key_value_mut(s.key.as_str()) else {
+                rest.push(s.clone());
+                continue;
+            };
+            if entry.params != s.params {
+                rest.push(s.clone());
+                continue;
+            }
+            let p = &s.params;
+            match s.op {
+                Settle::Charge { amount } => {
+                    let charged = |state: &Option<State>| {
+                        algorithm::charge(p, state.as_ref(), now, amount).map(|(s, _)| s)
+                    };
+                    entry.local = charged(&entry.local);
+                    if entry.divided.is_some() {
+                        entry.divided = charged(&entry.divided);
+                    }
+                    entry.pending = entry.pending.saturating_add(amount);
+                    entry.admitted = entry.admitted.saturating_add(amount);
+                    if !entry.queued {
+                        entry.queued = true;
+                        inner.dirty.push_back(key.clone());
+                    }
+                }
+                Settle::Refund { amount, taken_at } => {
+                    let refunded = |state: &Option<State>| {
+                        algorithm::refund(p, state.as_ref(), now, taken_at, amount)
+                            .map(|(s, _)| s)
+                    };
+                    if let Some(state) = refunded(&entry.local) {
+                        entry.local = Some(state);
+                    }
+                    if let Some(state) = refunded(&entry.divided) {
+                        entry.divided = Some(state);
+                    }
+                    entry.admitted = entry.admitted.saturating_sub(amount);
+                    let unsent = amount.min(entry.pending);
+                    entry.pending -= unsent;
+                    if amount > unsent {
+                        rest.push(Settlement {
+                            key: s.key.clone(),
+                            params: s.params,
+                            op: Settle::Refund {
+                                amount: amount - unsent,
+                                taken_at,
+                            },
+                        });
+                    }
+                }
+            }
+        }
+        rest
     }
 
     /// The tick `t_k`: starts the interval's shares and returns the write, its number and each

@@ -367,6 +367,10 @@ impl Proxy {
                     }
                     Admission::Shed => {
                         record.shed(false);
+                        // Never reached the app: the units are back before the answer goes.
+                        if let Some(owed) = admitted.as_mut().and_then(|a| a.settlement.take()) {
+                            Box::pin(owed.give_back()).await;
+                        }
                         return refuse(overloaded_response(), &mut record, grpc, false);
                     }
                 }
@@ -410,6 +414,7 @@ impl Proxy {
             held,
         };
         self.respond(&runtime, admitted, exchanged, &mut record, grpc)
+            .await
     }
 
     /// The upstream's answer as the client receives it: a refused oversized upload as 413, a
@@ -638,7 +643,7 @@ impl Proxy {
     /// settles what it owes, shows its rate-limit fields and holds its concurrency slots until
     /// its body ends (read to its end if the client leaves first, see `exchange`); an error
     /// becomes tollgate's own answer, translated for a gRPC client.
-    fn respond(
+    async fn respond(
         &self,
         runtime: &Runtime,
         admitted: Option<Admitted<'_>>,
@@ -663,11 +668,15 @@ impl Proxy {
             let mut settles_at_end = false;
             if let Some(settlement) = held.settlement {
                 settles_at_end = outcome == Outcome::Answered && settlement.settles_at_end();
-                // count_statuses settles on this head (and the fields below show it),
-                // cost_from_response at the body's end.
-                response = settlement
-                    .on_response(response.map(boxed_answer), outcome, &mut admitted.verdicts)
-                    .map(AnswerBody::Right);
+                // count_statuses settles on this head, in the store before the head goes out
+                // (and the fields below show it), cost_from_response before the body's end.
+                // Boxed: only routes that settle pay for the store call's future.
+                let settled = Box::pin(settlement.on_response(
+                    response.map(boxed_answer),
+                    outcome,
+                    &mut admitted.verdicts,
+                ));
+                response = settled.await.map(AnswerBody::Right);
             }
             if !admitted.verdicts.is_empty() {
                 limit_headers::add_fields(

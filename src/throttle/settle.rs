@@ -28,14 +28,19 @@
 //! timeout. A failed settlement is logged and counted (`tollgate_settlement_errors_total`);
 //! it never holds up a client.
 
-use bytes::Bytes;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes};
 use http::{HeaderMap, HeaderName, Response};
-use http_body::Frame;
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use metrics::Counter;
 
-use crate::body::{BoxError, End, EndHook, OnEnd, ProxyBody};
+use crate::body::{BoxError, ProxyBody};
 use crate::config::{ByResponse, LimitSet};
+use crate::limit::local_first::LocalFirst;
 use crate::limit::{
     Algorithm, Check, Decision, Micros, Params, Settle, Settlement, Store, Verdict,
 };
@@ -61,14 +66,24 @@ pub enum Outcome {
     Unknown,
 }
 
+/// Where the units of an admitted request are: what its settlement goes to.
+#[derive(Clone)]
+pub enum Settler {
+    /// The store that decided (memory or Redis, exact or coalesced).
+    Store(Store),
+    /// The local copies of local-first limits decided: settled in them (see
+    /// [`LocalFirst::settle`]), and in `shared` for the units already written there.
+    LocalFirst { engine: LocalFirst, shared: Store },
+}
+
 /// What an admitted request owes the limits that see its response. Dropped unsettled (the
 /// request never reached the app), it gives every reservation back. It owns what it needs of the limit set (the response body outlives the
 /// request's borrow of the configuration).
 pub struct Obligation {
     /// The set's store-key name (`route~tier` for a tier), for logs.
     route: String,
-    /// The store that decided (and holds the units).
-    store: Store,
+    /// Where the units were taken.
+    settler: Settler,
     /// The store's clock at the decision.
     at: Micros,
     /// The limits that see the response and took units.
@@ -93,9 +108,9 @@ impl Obligation {
         set: &LimitSet,
         checks: &[Check<'_>],
         decision: &Decision,
-        store: Option<Store>,
+        settler: Option<Settler>,
     ) -> Option<Obligation> {
-        let store = store?;
+        let settler = settler?;
         // The checks, not the set, give key and parameters: a caller under a temporary
         // override was decided on its own keys with adjusted limits, and settles on them.
         let limits: Vec<Owed> = set
@@ -115,7 +130,7 @@ impl Obligation {
             .collect();
         (!limits.is_empty()).then(|| Obligation {
             route: set.key_name.clone(),
-            store,
+            settler,
             at: decision.at,
             limits,
             metrics: None,
@@ -146,12 +161,14 @@ impl Obligation {
             .any(|owed| matches!(owed.by_response, ByResponse::CostFromResponse(_)))
     }
 
-    /// Settles what the response head decides; returns the response, its body wrapped when a
-    /// `cost_from_response` limit waits for the end of it. `outcome` says whether `response`
-    /// is the app's answer, or tollgate's own after the exchange failed (see [`Outcome`]).
-    /// `verdicts` (the decision's, which the head's RateLimit fields are rendered from) are
-    /// brought up to date with what the head settled: a refund gives its units back.
-    pub fn on_response(
+    /// Settles what the response head decides, in the store, before the head goes out: the
+    /// client cannot send a request decided on it before then. Returns the response, its body
+    /// wrapped when a `cost_from_response` limit waits for the end of it. `outcome` says
+    /// whether `response` is the app's answer, or tollgate's own after the exchange failed
+    /// (see [`Outcome`]). `verdicts` (the decision's, which the head's RateLimit fields are
+    /// rendered from) are brought up to date with what the head settled: a refund gives its
+    /// units back.
+    pub async fn on_response(
         mut self,
         response: Response<ProxyBody>,
         outcome: Outcome,
@@ -160,12 +177,13 @@ impl Obligation {
         match outcome {
             Outcome::Answered => {}
             Outcome::NotSent => {
-                // Dropped: everything is given back.
+                // Everything is given back.
                 for owed in &self.limits {
                     if let Some(verdict) = verdicts.get_mut(owed.index) {
                         *verdict = refunded(*verdict, &owed.params);
                     }
                 }
+                self.give_back().await;
                 return response;
             }
             Outcome::Unknown => {
@@ -197,19 +215,30 @@ impl Obligation {
                 _ => {} // a status that counts: the units stay taken
             }
         }
-        submit(&self.store, refunds, &self.route, self.metrics.as_ref());
+        apply(&self.settler, refunds, &self.route, self.metrics.as_ref()).await;
         if costs.is_empty() {
             return response;
         }
+        let mut settler = CostSettler {
+            obligation: self,
+            costs,
+        };
+        if response.body().is_end_stream() {
+            // Nothing follows the head (an empty body, an answer to HEAD): the head is the
+            // response's end, and the head's report is all there is.
+            settler.settle().await;
+            return response;
+        }
         let (parts, body) = response.into_parts();
-        let body = OnEnd::with_hook(
-            body,
-            SettleAtEnd(Some(CostSettler {
-                obligation: self,
-                costs,
-            })),
-        );
+        let body = SettleAtEnd::new(body, settler);
         Response::from_parts(parts, body.boxed_unsync())
+    }
+
+    /// Gives every unit back (the request never reached the app), before the answer goes out.
+    pub async fn give_back(mut self) {
+        let limits = std::mem::take(&mut self.limits);
+        let refunds = limits.iter().map(|owed| self.refund(owed)).collect();
+        apply(&self.settler, refunds, &self.route, self.metrics.as_ref()).await;
     }
 }
 
@@ -227,9 +256,11 @@ impl Obligation {
 }
 
 impl Drop for Obligation {
+    /// Dropped unsettled (the request's future was dropped before its exchange, or on the
+    /// way out): nobody waits for an answer, so the refund is applied in the background.
     fn drop(&mut self) {
         let refunds: Vec<Settlement> = self.limits.iter().map(|owed| self.refund(owed)).collect();
-        submit(&self.store, refunds, &self.route, self.metrics.as_ref());
+        apply_later(&self.settler, refunds, &self.route, self.metrics.as_ref());
     }
 }
 
@@ -276,6 +307,7 @@ struct CostReport {
 struct CostSettler {
     /// Its limits are settled (taken); kept for the store, the time and the metrics.
     obligation: Obligation,
+    /// The reports still to settle (emptied by [`CostSettler::settle`]).
     costs: Vec<CostReport>,
 }
 
@@ -287,13 +319,13 @@ impl CostSettler {
             }
         }
     }
-}
 
-impl Drop for CostSettler {
-    fn drop(&mut self) {
+    /// The settlements of the reports (the difference from the cost paid up front), taken
+    /// once; an invalid report is counted and charges nothing more.
+    fn take_settlements(&mut self) -> Vec<Settlement> {
         let o = &self.obligation;
         let mut settlements = Vec::new();
-        for cost in &self.costs {
+        for cost in std::mem::take(&mut self.costs) {
             let params = cost.params;
             let Some(reported) = cost.reported else {
                 tracing::debug!(route = %o.route, header = %cost.header, "no valid cost report: the configured cost stands");
@@ -315,64 +347,194 @@ impl Drop for CostSettler {
                 continue;
             };
             settlements.push(Settlement {
-                key: cost.key.clone(),
+                key: cost.key,
                 params,
                 op,
             });
         }
-        submit(&o.store, settlements, &o.route, o.metrics.as_ref());
+        settlements
+    }
+
+    /// Settles the reports in the store; bounded by the store's timeout.
+    async fn settle(&mut self) {
+        let settlements = self.take_settlements();
+        let o = &self.obligation;
+        apply(&o.settler, settlements, &o.route, o.metrics.as_ref()).await;
     }
 }
 
-/// The hook of a response body with `cost_from_response` limits: notes the cost trailer, and
-/// settles when the body ends, fails, or is dropped (the client left: the header's report, or
-/// the configured cost).
-struct SettleAtEnd(Option<CostSettler>);
+impl Drop for CostSettler {
+    /// Not settled by the body's end (the body failed, or was dropped: the client left and
+    /// nobody drains it): the header's report, or the configured cost, in the background.
+    fn drop(&mut self) {
+        let settlements = self.take_settlements();
+        let o = &self.obligation;
+        apply_later(&o.settler, settlements, &o.route, o.metrics.as_ref());
+    }
+}
 
-impl EndHook<ProxyBody> for SettleAtEnd {
+/// A settlement under way and the frame it holds back (None: the body's end).
+type Settling = (Pin<Box<dyn Future<Output = ()> + Send>>, Option<Frame<Bytes>>);
+
+/// The body of a response with `cost_from_response` limits: notes the cost trailer, and
+/// settles before the body's last frame (its last data, its trailers or its end) goes on to
+/// the client: that frame is held until the store has the settlement (bounded by the store's
+/// timeout; a failure is logged and counted, and the frame goes on). The frames before it
+/// pass at once, so a streamed answer streams as before.
+struct SettleAtEnd {
+    inner: ProxyBody,
+    /// Until the settlement starts.
+    settler: Option<CostSettler>,
+    settling: Option<Settling>,
+    /// Data bytes still to come when the body's length is known: the frame that brings it to
+    /// 0 is the last, whether or not the inner body says so at once.
+    remaining: Option<u64>,
+}
+
+impl SettleAtEnd {
+    fn new(inner: ProxyBody, settler: CostSettler) -> SettleAtEnd {
+        let remaining = inner.size_hint().exact();
+        SettleAtEnd {
+            inner,
+            settler: Some(settler),
+            settling: None,
+            remaining,
+        }
+    }
+
+    /// Starts the settlement, holding `frame` back until it is done.
+    fn hold(&mut self, frame: Option<Frame<Bytes>>) {
+        let Some(mut settler) = self.settler.take() else {
+            return;
+        };
+        let settling = async move { settler.settle().await };
+        self.settling = Some((Box::pin(settling), frame));
+    }
+}
+
+impl Body for SettleAtEnd {
+    type Data = Bytes;
     type Error = BoxError;
 
-    fn frame(&mut self, frame: &Frame<Bytes>, _inner: &ProxyBody) -> Result<(), BoxError> {
-        if let (Some(trailers), Some(settler)) = (frame.trailers_ref(), self.0.as_mut()) {
-            settler.trailers(trailers);
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        loop {
+            if let Some((settling, _)) = this.settling.as_mut() {
+                ready!(settling.as_mut().poll(cx));
+                let held = this.settling.take().and_then(|(_, frame)| frame);
+                return Poll::Ready(held.map(Ok));
+            }
+            let Some(settler) = this.settler.as_mut() else {
+                // Settled: anything after (nothing, normally) passes through.
+                return Pin::new(&mut this.inner).poll_frame(cx);
+            };
+            match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    let last = if let Some(trailers) = frame.trailers_ref() {
+                        settler.trailers(trailers);
+                        true
+                    } else {
+                        let len = frame.data_ref().map_or(0, |d| d.remaining() as u64);
+                        if let Some(remaining) = this.remaining.as_mut() {
+                            *remaining = remaining.saturating_sub(len);
+                        }
+                        this.remaining == Some(0) || this.inner.is_end_stream()
+                    };
+                    if !last {
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                    this.hold(Some(frame));
+                }
+                Some(Err(error)) => {
+                    // Failed: settled on what is known, in the background (see CostSettler).
+                    this.settler = None;
+                    return Poll::Ready(Some(Err(error)));
+                }
+                None => this.hold(None),
+            }
         }
-        Ok(())
     }
 
-    fn end(&mut self, _how: End) {
-        self.0.take();
+    fn is_end_stream(&self) -> bool {
+        // Never before the settlement: an end announced early would skip it.
+        self.settler.is_none() && self.settling.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
-/// Hands settlements to the store: in place for memory, in a spawned task for Redis (bounded
-/// by the store's timeout), logged and counted if it fails.
-fn submit(
-    store: &Store,
+/// Applies settlements where the units are, and waits for it: in place for memory and
+/// local-first copies, one call bounded by the store's timeout for Redis. A failure is logged
+/// and counted; the caller goes on.
+async fn apply(
+    settler: &Settler,
     settlements: Vec<Settlement>,
     route: &str,
     metrics: Option<&SettleMetrics>,
 ) {
-    if settlements.is_empty() {
+    let Some((store, settlements)) = in_place(settler, settlements) else {
         return;
+    };
+    if let Err(e) = store.settle(&settlements).await {
+        failed(route, &e, metrics);
     }
-    match store {
-        Store::Memory(memory) => memory.settle(&settlements),
-        Store::Redis(_) => {
-            let Ok(handle) = tokio::runtime::Handle::try_current() else {
-                return;
-            };
-            let store = store.clone();
-            let route = route.to_string();
-            let failed = metrics.map(|m| m.failed.clone());
-            handle.spawn(async move {
-                if let Err(e) = store.settle(&settlements).await {
-                    tracing::warn!(route, cause = %crate::error::chain(&e), "could not settle a limit after the response: the units stay as the decision left them");
-                    if let Some(failed) = failed {
-                        failed.increment(1);
-                    }
-                }
-            });
+}
+
+/// [`apply`] when nobody waits (a dropped obligation): what is in place now, Redis in a task.
+fn apply_later(
+    settler: &Settler,
+    settlements: Vec<Settlement>,
+    route: &str,
+    metrics: Option<&SettleMetrics>,
+) {
+    let Some((store, settlements)) = in_place(settler, settlements) else {
+        return;
+    };
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let store = store.clone();
+    let route = route.to_string();
+    let metrics = metrics.cloned();
+    handle.spawn(async move {
+        if let Err(e) = store.settle(&settlements).await {
+            failed(&route, &e, metrics.as_ref());
         }
+    });
+}
+
+/// Settles what can be settled in this process (the memory store, local-first copies) and
+/// returns what is left for Redis, if anything.
+fn in_place<'s>(
+    settler: &'s Settler,
+    settlements: Vec<Settlement>,
+) -> Option<(&'s Store, Vec<Settlement>)> {
+    if settlements.is_empty() {
+        return None;
+    }
+    let (store, settlements) = match settler {
+        Settler::Store(store) => (store, settlements),
+        Settler::LocalFirst { engine, shared } => (shared, engine.settle(&settlements)),
+    };
+    match store {
+        _ if settlements.is_empty() => None,
+        Store::Memory(memory) => {
+            memory.settle(&settlements);
+            None
+        }
+        Store::Redis(_) => Some((store, settlements)),
+    }
+}
+
+fn failed(route: &str, e: &crate::limit::StoreError, metrics: Option<&SettleMetrics>) {
+    tracing::warn!(route, cause = %crate::error::chain(e), "could not settle a limit after the response: the units stay as the decision left them");
+    if let Some(m) = metrics {
+        m.failed.increment(1);
     }
 }
 
