@@ -79,6 +79,9 @@ struct Entry {
     admitted: u64,
     /// This replica's share of the current interval.
     share: u64,
+    /// When `share` was worked out (store clock): units taken before then and still held
+    /// were not in it.
+    share_at: Micros,
     /// The largest share any replica can have in the current interval: the share of one with
     /// no usage of its own since the view (what `unseen` grows by, per other replica).
     others_share: u64,
@@ -117,6 +120,7 @@ impl Entry {
             in_flight: 0,
             admitted: 0,
             share: share(&params, None, 0, now, interval_us, replicas),
+            share_at: now,
             others_share: share(&params, None, 0, now, interval_us, replicas),
             unseen: 0,
             touched: true,
@@ -163,6 +167,8 @@ pub struct LocalFirst {
     inner: Arc<Mutex<Inner>>,
     clock: Arc<dyn Clock>,
     interval_us: Micros,
+    /// The number of the last write acknowledged: a refund of units in a write waits for it.
+    acked: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 struct Inner {
@@ -220,6 +226,7 @@ impl LocalFirst {
             })),
             clock,
             interval_us: interval_us.max(1),
+            acked: Arc::new(tokio::sync::watch::channel(0).0),
         }
     }
 
@@ -431,12 +438,17 @@ impl LocalFirst {
     /// shared state alone would lose the refund: it would meet a state that does not hold the
     /// units yet (a fixed window's count of 0 stays 0), and the usage written later would take
     /// them for good.
-    pub fn settle(&self, settlements: &[Settlement]) -> Vec<Settlement> {
+    ///
+    /// Also returned: the number of the write that carries units of a returned refund and is
+    /// not acknowledged yet. The refund must reach the shared state after that write (wait
+    /// with [`LocalFirst::written_through`]), or it would meet a state without the units.
+    pub fn settle(&self, settlements: &[Settlement]) -> (Vec<Settlement>, Option<u64>) {
         let local_now = self.clock.now_us();
         let mut inner = self.lock();
         let now = local_now + inner.offset;
         let inner = &mut *inner;
         let mut rest = Vec::new();
+        let mut after = None;
         for s in settlements {
             let Some((key, entry)) = inner.keys.get_key_value_mut(s.key.as_str()) else {
                 rest.push(s.clone());
@@ -474,10 +486,20 @@ impl LocalFirst {
                     if let Some(state) = refunded(&entry.divided) {
                         entry.divided = Some(state);
                     }
-                    entry.admitted = entry.admitted.saturating_sub(amount);
+                    if taken_at < entry.share_at {
+                        // Held when the share was worked out, so left out of it: back in it.
+                        entry.share = entry.share.saturating_add(amount);
+                    } else {
+                        entry.admitted = entry.admitted.saturating_sub(amount);
+                    }
                     let unsent = amount.min(entry.pending);
                     entry.pending -= unsent;
                     if amount > unsent {
+                        if let Some((round, batch)) = &inner.unacked {
+                            if batch.iter().any(|item| item.key == s.key) {
+                                after = Some(*round);
+                            }
+                        }
                         rest.push(Settlement {
                             key: s.key.clone(),
                             params: s.params,
@@ -490,7 +512,14 @@ impl LocalFirst {
                 }
             }
         }
-        rest
+        (rest, after)
+    }
+
+    /// Waits until the write numbered `round` has been acknowledged (the caller bounds the
+    /// wait).
+    pub async fn written_through(&self, round: u64) {
+        let mut acked = self.acked.subscribe();
+        let _ = acked.wait_for(|done| *done >= round).await;
     }
 
     /// The tick `t_k`: starts the interval's shares and returns the write, its number and each
@@ -524,6 +553,7 @@ impl LocalFirst {
             )
             .max(entry.share);
             entry.admitted = 0;
+            entry.share_at = now;
         }
         drop(inner);
         self.next_write()
@@ -583,6 +613,7 @@ impl LocalFirst {
                 entry.in_flight -= item.amount.min(entry.in_flight);
             }
         }
+        self.acked.send_replace(round);
     }
 
     /// The read, 3/4 of an interval after the tick: the keys in use (decided since the last

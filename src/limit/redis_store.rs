@@ -207,6 +207,11 @@ impl RedisStore {
         parse_decision(checks, &lease_ids, &reply)
     }
 
+    /// The bound on every call.
+    pub fn timeout(&self) -> Duration {
+        self.runner.timeout()
+    }
+
     /// See [`super::Store::release`].
     pub async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
         if leases.is_empty() {

@@ -477,9 +477,13 @@ async fn apply(
     route: &str,
     metrics: Option<&SettleMetrics>,
 ) {
-    let Some((store, settlements)) = in_place(settler, settlements) else {
+    let Some((store, settlements, after)) = in_place(settler, settlements) else {
         return;
     };
+    if let (Some(round), Settler::LocalFirst { engine, .. }) = (after, settler) {
+        // The units are in a write on its way: the refund follows it (bounded as a call).
+        let _ = tokio::time::timeout(store.timeout(), engine.written_through(round)).await;
+    }
     if let Err(e) = store.settle(&settlements).await {
         failed(route, &e, metrics);
     }
@@ -492,16 +496,23 @@ fn apply_later(
     route: &str,
     metrics: Option<&SettleMetrics>,
 ) {
-    let Some((store, settlements)) = in_place(settler, settlements) else {
+    let Some((store, settlements, after)) = in_place(settler, settlements) else {
         return;
     };
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return;
     };
     let store = store.clone();
+    let engine = match settler {
+        Settler::LocalFirst { engine, .. } => after.map(|round| (engine.clone(), round)),
+        Settler::Store(_) => None,
+    };
     let route = route.to_string();
     let metrics = metrics.cloned();
     handle.spawn(async move {
+        if let Some((engine, round)) = engine {
+            let _ = tokio::time::timeout(store.timeout(), engine.written_through(round)).await;
+        }
         if let Err(e) = store.settle(&settlements).await {
             failed(&route, &e, metrics.as_ref());
         }
@@ -509,16 +520,16 @@ fn apply_later(
 }
 
 /// Settles what can be settled in this process (the memory store, local-first copies) and
-/// returns what is left for Redis, if anything.
+/// returns what is left for Redis, if anything, with the local-first write it must follow.
 fn in_place<'s>(
     settler: &'s Settler,
     settlements: Vec<Settlement>,
-) -> Option<(&'s Store, Vec<Settlement>)> {
+) -> Option<(&'s Store, Vec<Settlement>, Option<u64>)> {
     if settlements.is_empty() {
         return None;
     }
-    let (store, settlements) = match settler {
-        Settler::Store(store) => (store, settlements),
+    let (store, (settlements, after)) = match settler {
+        Settler::Store(store) => (store, (settlements, None)),
         Settler::LocalFirst { engine, shared } => (shared, engine.settle(&settlements)),
     };
     match store {
@@ -527,7 +538,7 @@ fn in_place<'s>(
             memory.settle(&settlements);
             None
         }
-        Store::Redis(_) => Some((store, settlements)),
+        Store::Redis(_) => Some((store, settlements, after)),
     }
 }
 
