@@ -452,7 +452,9 @@ async fn a_failed_settlement_is_counted_and_holds_up_the_client_no_longer_than_t
     // only that, far above the timeout).
     let answered = tokio::time::timeout(Duration::from_secs(20), answer).await;
     redis.resume();
-    let (status, _) = answered.expect("the client was held past the store's timeout").unwrap();
+    let (status, _) = answered
+        .expect("the client was held past the store's timeout")
+        .unwrap();
     assert_eq!(status, StatusCode::OK);
     let metrics = metrics(proxy.admin.unwrap()).await;
     assert!(

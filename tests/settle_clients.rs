@@ -28,7 +28,7 @@ use support::*;
 /// Requests per path from the keep-alive Python client (count_statuses routes).
 const PYTHON_REQUESTS: usize = 1_000;
 /// Requests per path for the cost_from_response routes and over HTTP/2.
-const MORE_REQUESTS: usize = 300;
+const MORE_REQUESTS: usize = 200;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Mode {
@@ -244,7 +244,11 @@ async fn over_http2(mode: Mode, addr: SocketAddr, path: &str, count: usize) {
         response.into_body().collect().await.unwrap();
         assert_eq!(status, 200, "{mode:?} {path} over HTTP/2: request {i}");
         if !path.starts_with("/cost") {
-            assert_eq!(field, Some(full_quota(path)), "{mode:?} {path}: request {i}");
+            assert_eq!(
+                field,
+                Some(full_quota(path)),
+                "{mode:?} {path}: request {i}"
+            );
         }
     }
 }
@@ -284,4 +288,115 @@ async fn python_keep_alive_is_never_refused_by_failures_only_limits_coalesced() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_keep_alive_is_never_refused_by_failures_only_limits_local_first() {
     never_refused(Mode::LocalFirst).await;
+}
+
+/// The count of the fixed_window state the route's limit keeps in `redis` (its only key).
+async fn window_count(redis: &RedisServer) -> u64 {
+    let mut client = redis.client().await;
+    let keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut client)
+        .await
+        .unwrap();
+    let mut counts = Vec::new();
+    let mut seen = Vec::new();
+    for key in keys {
+        let value: Option<String> = ::redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut client)
+            .await
+            .unwrap_or(None);
+        seen.push((key.clone(), value.clone()));
+        if let Some(count) = value.as_deref().and_then(|v| v.strip_prefix("1 ")) {
+            counts.push(count.split(' ').nth(1).unwrap().parse::<u64>().unwrap());
+        }
+    }
+    assert_eq!(counts.len(), 1, "one fixed_window state: {seen:?}");
+    counts[0]
+}
+
+/// Holds Redis's writes (scripts included) for a second: a settlement sent now lands then.
+async fn hold_writes(redis: &RedisServer) {
+    let mut client = redis.client().await;
+    let _: () = ::redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1_000)
+        .arg("WRITE")
+        .query_async(&mut client)
+        .await
+        .unwrap();
+}
+
+/// The store holds a response's settlement by the time the client has the part of the
+/// response it follows (the head for count_statuses, the end for cost_from_response), even
+/// when Redis is slow to apply it: Redis's writes are held while the app answers, and the
+/// state in Redis, read as soon as the client has that part, already shows the unit back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_has_the_settlement_when_the_client_has_the_response() {
+    let redis = RedisServer::start();
+    let up = upstream().start().await;
+    let yaml = |route: Route| {
+        config()
+            .upstream(&up.url())
+            .admin("127.0.0.1:0")
+            .identity("user", [source::header("x-user")])
+            // `deny`: ready only once Redis is, so every decision below is Redis's.
+            .store(store::redis(&redis.url()).timeout("5s").on_error("deny"))
+            .route(route.prefix("/respond").key("user"))
+    };
+    let send = |addr: SocketAddr, path: &str| {
+        let request = Request::get(format!("http://{addr}{path}"))
+            .header("x-user", "u")
+            .body(body(""))
+            .unwrap();
+        http1_client().request(request)
+    };
+
+    // count_statuses: settled before the head.
+    let failures = route("login").limit(
+        limit::fixed_window(1, "1h")
+            .count_statuses([401])
+            .name("logins"),
+    );
+    let mut first = proxy(yaml(failures)).start().await;
+    first.wait_ready().await;
+    let answer = tokio::spawn(send(first.addr, "/respond?status=200&ms=300"));
+    // Decided (the app has the request): the refund will meet held writes.
+    while up.request_count() < 1 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    hold_writes(&redis).await;
+    let response = answer.await.unwrap().unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        window_count(&redis).await,
+        0,
+        "the head came before the refund"
+    );
+    assert_eq!(response.headers()["ratelimit"], "\"logins\";r=1;t=0");
+    response.into_body().collect().await.unwrap();
+    first.shutdown();
+    let _ = first.task.take().unwrap().await;
+    let _: () = ::redis::cmd("FLUSHALL")
+        .query_async(&mut redis.client().await)
+        .await
+        .unwrap();
+
+    // cost_from_response: settled before the body's end.
+    let budget =
+        route("llm").limit(limit::fixed_window(1, "1h").cost_from_response("x-tokens-used"));
+    let proxy = proxy(yaml(budget)).start().await;
+    proxy.wait_ready().await;
+    let response = send(proxy.addr, "/respond?cost=0&hold=1").await.unwrap();
+    let mut answer = response.into_body();
+    assert!(answer.frame().await.unwrap().unwrap().is_data());
+    assert_eq!(window_count(&redis).await, 1, "the unit paid up front");
+    hold_writes(&redis).await;
+    up.release.notify_one();
+    answer.collect().await.unwrap();
+    assert_eq!(
+        window_count(&redis).await,
+        0,
+        "the end came before the refund"
+    );
 }

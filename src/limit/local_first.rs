@@ -477,8 +477,7 @@ impl LocalFirst {
                 }
                 Settle::Refund { amount, taken_at } => {
                     let refunded = |state: &Option<State>| {
-                        algorithm::refund(p, state.as_ref(), now, taken_at, amount)
-                            .map(|(s, _)| s)
+                        algorithm::refund(p, state.as_ref(), now, taken_at, amount).map(|(s, _)| s)
                     };
                     if let Some(state) = refunded(&entry.local) {
                         entry.local = Some(state);

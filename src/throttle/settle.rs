@@ -374,7 +374,10 @@ impl Drop for CostSettler {
 }
 
 /// A settlement under way and the frame it holds back (None: the body's end).
-type Settling = (Pin<Box<dyn Future<Output = ()> + Send>>, Option<Frame<Bytes>>);
+type Settling = (
+    Pin<Box<dyn Future<Output = ()> + Send>>,
+    Option<Frame<Bytes>>,
+);
 
 /// The body of a response with `cost_from_response` limits: notes the cost trailer, and
 /// settles before the body's last frame (its last data, its trailers or its end) goes on to
