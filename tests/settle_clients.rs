@@ -6,7 +6,8 @@
 //! `http.client` on one keep-alive connection, hyper over HTTP/2) must never be refused by a
 //! failures-only limit of 1 while every answer succeeds, on every algorithm, in memory, on
 //! Redis exact, coalesced and local-first; and each response's `RateLimit` field shows the
-//! quota after its own settlement (the unit back). The Python script is
+//! quota after its own settlement (the unit back). A concurrency limit of 1 never refuses such
+//! a client either: its slot is free again before the response's end reaches it. The Python script is
 //! `tests/clients/settle_keepalive.py`; python3 missing is a failure, not a skip.
 
 mod support;
@@ -105,6 +106,16 @@ fn routes(mode: Mode) -> Vec<(String, Route)> {
             route(algorithm).limit(sync(failures)),
         ));
     }
+    // A concurrency slot is released before the response's end reaches the client.
+    let concurrency = limit::concurrency(1).name("concurrency");
+    routes.push((
+        "/concurrency".to_string(),
+        route("concurrency").limit(match mode {
+            // Never local-first (`check` says so): decided exactly on the same Redis.
+            Mode::LocalFirst => concurrency.sync("exact"),
+            _ => concurrency,
+        }),
+    ));
     for algorithm in algorithms.iter().filter(|a| **a != "sliding_log") {
         for how in ["cost", "cost-stream"] {
             let budget = limit::new(algorithm, 1, "60s")
@@ -199,6 +210,11 @@ async fn python(addr: SocketAddr, count: usize, paths: Vec<String>) -> Vec<Seen>
         .collect()
 }
 
+/// Whether `path` is one of the failures-only routes.
+fn counts_statuses(path: &str) -> bool {
+    !path.starts_with("/cost") && path != "/concurrency"
+}
+
 /// The RateLimit field of a success on a failures-only limit of 1 once its unit is back: the
 /// whole quota remains and nothing is to reset.
 fn full_quota(path: &str) -> String {
@@ -217,7 +233,7 @@ fn assert_never_refused(mode: Mode, seen: &[Seen], paths: &[String], count: u64)
             s.path, s.first_refused
         );
         assert_eq!(s.connections, 1, "{mode:?} {}: kept alive", s.path);
-        if !s.path.starts_with("/cost") {
+        if counts_statuses(&s.path) {
             let fields = BTreeMap::from([(full_quota(&s.path), count)]);
             assert_eq!(s.ratelimit, fields, "{mode:?} {}", s.path);
         }
@@ -243,7 +259,7 @@ async fn over_http2(mode: Mode, addr: SocketAddr, path: &str, count: usize) {
             .map(|v| v.to_str().unwrap().to_string());
         response.into_body().collect().await.unwrap();
         assert_eq!(status, 200, "{mode:?} {path} over HTTP/2: request {i}");
-        if !path.starts_with("/cost") {
+        if counts_statuses(path) {
             assert_eq!(
                 field,
                 Some(full_quota(path)),

@@ -100,6 +100,10 @@ struct Entry {
     needs_view: bool,
     /// In the queue of usage to write.
     queued: bool,
+    /// Units refunded here whose refund in the shared state has not been answered yet (and
+    /// when the last of them were taken): a view read meanwhile may still hold them, so they
+    /// stay out of the local copy built from it.
+    refunding: (u64, Micros),
 }
 
 impl Entry {
@@ -128,6 +132,7 @@ impl Entry {
             view_read: 0,
             needs_view: false,
             queued: false,
+            refunding: (0, 0),
         }
     }
 
@@ -494,6 +499,8 @@ impl LocalFirst {
                     let unsent = amount.min(entry.pending);
                     entry.pending -= unsent;
                     if amount > unsent {
+                        entry.refunding.0 += amount - unsent;
+                        entry.refunding.1 = taken_at;
                         if let Some((round, batch)) = &inner.unacked {
                             if batch.iter().any(|item| item.key == s.key) {
                                 after = Some(*round);
@@ -512,6 +519,19 @@ impl LocalFirst {
             }
         }
         (rest, after)
+    }
+
+    /// The refunds [`LocalFirst::settle`] returned were answered by the shared state (applied,
+    /// or failed): views read from now on show them as they are.
+    pub fn refunds_answered(&self, refunds: &[Settlement]) {
+        let mut inner = self.lock();
+        for s in refunds {
+            if let (Some(entry), Settle::Refund { amount, .. }) =
+                (inner.keys.get_mut(s.key.as_str()), s.op)
+            {
+                entry.refunding.0 = entry.refunding.0.saturating_sub(amount);
+            }
+        }
     }
 
     /// Waits until the write numbered `round` has been acknowledged (the caller bounds the
@@ -692,6 +712,14 @@ impl LocalFirst {
             } else {
                 view.clone()
             };
+            if let (units @ 1.., taken_at) = entry.refunding {
+                // Refunded here, maybe not yet in the view.
+                if let Some((state, _)) =
+                    algorithm::refund(&entry.params, entry.local.as_ref(), now, taken_at, units)
+                {
+                    entry.local = Some(state);
+                }
+            }
             // The view holds every write up to the last tick; unseen are only the current
             // interval's shares, at most R × this one. What the view admits beyond them is
             // shared out now rather than at the next tick (a key first seen late in the last

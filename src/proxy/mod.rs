@@ -687,12 +687,24 @@ impl Proxy {
                     false,
                 );
             }
-            if held.leases.is_some() || settles_at_end {
-                // The slots are held, and the cost waits, until the response body is done.
+            if let Some(leases) = held.leases {
+                if http_body::Body::is_end_stream(response.body()) {
+                    // The head is the whole response: the slots are back before it goes.
+                    Box::pin(leases.release()).await;
+                } else {
+                    // Back before the body's last frame goes on (see `body::BeforeEnd`).
+                    let (parts, body) = response.into_parts();
+                    let body = body::BeforeEnd::new(boxed_answer(body), leases);
+                    response = Response::from_parts(parts, AnswerBody::Right(body::boxed(body)));
+                    settles_at_end = true;
+                }
+            }
+            if settles_at_end {
+                // Read to its end even if the client leaves first (see `exchange`).
                 let (parts, body) = response.into_parts();
                 let body = exchange::HeldBody::new(
                     boxed_answer(body),
-                    held.leases,
+                    (),
                     &self.inner.orphans,
                     runtime.upstream.timeout(),
                 );

@@ -30,15 +30,14 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Response};
-use http_body::{Body, Frame, SizeHint};
+use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use metrics::Counter;
 
-use crate::body::{BoxError, ProxyBody};
+use crate::body::{BeforeEnd, Finish, ProxyBody};
 use crate::config::{ByResponse, LimitSet};
 use crate::limit::local_first::LocalFirst;
 use crate::limit::{
@@ -230,7 +229,7 @@ impl Obligation {
             return response;
         }
         let (parts, body) = response.into_parts();
-        let body = SettleAtEnd::new(body, settler);
+        let body = BeforeEnd::new(body, settler);
         Response::from_parts(parts, body.boxed_unsync())
     }
 
@@ -373,101 +372,18 @@ impl Drop for CostSettler {
     }
 }
 
-/// A settlement under way and the frame it holds back (None: the body's end).
-type Settling = (
-    Pin<Box<dyn Future<Output = ()> + Send>>,
-    Option<Frame<Bytes>>,
-);
-
-/// The body of a response with `cost_from_response` limits: notes the cost trailer, and
+/// A response with `cost_from_response` limits: notes the cost trailer as it passes, and
 /// settles before the body's last frame (its last data, its trailers or its end) goes on to
-/// the client: that frame is held until the store has the settlement (bounded by the store's
-/// timeout; a failure is logged and counted, and the frame goes on). The frames before it
-/// pass at once, so a streamed answer streams as before.
-struct SettleAtEnd {
-    inner: ProxyBody,
-    /// Until the settlement starts.
-    settler: Option<CostSettler>,
-    settling: Option<Settling>,
-    /// Data bytes still to come when the body's length is known: the frame that brings it to
-    /// 0 is the last, whether or not the inner body says so at once.
-    remaining: Option<u64>,
-}
-
-impl SettleAtEnd {
-    fn new(inner: ProxyBody, settler: CostSettler) -> SettleAtEnd {
-        let remaining = inner.size_hint().exact();
-        SettleAtEnd {
-            inner,
-            settler: Some(settler),
-            settling: None,
-            remaining,
+/// the client (see [`BeforeEnd`]).
+impl Finish for CostSettler {
+    fn frame(&mut self, frame: &Frame<Bytes>) {
+        if let Some(trailers) = frame.trailers_ref() {
+            self.trailers(trailers);
         }
     }
 
-    /// Starts the settlement, holding `frame` back until it is done.
-    fn hold(&mut self, frame: Option<Frame<Bytes>>) {
-        let Some(mut settler) = self.settler.take() else {
-            return;
-        };
-        let settling = async move { settler.settle().await };
-        self.settling = Some((Box::pin(settling), frame));
-    }
-}
-
-impl Body for SettleAtEnd {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        loop {
-            if let Some((settling, _)) = this.settling.as_mut() {
-                ready!(settling.as_mut().poll(cx));
-                let held = this.settling.take().and_then(|(_, frame)| frame);
-                return Poll::Ready(held.map(Ok));
-            }
-            let Some(settler) = this.settler.as_mut() else {
-                // Settled: anything after (nothing, normally) passes through.
-                return Pin::new(&mut this.inner).poll_frame(cx);
-            };
-            match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
-                Some(Ok(frame)) => {
-                    let last = if let Some(trailers) = frame.trailers_ref() {
-                        settler.trailers(trailers);
-                        true
-                    } else {
-                        let len = frame.data_ref().map_or(0, |d| d.remaining() as u64);
-                        if let Some(remaining) = this.remaining.as_mut() {
-                            *remaining = remaining.saturating_sub(len);
-                        }
-                        this.remaining == Some(0) || this.inner.is_end_stream()
-                    };
-                    if !last {
-                        return Poll::Ready(Some(Ok(frame)));
-                    }
-                    this.hold(Some(frame));
-                }
-                Some(Err(error)) => {
-                    // Failed: settled on what is known, in the background (see CostSettler).
-                    this.settler = None;
-                    return Poll::Ready(Some(Err(error)));
-                }
-                None => this.hold(None),
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        // Never before the settlement: an end announced early would skip it.
-        self.settler.is_none() && self.settling.is_none() && self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+    fn finish(mut self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(async move { self.settle().await })
     }
 }
 
@@ -490,6 +406,9 @@ async fn apply(
     if let Err(e) = store.settle(&settlements).await {
         failed(route, &e, metrics);
     }
+    if let Settler::LocalFirst { engine, .. } = settler {
+        engine.refunds_answered(&settlements);
+    }
 }
 
 /// [`apply`] when nobody waits (a dropped obligation): what is in place now, Redis in a task.
@@ -507,17 +426,20 @@ fn apply_later(
     };
     let store = store.clone();
     let engine = match settler {
-        Settler::LocalFirst { engine, .. } => after.map(|round| (engine.clone(), round)),
+        Settler::LocalFirst { engine, .. } => Some((engine.clone(), after)),
         Settler::Store(_) => None,
     };
     let route = route.to_string();
     let metrics = metrics.cloned();
     handle.spawn(async move {
-        if let Some((engine, round)) = engine {
-            let _ = tokio::time::timeout(store.timeout(), engine.written_through(round)).await;
+        if let Some((engine, Some(round))) = &engine {
+            let _ = tokio::time::timeout(store.timeout(), engine.written_through(*round)).await;
         }
         if let Err(e) = store.settle(&settlements).await {
             failed(&route, &e, metrics.as_ref());
+        }
+        if let Some((engine, _)) = engine {
+            engine.refunds_answered(&settlements);
         }
     });
 }
