@@ -23,10 +23,20 @@
 //!   outcome is unknown. The head is written before that, so its fields show the configured
 //!   cost as taken.
 //!
-//! Settlements go to the store that decided, off the response's path: the memory store
-//! settles in place (no I/O), Redis in a spawned task of one round trip bounded by the store
-//! timeout. A failed settlement is logged and counted (`tollgate_settlement_errors_total`);
-//! it never holds up a client.
+//! Settled before it can matter: a client that sends its next request as soon as it has a
+//! response (keep-alive, back to back) must be decided on a store that holds that response's
+//! settlement, or a failures-only limit would refuse a caller that never fails. So the
+//! settlement is applied, and waited for, before the part of the response it depends on goes
+//! out: `count_statuses` before the head ([`Obligation::on_response`] is awaited by the
+//! proxy), `cost_from_response` before the body's last frame ([`BeforeEnd`] holds it; an
+//! empty body is settled before the head), a request that never reached the app before its
+//! answer. The memory store settles in place; local-first copies too
+//! ([`LocalFirst::settle`]: a refund comes out of the usage not written yet, and only units
+//! already written are refunded in Redis, after the write that carried them); Redis (exact or
+//! coalesced) in one `settle.lua` call, bounded by the store timeout. A failed settlement is
+//! logged and counted (`tollgate_settlement_errors_total`) and the response goes on: a client
+//! is held no longer than the store's timeout. An obligation dropped unsettled (nobody waits
+//! for the answer) settles in the background.
 
 use std::future::Future;
 use std::pin::Pin;
