@@ -235,104 +235,6 @@ where
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use futures_util::stream;
-    use http_body_util::StreamBody;
-
-    fn chunks(sizes: &[usize]) -> impl Body<Data = Bytes, Error = std::convert::Infallible> {
-        let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = sizes
-            .iter()
-            .map(|n| Ok(Frame::data(Bytes::from(vec![b'x'; *n]))))
-            .collect();
-        StreamBody::new(stream::iter(frames))
-    }
-
-    /// Records what an [`OnEnd`] tells its hook.
-    struct Record(Arc<std::sync::Mutex<Vec<String>>>);
-
-    impl<B: Body> EndHook<B> for Record {
-        type Error = B::Error;
-
-        fn frame(&mut self, frame: &Frame<B::Data>, _inner: &B) -> Result<(), B::Error> {
-            let kind = if frame.is_data() { "data" } else { "trailers" };
-            self.0.lock().unwrap().push(kind.into());
-            Ok(())
-        }
-
-        fn end(&mut self, how: End) {
-            self.0.lock().unwrap().push(format!("{how:?}"));
-        }
-
-        fn dropped(&mut self, _inner: &B) {
-            self.0.lock().unwrap().push("dropped".into());
-        }
-    }
-
-    fn recorded<B: Body>(body: B) -> (OnEnd<B, Record>, Arc<std::sync::Mutex<Vec<String>>>) {
-        let log = Arc::default();
-        (OnEnd::with_hook(body, Record(Arc::clone(&log))), log)
-    }
-
-    #[tokio::test]
-    async fn the_hook_sees_each_frame_then_the_end_then_the_drop() {
-        let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = vec![
-            Ok(Frame::data(Bytes::from_static(b"a"))),
-            Ok(Frame::trailers(http::HeaderMap::new())),
-        ];
-        let (body, log) = recorded(StreamBody::new(stream::iter(frames)));
-        body.collect().await.unwrap();
-        assert_eq!(
-            *log.lock().unwrap(),
-            ["data", "trailers", "Stream", "dropped"]
-        );
-
-        let frames: Vec<Result<Frame<Bytes>, BoxError>> = vec![
-            Ok(Frame::data(Bytes::from_static(b"a"))),
-            Err("broken".into()),
-        ];
-        let (body, log) = recorded(StreamBody::new(stream::iter(frames)));
-        assert!(body.collect().await.is_err());
-        assert_eq!(*log.lock().unwrap(), ["data", "Error", "dropped"]);
-
-        let (body, log) = recorded(chunks(&[1, 1]));
-        drop(body);
-        assert_eq!(*log.lock().unwrap(), ["dropped"]);
-    }
-
-    #[tokio::test]
-    async fn a_guard_is_let_go_at_the_end() {
-        let guard = Arc::new(());
-        let mut body = Guarded::new(chunks(&[1]), Arc::clone(&guard));
-        assert!(body.frame().await.is_some());
-        assert_eq!(Arc::strong_count(&guard), 2, "held while the body streams");
-        assert!(body.frame().await.is_none());
-        assert_eq!(
-            Arc::strong_count(&guard),
-            1,
-            "let go at the end, body still alive"
-        );
-        drop(body);
-    }
-
-    #[tokio::test]
-    async fn passes_bodies_up_to_the_limit() {
-        let (body, exceeded) = LimitedBody::new(chunks(&[4, 4, 2]), 10);
-        let collected = body.collect().await.unwrap().to_bytes();
-        assert_eq!(collected.len(), 10);
-        assert!(!exceeded.load(Ordering::Acquire));
-    }
-
-    #[tokio::test]
-    async fn fails_once_the_limit_is_passed_and_says_so() {
-        let (body, exceeded) = LimitedBody::new(chunks(&[4, 4, 3]), 10);
-        let err = body.collect().await.unwrap_err();
-        assert!(err.to_string().contains("10 bytes"), "{err}");
-        assert!(exceeded.load(Ordering::Acquire));
-    }
-}
-
 /// Work that must be done before a body's last frame goes on (see [`BeforeEnd`]): a
 /// settlement, the release of a slot. Dropped without [`Finish::finish`] (the body failed, or
 /// was dropped before its end), it does what it can without being waited for.
@@ -440,5 +342,103 @@ impl<F: Finish> Body for BeforeEnd<F> {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::stream;
+    use http_body_util::StreamBody;
+
+    fn chunks(sizes: &[usize]) -> impl Body<Data = Bytes, Error = std::convert::Infallible> {
+        let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = sizes
+            .iter()
+            .map(|n| Ok(Frame::data(Bytes::from(vec![b'x'; *n]))))
+            .collect();
+        StreamBody::new(stream::iter(frames))
+    }
+
+    /// Records what an [`OnEnd`] tells its hook.
+    struct Record(Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl<B: Body> EndHook<B> for Record {
+        type Error = B::Error;
+
+        fn frame(&mut self, frame: &Frame<B::Data>, _inner: &B) -> Result<(), B::Error> {
+            let kind = if frame.is_data() { "data" } else { "trailers" };
+            self.0.lock().unwrap().push(kind.into());
+            Ok(())
+        }
+
+        fn end(&mut self, how: End) {
+            self.0.lock().unwrap().push(format!("{how:?}"));
+        }
+
+        fn dropped(&mut self, _inner: &B) {
+            self.0.lock().unwrap().push("dropped".into());
+        }
+    }
+
+    fn recorded<B: Body>(body: B) -> (OnEnd<B, Record>, Arc<std::sync::Mutex<Vec<String>>>) {
+        let log = Arc::default();
+        (OnEnd::with_hook(body, Record(Arc::clone(&log))), log)
+    }
+
+    #[tokio::test]
+    async fn the_hook_sees_each_frame_then_the_end_then_the_drop() {
+        let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = vec![
+            Ok(Frame::data(Bytes::from_static(b"a"))),
+            Ok(Frame::trailers(http::HeaderMap::new())),
+        ];
+        let (body, log) = recorded(StreamBody::new(stream::iter(frames)));
+        body.collect().await.unwrap();
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["data", "trailers", "Stream", "dropped"]
+        );
+
+        let frames: Vec<Result<Frame<Bytes>, BoxError>> = vec![
+            Ok(Frame::data(Bytes::from_static(b"a"))),
+            Err("broken".into()),
+        ];
+        let (body, log) = recorded(StreamBody::new(stream::iter(frames)));
+        assert!(body.collect().await.is_err());
+        assert_eq!(*log.lock().unwrap(), ["data", "Error", "dropped"]);
+
+        let (body, log) = recorded(chunks(&[1, 1]));
+        drop(body);
+        assert_eq!(*log.lock().unwrap(), ["dropped"]);
+    }
+
+    #[tokio::test]
+    async fn a_guard_is_let_go_at_the_end() {
+        let guard = Arc::new(());
+        let mut body = Guarded::new(chunks(&[1]), Arc::clone(&guard));
+        assert!(body.frame().await.is_some());
+        assert_eq!(Arc::strong_count(&guard), 2, "held while the body streams");
+        assert!(body.frame().await.is_none());
+        assert_eq!(
+            Arc::strong_count(&guard),
+            1,
+            "let go at the end, body still alive"
+        );
+        drop(body);
+    }
+
+    #[tokio::test]
+    async fn passes_bodies_up_to_the_limit() {
+        let (body, exceeded) = LimitedBody::new(chunks(&[4, 4, 2]), 10);
+        let collected = body.collect().await.unwrap().to_bytes();
+        assert_eq!(collected.len(), 10);
+        assert!(!exceeded.load(Ordering::Acquire));
+    }
+
+    #[tokio::test]
+    async fn fails_once_the_limit_is_passed_and_says_so() {
+        let (body, exceeded) = LimitedBody::new(chunks(&[4, 4, 3]), 10);
+        let err = body.collect().await.unwrap_err();
+        assert!(err.to_string().contains("10 bytes"), "{err}");
+        assert!(exceeded.load(Ordering::Acquire));
     }
 }

@@ -456,10 +456,10 @@ fn apply_later(
 
 /// Settles what can be settled in this process (the memory store, local-first copies) and
 /// returns what is left for Redis, if anything, with the local-first write it must follow.
-fn in_place<'s>(
-    settler: &'s Settler,
+fn in_place(
+    settler: &Settler,
     settlements: Vec<Settlement>,
-) -> Option<(&'s Store, Vec<Settlement>, Option<u64>)> {
+) -> Option<(&Store, Vec<Settlement>, Option<u64>)> {
     if settlements.is_empty() {
         return None;
     }
