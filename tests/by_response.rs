@@ -444,9 +444,11 @@ async fn a_failed_settlement_is_counted_and_holds_up_the_client_no_longer_than_t
     // Warm up: both scripts loaded into Redis, so the decision below is quick.
     assert_eq!(send(proxy.addr, "/respond?status=401", "w").await.0, 401);
     assert_eq!(send(proxy.addr, "/respond?status=200", "w").await.0, 200);
-    let answer = tokio::spawn(send(proxy.addr, "/respond?status=200&ms=300", "u"));
-    // Decided by now; the refund of the 200 finds Redis frozen.
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    let answer = tokio::spawn(send(proxy.addr, "/respond?status=200&ms=1000", "u"));
+    // Decided once the app has it; the refund of the 200, a second later, finds Redis frozen.
+    while up.request_count() < 3 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     redis.pause();
     // Held for the settlement's timeout (1 s), then answered: never hung (the bound here is
     // only that, far above the timeout).
