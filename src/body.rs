@@ -1,9 +1,11 @@
 //! Body types that flow through the proxy: one boxed body type for every response (streamed
 //! from the upstream or made here), and [`OnEnd`], the one body wrapper that passes a body
 //! through and tells a hook about its frames and its end. Every wrapper that must act when a
-//! body ends (release a slot, hand a connection back, settle a cost) or watch its frames
+//! body ends (hand a connection back, keep a request in flight) or watch its frames
 //! (enforce `max_request_body` while streaming, so an oversized chunked upload is cut off
-//! without being read whole) is a hook on it, kept in the module it belongs to.
+//! without being read whole) is a hook on it, kept in the module it belongs to. Work that the
+//! client must find done once it has the whole response (settle a cost, release a concurrency
+//! slot) is a [`Finish`] that [`BeforeEnd`] holds the last frame for.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -230,6 +232,116 @@ where
             exceeded: exceeded.clone(),
         };
         (OnEnd::with_hook(inner, hook), exceeded)
+    }
+}
+
+/// Work that must be done before a body's last frame goes on (see [`BeforeEnd`]): a
+/// settlement, the release of a slot. Dropped without [`Finish::finish`] (the body failed, or
+/// was dropped before its end), it does what it can without being waited for.
+pub trait Finish: Send + 'static {
+    /// Sees each frame as it passes (a trailer, say), the last one included.
+    fn frame(&mut self, _frame: &Frame<Bytes>) {}
+
+    /// The work, which the last frame waits for; it bounds its own time.
+    fn finish(self) -> Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+}
+
+/// The work under way and the frame it holds back (None: the body's end).
+type Finishing = (
+    Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    Option<Frame<Bytes>>,
+);
+
+/// A body whose last frame (its last data, its trailers, or the end of a body of unknown
+/// length) is held until a [`Finish`] is done: a client that sends its next request once it
+/// has the whole response finds that work done. Every frame before it passes at once, so a
+/// stream streams as before. The last data frame is the one after which the inner body says
+/// it has ended, or that completes the length it announced: a server that knows the length
+/// ends the response with that frame, whether or not it polls the body again.
+pub struct BeforeEnd<F: Finish> {
+    inner: ProxyBody,
+    /// Until the work starts.
+    finish: Option<F>,
+    finishing: Option<Finishing>,
+    /// Data bytes still to come, when the length is known.
+    remaining: Option<u64>,
+}
+
+impl<F: Finish> BeforeEnd<F> {
+    pub fn new(inner: ProxyBody, finish: F) -> Self {
+        let remaining = inner.size_hint().exact();
+        BeforeEnd {
+            inner,
+            finish: Some(finish),
+            finishing: None,
+            remaining,
+        }
+    }
+
+    /// Starts the work, holding `frame` back until it is done.
+    fn hold(&mut self, frame: Option<Frame<Bytes>>) {
+        if let Some(finish) = self.finish.take() {
+            self.finishing = Some((finish.finish(), frame));
+        }
+    }
+}
+
+// Nothing in it is pinned: the inner body and the work are boxed.
+impl<F: Finish> Unpin for BeforeEnd<F> {}
+
+impl<F: Finish> Body for BeforeEnd<F> {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        loop {
+            if let Some((work, _)) = this.finishing.as_mut() {
+                std::task::ready!(work.as_mut().poll(cx));
+                let held = this.finishing.take().and_then(|(_, frame)| frame);
+                return Poll::Ready(held.map(Ok));
+            }
+            let Some(finish) = this.finish.as_mut() else {
+                // Done: anything after (nothing, normally) passes through.
+                return Pin::new(&mut this.inner).poll_frame(cx);
+            };
+            match std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    finish.frame(&frame);
+                    let last = match frame.data_ref() {
+                        None => frame.is_trailers(),
+                        Some(data) => {
+                            if let Some(remaining) = this.remaining.as_mut() {
+                                *remaining = remaining.saturating_sub(data.len() as u64);
+                            }
+                            this.remaining == Some(0) || this.inner.is_end_stream()
+                        }
+                    };
+                    if !last {
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                    this.hold(Some(frame));
+                }
+                Some(Err(error)) => {
+                    // Failed: the work is dropped, to do what it can in the background.
+                    this.finish = None;
+                    return Poll::Ready(Some(Err(error)));
+                }
+                None => this.hold(None),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // Never before the work is done: an end announced early would skip it.
+        self.finish.is_none() && self.finishing.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 

@@ -37,8 +37,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::algorithm::{self, Algorithm, Micros, Params, State, Verdict};
-use super::decision::{Check, Decision};
+use super::algorithm::{self, Algorithm, Micros, Params, Settle, State, Verdict};
+use super::decision::{Check, Decision, Settlement};
 use super::memory::Clock;
 
 /// Local copies per route by default (about 1.2 KB of RSS each, with the rounds' batches,
@@ -79,6 +79,9 @@ struct Entry {
     admitted: u64,
     /// This replica's share of the current interval.
     share: u64,
+    /// When `share` was worked out (store clock): units taken before then and still held
+    /// were not in it.
+    share_at: Micros,
     /// The largest share any replica can have in the current interval: the share of one with
     /// no usage of its own since the view (what `unseen` grows by, per other replica).
     others_share: u64,
@@ -97,6 +100,10 @@ struct Entry {
     needs_view: bool,
     /// In the queue of usage to write.
     queued: bool,
+    /// Units refunded here whose refund in the shared state has not been answered yet (and
+    /// when the last of them were taken): a view read meanwhile may still hold them, so they
+    /// stay out of the local copy built from it.
+    refunding: (u64, Micros),
 }
 
 impl Entry {
@@ -117,6 +124,7 @@ impl Entry {
             in_flight: 0,
             admitted: 0,
             share: share(&params, None, 0, now, interval_us, replicas),
+            share_at: now,
             others_share: share(&params, None, 0, now, interval_us, replicas),
             unseen: 0,
             touched: true,
@@ -124,6 +132,7 @@ impl Entry {
             view_read: 0,
             needs_view: false,
             queued: false,
+            refunding: (0, 0),
         }
     }
 
@@ -163,6 +172,8 @@ pub struct LocalFirst {
     inner: Arc<Mutex<Inner>>,
     clock: Arc<dyn Clock>,
     interval_us: Micros,
+    /// The number of the last write acknowledged: a refund of units in a write waits for it.
+    acked: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 struct Inner {
@@ -220,6 +231,7 @@ impl LocalFirst {
             })),
             clock,
             interval_us: interval_us.max(1),
+            acked: Arc::new(tokio::sync::watch::channel(0).0),
         }
     }
 
@@ -422,6 +434,113 @@ impl LocalFirst {
         })
     }
 
+    /// Settles what decisions on the local copies took (`count_statuses`, `cost_from_response`)
+    /// in those copies, at once: the next decision sees it. A charge is more usage, written
+    /// with the rest at the next tick. A refund comes out of the usage not written yet, where
+    /// the units still are (nothing to send: the shared state never held them); only units
+    /// already written are returned, to be refunded in the shared state (`settle.lua`). A
+    /// settlement of a key without a copy (decided exactly) is returned whole. Refunding the
+    /// shared state alone would lose the refund: it would meet a state that does not hold the
+    /// units yet (a fixed window's count of 0 stays 0), and the usage written later would take
+    /// them for good.
+    ///
+    /// Also returned: the number of the write that carries units of a returned refund and is
+    /// not acknowledged yet. The refund must reach the shared state after that write (wait
+    /// with [`LocalFirst::written_through`]), or it would meet a state without the units.
+    pub fn settle(&self, settlements: &[Settlement]) -> (Vec<Settlement>, Option<u64>) {
+        let local_now = self.clock.now_us();
+        let mut inner = self.lock();
+        let now = local_now + inner.offset;
+        let inner = &mut *inner;
+        let mut rest = Vec::new();
+        let mut after = None;
+        for s in settlements {
+            let Some((key, entry)) = inner.keys.get_key_value_mut(s.key.as_str()) else {
+                rest.push(s.clone());
+                continue;
+            };
+            if entry.params != s.params {
+                rest.push(s.clone());
+                continue;
+            }
+            let p = &s.params;
+            match s.op {
+                Settle::Charge { amount } => {
+                    let charged = |state: &Option<State>| {
+                        algorithm::charge(p, state.as_ref(), now, amount).map(|(s, _)| s)
+                    };
+                    entry.local = charged(&entry.local);
+                    if entry.divided.is_some() {
+                        entry.divided = charged(&entry.divided);
+                    }
+                    entry.pending = entry.pending.saturating_add(amount);
+                    entry.admitted = entry.admitted.saturating_add(amount);
+                    if !entry.queued {
+                        entry.queued = true;
+                        inner.dirty.push_back(key.clone());
+                    }
+                }
+                Settle::Refund { amount, taken_at } => {
+                    let refunded = |state: &Option<State>| {
+                        algorithm::refund(p, state.as_ref(), now, taken_at, amount).map(|(s, _)| s)
+                    };
+                    if let Some(state) = refunded(&entry.local) {
+                        entry.local = Some(state);
+                    }
+                    if let Some(state) = refunded(&entry.divided) {
+                        entry.divided = Some(state);
+                    }
+                    if taken_at < entry.share_at {
+                        // Held when the share was worked out, so left out of it: back in it.
+                        entry.share = entry.share.saturating_add(amount);
+                    } else {
+                        entry.admitted = entry.admitted.saturating_sub(amount);
+                    }
+                    let unsent = amount.min(entry.pending);
+                    entry.pending -= unsent;
+                    if amount > unsent {
+                        entry.refunding.0 += amount - unsent;
+                        entry.refunding.1 = taken_at;
+                        if let Some((round, batch)) = &inner.unacked {
+                            if batch.iter().any(|item| item.key == s.key) {
+                                after = Some(*round);
+                            }
+                        }
+                        rest.push(Settlement {
+                            key: s.key.clone(),
+                            params: s.params,
+                            op: Settle::Refund {
+                                amount: amount - unsent,
+                                taken_at,
+                            },
+                        });
+                    }
+                }
+            }
+        }
+        (rest, after)
+    }
+
+    /// The refunds [`LocalFirst::settle`] returned were answered by the shared state (applied,
+    /// or failed): views read from now on show them as they are.
+    pub fn refunds_answered(&self, refunds: &[Settlement]) {
+        let mut inner = self.lock();
+        for s in refunds {
+            if let (Some(entry), Settle::Refund { amount, .. }) =
+                (inner.keys.get_mut(s.key.as_str()), s.op)
+            {
+                entry.refunding.0 = entry.refunding.0.saturating_sub(amount);
+            }
+        }
+    }
+
+    /// Waits until the write numbered `round` has been acknowledged (the caller bounds the
+    /// wait).
+    pub async fn written_through(&self, round: u64) {
+        let mut acked = self.acked.subscribe();
+        let _ = acked.wait_for(|done| *done >= round).await;
+    }
+
     /// The tick `t_k`: starts the interval's shares and returns the write, its number and each
     /// key's usage not sent yet (moved to in flight). A write not acknowledged yet is returned
     /// again, unchanged, until it is; usage admitted meanwhile waits for the next.
@@ -453,6 +572,7 @@ impl LocalFirst {
             )
             .max(entry.share);
             entry.admitted = 0;
+            entry.share_at = now;
         }
         drop(inner);
         self.next_write()
@@ -512,6 +632,7 @@ impl LocalFirst {
                 entry.in_flight -= item.amount.min(entry.in_flight);
             }
         }
+        self.acked.send_replace(round);
     }
 
     /// The read, 3/4 of an interval after the tick: the keys in use (decided since the last
@@ -591,6 +712,14 @@ impl LocalFirst {
             } else {
                 view.clone()
             };
+            if let (units @ 1.., taken_at) = entry.refunding {
+                // Refunded here, maybe not yet in the view.
+                if let Some((state, _)) =
+                    algorithm::refund(&entry.params, entry.local.as_ref(), now, taken_at, units)
+                {
+                    entry.local = Some(state);
+                }
+            }
             // The view holds every write up to the last tick; unseen are only the current
             // interval's shares, at most R × this one. What the view admits beyond them is
             // shared out now rather than at the next tick (a key first seen late in the last

@@ -77,6 +77,14 @@ impl Store {
         }
     }
 
+    /// The bound on one call (zero for memory, which never waits).
+    pub fn timeout(&self) -> std::time::Duration {
+        match self {
+            Store::Memory(_) => std::time::Duration::ZERO,
+            Store::Redis(r) => r.timeout(),
+        }
+    }
+
     /// For logs and the admin page; never shows credentials.
     pub fn describe(&self) -> String {
         match self {

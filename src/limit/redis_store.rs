@@ -69,7 +69,14 @@ impl RedisStore {
     ) -> Result<RedisStore, StoreError> {
         let runner = Arc::new(ScriptRunner::connect(config, clock).await?);
         let scripts = runner.scripts();
-        let mut preload = vec![&scripts.decide, &scripts.release, &scripts.refresh];
+        // settle.lua too: a response waits for its settlement, so its first one should not
+        // need the NOSCRIPT fallback's second round trip.
+        let mut preload = vec![
+            &scripts.decide,
+            &scripts.release,
+            &scripts.refresh,
+            &scripts.settle,
+        ];
         if config.coalesce {
             preload.push(&scripts.decide_batch);
         }
@@ -205,6 +212,11 @@ impl RedisStore {
         };
         let PackedInts(reply) = self.runner.eval(script, keys, args).await?;
         parse_decision(checks, &lease_ids, &reply)
+    }
+
+    /// The bound on every call.
+    pub fn timeout(&self) -> Duration {
+        self.runner.timeout()
     }
 
     /// See [`super::Store::release`].

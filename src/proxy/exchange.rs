@@ -179,7 +179,9 @@ where
             let settles_at_end = settlement.as_ref().is_some_and(Obligation::settles_at_end);
             let mut response = response.map(body::boxed);
             if let Some(settlement) = settlement {
-                response = settlement.on_response(response, Outcome::Answered, &mut []);
+                response = settlement
+                    .on_response(response, Outcome::Answered, &mut [])
+                    .await;
             }
             if leases.is_some() || settles_at_end {
                 // Read in this task: it is tracked already.

@@ -383,6 +383,10 @@ impl Proxy {
                     }
                     Admission::Shed => {
                         record.shed(false);
+                        // Never reached the app: the units are back before the answer goes.
+                        if let Some(owed) = admitted.as_mut().and_then(|a| a.settlement.take()) {
+                            Box::pin(owed.give_back()).await;
+                        }
                         return refuse(overloaded_response(), &mut record, grpc, false);
                     }
                 }
@@ -426,6 +430,7 @@ impl Proxy {
             held,
         };
         self.respond(&runtime, admitted, exchanged, &mut record, grpc)
+            .await
     }
 
     /// The upstream's answer as the client receives it: a refused oversized upload as 413, a
@@ -654,7 +659,7 @@ impl Proxy {
     /// settles what it owes, shows its rate-limit fields and holds its concurrency slots until
     /// its body ends (read to its end if the client leaves first, see `exchange`); an error
     /// becomes tollgate's own answer, translated for a gRPC client.
-    fn respond(
+    async fn respond(
         &self,
         runtime: &Runtime,
         admitted: Option<Admitted<'_>>,
@@ -679,11 +684,15 @@ impl Proxy {
             let mut settles_at_end = false;
             if let Some(settlement) = held.settlement {
                 settles_at_end = outcome == Outcome::Answered && settlement.settles_at_end();
-                // count_statuses settles on this head (and the fields below show it),
-                // cost_from_response at the body's end.
-                response = settlement
-                    .on_response(response.map(boxed_answer), outcome, &mut admitted.verdicts)
-                    .map(AnswerBody::Right);
+                // count_statuses settles on this head, in the store before the head goes out
+                // (and the fields below show it), cost_from_response before the body's end.
+                // Boxed: only routes that settle pay for the store call's future.
+                let settled = Box::pin(settlement.on_response(
+                    response.map(boxed_answer),
+                    outcome,
+                    &mut admitted.verdicts,
+                ));
+                response = settled.await.map(AnswerBody::Right);
             }
             if !admitted.verdicts.is_empty() {
                 limit_headers::add_fields_with(
@@ -695,12 +704,24 @@ impl Proxy {
                     false,
                 );
             }
-            if held.leases.is_some() || settles_at_end {
-                // The slots are held, and the cost waits, until the response body is done.
+            if let Some(leases) = held.leases {
+                if http_body::Body::is_end_stream(response.body()) {
+                    // The head is the whole response: the slots are back before it goes.
+                    Box::pin(leases.release()).await;
+                } else {
+                    // Back before the body's last frame goes on (see `body::BeforeEnd`).
+                    let (parts, body) = response.into_parts();
+                    let body = body::BeforeEnd::new(boxed_answer(body), leases);
+                    response = Response::from_parts(parts, AnswerBody::Right(body::boxed(body)));
+                    settles_at_end = true;
+                }
+            }
+            if settles_at_end {
+                // Read to its end even if the client leaves first (see `exchange`).
                 let (parts, body) = response.into_parts();
                 let body = exchange::HeldBody::new(
                     boxed_answer(body),
-                    held.leases,
+                    (),
                     &self.inner.orphans,
                     runtime.upstream.timeout(),
                 );

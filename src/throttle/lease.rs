@@ -1,9 +1,13 @@
 //! Holding concurrency slots for the life of a request: the guard keeps the leases alive
-//! (refreshing them before their TTL for long requests) and gives them back when dropped, which
-//! happens when the response body ends or the client goes away.
+//! (refreshing them before their TTL for long requests) and gives them back before the
+//! response's last frame reaches the client ([`crate::body::BeforeEnd`]: a keep-alive client's next request
+//! finds its slot free), or in the background when dropped first (the client went away).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
+use crate::body::Finish;
 use crate::limit::{Lease, Store};
 
 pub struct LeaseGuard {
@@ -41,13 +45,42 @@ impl LeaseGuard {
     }
 }
 
+impl LeaseGuard {
+    /// Gives the slots back and waits until the stores have them (each call bounded by its
+    /// store's timeout): a client that has the whole response finds its slot free.
+    pub async fn release(mut self) {
+        if let Some(refresher) = self.refresher.take() {
+            refresher.abort();
+        }
+        let stores = std::mem::take(&mut self.stores);
+        let leases = std::mem::take(&mut self.leases);
+        for store in stores {
+            if let Err(e) = store.release(&leases).await {
+                tracing::debug!(cause = %crate::error::chain(&e), "could not release concurrency leases; they expire after their TTL");
+            }
+        }
+    }
+}
+
+/// Released before the response's last frame goes on (see [`crate::body::BeforeEnd`]).
+impl Finish for LeaseGuard {
+    fn finish(self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(self.release())
+    }
+}
+
 impl Drop for LeaseGuard {
+    /// Dropped before its release (the response failed, or nobody waits for its end): given
+    /// back in the background.
     fn drop(&mut self) {
         if let Some(refresher) = self.refresher.take() {
             refresher.abort();
         }
         let stores = std::mem::take(&mut self.stores);
         let leases = std::mem::take(&mut self.leases);
+        if stores.is_empty() {
+            return;
+        }
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
                 for store in stores {

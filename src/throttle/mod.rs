@@ -321,7 +321,7 @@ impl LimitStage {
         };
         loop {
             let asked_at = Instant::now();
-            let Some((decision, reason)) = self.decide(set, checks).await else {
+            let Some((decision, reason, on_copies)) = self.decide(set, checks).await else {
                 return LimitOutcome::StoreUnavailable { identity };
             };
             if decision.allowed {
@@ -329,8 +329,8 @@ impl LimitStage {
                 // Only a limit that sees the response owes anything: the store (a clone) is
                 // looked up for those alone.
                 let settlement = if set.iter().any(|l| l.by_response.is_some()) {
-                    let store = self.deciding_store(set, reason);
-                    settle::Obligation::new(set, checks, &decision, store)
+                    let settler = self.settler(set, reason, on_copies);
+                    settle::Obligation::new(set, checks, &decision, settler)
                 } else {
                     None
                 };
@@ -415,14 +415,54 @@ impl LimitStage {
         }
     }
 
+    /// Where a decision's settlement goes: the local-first copies that decided it (then the
+    /// shared store for what they already wrote), or the store that decided.
+    fn settler(
+        &self,
+        set: &LimitSet,
+        reason: AdmitReason,
+        on_copies: bool,
+    ) -> Option<settle::Settler> {
+        match (&self.local_first, on_copies) {
+            (Some(engine), true) => Some(settle::Settler::LocalFirst {
+                engine: engine.clone(),
+                shared: self.global_store()?,
+            }),
+            _ => self.deciding_store(set, reason).map(settle::Settler::Store),
+        }
+    }
+
     fn global_store(&self) -> Option<Store> {
         self.stores.shared().cloned()
     }
 
     /// One atomic decision over all limits of the set, with `on_error` applied: how it was
-    /// decided (`Decided` when the store answered, whether it admitted or not), or None when
-    /// the store failed and `on_error: deny` refuses.
+    /// decided (`Decided` when the store answered, whether it admitted or not) and whether on
+    /// local-first copies (where its settlement goes), or None when the store failed and
+    /// `on_error: deny` refuses.
     async fn decide(
+        &self,
+        set: &LimitSet,
+        checks: &[Check<'_>],
+    ) -> Option<(Decision, AdmitReason, bool)> {
+        // Local-first limits (every limit of the set has the same `sync`, see config; never
+        // without a shared store) are decided on the local copies: never waiting on Redis,
+        // except for a key the engine has no view of (a new key on a route whose copies are
+        // all taken), decided exactly.
+        if let Some(local_first) = &self.local_first {
+            if self.stores.is_shared() && set.iter().all(|l| l.sync.is_some()) {
+                if let Some(decision) = local_first.decide(&set.key_name, checks) {
+                    return Some((decision, AdmitReason::Decided, true));
+                }
+            }
+        }
+        self.decide_exactly(set, checks)
+            .await
+            .map(|(decision, reason)| (decision, reason, false))
+    }
+
+    /// [`LimitStage::decide`] on the stores themselves (not on local-first copies).
+    async fn decide_exactly(
         &self,
         set: &LimitSet,
         checks: &[Check<'_>],
@@ -437,16 +477,6 @@ impl LimitStage {
                     .expect("memory store cannot fail"),
                 AdmitReason::Decided,
             ));
-        }
-        // Local-first limits (every limit of the set has the same `sync`, see config) are
-        // decided on the local copies: never waiting on Redis, except for a key the engine has
-        // no view of (a new key on a route whose copies are all taken), decided exactly below.
-        if let Some(local_first) = &self.local_first {
-            if set.iter().all(|l| l.sync.is_some()) {
-                if let Some(decision) = local_first.decide(&set.key_name, checks) {
-                    return Some((decision, AdmitReason::Decided));
-                }
-            }
         }
         let all_global = set.iter().all(|l| l.scope == Scope::Global);
         if all_global {

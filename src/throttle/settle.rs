@@ -23,19 +23,33 @@
 //!   outcome is unknown. The head is written before that, so its fields show the configured
 //!   cost as taken.
 //!
-//! Settlements go to the store that decided, off the response's path: the memory store
-//! settles in place (no I/O), Redis in a spawned task of one round trip bounded by the store
-//! timeout. A failed settlement is logged and counted (`tollgate_settlement_errors_total`);
-//! it never holds up a client.
+//! Settled before it can matter: a client that sends its next request as soon as it has a
+//! response (keep-alive, back to back) must be decided on a store that holds that response's
+//! settlement, or a failures-only limit would refuse a caller that never fails. So the
+//! settlement is applied, and waited for, before the part of the response it depends on goes
+//! out: `count_statuses` before the head ([`Obligation::on_response`] is awaited by the
+//! proxy), `cost_from_response` before the body's last frame ([`BeforeEnd`] holds it; an
+//! empty body is settled before the head), a request that never reached the app before its
+//! answer. The memory store settles in place; local-first copies too
+//! ([`LocalFirst::settle`]: a refund comes out of the usage not written yet, and only units
+//! already written are refunded in Redis, after the write that carried them); Redis (exact or
+//! coalesced) in one `settle.lua` call, bounded by the store timeout. A failed settlement is
+//! logged and counted (`tollgate_settlement_errors_total`) and the response goes on: a client
+//! is held no longer than the store's timeout. An obligation dropped unsettled (nobody waits
+//! for the answer) settles in the background.
+
+use std::future::Future;
+use std::pin::Pin;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Response};
-use http_body::Frame;
+use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use metrics::Counter;
 
-use crate::body::{BoxError, End, EndHook, OnEnd, ProxyBody};
+use crate::body::{BeforeEnd, Finish, ProxyBody};
 use crate::config::{ByResponse, LimitSet};
+use crate::limit::local_first::LocalFirst;
 use crate::limit::{
     Algorithm, Check, Decision, Micros, Params, Settle, Settlement, Store, Verdict,
 };
@@ -61,14 +75,24 @@ pub enum Outcome {
     Unknown,
 }
 
+/// Where the units of an admitted request are: what its settlement goes to.
+#[derive(Clone)]
+pub enum Settler {
+    /// The store that decided (memory or Redis, exact or coalesced).
+    Store(Store),
+    /// The local copies of local-first limits decided: settled in them (see
+    /// [`LocalFirst::settle`]), and in `shared` for the units already written there.
+    LocalFirst { engine: LocalFirst, shared: Store },
+}
+
 /// What an admitted request owes the limits that see its response. Dropped unsettled (the
 /// request never reached the app), it gives every reservation back. It owns what it needs of the limit set (the response body outlives the
 /// request's borrow of the configuration).
 pub struct Obligation {
     /// The set's store-key name (`route~tier` for a tier), for logs.
     route: String,
-    /// The store that decided (and holds the units).
-    store: Store,
+    /// Where the units were taken.
+    settler: Settler,
     /// The store's clock at the decision.
     at: Micros,
     /// The limits that see the response and took units.
@@ -93,9 +117,9 @@ impl Obligation {
         set: &LimitSet,
         checks: &[Check<'_>],
         decision: &Decision,
-        store: Option<Store>,
+        settler: Option<Settler>,
     ) -> Option<Obligation> {
-        let store = store?;
+        let settler = settler?;
         // The checks, not the set, give key and parameters: a caller under a temporary
         // override was decided on its own keys with adjusted limits, and settles on them.
         let limits: Vec<Owed> = set
@@ -115,7 +139,7 @@ impl Obligation {
             .collect();
         (!limits.is_empty()).then(|| Obligation {
             route: set.key_name.clone(),
-            store,
+            settler,
             at: decision.at,
             limits,
             metrics: None,
@@ -146,12 +170,14 @@ impl Obligation {
             .any(|owed| matches!(owed.by_response, ByResponse::CostFromResponse(_)))
     }
 
-    /// Settles what the response head decides; returns the response, its body wrapped when a
-    /// `cost_from_response` limit waits for the end of it. `outcome` says whether `response`
-    /// is the app's answer, or tollgate's own after the exchange failed (see [`Outcome`]).
-    /// `verdicts` (the decision's, which the head's RateLimit fields are rendered from) are
-    /// brought up to date with what the head settled: a refund gives its units back.
-    pub fn on_response(
+    /// Settles what the response head decides, in the store, before the head goes out: the
+    /// client cannot send a request decided on it before then. Returns the response, its body
+    /// wrapped when a `cost_from_response` limit waits for the end of it. `outcome` says
+    /// whether `response` is the app's answer, or tollgate's own after the exchange failed
+    /// (see [`Outcome`]). `verdicts` (the decision's, which the head's RateLimit fields are
+    /// rendered from) are brought up to date with what the head settled: a refund gives its
+    /// units back.
+    pub async fn on_response(
         mut self,
         response: Response<ProxyBody>,
         outcome: Outcome,
@@ -160,12 +186,13 @@ impl Obligation {
         match outcome {
             Outcome::Answered => {}
             Outcome::NotSent => {
-                // Dropped: everything is given back.
+                // Everything is given back.
                 for owed in &self.limits {
                     if let Some(verdict) = verdicts.get_mut(owed.index) {
                         *verdict = refunded(*verdict, &owed.params);
                     }
                 }
+                self.give_back().await;
                 return response;
             }
             Outcome::Unknown => {
@@ -197,19 +224,30 @@ impl Obligation {
                 _ => {} // a status that counts: the units stay taken
             }
         }
-        submit(&self.store, refunds, &self.route, self.metrics.as_ref());
+        apply(&self.settler, refunds, &self.route, self.metrics.as_ref()).await;
         if costs.is_empty() {
             return response;
         }
+        let mut settler = CostSettler {
+            obligation: self,
+            costs,
+        };
+        if response.body().is_end_stream() {
+            // Nothing follows the head (an empty body, an answer to HEAD): the head is the
+            // response's end, and the head's report is all there is.
+            settler.settle().await;
+            return response;
+        }
         let (parts, body) = response.into_parts();
-        let body = OnEnd::with_hook(
-            body,
-            SettleAtEnd(Some(CostSettler {
-                obligation: self,
-                costs,
-            })),
-        );
+        let body = BeforeEnd::new(body, settler);
         Response::from_parts(parts, body.boxed_unsync())
+    }
+
+    /// Gives every unit back (the request never reached the app), before the answer goes out.
+    pub async fn give_back(mut self) {
+        let limits = std::mem::take(&mut self.limits);
+        let refunds = limits.iter().map(|owed| self.refund(owed)).collect();
+        apply(&self.settler, refunds, &self.route, self.metrics.as_ref()).await;
     }
 }
 
@@ -227,9 +265,11 @@ impl Obligation {
 }
 
 impl Drop for Obligation {
+    /// Dropped unsettled (the request's future was dropped before its exchange, or on the
+    /// way out): nobody waits for an answer, so the refund is applied in the background.
     fn drop(&mut self) {
         let refunds: Vec<Settlement> = self.limits.iter().map(|owed| self.refund(owed)).collect();
-        submit(&self.store, refunds, &self.route, self.metrics.as_ref());
+        apply_later(&self.settler, refunds, &self.route, self.metrics.as_ref());
     }
 }
 
@@ -276,6 +316,7 @@ struct CostReport {
 struct CostSettler {
     /// Its limits are settled (taken); kept for the store, the time and the metrics.
     obligation: Obligation,
+    /// The reports still to settle (emptied by [`CostSettler::settle`]).
     costs: Vec<CostReport>,
 }
 
@@ -287,13 +328,13 @@ impl CostSettler {
             }
         }
     }
-}
 
-impl Drop for CostSettler {
-    fn drop(&mut self) {
+    /// The settlements of the reports (the difference from the cost paid up front), taken
+    /// once; an invalid report is counted and charges nothing more.
+    fn take_settlements(&mut self) -> Vec<Settlement> {
         let o = &self.obligation;
         let mut settlements = Vec::new();
-        for cost in &self.costs {
+        for cost in std::mem::take(&mut self.costs) {
             let params = cost.params;
             let Some(reported) = cost.reported else {
                 tracing::debug!(route = %o.route, header = %cost.header, "no valid cost report: the configured cost stands");
@@ -315,64 +356,131 @@ impl Drop for CostSettler {
                 continue;
             };
             settlements.push(Settlement {
-                key: cost.key.clone(),
+                key: cost.key,
                 params,
                 op,
             });
         }
-        submit(&o.store, settlements, &o.route, o.metrics.as_ref());
+        settlements
+    }
+
+    /// Settles the reports in the store; bounded by the store's timeout.
+    async fn settle(&mut self) {
+        let settlements = self.take_settlements();
+        let o = &self.obligation;
+        apply(&o.settler, settlements, &o.route, o.metrics.as_ref()).await;
     }
 }
 
-/// The hook of a response body with `cost_from_response` limits: notes the cost trailer, and
-/// settles when the body ends, fails, or is dropped (the client left: the header's report, or
-/// the configured cost).
-struct SettleAtEnd(Option<CostSettler>);
+impl Drop for CostSettler {
+    /// Not settled by the body's end (the body failed, or was dropped: the client left and
+    /// nobody drains it): the header's report, or the configured cost, in the background.
+    fn drop(&mut self) {
+        let settlements = self.take_settlements();
+        let o = &self.obligation;
+        apply_later(&o.settler, settlements, &o.route, o.metrics.as_ref());
+    }
+}
 
-impl EndHook<ProxyBody> for SettleAtEnd {
-    type Error = BoxError;
-
-    fn frame(&mut self, frame: &Frame<Bytes>, _inner: &ProxyBody) -> Result<(), BoxError> {
-        if let (Some(trailers), Some(settler)) = (frame.trailers_ref(), self.0.as_mut()) {
-            settler.trailers(trailers);
+/// A response with `cost_from_response` limits: notes the cost trailer as it passes, and
+/// settles before the body's last frame (its last data, its trailers or its end) goes on to
+/// the client (see [`BeforeEnd`]).
+impl Finish for CostSettler {
+    fn frame(&mut self, frame: &Frame<Bytes>) {
+        if let Some(trailers) = frame.trailers_ref() {
+            self.trailers(trailers);
         }
-        Ok(())
     }
 
-    fn end(&mut self, _how: End) {
-        self.0.take();
+    fn finish(mut self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(async move { self.settle().await })
     }
 }
 
-/// Hands settlements to the store: in place for memory, in a spawned task for Redis (bounded
-/// by the store's timeout), logged and counted if it fails.
-fn submit(
-    store: &Store,
+/// Applies settlements where the units are, and waits for it: in place for memory and
+/// local-first copies, one call bounded by the store's timeout for Redis. A failure is logged
+/// and counted; the caller goes on.
+async fn apply(
+    settler: &Settler,
     settlements: Vec<Settlement>,
     route: &str,
     metrics: Option<&SettleMetrics>,
 ) {
-    if settlements.is_empty() {
+    let Some((store, settlements, after)) = in_place(settler, settlements) else {
         return;
+    };
+    if let (Some(round), Settler::LocalFirst { engine, .. }) = (after, settler) {
+        // The units are in a write on its way: the refund follows it (bounded as a call).
+        let _ = tokio::time::timeout(store.timeout(), engine.written_through(round)).await;
     }
-    match store {
-        Store::Memory(memory) => memory.settle(&settlements),
-        Store::Redis(_) => {
-            let Ok(handle) = tokio::runtime::Handle::try_current() else {
-                return;
-            };
-            let store = store.clone();
-            let route = route.to_string();
-            let failed = metrics.map(|m| m.failed.clone());
-            handle.spawn(async move {
-                if let Err(e) = store.settle(&settlements).await {
-                    tracing::warn!(route, cause = %crate::error::chain(&e), "could not settle a limit after the response: the units stay as the decision left them");
-                    if let Some(failed) = failed {
-                        failed.increment(1);
-                    }
-                }
-            });
+    if let Err(e) = store.settle(&settlements).await {
+        failed(route, &e, metrics);
+    }
+    if let Settler::LocalFirst { engine, .. } = settler {
+        engine.refunds_answered(&settlements);
+    }
+}
+
+/// [`apply`] when nobody waits (a dropped obligation): what is in place now, Redis in a task.
+fn apply_later(
+    settler: &Settler,
+    settlements: Vec<Settlement>,
+    route: &str,
+    metrics: Option<&SettleMetrics>,
+) {
+    let Some((store, settlements, after)) = in_place(settler, settlements) else {
+        return;
+    };
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let store = store.clone();
+    let engine = match settler {
+        Settler::LocalFirst { engine, .. } => Some((engine.clone(), after)),
+        Settler::Store(_) => None,
+    };
+    let route = route.to_string();
+    let metrics = metrics.cloned();
+    handle.spawn(async move {
+        if let Some((engine, Some(round))) = &engine {
+            let _ = tokio::time::timeout(store.timeout(), engine.written_through(*round)).await;
         }
+        if let Err(e) = store.settle(&settlements).await {
+            failed(&route, &e, metrics.as_ref());
+        }
+        if let Some((engine, _)) = engine {
+            engine.refunds_answered(&settlements);
+        }
+    });
+}
+
+/// Settles what can be settled in this process (the memory store, local-first copies) and
+/// returns what is left for Redis, if anything, with the local-first write it must follow.
+fn in_place(
+    settler: &Settler,
+    settlements: Vec<Settlement>,
+) -> Option<(&Store, Vec<Settlement>, Option<u64>)> {
+    if settlements.is_empty() {
+        return None;
+    }
+    let (store, (settlements, after)) = match settler {
+        Settler::Store(store) => (store, (settlements, None)),
+        Settler::LocalFirst { engine, shared } => (shared, engine.settle(&settlements)),
+    };
+    match store {
+        _ if settlements.is_empty() => None,
+        Store::Memory(memory) => {
+            memory.settle(&settlements);
+            None
+        }
+        Store::Redis(_) => Some((store, settlements, after)),
+    }
+}
+
+fn failed(route: &str, e: &crate::limit::StoreError, metrics: Option<&SettleMetrics>) {
+    tracing::warn!(route, cause = %crate::error::chain(e), "could not settle a limit after the response: the units stay as the decision left them");
+    if let Some(m) = metrics {
+        m.failed.increment(1);
     }
 }
 
