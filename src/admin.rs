@@ -333,7 +333,25 @@ fn protect_state<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> 
         );
     };
     let s = protector.snapshot();
-    let ms = |d: Option<std::time::Duration>| d.map(|d| (d.as_secs_f64() * 1e6).round() / 1e3);
+    let latency_setting = match s.settings.latency {
+        crate::config::LatencyTarget::Multiple(m) => format!("{m}x"),
+        crate::config::LatencyTarget::Absolute(d) => humantime::format_duration(d).to_string(),
+    };
+    if text {
+        text_response(StatusCode::OK, protect_text(&s, &latency_setting))
+    } else {
+        json_response(StatusCode::OK, &protect_json(&s, &latency_setting))
+    }
+}
+
+/// Milliseconds with microsecond precision, as `/protect` shows durations.
+fn protect_ms(d: Option<std::time::Duration>) -> Option<f64> {
+    d.map(|d| (d.as_secs_f64() * 1e6).round() / 1e3)
+}
+
+/// `GET /protect` as JSON: the controller's reading and why the limit is where it is.
+fn protect_json(s: &crate::protect::Snapshot, latency_setting: &str) -> Value {
+    let ms = protect_ms;
     let by_priority = |counts: [u64; 4]| {
         let mut map = serde_json::Map::new();
         for priority in crate::config::Priority::ALL.into_iter().rev() {
@@ -341,11 +359,7 @@ fn protect_state<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> 
         }
         Value::Object(map)
     };
-    let latency_setting = match s.settings.latency {
-        crate::config::LatencyTarget::Multiple(m) => format!("{m}x"),
-        crate::config::LatencyTarget::Absolute(d) => humantime::format_duration(d).to_string(),
-    };
-    let value = json!({
+    json!({
         "mode": s.mode.as_str(),
         "limit": s.limit,
         "in_flight": s.in_flight,
@@ -377,10 +391,12 @@ fn protect_state<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> 
         },
         "admitted": by_priority(s.admitted),
         "shed": by_priority(s.shed),
-    });
-    if !text {
-        return json_response(StatusCode::OK, &value);
-    }
+    })
+}
+
+/// `GET /protect?format=text`: the same reading in lines an operator reads at a glance.
+fn protect_text(s: &crate::protect::Snapshot, latency_setting: &str) -> String {
+    let ms = protect_ms;
     let show = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v} ms"));
     let mut out = format!(
         "protect   {} (latency {latency_setting}, max_wait {} ms, limit {}..{})\n\
@@ -425,14 +441,13 @@ fn protect_state<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> 
     };
     for priority in crate::config::Priority::ALL.into_iter().rev() {
         out.push_str(&format!(
-            "{:<9} {} admitted, {} {shed}
-",
+            "{:<9} {} admitted, {} {shed}\n",
             priority.as_str(),
             s.admitted[priority.index()],
             s.shed[priority.index()],
         ));
     }
-    text_response(StatusCode::OK, out)
+    out
 }
 
 /// `?k=`: how many callers per route, from 1 to what the sketch holds.
