@@ -344,14 +344,20 @@ async fn after_a_key_flood_cold_local_first_copies_are_dropped_and_redis_goes_qu
     for _ in 0..3 {
         assert_eq!(status(&login, "mallory").await, StatusCode::OK);
     }
-    assert_eq!(status(&login, "mallory").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        status(&login, "mallory").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     let idle = gets_per_heartbeat(&redis, 10).await;
     assert_eq!(flood(&instance, "/login").await, FLOOD);
     let held = "tollgate_store_keys{store=\"local_first\"}";
     assert!(metric(&instance, held).await >= FLOOD as f64);
     // Held copies are read every round (up to 1,000 idle ones a round).
     let flooded = gets_per_heartbeat(&redis, 5).await;
-    assert!(flooded >= 100.0, "{flooded} GETs a heartbeat after the flood");
+    assert!(
+        flooded >= 100.0,
+        "{flooded} GETs a heartbeat after the flood"
+    );
     // Nobody uses them: dropped after 50 intervals (waited for up to 60 s, a busy machine).
     let deadline = Instant::now() + Duration::from_secs(60);
     while metric(&instance, held).await > 0.0 {
@@ -368,7 +374,10 @@ async fn after_a_key_flood_cold_local_first_copies_are_dropped_and_redis_goes_qu
         "{quiet} GETs a heartbeat after the copies went (idle before the flood: {idle})"
     );
     // A dropped caller is not freed early; a new one is admitted.
-    assert_eq!(status(&login, "mallory").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        status(&login, "mallory").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     assert_eq!(status(&login, "erin").await, StatusCode::OK);
 }
 

@@ -211,6 +211,7 @@ async fn within_the_bound(yaml: &Config, what: &str, late_write: usize) {
         )
         .await;
         let admitted: usize = per_replica.iter().sum();
+        eprintln!("{path} on {what}: {admitted} admitted ({per_replica:?})");
         assert!(
             (LIMIT..=LIMIT + over).contains(&admitted),
             "{path} on {what}: {admitted} admitted ({per_replica:?}), bound [{LIMIT}, {}]",
@@ -461,6 +462,23 @@ async fn continuous_traffic_over_all_replicas_spends_the_whole_limit() {
         .iter()
         .filter(|(admitted, _)| !(FLOOD_LIMIT..=FLOOD_LIMIT + REPLICAS - 1).contains(admitted))
         .collect();
+    eprintln!(
+        "continuous: {:?}",
+        runs.iter().map(|r| r.0).collect::<Vec<_>>()
+    );
+    for p in &proxies {
+        let url = format!("http://{}/metrics", p.admin.unwrap());
+        let exposition = text(http1_client().request(get(&url)).await.unwrap()).await;
+        let lines: Vec<&str> = exposition
+            .lines()
+            .filter(|l| {
+                l.starts_with("tollgate_local_first")
+                    || l.starts_with("tollgate_sync_rounds")
+                    || l.starts_with("tollgate_sync_drift")
+            })
+            .collect();
+        eprintln!("{lines:?}");
+    }
     assert!(
         outside.is_empty(),
         "admitted outside [{FLOOD_LIMIT}, {}] in {} of 20 runs: {outside:?} (all: {runs:?})",
@@ -511,6 +529,10 @@ async fn rounds_made_late_again_and_again_keep_the_bound() {
         .iter()
         .filter(|(admitted, _)| !(FLOOD_LIMIT..=FLOOD_LIMIT + REPLICAS - 1).contains(admitted))
         .collect();
+    eprintln!(
+        "late rounds: {:?}",
+        runs.iter().map(|r| r.0).collect::<Vec<_>>()
+    );
     assert!(
         outside.is_empty(),
         "admitted outside [{FLOOD_LIMIT}, {}]: {outside:?} (all: {runs:?})",

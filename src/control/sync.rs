@@ -21,15 +21,20 @@ use std::time::{Duration, Instant};
 use metrics::{Counter, Gauge, Histogram};
 
 use crate::config::Throttle;
-use crate::limit::local_first::{LocalFirst, SyncItem, BATCH_KEYS, ROUND_KEYS};
+use crate::limit::local_first::{
+    LocalFirst, SyncItem, BATCH_KEYS, ROUND_KEYS, STALE_AFTER_INTERVALS,
+};
 use crate::limit::memory::SystemClock;
 use crate::limit::{new_lease_id, Store};
 use crate::store::{Shared, Stores};
 
 /// How long a heartbeat counts, in intervals (a replica that stops is forgotten after it).
-const HEARTBEAT_INTERVALS: u32 = 3;
+/// A replica stalled on a busy node must not be forgotten while it still spends: the others
+/// would divide by fewer than R and take its late writes for complete views. Forgetting a
+/// replica that left late only costs shares (the others divide by one more for a while).
+const HEARTBEAT_INTERVALS: u32 = 10;
 /// Added to the heartbeat's life, so a slow round does not drop a live replica.
-const HEARTBEAT_SLACK: Duration = Duration::from_millis(500);
+const HEARTBEAT_SLACK: Duration = Duration::from_secs(2);
 
 /// The handles of the rounds' metrics (registered by `crate::metrics`).
 #[derive(Clone)]
@@ -43,9 +48,9 @@ pub struct SyncMetrics {
     pub round_seconds: Histogram,
     /// `tollgate_sync_replicas`: R, as the last heartbeat counted it.
     pub replicas: Gauge,
-    /// `tollgate_local_first_late_rounds_total`: rounds of this replica that were late (woken
-    /// more than a quarter interval after the tick, write acknowledged after the others read,
-    /// or read done after the next tick).
+    /// `tollgate_local_first_late_rounds_total`: rounds of this replica that were late (write
+    /// acknowledged after the others read, or completed more than [`STALE_AFTER_INTERVALS`]
+    /// after the previous one, so the engine decided alone meanwhile).
     pub late_rounds: Counter,
     /// `tollgate_local_first_partial_views_total`: reads made while a live replica's write of
     /// the tick was not in yet (its round late), applied without trusting them as complete.
@@ -128,6 +133,8 @@ async fn rounds(
     let mut failing = false;
     // The tick of this replica's last write acknowledged in full (none yet).
     let mut written: i64 = -1;
+    // When the last round completed (store clock).
+    let mut last_done = engine.store_now();
     loop {
         // The tick: the next multiple of the interval on the store's clock.
         let now = engine.store_now();
@@ -135,7 +142,7 @@ async fn rounds(
         tokio::time::sleep(Duration::from_micros(wait as u64)).await;
         let woke = engine.store_now();
         let tick = woke - woke.rem_euclid(interval_us);
-        let mut late = woke - tick > interval_us / 4;
+        let mut late = false;
         let (round, batch) = engine.tick();
         let Some(Store::Redis(redis)) = cell.get().cloned() else {
             continue; // Not connected yet: the views go stale and the limits are divided.
@@ -173,7 +180,11 @@ async fn rounds(
                 &metrics,
             )
             .await;
-            late |= engine.store_now() > tick + interval_us;
+        }
+        // The engine went late before this round completed: decisions were taken alone.
+        late |= engine.store_now() - last_done > STALE_AFTER_INTERVALS * interval_us;
+        if error.is_none() {
+            last_done = engine.store_now();
         }
         if late {
             metrics.late_rounds.increment(1);
