@@ -135,6 +135,7 @@ async fn rounds(
     let mut written: i64 = -1;
     // When the last round completed (store clock).
     let mut last_done = engine.store_now();
+    let mut seen = Seen::default();
     loop {
         // The tick: the next multiple of the interval on the store's clock.
         let now = engine.store_now();
@@ -158,8 +159,7 @@ async fn rounds(
             .heartbeat(&replicas_key, &id, heartbeat_us, written)
             .await
         {
-            engine.set_replicas(replicas);
-            metrics.replicas.set(replicas as f64);
+            seen.update(&engine, replicas, heartbeat_us, &metrics);
         }
         if error.is_none() {
             let read_at = tick + interval_us * 3 / 4;
@@ -170,6 +170,7 @@ async fn rounds(
                 tokio::time::sleep(Duration::from_micros((read_at - now) as u64)).await;
             }
             error = read_round(
+                &mut seen,
                 &engine,
                 &redis,
                 &id,
@@ -205,6 +206,36 @@ async fn rounds(
             }
             _ => {}
         }
+    }
+}
+
+/// R as the engine uses it: the most replicas a heartbeat counted, kept until the counts have
+/// been lower for a heartbeat's life. A heartbeat that a busy node renewed late must not make
+/// the others divide by fewer than R for a moment (their shares would grow by the missing
+/// replica's); a replica that left is let go a heartbeat's life later, which only makes the
+/// shares smaller meanwhile.
+#[derive(Default)]
+struct Seen {
+    replicas: u64,
+    /// Store time since when the counts were lower than `replicas`, if they are.
+    lower_since: Option<i64>,
+}
+
+impl Seen {
+    fn update(&mut self, engine: &LocalFirst, counted: u64, life_us: i64, metrics: &SyncMetrics) {
+        let now = engine.store_now();
+        if counted >= self.replicas {
+            self.replicas = counted;
+            self.lower_since = None;
+        } else {
+            let since = *self.lower_since.get_or_insert(now);
+            if now - since > life_us {
+                self.replicas = counted;
+                self.lower_since = None;
+            }
+        }
+        engine.set_replicas(self.replicas);
+        metrics.replicas.set(self.replicas as f64);
     }
 }
 
@@ -253,6 +284,7 @@ async fn write(
 /// stopped it.
 #[allow(clippy::too_many_arguments)]
 async fn read_round(
+    seen: &mut Seen,
     engine: &LocalFirst,
     redis: &crate::limit::redis_store::RedisStore,
     id: &str,
@@ -269,8 +301,7 @@ async fn read_round(
         .await
     {
         Ok((replicas, oldest)) => {
-            engine.set_replicas(replicas);
-            metrics.replicas.set(replicas as f64);
+            seen.update(engine, replicas, heartbeat_us, metrics);
             if oldest >= tick {
                 0
             } else {
