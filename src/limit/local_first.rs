@@ -728,7 +728,9 @@ impl Inner {
                 return true;
             }
             let at_rest = read.contains(&**key)
-                && available(&entry.params, entry.view.as_ref(), now + interval)
+                // The local copy, not the view: a partial read updates only the copy (the
+                // view may be an older one, at rest though the shared state is not).
+                && available(&entry.params, entry.local.as_ref(), now + interval)
                     >= capacity(&entry.params);
             let is_cold = !at_rest && entry.used_at < cold_before;
             if !at_rest && !is_cold {
@@ -894,7 +896,7 @@ impl Inner {
             let entry = &keys[&*key];
             if entry.touched || !entry.clean() {
                 busy.push(key);
-            } else if available(&entry.params, entry.view.as_ref(), now) >= capacity(&entry.params)
+            } else if available(&entry.params, entry.local.as_ref(), now) >= capacity(&entry.params)
             {
                 victim = Some(key);
                 break;
