@@ -4,11 +4,16 @@
 # RSS before, at the end and 5 s after, the keys it holds and evicted (/metrics), and the Redis
 # commands per second during the flood and in the 5 s after (INFO total_commands_processed).
 # Three stores: memory, Redis exact, Redis local-first (sync: 100ms).
+# Idle before and long after: Redis commands a second and tollgate's CPU (% of a core, from
+# /proc) in the 5 s before the flood (pre) and from QUIET_AFTER s after it for 5 s (quiet), by
+# when local-first copies nobody uses went cold (50 intervals) and were dropped; keys_quiet is
+# what tollgate still holds then.
 #
 #   bench/key_flood.sh [TOLLGATE_BINARY]      (default target/release/tollgate)
 #
 # Knobs: KEYS=1000000 (distinct identities: the flood runs until wrk has sent that many)
 # CONNECTIONS=32 THREADS=2 MAX_KEYS_PER_ROUTE= (empty: the default) STORES="memory exact local_first"
+# QUIET_AFTER=15
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -17,6 +22,7 @@ KEYS=${KEYS:-1000000}
 CONNECTIONS=${CONNECTIONS:-32}
 THREADS=${THREADS:-2}
 STORES=${STORES:-memory exact local_first}
+QUIET_AFTER=${QUIET_AFTER:-15}
 WORK=$(mktemp -d)
 # shellcheck source=bench/lib.sh
 . "$HERE/lib.sh"
@@ -32,9 +38,19 @@ wait_port "$UP_PORT"
 
 rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 commands() { redis-cli -p "$REDIS_PORT" info stats | awk -F: '/^total_commands_processed/ {print $2+0}'; }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+HZ=$(getconf CLK_TCK)
+# Redis commands a second and tollgate's CPU (% of a core) over the next 5 s: "ops cpu".
+idle_window() {
+  local c0 t0 c1 t1
+  c0=$(commands); t0=$(cpu_ticks "$1")
+  sleep 5
+  c1=$(commands); t1=$(cpu_ticks "$1")
+  awk -v a="$c0" -v b="$c1" -v x="$t0" -v y="$t1" -v hz="$HZ" 'BEGIN {printf "%d %.1f", (b - a) / 5, 100 * (y - x) / hz / 5}'
+}
 metric() { curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" | awk -v s="$1" 'index($0, s) == 1 {print $2}'; }
 
-printf '%-12s %10s %10s %10s %10s %10s %12s %12s %12s\n' store req/s rss0_MB rss_end_MB rss_5s_MB keys evicted redis_ops/s idle_ops/s
+printf '%-12s %10s %10s %10s %10s %10s %12s %12s %12s %10s %10s %10s %9s %9s\n' store req/s rss0_MB rss_end_MB rss_5s_MB keys evicted redis_ops/s idle_ops/s pre_ops/s quiet_ops/s keys_quiet pre_cpu% quiet_cpu%
 for STORE in $STORES; do
   REDIS_PORT=$(free_port)
   redis-server --port "$REDIS_PORT" --save '' --appendonly no --daemonize no >"$WORK/redis.log" 2>&1 &
@@ -66,6 +82,7 @@ YAML
   wait_port "$PORT"
   curl -s -o /dev/null -H 'X-User: warm' "http://127.0.0.1:$PORT/search"
   sleep 1
+  read -r pre_ops pre_cpu <<<"$(idle_window $TG)"
   rss0=$(rss_kb $TG)
   c0=$(commands)
   start=$(date +%s.%N)
@@ -90,11 +107,14 @@ YAML
     code=$(curl -s -o /dev/null -w '%{http_code}' -H 'X-User: after-the-flood' "http://127.0.0.1:$PORT$path")
     [ "$code" = 200 ] || log "$STORE: a new caller on $path got $code"
   done
+  sleep $(( QUIET_AFTER > 5 ? QUIET_AFTER - 5 : 0 ))
+  read -r quiet_ops quiet_cpu <<<"$(idle_window $TG)"
+  keys_quiet=$(metric "tollgate_store_keys{store=\"$label\"}")
   ops=$(awk -v a="$c0" -v b="$c1" -v s="$start" -v e="$end" 'BEGIN {printf "%d", (b - a) / (e - s)}')
   idle=$(awk -v a="$c1" -v b="$c2" 'BEGIN {printf "%d", (b - a) / 5}')
-  printf '%-12s %10s %10.1f %10.1f %10.1f %10s %12s %12s %12s   (%s requests)\n' "$STORE" "$rps" \
+  printf '%-12s %10s %10.1f %10.1f %10.1f %10s %12s %12s %12s %10s %10s %10s %9s %9s   (%s requests)\n' "$STORE" "$rps" \
     "$(echo "$rss0/1024" | bc -l)" "$(echo "$rss1/1024" | bc -l)" "$(echo "$rss2/1024" | bc -l)" \
-    "${keys:-0}" "${evicted:-0}" "$ops" "$idle" "$reqs"
+    "${keys:-0}" "${evicted:-0}" "$ops" "$idle" "$pre_ops" "$quiet_ops" "${keys_quiet:-0}" "$pre_cpu" "$quiet_cpu" "$reqs"
   kill $TG $REDIS_PID
   wait $TG $REDIS_PID 2>/dev/null || true
 done

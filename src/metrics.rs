@@ -288,6 +288,14 @@ impl Metrics {
             replicas: self
                 .recorder
                 .register_gauge(&Key::from_static_name("tollgate_sync_replicas"), &METADATA),
+            late_rounds: self.recorder.register_counter(
+                &Key::from_static_name("tollgate_local_first_late_rounds_total"),
+                &METADATA,
+            ),
+            partial_views: self.recorder.register_counter(
+                &Key::from_static_name("tollgate_local_first_partial_views_total"),
+                &METADATA,
+            ),
             drift,
         }
     }

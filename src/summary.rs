@@ -232,7 +232,8 @@ pub fn sync_bound(limit: &Limit, sync: Duration) -> String {
     format!(
         "sync {interval}: admits at most {quota} + (R - 1) with R replicas; \
          a replica holding all the traffic gets at least 1/R of what is left per {interval}; \
-         limit / R on each replica while Redis is down"
+         when a replica's rounds are late (a busy node, Redis slow or down) \
+         it decides alone on limit / R of what the last view left"
     )
 }
 

@@ -301,6 +301,88 @@ async fn a_key_flood_on_local_first_limits_leaves_new_callers_admitted_and_redis
     );
 }
 
+/// One command's calls so far, from `INFO commandstats` (commands a script runs included).
+async fn calls(redis: &RedisServer, command: &str) -> u64 {
+    let mut client = redis.client().await;
+    let info: String = ::redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut client)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+/// Keys Redis reads for tollgate per round over at least `rounds` rounds: `GET`s per
+/// heartbeat (each round renews it twice, with one `ZADD` each), counted, not timed.
+async fn gets_per_heartbeat(redis: &RedisServer, rounds: u64) -> f64 {
+    let (gets, beats) = (calls(redis, "get").await, calls(redis, "zadd").await);
+    while calls(redis, "zadd").await < beats + 2 * rounds {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (gets_after, beats_after) = (calls(redis, "get").await, calls(redis, "zadd").await);
+    (gets_after - gets) as f64 / (beats_after - beats) as f64
+}
+
+/// Cold keys go quiet (issue 37): after a flood of distinct callers on a local-first route,
+/// the copies nobody uses any more are dropped within `COLD_AFTER_INTERVALS` (50 intervals,
+/// 5 s at 100 ms) and the rounds read no more keys than before the flood; a caller limited
+/// before the flood, whose copy was dropped, is still limited (decided on the fleet's count).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_key_flood_cold_local_first_copies_are_dropped_and_redis_goes_quiet() {
+    let redis = RedisServer::start();
+    let up = upstream().start().await;
+    let config = routes(
+        config()
+            .upstream(&up.url())
+            .store(store::redis(&redis.url()).timeout("300ms").on_error("deny")),
+        Some("100ms"),
+    );
+    let instance = start(config).await;
+    let login = format!("{}/login", instance.url);
+    for _ in 0..3 {
+        assert_eq!(status(&login, "mallory").await, StatusCode::OK);
+    }
+    assert_eq!(
+        status(&login, "mallory").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let idle = gets_per_heartbeat(&redis, 10).await;
+    // (A loaded machine may fail a request of the flood; the copies are what matters here.)
+    let admitted = flood(&instance, "/login").await;
+    assert!(admitted >= FLOOD * 9 / 10, "{admitted} of {FLOOD} admitted");
+    let held = "tollgate_store_keys{store=\"local_first\"}";
+    assert!(metric(&instance, held).await >= admitted as f64);
+    // Held copies are read every round (up to 1,000 idle ones a round).
+    let flooded = gets_per_heartbeat(&redis, 5).await;
+    assert!(
+        flooded >= 100.0,
+        "{flooded} GETs a heartbeat after the flood"
+    );
+    // Nobody uses them: dropped after 50 intervals (waited for up to 60 s, a busy machine).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(&instance, held).await > 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} cold copies still held",
+            metric(&instance, held).await
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let quiet = gets_per_heartbeat(&redis, 10).await;
+    assert!(
+        quiet <= idle + 0.5,
+        "{quiet} GETs a heartbeat after the copies went (idle before the flood: {idle})"
+    );
+    // A dropped caller is not freed early; a new one is admitted.
+    assert_eq!(
+        status(&login, "mallory").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(status(&login, "erin").await, StatusCode::OK);
+}
+
 /// `/ip` limited to 2 a minute per client IP; the client address comes from X-Forwarded-For
 /// written by the loopback proxy.
 async fn per_ip(prefix: Option<u8>) -> (Upstream, ProxyHandle) {

@@ -194,10 +194,11 @@ async fn within_the_bound(yaml: &Config, what: &str, late_write: usize) {
     // refill of nothing to speak of (per day): over at most R - 1 = 3; under 0 once every
     // replica has had traffic for a few intervals (each one's share sums to what is left).
     //
-    // The bound also assumes every write reaches Redis within 3/4 of an interval; on the
-    // shared 2-core test machine under the full suite's load a write can be later than that
-    // and one view misses it, so the test allows the rounding twice (seen once: 106 with
-    // shares [28, 28, 25, 25]). Alone the test stays within R - 1.
+    // A write later than 3/4 of an interval makes the others' reads partial (the heartbeat
+    // says so) and a replica whose rounds are late decides on limit ÷ R of what the last view
+    // left, so late rounds cost shares, not the bound; the test still allows the rounding
+    // twice, as before those changes (seen then once: 106 with shares [28, 28, 25, 25]).
+    // Alone the test stays within R - 1 (100 for every algorithm at load 15 here).
     let over = 2 * (REPLICAS - 1) + late_write;
     for path in ["/fw", "/sw", "/tb", "/gcra"] {
         let per_replica = hammer(
@@ -211,6 +212,7 @@ async fn within_the_bound(yaml: &Config, what: &str, late_write: usize) {
         )
         .await;
         let admitted: usize = per_replica.iter().sum();
+        eprintln!("{path} on {what}: {admitted} admitted ({per_replica:?})");
         assert!(
             (LIMIT..=LIMIT + over).contains(&admitted),
             "{path} on {what}: {admitted} admitted ({per_replica:?}), bound [{LIMIT}, {}]",
@@ -261,7 +263,8 @@ async fn frozen_redis_divides_the_limit_and_its_return_counts_every_unit_once() 
     tokio::time::sleep(Duration::from_millis(400)).await;
 
     redis.pause();
-    // Past the stale threshold (3 intervals): every replica decides alone on limit / R.
+    // Past the late threshold (2 intervals): every replica decides alone on limit / R of what
+    // the last complete view left (400 − 4 × 20).
     tokio::time::sleep(Duration::from_millis(600)).await;
     let started = Instant::now();
     let alone = hammer(&proxies, "/fw", "bob", 150, 1, 0, SYNC).await;
@@ -272,8 +275,8 @@ async fn frozen_redis_divides_the_limit_and_its_return_counts_every_unit_once() 
     );
     assert_eq!(
         alone,
-        vec![TOTAL / REPLICAS; REPLICAS],
-        "each replica enforces limit / R"
+        vec![(TOTAL - 4 * 20) / REPLICAS; REPLICAS],
+        "each replica enforces limit / R of what was left"
     );
 
     redis.resume();
@@ -296,9 +299,8 @@ async fn frozen_redis_divides_the_limit_and_its_return_counts_every_unit_once() 
         .unwrap();
     let count: usize = state.split(' ').nth(2).unwrap().parse().unwrap();
     assert_eq!(
-        count,
-        4 * 20 + TOTAL,
-        "every unit admitted counted once ({state_key} = {state:?})"
+        count, TOTAL,
+        "every unit admitted counted once, the limit not passed ({state_key} = {state:?})"
     );
     // Shared counting resumed: the day's quota is spent on every replica.
     for p in &proxies {
@@ -392,11 +394,23 @@ async fn flood(
     clients_per_replica: usize,
     for_how_long: Duration,
 ) -> Vec<usize> {
+    let addrs: Vec<SocketAddr> = proxies.iter().map(|p| p.addr).collect();
+    flood_addrs(&addrs, path, user, clients_per_replica, for_how_long).await
+}
+
+/// [`flood`] on the replicas' addresses.
+async fn flood_addrs(
+    proxies: &[SocketAddr],
+    path: &str,
+    user: &str,
+    clients_per_replica: usize,
+    for_how_long: Duration,
+) -> Vec<usize> {
     let until = Instant::now() + for_how_long;
     let mut tasks = Vec::new();
-    for (i, p) in proxies.iter().enumerate() {
+    for (i, &addr) in proxies.iter().enumerate() {
         for _ in 0..clients_per_replica {
-            let (addr, path, user) = (p.addr, path.to_string(), user.to_string());
+            let (path, user) = (path.to_string(), user.to_string());
             tasks.push((
                 i,
                 tokio::spawn(async move {
@@ -449,10 +463,93 @@ async fn continuous_traffic_over_all_replicas_spends_the_whole_limit() {
         .iter()
         .filter(|(admitted, _)| !(FLOOD_LIMIT..=FLOOD_LIMIT + REPLICAS - 1).contains(admitted))
         .collect();
+    eprintln!(
+        "continuous: {:?}",
+        runs.iter().map(|r| r.0).collect::<Vec<_>>()
+    );
+    for p in &proxies {
+        let url = format!("http://{}/metrics", p.admin.unwrap());
+        let exposition = text(http1_client().request(get(&url)).await.unwrap()).await;
+        let lines: Vec<&str> = exposition
+            .lines()
+            .filter(|l| {
+                l.starts_with("tollgate_local_first")
+                    || l.starts_with("tollgate_sync_rounds")
+                    || l.starts_with("tollgate_sync_drift")
+            })
+            .collect();
+        eprintln!("{lines:?}");
+    }
     assert!(
         outside.is_empty(),
         "admitted outside [{FLOOD_LIMIT}, {}] in {} of 20 runs: {outside:?} (all: {runs:?})",
         FLOOD_LIMIT + REPLICAS - 1,
         outside.len()
     );
+}
+
+/// Late rounds (issue 36): Redis frozen for three intervals now and then while every replica's
+/// clients flood one key, so each replica's rounds are late over and over, each time after it
+/// spent shares of its own: the route stays within [limit, limit + R − 1] (each late spell
+/// gives limit ÷ R of what the last complete view left, less what the replica spent since,
+/// not limit ÷ R again; the test allows the rounding twice), the late rounds are counted,
+/// and the limit is reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rounds_made_late_again_and_again_keep_the_bound() {
+    const FLOOD_LIMIT: usize = 200;
+    let _turn = TURN.lock().await;
+    let redis = RedisServer::start();
+    let up = upstream().start().await;
+    let proxies = replicas(&up, &replica_config(&redis.url(), FLOOD_LIMIT, SYNC)).await;
+    let mut runs = Vec::new();
+    for run in 0..3 {
+        let user = format!("late-{run}");
+        let mut admitted = 0;
+        for p in &proxies {
+            if status_of(p.addr, "/fw", &user).await == StatusCode::OK {
+                admitted += 1;
+            }
+        }
+        tokio::time::sleep(SYNC * 2).await;
+        let flooding = {
+            let proxies: Vec<SocketAddr> = proxies.iter().map(|p| p.addr).collect();
+            let user = user.clone();
+            tokio::spawn(async move { flood_addrs(&proxies, "/fw", &user, 8, SYNC * 40).await })
+        };
+        // Late rounds: three intervals of a frozen Redis, four times in the flood.
+        for _ in 0..4 {
+            tokio::time::sleep(SYNC * 5).await;
+            redis.pause();
+            tokio::time::sleep(SYNC * 3).await;
+            redis.resume();
+        }
+        let per_replica = flooding.await.unwrap();
+        admitted += per_replica.iter().sum::<usize>();
+        runs.push((admitted, per_replica));
+    }
+    // R − 1 in 8 of 9 runs here with two CPU-bound loops beside it (load 12), 205 once: the
+    // rounding twice is allowed, as in the bound test. Before late spells were bounded by the
+    // last view, each spell gave a whole limit ÷ R again: 394–399.
+    let over = 2 * (REPLICAS - 1);
+    let outside: Vec<_> = runs
+        .iter()
+        .filter(|(admitted, _)| !(FLOOD_LIMIT..=FLOOD_LIMIT + over).contains(admitted))
+        .collect();
+    eprintln!(
+        "late rounds: {:?}",
+        runs.iter().map(|r| r.0).collect::<Vec<_>>()
+    );
+    assert!(
+        outside.is_empty(),
+        "admitted outside [{FLOOD_LIMIT}, {}]: {outside:?} (all: {runs:?})",
+        FLOOD_LIMIT + over
+    );
+    let url = format!("http://{}/metrics", proxies[0].admin.unwrap());
+    let exposition = text(http1_client().request(get(&url)).await.unwrap()).await;
+    let late: f64 = exposition
+        .lines()
+        .find_map(|l| l.strip_prefix("tollgate_local_first_late_rounds_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no late rounds counted in:\n{exposition}"));
+    assert!(late >= 1.0, "late rounds: {late}");
 }

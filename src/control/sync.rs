@@ -1,9 +1,13 @@
 //! The background rounds of local-first limits (`sync: <duration>`): one task per
-//! configuration (carried over a reload that keeps the store and the interval) that, at every tick (a multiple of the interval on the store's clock, the same for
-//! every replica), writes each key's usage in one `sync.lua` call (on a Cluster one per hash
-//! tag, all at once) with the replica's heartbeat, and 3/4 of an interval later reads every
-//! key's shared state, which then holds every replica's write of the tick; the replies go to
-//! the engine ([`crate::limit::local_first`]). Requests never wait on it.
+//! configuration (carried over a reload that keeps the store and the interval) that, at every
+//! tick (a multiple of the interval on the store's clock, the same for every replica), writes
+//! each key's usage in one `sync.lua` call (on a Cluster one per hash tag, all at once), then
+//! renews the replica's heartbeat with the tick its write reached; 3/4 of an interval later it
+//! asks the heartbeat whether every live replica's write of the tick is in, and reads every
+//! key's shared state: a complete view when they all are, a partial one when a replica's round
+//! is late (the engine then keeps counting what the others may have spent unseen). The replies
+//! go to the engine ([`crate::limit::local_first`]). Requests never wait on it. Late rounds are
+//! counted (`tollgate_local_first_late_rounds_total`).
 //!
 //! A round is bounded whatever the number of keys: writes and reads go in calls of
 //! [`BATCH_KEYS`] keys each (each call within the store's timeout), at most [`ROUND_KEYS`] keys
@@ -17,15 +21,20 @@ use std::time::{Duration, Instant};
 use metrics::{Counter, Gauge, Histogram};
 
 use crate::config::Throttle;
-use crate::limit::local_first::{LocalFirst, SyncItem, BATCH_KEYS, ROUND_KEYS};
+use crate::limit::local_first::{
+    LocalFirst, SyncItem, BATCH_KEYS, ROUND_KEYS, STALE_AFTER_INTERVALS,
+};
 use crate::limit::memory::SystemClock;
 use crate::limit::{new_lease_id, Store};
 use crate::store::{Shared, Stores};
 
 /// How long a heartbeat counts, in intervals (a replica that stops is forgotten after it).
-const HEARTBEAT_INTERVALS: u32 = 3;
+/// A replica stalled on a busy node must not be forgotten while it still spends: the others
+/// would divide by fewer than R and take its late writes for complete views. Forgetting a
+/// replica that left late only costs shares (the others divide by one more for a while).
+const HEARTBEAT_INTERVALS: u32 = 10;
 /// Added to the heartbeat's life, so a slow round does not drop a live replica.
-const HEARTBEAT_SLACK: Duration = Duration::from_millis(500);
+const HEARTBEAT_SLACK: Duration = Duration::from_secs(2);
 
 /// The handles of the rounds' metrics (registered by `crate::metrics`).
 #[derive(Clone)]
@@ -39,6 +48,13 @@ pub struct SyncMetrics {
     pub round_seconds: Histogram,
     /// `tollgate_sync_replicas`: R, as the last heartbeat counted it.
     pub replicas: Gauge,
+    /// `tollgate_local_first_late_rounds_total`: rounds of this replica that were late (write
+    /// acknowledged after the others read, or completed more than [`STALE_AFTER_INTERVALS`]
+    /// after the previous one, so the engine decided alone meanwhile).
+    pub late_rounds: Counter,
+    /// `tollgate_local_first_partial_views_total`: reads made while a live replica's write of
+    /// the tick was not in yet (its round late), applied without trusting them as complete.
+    pub partial_views: Counter,
     /// `tollgate_sync_drift_total{route}`: units admitted beyond the limit, per route (by the
     /// routes' key names, tiers included).
     pub drift: HashMap<String, Counter>,
@@ -115,71 +131,64 @@ async fn rounds(
     let heartbeat_us = (interval * HEARTBEAT_INTERVALS + HEARTBEAT_SLACK).as_micros() as i64;
     let interval_us = engine.interval_us();
     let mut failing = false;
+    // The tick of this replica's last write acknowledged in full (none yet).
+    let mut written: i64 = -1;
+    // When the last round completed (store clock).
+    let mut last_done = engine.store_now();
+    let mut seen = Seen::default();
     loop {
         // The tick: the next multiple of the interval on the store's clock.
         let now = engine.store_now();
         let wait = interval_us - now.rem_euclid(interval_us);
         tokio::time::sleep(Duration::from_micros(wait as u64)).await;
+        let woke = engine.store_now();
+        let tick = woke - woke.rem_euclid(interval_us);
+        let mut late = false;
         let (round, batch) = engine.tick();
         let Some(Store::Redis(redis)) = cell.get().cloned() else {
             continue; // Not connected yet: the views go stale and the limits are divided.
         };
-        let started = Instant::now();
-        let (heartbeat, write) = tokio::join!(
-            redis.heartbeat(&replicas_key, &id, heartbeat_us),
-            redis.sync_round(&id, round, &batch, None)
-        );
-        metrics
-            .round_seconds
-            .record(started.elapsed().as_secs_f64());
-        metrics.keys.record(batch.len() as f64);
-        if let Ok(replicas) = heartbeat {
-            engine.set_replicas(replicas);
-            metrics.replicas.set(replicas as f64);
-        }
-        let mut error = write.err().map(|e| crate::error::chain(&e).to_string());
-        let phase = interval / 4;
+        let mut error = write(&engine, &redis, &id, round, batch, interval / 4, &metrics).await;
         if error.is_none() {
-            engine.written(round);
-            // The rest of the usage, a batch at a time, within the round's bounds.
-            let mut sent = batch.len();
-            while sent < ROUND_KEYS && started.elapsed() < phase {
-                let Some((round, batch)) = engine.next_write() else {
-                    break;
-                };
-                let call = Instant::now();
-                let result = redis.sync_round(&id, round, &batch, None).await;
-                metrics.round_seconds.record(call.elapsed().as_secs_f64());
-                metrics.keys.record(batch.len() as f64);
-                if let Err(e) = result {
-                    error = Some(crate::error::chain(&e).to_string());
-                    break;
-                }
-                engine.written(round);
-                sent += batch.len();
-            }
+            // Usage past the round's bounds waits for the next (oldest first); the tick is
+            // recorded anyway, or a key flood would make every view partial.
+            written = tick;
+        }
+        // After the write: the tick recorded is in the shared states.
+        if let Ok((replicas, _)) = redis
+            .heartbeat(&replicas_key, &id, heartbeat_us, written)
+            .await
+        {
+            seen.update(&engine, replicas, heartbeat_us, &metrics);
         }
         if error.is_none() {
-            // The read, three quarters of an interval after the tick: every replica's write is
-            // in by then (the bound assumes it), and the view is fresh for the next tick.
+            let read_at = tick + interval_us * 3 / 4;
             let now = engine.store_now();
-            let read_at = now - now.rem_euclid(interval_us) + interval_us * 3 / 4;
+            // Acknowledged after the others read: their views miss this write.
+            late |= now > read_at;
             if read_at > now {
                 tokio::time::sleep(Duration::from_micros((read_at - now) as u64)).await;
             }
-            let reads = engine.read_batch();
-            let (done, states, clock, failed) = read(&redis, &id, &reads, phase, &metrics).await;
-            if let Some((store_now, latency)) = clock {
-                engine.read_done(&reads[..done], states, store_now, latency);
-                for (route, units) in engine.take_drift() {
-                    if let Some(counter) = metrics.drift.get(&route) {
-                        counter.increment(units);
-                    }
-                }
-            }
-            if failed.is_some() {
-                error = failed;
-            }
+            error = read_round(
+                &mut seen,
+                &engine,
+                &redis,
+                &id,
+                &replicas_key,
+                heartbeat_us,
+                written,
+                tick,
+                &metrics,
+            )
+            .await;
+        }
+        // The engine went late before this round completed: decisions were taken alone.
+        late |= engine.store_now() - last_done > STALE_AFTER_INTERVALS * interval_us;
+        if error.is_none() {
+            last_done = engine.store_now();
+        }
+        if late {
+            metrics.late_rounds.increment(1);
         }
         if error.is_none() {
             metrics.rounds_ok.increment(1);
@@ -193,11 +202,131 @@ async fn rounds(
             }
             Some(cause) if !failing => {
                 failing = true;
-                tracing::error!(%cause, replicas = engine.replicas(), "local-first limits: sync failed; deciding alone with limit / R once the views are stale, usage kept for the next write");
+                tracing::error!(%cause, replicas = engine.replicas(), "local-first limits: sync failed; deciding alone with limit / R of what the last view left once the rounds are late, usage kept for the next write");
             }
             _ => {}
         }
     }
+}
+
+/// R as the engine uses it: the most replicas a heartbeat counted, kept until the counts have
+/// been lower for a heartbeat's life. A heartbeat that a busy node renewed late must not make
+/// the others divide by fewer than R for a moment (their shares would grow by the missing
+/// replica's); a replica that left is let go a heartbeat's life later, which only makes the
+/// shares smaller meanwhile.
+#[derive(Default)]
+struct Seen {
+    replicas: u64,
+    /// Store time since when the counts were lower than `replicas`, if they are.
+    lower_since: Option<i64>,
+}
+
+impl Seen {
+    fn update(&mut self, engine: &LocalFirst, counted: u64, life_us: i64, metrics: &SyncMetrics) {
+        let now = engine.store_now();
+        if counted >= self.replicas {
+            self.replicas = counted;
+            self.lower_since = None;
+        } else {
+            let since = *self.lower_since.get_or_insert(now);
+            if now - since > life_us {
+                self.replicas = counted;
+                self.lower_since = None;
+            }
+        }
+        engine.set_replicas(self.replicas);
+        metrics.replicas.set(self.replicas as f64);
+    }
+}
+
+/// The write of a round: `batch` (number `round`), then the rest of the usage a batch at a
+/// time, within the round's bounds ([`ROUND_KEYS`], `phase`). The error that stopped it.
+async fn write(
+    engine: &LocalFirst,
+    redis: &crate::limit::redis_store::RedisStore,
+    id: &str,
+    round: u64,
+    batch: Vec<crate::limit::local_first::SyncItem>,
+    phase: Duration,
+    metrics: &SyncMetrics,
+) -> Option<String> {
+    let started = Instant::now();
+    metrics.keys.record(batch.len() as f64);
+    let first = redis.sync_round(id, round, &batch, None).await;
+    metrics
+        .round_seconds
+        .record(started.elapsed().as_secs_f64());
+    if let Err(e) = first {
+        return Some(crate::error::chain(&e).to_string());
+    }
+    engine.written(round);
+    let mut sent = batch.len();
+    while sent < ROUND_KEYS && started.elapsed() < phase {
+        let Some((round, batch)) = engine.next_write() else {
+            break;
+        };
+        let call = Instant::now();
+        let result = redis.sync_round(id, round, &batch, None).await;
+        metrics.round_seconds.record(call.elapsed().as_secs_f64());
+        metrics.keys.record(batch.len() as f64);
+        if let Err(e) = result {
+            return Some(crate::error::chain(&e).to_string());
+        }
+        engine.written(round);
+        sent += batch.len();
+    }
+    None
+}
+
+/// The read of a round, 3/4 of an interval after `tick`: first the fleet's state (the
+/// heartbeat, which says whether every live replica's write of `tick` is in), then the keys;
+/// a complete view when it is, a partial one when a replica's round is late. The error that
+/// stopped it.
+#[allow(clippy::too_many_arguments)]
+async fn read_round(
+    seen: &mut Seen,
+    engine: &LocalFirst,
+    redis: &crate::limit::redis_store::RedisStore,
+    id: &str,
+    replicas_key: &str,
+    heartbeat_us: i64,
+    written: i64,
+    tick: i64,
+    metrics: &SyncMetrics,
+) -> Option<String> {
+    let interval = engine.interval_us();
+    // How many ticks the view lags: 0 when every live replica's write of `tick` is in.
+    let behind = match redis
+        .heartbeat(replicas_key, id, heartbeat_us, written)
+        .await
+    {
+        Ok((replicas, oldest)) => {
+            seen.update(engine, replicas, heartbeat_us, metrics);
+            if oldest >= tick {
+                0
+            } else {
+                ((tick - oldest) as u64).div_ceil(interval as u64)
+            }
+        }
+        Err(e) => return Some(crate::error::chain(&e).to_string()),
+    };
+    let phase = Duration::from_micros(interval as u64 / 4);
+    let reads = engine.read_batch();
+    let (done, states, clock, failed) = read(redis, id, &reads, phase, metrics).await;
+    if let Some((store_now, latency)) = clock {
+        if behind == 0 {
+            engine.read_done(&reads[..done], states, store_now, latency);
+        } else {
+            metrics.partial_views.increment(1);
+            engine.read_partial(&reads[..done], states, store_now, latency, behind);
+        }
+        for (route, units) in engine.take_drift() {
+            if let Some(counter) = metrics.drift.get(&route) {
+                counter.increment(units);
+            }
+        }
+    }
+    failed
 }
 
 /// The read of `items` in calls of [`BATCH_KEYS`], no more calls once `phase` is spent:

@@ -17,10 +17,18 @@
 //! view was complete, where `a'` is the largest share any replica had (one with no usage of its
 //! own): the most the other replicas can have spent unseen; plus what the limit surely refills
 //! over the interval ([`share`]). So all replicas together admit at most `A_k + R − 1`
-//! in an interval, and the `R − 1` is taken off the next share. While the views are stale
-//! (Redis slow or down), each replica decides alone with limit ÷ R ([`divided`]), on a copy
-//! kept across stale spells so that spells that come and go do not give it again.
-//! docs/algorithms.md ("Local-first limits") states the bounds.
+//! in an interval, and the `R − 1` is taken off the next share. A view is complete when every
+//! live replica's write of the tick was in before the read (the heartbeat says so); when one's
+//! round is late the read is partial ([`LocalFirst::read_partial`]): applied, but what the
+//! others may have spent unseen since the last complete view still counts.
+//!
+//! When this replica's own rounds are late (the last completed round older than
+//! [`STALE_AFTER_INTERVALS`] on the engine's clock: a busy node, Redis slow or down), it
+//! decides alone with limit ÷ R ([`divided`]), on a copy kept across late spells and bounded at
+//! each spell's start by limit ÷ R of what the last complete view left, less what this replica
+//! admitted since ([`spell_budget`]): however often and however long the rounds are late, the
+//! replicas together stay within the limit plus R − 1. docs/algorithms.md ("Local-first
+//! limits") states the bounds.
 //!
 //! Bounded state: each route (a limit set's key name) keeps at most `keys_per_route` local
 //! copies. A new key on a full route takes the place of the coldest copy it may drop, one with
@@ -33,8 +41,14 @@
 //! bounded batches ([`ROUND_KEYS`], [`BATCH_KEYS`]); usage not written waits for the next
 //! round, oldest first, and a copy not read in a round is decided exactly until a read brings
 //! its view again.
+//!
+//! Cold copies go quiet: a copy no decision used for [`COLD_AFTER_INTERVALS`] with nothing to
+//! send is dropped (it is no longer read each round). A dropped copy whose shared state was not
+//! at rest is remembered by a hash of its key until that state surely is; a returning caller
+//! hashing there is decided exactly (on the fleet's count in Redis) until a read brings its
+//! view, so a drop never frees a caller early.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::algorithm::{self, Algorithm, Micros, Params, Settle, State, Verdict};
@@ -54,8 +68,16 @@ pub const ROUND_KEYS: usize = 10_000;
 pub const IDLE_READS: usize = 1_000;
 /// How many of a route's oldest copies an eviction looks at.
 const EVICTION_PROBES: usize = 16;
-/// A view older than this many intervals is stale: decide on limit ÷ R.
-pub const STALE_AFTER_INTERVALS: i64 = 3;
+/// The rounds are late once the last completed round (the last read) is older than this many
+/// intervals (a round completes once an interval, 3/4 into it): decide on limit ÷ R, within
+/// what the last complete view leaves ([`spell_budget`]).
+pub const STALE_AFTER_INTERVALS: i64 = 2;
+/// A copy no decision used for this many intervals, with nothing to send, is cold: dropped
+/// (it stops syncing), its key remembered in [`Inner::dropped`] when its shared state is not at
+/// rest.
+pub const COLD_AFTER_INTERVALS: i64 = 50;
+/// Slots of the table of recently dropped keys (8 bytes each, made on the first drop).
+const DROPPED_SLOTS: usize = 1 << 18;
 
 /// One key's local copy.
 #[derive(Debug, Clone)]
@@ -88,6 +110,8 @@ struct Entry {
     /// The most the other replicas may have spent since the view was complete ((R − 1) × the
     /// shares of those intervals).
     unseen: u64,
+    /// What the last tick added to `unseen` (the others' shares of the interval that ended).
+    unseen_last: u64,
     /// Decided since the last read (so the next read keeps the key).
     touched: bool,
     /// What the last view held beyond the limit (drift is counted once, as it grows).
@@ -104,6 +128,10 @@ struct Entry {
     /// when the last of them were taken): a view read meanwhile may still hold them, so they
     /// stay out of the local copy built from it.
     refunding: (u64, Micros),
+    /// Local time of the last decision on this copy (cold copies are dropped).
+    used_at: Micros,
+    /// The late spell `divided` was last bounded for (`Inner::synced_at` then).
+    spell: Micros,
 }
 
 impl Entry {
@@ -127,12 +155,15 @@ impl Entry {
             share_at: now,
             others_share: share(&params, None, 0, now, interval_us, replicas),
             unseen: 0,
+            unseen_last: 0,
             touched: true,
             over_seen: 0,
             view_read: 0,
             needs_view: false,
             queued: false,
             refunding: (0, 0),
+            used_at: Micros::MIN,
+            spell: Micros::MIN,
         }
     }
 
@@ -208,6 +239,13 @@ struct Inner {
     /// The write sent and not acknowledged: sent again, as it was, until it is (so Redis can
     /// tell a repeat from new usage).
     unacked: Option<(u64, Vec<SyncItem>)>,
+    /// Keys dropped (cold or evicted) while their shared state was not at rest, by a hash of
+    /// the key: the store time until which a key hashing there is decided exactly until a read
+    /// brings its view (a returning caller is never freed early). Empty until the first drop;
+    /// a collision only costs a key an exact decision.
+    dropped: Vec<Micros>,
+    /// Copies dropped cold since the start.
+    cold: u64,
 }
 
 impl LocalFirst {
@@ -228,6 +266,8 @@ impl LocalFirst {
                 drift: HashMap::new(),
                 round: 0,
                 unacked: None,
+                dropped: Vec::new(),
+                cold: 0,
             })),
             clock,
             interval_us: interval_us.max(1),
@@ -281,6 +321,12 @@ impl LocalFirst {
         self.lock().evicted
     }
 
+    /// Copies dropped because no decision used them for [`COLD_AFTER_INTERVALS`], since the
+    /// start.
+    pub fn cold_dropped(&self) -> u64 {
+        self.lock().cold
+    }
+
     /// Copies held by `route` (tests).
     pub fn route_len(&self, route: &str) -> usize {
         self.lock().routes.get(route).map_or(0, |r| r.live)
@@ -290,7 +336,7 @@ impl LocalFirst {
         self.len() == 0
     }
 
-    /// True while the view is fresh (a read succeeded within a few intervals).
+    /// True while the rounds are on time (a round completed within [`STALE_AFTER_INTERVALS`]).
     pub fn fresh(&self) -> bool {
         let inner = self.lock();
         self.is_fresh(&inner, self.clock.now_us())
@@ -312,35 +358,9 @@ impl LocalFirst {
         let replicas = inner.replicas;
         let interval = self.interval_us;
         let until_tick = interval - now.rem_euclid(interval);
-        // Every key gets a copy, or is decided without one.
-        let mut exact = false;
-        for check in checks {
-            let reads = inner.reads;
-            let started = inner.reads_started;
-            if let Some(entry) = inner.keys.get_mut(check.key) {
-                if entry.params != check.params {
-                    // A reload changed the limit: start over from the next view.
-                    let route = entry.route.clone();
-                    *entry = Entry::new(route, check.params, now, interval, replicas);
-                    entry.view_read = started;
-                }
-                exact |= entry.needs_view || entry.view_read < reads;
-                continue;
-            }
-            let evicted = match inner.make_room(route, now) {
-                Room::Free => false,
-                Room::Evicted => true,
-                Room::None => {
-                    exact = true;
-                    continue;
-                }
-            };
-            exact |= evicted;
-            let route = inner.route_name(route);
-            let mut entry = Entry::new(route, check.params, now, interval, replicas);
-            entry.view_read = started;
-            entry.needs_view = evicted;
-            inner.insert(Arc::from(check.key), entry);
+        let exact = inner.copies(route, checks, now, local_now, interval);
+        if !fresh {
+            inner.bound_spell(checks, now);
         }
         if exact && fresh {
             for check in checks {
@@ -551,9 +571,8 @@ impl LocalFirst {
         for entry in inner.keys.values_mut() {
             // Every other replica may have spent its whole share of the interval that ended,
             // unseen; this one's own usage is in the local copy.
-            entry.unseen = entry
-                .unseen
-                .saturating_add(entry.others_share.saturating_mul(replicas - 1));
+            entry.unseen_last = entry.others_share.saturating_mul(replicas - 1);
+            entry.unseen = entry.unseen.saturating_add(entry.unseen_last);
             entry.share = share(
                 &entry.params,
                 entry.local.as_ref(),
@@ -671,13 +690,41 @@ impl LocalFirst {
     /// A read succeeded: `states[i]` is the shared state of `batch[i]`, complete up to the
     /// last tick (every replica's write of it was applied), `store_now` the store's clock when
     /// read, `latency_us` the read's duration. Replaces each view, applies again on top this
-    /// replica's usage since the tick, and drops keys that went idle.
+    /// replica's usage since the tick, and drops keys that went idle or cold.
     pub fn read_done(
         &self,
         batch: &[SyncItem],
         states: Vec<Option<State>>,
         store_now: Micros,
         latency_us: Micros,
+    ) {
+        self.read(batch, states, store_now, latency_us, 0);
+    }
+
+    /// A read succeeded but the fleet state says a live replica's write of the last tick is not
+    /// in yet (its round is late): the states hold every replica's usage only up to the tick
+    /// `ticks_behind` ticks earlier. One tick behind, they are a view of that tick, and what
+    /// the others may have spent in the interval since (the last tick's addition to `unseen`)
+    /// stays set aside; further behind, they are applied to the local copies but are no view:
+    /// everything the others may have spent since the last complete view stays set aside.
+    pub fn read_partial(
+        &self,
+        batch: &[SyncItem],
+        states: Vec<Option<State>>,
+        store_now: Micros,
+        latency_us: Micros,
+        ticks_behind: u64,
+    ) {
+        self.read(batch, states, store_now, latency_us, ticks_behind.max(1));
+    }
+
+    fn read(
+        &self,
+        batch: &[SyncItem],
+        states: Vec<Option<State>>,
+        store_now: Micros,
+        latency_us: Micros,
+        behind: u64,
     ) {
         let local_now = self.clock.now_us();
         let mut inner = self.lock();
@@ -691,7 +738,7 @@ impl LocalFirst {
         let unacked = inner.unacked.is_some();
         // Borrow the fields apart (keys and drift at once).
         let inner = &mut *inner;
-        let mut read = std::collections::HashSet::with_capacity(batch.len());
+        let mut read = HashSet::with_capacity(batch.len());
         for (item, view) in batch.iter().zip(states) {
             read.insert(item.key.as_str());
             let Some(entry) = inner.keys.get_mut(item.key.as_str()) else {
@@ -723,41 +770,53 @@ impl LocalFirst {
             // The view holds every write up to the last tick; unseen are only the current
             // interval's shares, at most R × this one. What the view admits beyond them is
             // shared out now rather than at the next tick (a key first seen late in the last
-            // interval would otherwise wait a whole interval).
-            let set_aside = entry.others_share.saturating_mul(replicas);
+            // interval would otherwise wait a whole interval). A partial view may miss what
+            // the others spent since the last complete one: that stays set aside too.
+            let unseen = match behind {
+                0 => 0,
+                1 => entry.unseen.min(entry.unseen_last),
+                _ => entry.unseen,
+            };
+            let set_aside = entry
+                .others_share
+                .saturating_mul(replicas)
+                .saturating_add(unseen);
             let mine = available(&entry.params, entry.local.as_ref(), now);
             entry.share += mine.saturating_sub(set_aside).div_ceil(replicas);
             let anyone = available(&entry.params, view.as_ref(), now);
             entry.others_share += anyone.saturating_sub(set_aside).div_ceil(replicas);
             entry.others_share = entry.others_share.max(entry.share);
-            entry.view = view;
-            entry.unseen = 0;
+            if behind <= 1 {
+                entry.view = view;
+            }
+            entry.unseen = unseen;
             entry.view_read = reads;
             entry.needs_view = false;
             // The divided copy is kept: it is what this replica admitted alone, and a view that
             // goes stale again (a loaded machine whose rounds run late, Redis flapping) goes on
             // from it rather than from a whole limit ÷ R again.
         }
-        // Idle keys (not touched since the last read, nothing to send) whose state is full
-        // again are dropped: a new copy starts from the same idle state.
-        let interval = self.interval_us;
-        let routes = &mut inner.routes;
-        inner.keys.retain(|key, entry| {
-            let keep = !read.contains(&**key)
-                || entry.touched
-                || entry.pending > 0
-                || entry.in_flight > 0
-                || available(&entry.params, entry.view.as_ref(), now + interval)
-                    < capacity(&entry.params);
-            entry.touched = false;
-            if !keep {
-                if let Some(r) = routes.get_mut(&*entry.route) {
-                    r.live -= 1;
-                }
-            }
-            keep
-        });
+        inner.drop_idle(&read, now, local_now, self.interval_us);
     }
+}
+
+/// The slot of `key` in [`Inner::dropped`], by the keys' own hasher (seeded per map).
+fn dropped_slot(hasher: &impl std::hash::BuildHasher, key: &str) -> usize {
+    (hasher.hash_one(key) as usize) & (DROPPED_SLOTS - 1)
+}
+
+/// Marks `slot` of `dropped` until the shared state of `entry`, dropped at `now`, is surely at
+/// rest; nothing when the last view showed it at rest (or none: the state is idle or unknown,
+/// and a copy without a view was never decided on the fleet's count either).
+fn remember(dropped: &mut Vec<Micros>, slot: usize, entry: &Entry, now: Micros) {
+    let view = entry.local.as_ref().or(entry.view.as_ref());
+    if view.is_none() || available(&entry.params, view, now) >= capacity(&entry.params) {
+        return;
+    }
+    if dropped.is_empty() {
+        *dropped = vec![Micros::MIN; DROPPED_SLOTS];
+    }
+    dropped[slot] = dropped[slot].max(at_rest_by(&entry.params, now));
 }
 
 /// What a new key found on its route.
@@ -771,6 +830,142 @@ enum Room {
 }
 
 impl Inner {
+    /// After a read: drops the copies with nothing to send that no decision touched since the
+    /// last read and whose state (in `read`) is full again, for a new copy starts from the same
+    /// idle state; and the cold ones, untouched for [`COLD_AFTER_INTERVALS`], whatever their
+    /// state (remembered in [`Inner::dropped`], so a returning caller is decided on the
+    /// fleet's count until a read brings it).
+    fn drop_idle(
+        &mut self,
+        read: &HashSet<&str>,
+        now: Micros,
+        local_now: Micros,
+        interval: Micros,
+    ) {
+        let cold_before = local_now.saturating_sub(COLD_AFTER_INTERVALS * interval);
+        let Inner {
+            keys,
+            routes,
+            dropped,
+            cold,
+            ..
+        } = self;
+        let hasher = keys.hasher().clone();
+        keys.retain(|key, entry| {
+            let touched = std::mem::take(&mut entry.touched);
+            if touched || !entry.clean() {
+                return true;
+            }
+            let at_rest = read.contains(&**key)
+                // The local copy, not the view: a partial read updates only the copy (the
+                // view may be an older one, at rest though the shared state is not).
+                && available(&entry.params, entry.local.as_ref(), now + interval)
+                    >= capacity(&entry.params);
+            let is_cold = !at_rest && entry.used_at < cold_before;
+            if !at_rest && !is_cold {
+                return true;
+            }
+            if let Some(r) = routes.get_mut(&*entry.route) {
+                r.live -= 1;
+            }
+            if is_cold {
+                *cold += 1;
+                remember(dropped, dropped_slot(&hasher, key), entry, now);
+            }
+            false
+        });
+    }
+
+    /// Gives every key of `checks` a copy (or none when its route has no room); true when a
+    /// key must be decided exactly: no current view, a new key on a full route, or a key
+    /// dropped recently whose shared state is not at rest.
+    fn copies(
+        &mut self,
+        route: &str,
+        checks: &[Check<'_>],
+        now: Micros,
+        local_now: Micros,
+        interval: Micros,
+    ) -> bool {
+        let replicas = self.replicas;
+        let mut exact = false;
+        for check in checks {
+            let reads = self.reads;
+            let started = self.reads_started;
+            if let Some(entry) = self.keys.get_mut(check.key) {
+                if entry.params != check.params {
+                    // A reload changed the limit: start over from the next view.
+                    let route = entry.route.clone();
+                    *entry = Entry::new(route, check.params, now, interval, replicas);
+                    entry.view_read = started;
+                }
+                entry.used_at = local_now;
+                exact |= entry.needs_view || entry.view_read < reads;
+                continue;
+            }
+            let evicted = match self.make_room(route, now) {
+                Room::Free => false,
+                Room::Evicted => true,
+                Room::None => {
+                    exact = true;
+                    continue;
+                }
+            };
+            // A caller whose copy was dropped starts from the fleet's count, not from idle.
+            let returning = self.was_dropped(check.key, now);
+            exact |= evicted || returning;
+            let route = self.route_name(route);
+            let mut entry = Entry::new(route, check.params, now, interval, replicas);
+            entry.view_read = started;
+            entry.needs_view = evicted || returning;
+            entry.used_at = local_now;
+            self.insert(Arc::from(check.key), entry);
+        }
+        exact
+    }
+
+    /// Late rounds: bounds each key's divided copy, once per late spell, by what the last
+    /// complete view leaves this replica ([`spell_budget`]), so that a spell never gives more
+    /// than limit ÷ R of what the fleet had left, whatever this replica spent before it.
+    fn bound_spell(&mut self, checks: &[Check<'_>], now: Micros) {
+        let replicas = self.replicas;
+        let spell = self.synced_at;
+        for check in checks {
+            let Some(entry) = self.keys.get_mut(check.key) else {
+                continue;
+            };
+            if entry.spell == spell {
+                continue;
+            }
+            entry.spell = spell;
+            let params = divided(&entry.params, replicas);
+            let budget = spell_budget(
+                &entry.params,
+                entry.view.as_ref(),
+                entry.local.as_ref(),
+                now,
+                replicas,
+            );
+            let kept = available(&params, entry.divided.as_ref(), now);
+            if kept > budget {
+                entry.divided =
+                    algorithm::charge(&params, entry.divided.as_ref(), now, kept - budget)
+                        .map(|(s, _)| s);
+            }
+        }
+    }
+
+    /// Remembers `key`, dropped with `entry`, when its shared state is not at rest at `now`.
+    fn remember_dropped(&mut self, key: &str, entry: &Entry, now: Micros) {
+        let slot = dropped_slot(self.keys.hasher(), key);
+        remember(&mut self.dropped, slot, entry, now);
+    }
+
+    /// True when `key` may have been dropped with its shared state not at rest.
+    fn was_dropped(&self, key: &str, now: Micros) -> bool {
+        !self.dropped.is_empty() && self.dropped[dropped_slot(self.keys.hasher(), key)] > now
+    }
+
     /// The shared name of `route` (made on its first key).
     fn route_name(&mut self, route: &str) -> Arc<str> {
         match self.routes.get_key_value(route) {
@@ -830,7 +1025,7 @@ impl Inner {
             let entry = &keys[&*key];
             if entry.touched || !entry.clean() {
                 busy.push(key);
-            } else if available(&entry.params, entry.view.as_ref(), now) >= capacity(&entry.params)
+            } else if available(&entry.params, entry.local.as_ref(), now) >= capacity(&entry.params)
             {
                 victim = Some(key);
                 break;
@@ -852,9 +1047,10 @@ impl Inner {
         let Some(victim) = victim else {
             return Room::None;
         };
-        keys.remove(&*victim);
+        let entry = keys.remove(&*victim).expect("a current key is held");
         r.live -= 1;
         self.evicted += 1;
+        self.remember_dropped(&victim, &entry, now);
         Room::Evicted
     }
 }
@@ -894,6 +1090,37 @@ pub fn refill(params: &Params, now: Micros, span: Micros) -> u64 {
             (units / period as i128) as u64
         }
     }
+}
+
+/// What a replica whose rounds are late may still admit alone at `now`: limit ÷ R of what the
+/// last complete view `view` leaves, less what this replica admitted since (its `local` copy
+/// holds it). Every replica that goes late takes at most this, so together they stay within
+/// what the view left plus R − 1.
+pub fn spell_budget(
+    params: &Params,
+    view: Option<&State>,
+    local: Option<&State>,
+    now: Micros,
+    replicas: u64,
+) -> u64 {
+    let seen = available(params, view, now);
+    let own = seen.saturating_sub(available(params, local, now));
+    seen.div_ceil(replicas.max(1)).saturating_sub(own)
+}
+
+/// A time by which a state of `params` charged at `now` is surely at rest again (full): a
+/// whole period per `limit` units of capacity, plus one period (the sliding window's previous
+/// window, a window already begun).
+fn at_rest_by(params: &Params, now: Micros) -> Micros {
+    let periods = capacity(params)
+        .div_ceil(params.limit.max(1))
+        .saturating_add(1);
+    now.saturating_add(
+        params
+            .period_us
+            .max(1)
+            .saturating_mul(periods.min(1 << 20) as i64),
+    )
 }
 
 /// One replica's share of the interval starting at `now` (a tick): `ceil(A / R)` where `A`
@@ -1196,6 +1423,28 @@ mod tests {
     /// writes at the ticks, the reads 3/4 into the interval). Returns the admissions per
     /// interval, counted from the first request.
     fn continuous(p: Params, starts: [Micros; 4], rate: usize, intervals: usize) -> Vec<u64> {
+        continuous_with(p, starts, rate, intervals, Late::None)
+    }
+
+    /// How [`continuous_with`]'s replica 0 is late.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Late {
+        /// Every round on time.
+        None,
+        /// Replica 0's write lands after the reads (4/5 into the interval), every round, and
+        /// the reads know it (the heartbeat's fleet state): partial, one tick behind.
+        Heeded,
+        /// The same, the reads taken as complete (what the rounds did before the fleet state).
+        Ignored,
+    }
+
+    fn continuous_with(
+        p: Params,
+        starts: [Micros; 4],
+        rate: usize,
+        intervals: usize,
+        late: Late,
+    ) -> Vec<u64> {
         const INTERVAL: Micros = 100_000;
         const STEP: Micros = 5_000;
         let first = *starts.iter().min().unwrap();
@@ -1209,12 +1458,17 @@ mod tests {
             })
             .collect();
         let mut shared: Option<State> = None;
+        let mut delayed = None;
         let mut per_interval = vec![0; intervals];
         for step in 0..intervals as Micros * INTERVAL / STEP {
             let now = first + step * STEP;
             if now % INTERVAL == 0 {
-                for engine in &engines {
+                for (i, engine) in engines.iter().enumerate() {
                     let (round, batch) = engine.tick();
+                    if i == 0 && late != Late::None {
+                        delayed = Some((round, batch));
+                        continue;
+                    }
                     for item in batch {
                         shared = algorithm::charge(&p, shared.as_ref(), now, item.amount)
                             .map(|(s, _)| s);
@@ -1222,11 +1476,24 @@ mod tests {
                     engine.written(round);
                 }
             }
+            if now % INTERVAL == INTERVAL * 4 / 5 {
+                if let Some((round, batch)) = delayed.take() {
+                    for item in batch {
+                        shared = algorithm::charge(&p, shared.as_ref(), now, item.amount)
+                            .map(|(s, _)| s);
+                    }
+                    engines[0].written(round);
+                }
+            }
             if now % INTERVAL == INTERVAL * 3 / 4 {
                 for engine in &engines {
                     let batch = engine.read_batch();
                     let states = batch.iter().map(|_| shared.clone()).collect();
-                    engine.read_done(&batch, states, now, 0);
+                    if late == Late::Heeded {
+                        engine.read_partial(&batch, states, now, 0, 1);
+                    } else {
+                        engine.read_done(&batch, states, now, 0);
+                    }
                 }
             }
             clock.set(now);
@@ -1284,6 +1551,131 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn late_rounds_give_no_more_than_the_last_view_left() {
+        let p = params(Algorithm::FixedWindow, 100, 60 * SECOND);
+        let clock = Arc::new(ManualClock::new(10 * SECOND));
+        let engines: Vec<LocalFirst> = (0..4)
+            .map(|_| {
+                let engine = LocalFirst::new(clock.clone(), 100_000);
+                engine.set_replicas(4);
+                engine
+            })
+            .collect();
+        // Each replica spends its share of the first interval...
+        let mut total: usize = engines.iter().map(|e| admitted(e, "k", p, 200)).sum();
+        assert_eq!(total, 100);
+        // ... then its rounds never complete (a busy node: the round task is not woken): late,
+        // each decides alone, and what it spent counts against its limit ÷ R.
+        clock.advance(STALE_AFTER_INTERVALS * 100_000 + 1);
+        for engine in &engines {
+            assert!(!engine.fresh());
+            total += admitted(engine, "k", p, 200);
+        }
+        assert!((100..=103).contains(&total), "{total} admitted");
+        // A new key meets late rounds: limit ÷ R each, as when Redis is down from the start.
+        let alone: usize = engines.iter().map(|e| admitted(e, "new", p, 200)).sum();
+        assert_eq!(alone, 100);
+    }
+
+    #[test]
+    fn a_late_spell_shares_what_the_last_complete_view_left() {
+        let p = params(Algorithm::FixedWindow, 100, 60 * SECOND);
+        let clock = Arc::new(ManualClock::new(10 * SECOND));
+        let engines: Vec<LocalFirst> = (0..4)
+            .map(|_| {
+                let engine = LocalFirst::new(clock.clone(), 100_000);
+                engine.set_replicas(4);
+                engine
+            })
+            .collect();
+        let mut total = 0;
+        for engine in &engines {
+            total += admitted(engine, "k", p, 10);
+            let (round, _) = engine.tick();
+            engine.written(round);
+        }
+        // A complete view: 40 spent, 60 left.
+        for engine in &engines {
+            let view = State::FixedWindow {
+                window: 0,
+                count: 40,
+            };
+            engine.read_done(&engine.read_batch(), vec![Some(view)], 10 * SECOND, 0);
+        }
+        // One replica spends 5 more, then every round is late: 60 ÷ 4 each, less its own 5.
+        total += admitted(&engines[0], "k", p, 5);
+        clock.advance(STALE_AFTER_INTERVALS * 100_000 + 1);
+        let alone: Vec<usize> = engines.iter().map(|e| admitted(e, "k", p, 200)).collect();
+        total += alone.iter().sum::<usize>();
+        assert_eq!(alone, vec![10, 15, 15, 15]);
+        assert_eq!(total, 100);
+    }
+
+    #[test]
+    fn a_replica_whose_writes_land_after_the_reads_keeps_the_bound_when_the_reads_know_it() {
+        let day = 86_400 * SECOND;
+        let limit = 200;
+        let starts = [10 * SECOND; 4];
+        for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+            let p = params(algorithm, limit, day);
+            for rate in [1, 3, 50] {
+                let heeded = continuous_with(p, starts, rate, 40, Late::Heeded);
+                let total: u64 = heeded.iter().sum();
+                assert!(
+                    (limit..=limit + 3).contains(&total),
+                    "{algorithm:?}, {rate} a step, late writes heeded: {total} ({heeded:?})"
+                );
+            }
+        }
+        // Taken as complete, the reads miss the late write and the shares pass the bound.
+        let p = params(Algorithm::FixedWindow, limit, day);
+        let ignored: u64 = continuous_with(p, starts, 3, 40, Late::Ignored)
+            .iter()
+            .sum();
+        assert!(ignored > limit + 3, "{ignored}");
+    }
+
+    #[test]
+    fn cold_copies_are_dropped_and_a_returning_caller_is_decided_on_the_fleets_count() {
+        let mut replica = Replica::new(100_000);
+        let p = params(Algorithm::FixedWindow, 5, 3_600 * SECOND);
+        for i in 0..3_000 {
+            assert!(replica.request("r", &format!("t:{{r|u{i}}}:l"), p));
+        }
+        assert!(replica.request("r", "t:{r|hot}:l", p));
+        replica.round();
+        assert_eq!(replica.engine.len(), 3_001);
+        // No decision on the flood's keys for COLD_AFTER_INTERVALS; one caller stays in use.
+        for _ in 0..COLD_AFTER_INTERVALS + 1 {
+            replica.clock.advance(100_000);
+            replica.request(
+                "r",
+                "t:{r|hot}:l",
+                params(Algorithm::FixedWindow, 1_000, 3_600 * SECOND),
+            );
+            replica.round();
+        }
+        assert_eq!(
+            replica.engine.len(),
+            1,
+            "only the caller in use keeps its copy"
+        );
+        assert_eq!(replica.engine.route_len("r"), 1);
+        assert_eq!(replica.engine.cold_dropped(), 3_000);
+        // The reads are the idle level again: the key in use only.
+        assert_eq!(replica.engine.read_batch().len(), 1);
+        // A returning caller with 1 of 5 spent: decided exactly, on the shared count, not as
+        // a new key with a fresh share; 4 more, then refused.
+        let exact = replica.exact;
+        let back: usize = (0..10)
+            .filter(|_| replica.request("r", "t:{r|u7}:l", p))
+            .count();
+        assert_eq!(back, 4);
+        assert!(replica.exact > exact);
+        assert_eq!(replica.shared_units(), replica.admitted);
     }
 
     #[test]

@@ -416,15 +416,28 @@ impl RedisStore {
         Ok((store_now, states))
     }
 
-    /// Renews this replica's heartbeat under `key` for `ttl_us` and returns the number of
-    /// replicas alive (see `heartbeat.lua`).
-    pub async fn heartbeat(&self, key: &str, id: &str, ttl_us: Micros) -> Result<u64, StoreError> {
+    /// Renews this replica's heartbeat under `key` for `ttl_us`, records `written` (the tick
+    /// of its last write acknowledged in full, store µs; below 0: none) and returns the number
+    /// of replicas alive and the oldest tick they recorded (see `heartbeat.lua`).
+    pub async fn heartbeat(
+        &self,
+        key: &str,
+        id: &str,
+        ttl_us: Micros,
+        written: Micros,
+    ) -> Result<(u64, Micros), StoreError> {
         let args = |command: &mut redis::Cmd| {
-            command.arg(id).arg(ttl_us);
+            command.arg(id).arg(ttl_us).arg(written);
         };
-        self.runner
-            .eval(&self.runner.scripts().heartbeat, &[key], args)
-            .await
+        let written_key = format!("{key}:written");
+        let (replicas, oldest): (u64, String) = self
+            .runner
+            .eval(&self.runner.scripts().heartbeat, &[key, &written_key], args)
+            .await?;
+        let oldest = oldest
+            .parse()
+            .map_err(|_| StoreError::Protocol(format!("heartbeat replied tick {oldest:?}")))?;
+        Ok((replicas, oldest))
     }
 
     /// See [`super::Store::refresh`].

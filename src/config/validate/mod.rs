@@ -230,7 +230,8 @@ routes:\n  - name: a\n    key: usr\n    limits:\n      - { algorithm: gcra, limi
             summary::limit(limit),
             "10 per 1s, burst 20, sync 100ms: admits at most burst 20 + refill + (R - 1) with R replicas; \
              a replica holding all the traffic gets at least 1/R of what is left per 100ms; \
-             limit / R on each replica while Redis is down"
+             when a replica's rounds are late (a busy node, Redis slow or down) \
+             it decides alone on limit / R of what the last view left"
         );
         assert_eq!(c.throttle.routes[1].limits[0].sync, None);
 
