@@ -319,10 +319,16 @@ async fn jwt_then_header(
     if let Some(on_invalid) = on_invalid {
         routes = routes.on_invalid("user", on_invalid);
     }
-    if let Some(redis) = redis {
-        routes = routes.store(redis_store(redis));
-    }
-    (up.clone(), proxy(routes).start().await)
+    let Some(redis) = redis else {
+        return (up.clone(), proxy(routes).start().await);
+    };
+    // The store connects in the background and `on_error: deny` answers 503 until then: the
+    // test is about keys, so it starts once the store is up.
+    let proxy = proxy(routes.store(redis_store(redis)).admin("127.0.0.1:0"))
+        .start()
+        .await;
+    proxy.wait_ready().await;
+    (up.clone(), proxy)
 }
 
 /// Sends `token` with an `X-User` of the attacker's choosing: the status and the
