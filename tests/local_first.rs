@@ -448,6 +448,7 @@ async fn continuous_traffic_over_all_replicas_spends_the_whole_limit() {
     let mut runs = Vec::new();
     for run in 0..20 {
         let user = format!("run-{run}");
+        let late_before = late_rounds(&proxies).await;
         let mut admitted = 0;
         for p in &proxies {
             if status_of(p.addr, "/fw", &user).await == StatusCode::OK {
@@ -457,11 +458,22 @@ async fn continuous_traffic_over_all_replicas_spends_the_whole_limit() {
         tokio::time::sleep(SYNC * 2).await;
         let per_replica = flood(&proxies, "/fw", &user, 8, SYNC * 30).await;
         admitted += per_replica.iter().sum::<usize>();
-        runs.push((admitted, per_replica));
+        // The test measures its own condition: a run whose rounds came late (a busy machine)
+        // is held to the bound documented for late rounds, twice the rounding; any other run
+        // to the exact R − 1.
+        let late = late_rounds(&proxies).await > late_before;
+        runs.push((admitted, per_replica, late));
     }
     let outside: Vec<_> = runs
         .iter()
-        .filter(|(admitted, _)| !(FLOOD_LIMIT..=FLOOD_LIMIT + REPLICAS - 1).contains(admitted))
+        .filter(|(admitted, _, late)| {
+            let slack = if *late {
+                2 * (REPLICAS - 1)
+            } else {
+                REPLICAS - 1
+            };
+            !(FLOOD_LIMIT..=FLOOD_LIMIT + slack).contains(admitted)
+        })
         .collect();
     eprintln!(
         "continuous: {:?}",
@@ -482,10 +494,30 @@ async fn continuous_traffic_over_all_replicas_spends_the_whole_limit() {
     }
     assert!(
         outside.is_empty(),
-        "admitted outside [{FLOOD_LIMIT}, {}] in {} of 20 runs: {outside:?} (all: {runs:?})",
+        "admitted outside [{FLOOD_LIMIT}, {}] ({} where rounds were late) in {} of 20 runs: \
+         {outside:?} (all: {runs:?})",
         FLOOD_LIMIT + REPLICAS - 1,
+        FLOOD_LIMIT + 2 * (REPLICAS - 1),
         outside.len()
     );
+}
+
+/// Late rounds and partial views counted so far over all replicas (`/metrics`).
+async fn late_rounds(proxies: &[ProxyHandle]) -> u64 {
+    let mut total = 0;
+    for p in proxies {
+        let url = format!("http://{}/metrics", p.admin.unwrap());
+        let exposition = text(http1_client().request(get(&url)).await.unwrap()).await;
+        total += exposition
+            .lines()
+            .filter(|l| {
+                l.starts_with("tollgate_local_first_late_rounds_total ")
+                    || l.starts_with("tollgate_local_first_partial_views_total ")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64;
+    }
+    total
 }
 
 /// Late rounds (issue 36): Redis frozen for three intervals now and then while every replica's
