@@ -412,5 +412,11 @@ async fn readyz_names_the_cause_while_on_error_keeps_the_instance_ready() {
         assert!(Instant::now() < deadline, "{readyz:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(tollgate.store_errors("refused").await > 0.0);
+    // The requests' own errors are counted under the cause each one met: the connection's
+    // loss (reset), a wait that ran out, or the refusal, depending on when it came.
+    let mut counted = 0.0;
+    for cause in ["refused", "reset", "timeout", "other"] {
+        counted += tollgate.store_errors(cause).await;
+    }
+    assert!(counted > 0.0, "no store error counted");
 }
