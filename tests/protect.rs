@@ -8,7 +8,8 @@
 //! capacity as measured just before (`measured_capacity`: its answers per second with a queue
 //! always waiting, straight from the client, which a busy CPU lowers through the app's late
 //! timers) and p99 of the admitted ≤ 2.5× the unloaded p99 of the same run; ≥ 99 % of the
-//! `high` fifth of the traffic served while `low` is shed; nothing shed at half of capacity;
+//! `high` fifth of the traffic served while `low` is shed (≤ 1 % of it shed; served of what the
+//! app's measured capacity allows); nothing shed at half of capacity;
 //! ≥ 80 % of a degraded app's measured capacity within 2 s, and the limit grown back within
 //! 5 s of its recovery; long-lived exchanges do not pin the limit; shadow mode never sheds.
 //! A protect that sheds a healthy app (a limit of 3 for its 4 slots serves at most 75 %) or
@@ -147,6 +148,7 @@ async fn the_high_fifth_is_served_while_low_is_shed() {
     let app = CapacityApp::start(SLOTS, SERVICE);
     let routes = "routes:\n  - name: urgent\n    match: { headers: { X-Priority: high } }\n    priority: high\n  - name: rest\n    match: { path_prefix: / }\n    priority: low\n";
     let front = front(&app, &format!("{PROTECT}{routes}")).await;
+    let capacity = measured_capacity(&app).await;
     unloaded_p99(&front).await;
     let report = OpenLoop::new(format!("http://{}", front.addr))
         .rate(3.0 * CAPACITY, Duration::from_secs(6))
@@ -157,7 +159,18 @@ async fn the_high_fifth_is_served_while_low_is_shed() {
     let high = report.phase(Some("high"), 0, Duration::from_secs(1));
     let low = report.phase(Some("low"), 0, Duration::from_secs(1));
     eprintln!("high {high:?}\nlow {low:?}\n{}", state(&front).await);
-    assert!(high.ok as f64 >= 0.99 * high.sent as f64, "high: {high:?}");
+    // Shedding `high` while `low` waits is protect's own failure, on any machine.
+    assert!(
+        high.shed as f64 <= 0.01 * high.sent as f64,
+        "high: {high:?}"
+    );
+    // The high fifth (96/s) fits in the app's 160/s; a machine whose load slows the app
+    // below that (its measured capacity, over the phase's 5 s) cannot serve all of it.
+    let servable = (high.sent as f64).min(capacity * 5.0);
+    assert!(
+        high.ok as f64 >= 0.99 * servable,
+        "high: {high:?}, measured capacity {capacity:.1}/s"
+    );
     assert!(low.shed as f64 > 0.5 * low.sent as f64, "low: {low:?}");
     let text = metrics(&front).await;
     assert!(

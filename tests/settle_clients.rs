@@ -416,3 +416,85 @@ async fn the_store_has_the_settlement_when_the_client_has_the_response() {
         "the end came before the refund"
     );
 }
+
+/// A decision that timed out (the request went on by `on_error: allow`) still runs in Redis
+/// once Redis gets to it, and takes its unit: that unit is given back, or a failures-only
+/// limit of 1 would refuse a caller whose requests all succeeded until the window ends.
+/// Redis's writes are held for a second while a request is decided with a 100 ms timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_that_timed_out_gives_back_what_it_took() {
+    for coalesce in [false, true] {
+        let redis = RedisServer::start();
+        let up = upstream().start().await;
+        let mut store = store::redis(&redis.url())
+            .timeout("100ms")
+            .on_error("allow");
+        if coalesce {
+            store = store.coalesce();
+        }
+        let yaml = config()
+            .upstream(&up.url())
+            .admin("127.0.0.1:0")
+            .identity("user", [source::header("x-user")])
+            .store(store)
+            .route(
+                route("login").prefix("/respond").key("user").limit(
+                    limit::fixed_window(1, "1h")
+                        .count_statuses([401])
+                        .name("logins"),
+                ),
+            );
+        let proxy = proxy(yaml).start().await;
+        proxy.wait_ready().await;
+        let client = http1_client();
+        let send = || {
+            let request = Request::get(format!("http://{}/respond?status=200", proxy.addr))
+                .header("x-user", "u")
+                .body(body(""))
+                .unwrap();
+            client.request(request)
+        };
+        // Decided by Redis (a fail-open admission carries no RateLimit field).
+        let decided_by_redis = || async {
+            for _ in 0..200 {
+                let response = send().await.unwrap();
+                assert_eq!(response.status(), 200, "coalesce {coalesce}");
+                if let Some(field) = response.headers().get("ratelimit") {
+                    return field.to_str().unwrap().to_owned();
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+            }
+            panic!("coalesce {coalesce}: Redis never decided a request");
+        };
+        assert_eq!(decided_by_redis().await, "\"logins\";r=1;t=0");
+
+        let held_at = std::time::Instant::now();
+        hold_writes(&redis).await;
+        let response = send().await.unwrap();
+        assert_eq!(
+            response.status(),
+            200,
+            "coalesce {coalesce}: on_error allow"
+        );
+        // The held decision runs when the writes resume (after a second); its unit comes
+        // back right after.
+        tokio::time::sleep_until((held_at + std::time::Duration::from_millis(1_100)).into()).await;
+        let mut count = 1;
+        for _ in 0..100 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            count = window_count(&redis).await;
+            if count == 0 {
+                break;
+            }
+        }
+        assert_eq!(
+            count, 0,
+            "coalesce {coalesce}: the timed-out decision's unit stays taken"
+        );
+        assert_eq!(decided_by_redis().await, "\"logins\";r=1;t=0");
+        for i in 0..20 {
+            let response = send().await.unwrap();
+            assert_eq!(response.status(), 200, "coalesce {coalesce}: request {i}");
+        }
+    }
+}

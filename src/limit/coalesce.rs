@@ -19,13 +19,14 @@
 //! Not for Redis Cluster: decisions of different callers live in different hash slots, which
 //! one script call cannot reach (config validation refuses the combination).
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::decision::StoreError;
 use super::lua::{split_batch_reply, CheckArg, PackedInts};
-use super::script_runner::ScriptRunner;
+use super::script_runner::{ScriptRunner, ORPHAN_WAIT};
 
 /// Calls in flight at once. Two keep Redis busy while the next batch gathers; more would
 /// only make batches smaller.
@@ -43,6 +44,34 @@ pub struct Pending {
     pub keys: Vec<String>,
     pub args: Vec<CheckArg>,
     pub reply: oneshot::Sender<Result<Vec<i64>, StoreError>>,
+    pub claim: Arc<Claim>,
+}
+
+/// Where a queued decision stands, claimed once: by the sending task before it sends the
+/// decision, or by a caller that gives up waiting. Whoever comes second learns the first's
+/// claim, so a decision is either never sent or known to be sent (its caller then awaits the
+/// reply to give back what it took, see `redis_store`'s orphaned decisions).
+#[derive(Default)]
+pub struct Claim(AtomicU8);
+
+const QUEUED: u8 = 0;
+const SENT: u8 = 1;
+const ABANDONED: u8 = 2;
+
+impl Claim {
+    /// Claims the decision for sending; false if its caller already gave up.
+    fn send(&self) -> bool {
+        self.0
+            .compare_exchange(QUEUED, SENT, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Gives the decision up; false if it was already sent (it may run in Redis).
+    pub fn abandon(&self) -> bool {
+        self.0
+            .compare_exchange(QUEUED, ABANDONED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
 }
 
 /// The queue in front of the sending task. Dropping it ends the task once the queue drains.
@@ -65,11 +94,17 @@ impl Coalescer {
         &self,
         keys: Vec<String>,
         args: Vec<CheckArg>,
+        claim: Arc<Claim>,
     ) -> Result<Vec<i64>, StoreError> {
         let (reply, answer) = oneshot::channel();
         let gone = || StoreError::Protocol("the coalescing task has stopped".into());
         self.queue
-            .send(Pending { keys, args, reply })
+            .send(Pending {
+                keys,
+                args,
+                reply,
+                claim,
+            })
             .await
             .map_err(|_| gone())?;
         answer.await.map_err(|_| gone())?
@@ -97,7 +132,7 @@ async fn gather(runner: Arc<ScriptRunner>, mut waiting: mpsc::Receiver<Pending>)
         }
         // A caller that already gave up (its timeout passed while queued) is not decided:
         // deciding would consume quota for a request that was answered otherwise.
-        batch.retain(|p| !p.reply.is_closed());
+        batch.retain(|p| p.claim.send());
         if batch.is_empty() {
             continue;
         }
@@ -110,8 +145,21 @@ async fn gather(runner: Arc<ScriptRunner>, mut waiting: mpsc::Receiver<Pending>)
 }
 
 /// Sends the queued decisions of `batch` in one call and answers each of them: alone with the
-/// ordinary script, several with the batch form.
-async fn send_batch(runner: &ScriptRunner, batch: Vec<Pending>) {
+/// ordinary script, several with the batch form. Waits for the reply longer than the callers'
+/// timeout (up to [`ORPHAN_WAIT`]): a caller that gave up after its decision was sent still
+/// needs the reply to give back what the decision took.
+async fn send_batch(runner: &Arc<ScriptRunner>, batch: Vec<Pending>) {
+    let call = |script: fn(&super::script_runner::Scripts) -> &super::script_runner::LuaScript,
+                keys: &[&str],
+                args: &dyn Fn(&mut redis::Cmd)| {
+        let call = runner.eval_owned::<PackedInts>(script, keys, args);
+        async move {
+            match tokio::time::timeout(ORPHAN_WAIT, call).await {
+                Ok(reply) => reply.map_err(|e| runner.reply_error(e)),
+                Err(_) => Err(StoreError::Timeout(ORPHAN_WAIT)),
+            }
+        }
+    };
     let replies = if let [one] = batch.as_slice() {
         let keys: Vec<&str> = one.keys.iter().map(String::as_str).collect();
         let args = |command: &mut redis::Cmd| {
@@ -119,8 +167,7 @@ async fn send_batch(runner: &ScriptRunner, batch: Vec<Pending>) {
                 command.arg(value.as_bytes());
             }
         };
-        runner
-            .eval::<PackedInts>(&runner.scripts().decide, &keys, args)
+        call(|s| &s.decide, &keys, &args)
             .await
             .map(|PackedInts(reply)| vec![reply])
     } else {
@@ -137,8 +184,7 @@ async fn send_batch(runner: &ScriptRunner, batch: Vec<Pending>) {
                 }
             }
         };
-        runner
-            .eval::<PackedInts>(&runner.scripts().decide_batch, &keys, args)
+        call(|s| &s.decide_batch, &keys, &args)
             .await
             .and_then(|PackedInts(flat)| {
                 split_batch_reply(batch.iter().map(|p| p.keys.len()), &flat)

@@ -10,19 +10,22 @@
 //! script arguments and replies into decisions.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::FromRedisValue;
 
-use super::coalesce::Coalescer;
+use super::coalesce::{Claim, Coalescer};
 use super::lua::{check_arg, split_batch_reply, PackedInts};
 pub use super::lua::{
     decide_batch_script_source, decide_script_source, peek_script_source, refresh_script_source,
     release_script_source, settle_script_source, ScriptClock,
 };
 use super::redis_settings::{RedisMode, RedisSettings};
-use super::script_runner::{LuaScript, ScriptRunner};
+use super::script_runner::{LuaScript, ScriptRunner, ORPHAN_WAIT};
 
 use super::algorithm::{Algorithm, Micros, Params, Settle, State, Verdict, MAX_PRODUCT};
 use super::decision::{new_lease_id, Check, Decision, Lease, Settlement, StoreError};
@@ -38,6 +41,12 @@ pub struct RedisStore {
     /// Set with `coalesce: true`: decisions go through its queue.
     coalescer: Option<Arc<Coalescer>>,
 }
+
+/// A decision's call to Redis, in flight.
+type PendingReply = Pin<Box<dyn Future<Output = Result<Vec<i64>, StoreError>> + Send>>;
+
+/// Timed-out decisions awaited at once, at most.
+const MAX_ORPHANS: usize = 10_000;
 
 impl RedisStore {
     /// Connects to one server at `url` (`redis://` or `rediss://`); `timeout` bounds
@@ -186,10 +195,15 @@ impl RedisStore {
                 .enumerate()
                 .map(|(i, c)| check_arg(c, lease_at(&lease_ids, i), None))
                 .collect();
-            let timeout = self.runner.timeout();
-            let reply = tokio::time::timeout(timeout, coalescer.decide(keys, values))
-                .await
-                .map_err(|_| StoreError::Timeout(timeout))??;
+            let claim = Arc::new(Claim::default());
+            let call = {
+                let (coalescer, claim) = (coalescer.clone(), claim.clone());
+                async move { coalescer.decide(keys, values, claim).await }
+            };
+            let sent = || !claim.abandon();
+            let reply = self
+                .answer_or_orphan(Box::pin(call), sent, checks, &lease_ids)
+                .await?;
             return parse_decision(checks, &lease_ids, &reply);
         }
         // One check (the usual route) needs no vector of keys.
@@ -210,8 +224,127 @@ impl RedisStore {
                 command.arg(check_arg(c, lease_at(&lease_ids, i), now).as_bytes());
             }
         };
+        if now.is_none() && std::ptr::eq(script, &self.runner.scripts().decide) {
+            let call = self.runner.eval_owned(|s| &s.decide, keys, &args);
+            let runner = self.runner.clone();
+            let call = async move {
+                call.await
+                    .map(|PackedInts(reply)| reply)
+                    .map_err(|e| runner.reply_error(e))
+            };
+            let reply = self
+                .answer_or_orphan(Box::pin(call), || true, checks, &lease_ids)
+                .await?;
+            return parse_decision(checks, &lease_ids, &reply);
+        }
         let PackedInts(reply) = self.runner.eval(script, keys, args).await?;
         parse_decision(checks, &lease_ids, &reply)
+    }
+
+    /// A decision's reply, waited for within the timeout. A decision not answered in time
+    /// still runs in Redis when it gets there and takes its units, for a request that
+    /// `on_error` decided without it: nobody would give them back (a fail-open admission
+    /// settles nothing), so a failures-only limit would refuse a caller whose requests all
+    /// succeeded until its window ended. So such a call is not dropped: a task of its own
+    /// waits for its reply (at most [`ORPHAN_WAIT`]) and gives back what it took. `sent`, asked
+    /// once the wait is over, says whether the call may have reached Redis (a coalesced
+    /// decision still queued is given up instead).
+    async fn answer_or_orphan(
+        &self,
+        mut call: PendingReply,
+        sent: impl FnOnce() -> bool,
+        checks: &[Check<'_>],
+        lease_ids: &[u64],
+    ) -> Result<Vec<i64>, StoreError> {
+        match tokio::time::timeout(self.runner.timeout(), &mut call).await {
+            Ok(reply) => reply,
+            Err(_) => {
+                if sent() {
+                    self.adopt_orphan(call, checks, lease_ids);
+                }
+                Err(self.runner.timed_out())
+            }
+        }
+    }
+
+    /// See [`RedisStore::answer_or_orphan`]. At most [`MAX_ORPHANS`] wait at once (a frozen
+    /// Redis must not grow memory without bound); past that a call is dropped as before.
+    fn adopt_orphan(&self, call: PendingReply, checks: &[Check<'_>], lease_ids: &[u64]) {
+        if self.runner.orphans.fetch_add(1, Ordering::Relaxed) >= MAX_ORPHANS {
+            self.runner.orphans.fetch_sub(1, Ordering::Relaxed);
+            tracing::debug!("a timed-out decision is dropped: too many wait for their replies");
+            return;
+        }
+        let owned: Vec<(String, Check<'static>)> = checks
+            .iter()
+            .map(|c| {
+                let check = Check { key: "", ..*c };
+                (c.key.to_owned(), check)
+            })
+            .collect();
+        let lease_ids = lease_ids.to_vec();
+        let store = self.clone();
+        tokio::spawn(async move {
+            let reply = tokio::time::timeout(ORPHAN_WAIT, call).await;
+            let checks: Vec<Check<'_>> = owned
+                .iter()
+                .map(|(key, check)| Check { key, ..*check })
+                .collect();
+            match reply {
+                Ok(Ok(reply)) => match parse_decision(&checks, &lease_ids, &reply) {
+                    Ok(decision) => store.undo(&checks, &decision).await,
+                    Err(e) => {
+                        tracing::debug!(cause = %e, "a timed-out decision's reply is malformed")
+                    }
+                },
+                Ok(Err(e)) => {
+                    tracing::debug!(cause = %crate::error::chain(&e), "a timed-out decision failed in the end")
+                }
+                Err(_) => {
+                    tracing::warn!(wait = ?ORPHAN_WAIT, "a timed-out decision was not answered: what it may have taken in Redis is not given back")
+                }
+            }
+            store.runner.orphans.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+
+    /// Gives back what an admitting `decision` of `checks` took: units (a denial took none)
+    /// and concurrency slots. Calendar windows keep theirs (settle.lua has no turns to pick
+    /// from, see [`super::algorithm::settle`]).
+    async fn undo(&self, checks: &[Check<'_>], decision: &Decision) {
+        if !decision.allowed {
+            return;
+        }
+        let refunds: Vec<Settlement> = checks
+            .iter()
+            .zip(&decision.verdicts)
+            .filter(|(check, verdict)| {
+                verdict.allowed
+                    && check.params.cost > 0
+                    && check.params.calendar.is_none()
+                    && check.params.algorithm != Algorithm::Concurrency
+            })
+            .map(|(check, _)| Settlement {
+                key: check.key.to_owned(),
+                params: check.params,
+                op: Settle::Refund {
+                    amount: check.params.cost,
+                    taken_at: decision.at,
+                },
+            })
+            .collect();
+        let refunded = self.settle(&refunds).await;
+        let released = self.release(&decision.leases).await;
+        match refunded.and(released) {
+            Ok(()) => tracing::debug!(
+                refunds = refunds.len(),
+                leases = decision.leases.len(),
+                "gave back what a timed-out decision took"
+            ),
+            Err(e) => {
+                tracing::warn!(cause = %crate::error::chain(&e), "could not give back what a timed-out decision took")
+            }
+        }
     }
 
     /// The bound on every call.

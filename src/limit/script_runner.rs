@@ -44,6 +44,12 @@ const RECONNECT_BACKOFF: (Duration, Duration) =
 /// stalled Redis cannot make memory grow.
 const PIPELINE_BUFFER: usize = 256;
 
+/// How long the reply of a decision is awaited after its caller's timeout passed: the
+/// decision may still run in Redis and take units, which are then given back (see
+/// `redis_store`'s orphaned decisions). Past this, what it took stays taken (a Redis that slow
+/// has failed the callers anyway, and the windows end).
+pub const ORPHAN_WAIT: Duration = Duration::from_secs(30);
+
 /// A Lua script, run by hash (`EVALSHA`) and, on a node that has not cached it yet, by source.
 pub struct LuaScript {
     hash: String,
@@ -181,6 +187,9 @@ pub struct ScriptRunner {
     conn: Conn,
     timeout: Duration,
     scripts: Scripts,
+    /// Timed-out decisions whose replies are still awaited (`redis_store`'s orphaned
+    /// decisions): counted to bound them.
+    pub orphans: std::sync::atomic::AtomicUsize,
 }
 
 impl ScriptRunner {
@@ -235,6 +244,7 @@ impl ScriptRunner {
             conn,
             timeout,
             scripts: Scripts::new(clock),
+            orphans: Default::default(),
         })
     }
 
@@ -302,16 +312,7 @@ impl ScriptRunner {
         keys: &[&str],
         args: impl Fn(&mut redis::Cmd),
     ) -> Result<T, StoreError> {
-        // Sized for the decide script (one argument per key, usually a few dozen bytes; up to
-        // 167 with a concurrency lease id and 20-digit limits) and settle.lua's seven numbers
-        // per key, so building it rarely reallocates.
-        let data = 64 + keys.iter().map(|k| k.len() + 64).sum::<usize>();
-        let command = |name: &str, first: &str| {
-            let mut c = redis::Cmd::with_capacity(3 + 9 * keys.len(), data + first.len());
-            c.arg(name).arg(first).arg(keys.len()).arg(keys);
-            args(&mut c);
-            c
-        };
+        let command = |name: &str, first: &str| script_command(name, first, keys, &args);
         let call = async {
             match self.query_raw(&command("EVALSHA", &script.hash)).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
@@ -321,6 +322,35 @@ impl ScriptRunner {
             }
         };
         self.bounded(call).await
+    }
+
+    /// [`ScriptRunner::eval`] as a future that owns what it needs and has no timeout: the
+    /// caller bounds its own wait, and may hand the rest of the call to a task instead of
+    /// dropping it, so that the reply of a call Redis still runs is not lost with the wait
+    /// (see `redis_store`'s orphaned decisions). Errors as redis-rs reports them; map them
+    /// with [`ScriptRunner::reply_error`].
+    pub fn eval_owned<T: FromRedisValue + Send + 'static>(
+        self: &Arc<Self>,
+        script: fn(&Scripts) -> &LuaScript,
+        keys: &[&str],
+        args: &dyn Fn(&mut redis::Cmd),
+    ) -> impl std::future::Future<Output = RedisResult<T>> + Send + 'static + use<T> {
+        let by_hash = script_command("EVALSHA", &script(&self.scripts).hash, keys, &args);
+        let runner = self.clone();
+        async move {
+            match runner.query_raw(&by_hash).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    let source = &script(&runner.scripts).source;
+                    runner.query_raw(&by_source(&by_hash, source)).await
+                }
+                other => other,
+            }
+        }
+    }
+
+    /// A redis-rs error of a call as the store reports it.
+    pub fn reply_error(&self, e: RedisError) -> StoreError {
+        map_err(e, self.timeout)
     }
 
     /// One command, bounded by the timeout.
@@ -460,15 +490,18 @@ impl ScriptRunner {
     ) -> Result<T, StoreError> {
         match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => result.map_err(|e| map_err(e, self.timeout)),
-            Err(_) => {
-                // A master that stopped answering (frozen, partitioned) never errors by itself:
-                // ask the Sentinels whether it was replaced.
-                if let Conn::Sentinel(s) = &self.conn {
-                    s.rediscover_from(s.generation());
-                }
-                Err(StoreError::Timeout(self.timeout))
-            }
+            Err(_) => Err(self.timed_out()),
         }
+    }
+
+    /// The error of a call not answered within the timeout.
+    pub fn timed_out(&self) -> StoreError {
+        // A master that stopped answering (frozen, partitioned) never errors by itself: ask
+        // the Sentinels whether it was replaced.
+        if let Conn::Sentinel(s) = &self.conn {
+            s.rediscover_from(s.generation());
+        }
+        StoreError::Timeout(self.timeout)
     }
 }
 
@@ -550,6 +583,37 @@ fn connection_info(url: &str, settings: &RedisSettings) -> RedisResult<Connectio
         redis = redis.set_password(&password.0);
     }
     Ok(info.set_redis_settings(redis))
+}
+
+/// `name first numkeys keys... args...`: an `EVALSHA` (first: the hash) or `EVAL` (first: the
+/// source) of a script.
+fn script_command(
+    name: &str,
+    first: &str,
+    keys: &[&str],
+    args: &impl Fn(&mut redis::Cmd),
+) -> redis::Cmd {
+    // Sized for the decide script (one argument per key, usually a few dozen bytes; up to 167
+    // with a concurrency lease id and 20-digit limits) and settle.lua's seven numbers per key,
+    // so building it rarely reallocates.
+    let data = 64 + first.len() + keys.iter().map(|k| k.len() + 64).sum::<usize>();
+    let mut c = redis::Cmd::with_capacity(3 + 9 * keys.len(), data);
+    c.arg(name).arg(first).arg(keys.len()).arg(keys);
+    args(&mut c);
+    c
+}
+
+/// The `EVAL` of the script that `by_hash` (an `EVALSHA`) calls, with the same keys and
+/// arguments: for a node that answered `NOSCRIPT`.
+fn by_source(by_hash: &redis::Cmd, source: &str) -> redis::Cmd {
+    let mut c = redis::Cmd::new();
+    c.arg("EVAL").arg(source);
+    for arg in by_hash.args_iter().skip(2) {
+        if let redis::Arg::Simple(bytes) = arg {
+            c.arg(bytes);
+        }
+    }
+    c
 }
 
 fn standalone_client(url: &str, settings: &RedisSettings) -> RedisResult<redis::Client> {
