@@ -68,6 +68,10 @@ pub enum Refusal {
     Audience,
     /// The identity's claim is missing, empty, or not a string or number.
     NoIdentityClaim,
+    /// Not a refused token but a request the identity cannot read one way: it carries more
+    /// than one value where the identity reads one (see [`super::Ambiguity`]). Always answered
+    /// 400, whatever `on_invalid` says: apps would pick different values than tollgate.
+    Ambiguous(super::Ambiguity),
 }
 
 impl Refusal {
@@ -84,6 +88,7 @@ impl Refusal {
             Refusal::Issuer => "wrong_issuer",
             Refusal::Audience => "wrong_audience",
             Refusal::NoIdentityClaim => "no_identity_claim",
+            Refusal::Ambiguous(what) => what.as_str(),
         }
     }
 
