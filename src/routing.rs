@@ -236,9 +236,12 @@ pub fn host_name(raw: &[u8]) -> Result<&[u8], &'static str> {
                 Some(colon) => (&raw[..colon], Some(&raw[colon + 1..])),
                 None => (raw, None),
             };
-            let name_byte = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~');
+            let name_byte =
+                |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~');
             if !name.iter().all(name_byte) {
-                return Err("the Host must be a host name, an IPv4 address or a bracketed IPv6 address");
+                return Err(
+                    "the Host must be a host name, an IPv4 address or a bracketed IPv6 address",
+                );
             }
             if name.is_empty() && port.is_some() {
                 return Err("the Host must name a host");
@@ -560,7 +563,10 @@ mod tests {
             Some("v6")
         );
         assert_eq!(
-            found(&routes, &parts(Method::GET, "/", Some("api.example.com:abc"))),
+            found(
+                &routes,
+                &parts(Method::GET, "/", Some("api.example.com:abc"))
+            ),
             None
         );
     }

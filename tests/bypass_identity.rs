@@ -118,7 +118,10 @@ fn limited(upstream: &str, store: Store) -> Config {
 /// `GET target` with `lines` as its header lines (each `Name: value`), as bytes.
 fn get(target: &str, lines: &[&str]) -> Vec<u8> {
     let mut request = format!("GET {target} HTTP/1.1\r\n");
-    if !lines.iter().any(|l| l.to_ascii_lowercase().starts_with("host:")) {
+    if !lines
+        .iter()
+        .any(|l| l.to_ascii_lowercase().starts_with("host:"))
+    {
         request.push_str("Host: app.example\r\n");
     }
     for line in lines {
@@ -133,12 +136,7 @@ fn get(target: &str, lines: &[&str]) -> Vec<u8> {
 async fn expect(served: &Served, request: &[u8], status: u16) -> RawResponse {
     let what = String::from_utf8_lossy(request).into_owned();
     let response = raw_exchange(served.addr, request).await;
-    assert_eq!(
-        response.status,
-        status,
-        "{what}: {}",
-        response.body_text()
-    );
+    assert_eq!(response.status, status, "{what}: {}", response.body_text());
     if status == 400 || status == 429 {
         assert_eq!(
             response.header("content-type"),
@@ -172,7 +170,9 @@ async fn a_bearer_token_beside_another_credential_is_refused(store: Store, prefi
         vec![format!("Authorization: Basic eDp5,Bearer {owner}")],
         vec![format!("Authorization: Bearer {owner}, Basic eDp5")],
         vec![format!("Authorization: Bearer {owner}, Bearer {owner}")],
-        vec![format!("Authorization: Digest username=\"a, Bearer {owner}, b\"")],
+        vec![format!(
+            "Authorization: Digest username=\"a, Bearer {owner}, b\""
+        )],
         vec![format!("Authorization: Bearer {owner}, realm=x")],
         vec![
             "Authorization: Basic eDp5".to_owned(),
@@ -200,7 +200,11 @@ async fn a_bearer_token_beside_another_credential_is_refused(store: Store, prefi
             response.body_text()
         );
     }
-    assert_eq!(upstream.request_lines().len(), 3, "only the owner's 3 reached the app");
+    assert_eq!(
+        upstream.request_lines().len(),
+        3,
+        "only the owner's 3 reached the app"
+    );
 
     // One credential each: a valid token of another user, no token (the header keys), and a
     // Digest credential whose auth-params are separated by commas (not a token: the header).
@@ -258,7 +262,11 @@ async fn a_second_identity_value_is_refused(store: Store) {
         ("/hdr/x", &["X-User: alice", "X-User:"], "header"),
         ("/ck/x", &["Cookie: sid=fresh; sid=alice"], "cookie"),
         ("/ck/x", &["Cookie: sid=alice; sid=fresh"], "cookie"),
-        ("/ck/x", &["Cookie: sid=fresh", "Cookie: sid=alice"], "cookie"),
+        (
+            "/ck/x",
+            &["Cookie: sid=fresh", "Cookie: sid=alice"],
+            "cookie",
+        ),
         ("/ck/x", &["Cookie: a=1; sid=; sid=alice"], "cookie"),
         ("/q/x?key=fresh&key=alice", &[], "query parameter"),
         ("/q/x?key=alice&k%65y=fresh", &[], "query parameter"),
@@ -272,11 +280,20 @@ async fn a_second_identity_value_is_refused(store: Store) {
             response.body_text()
         );
     }
-    assert_eq!(upstream.request_lines().len(), forwarded, "none reached the app");
+    assert_eq!(
+        upstream.request_lines().len(),
+        forwarded,
+        "none reached the app"
+    );
 
     expect(&served, &get("/hdr/x", &["X-User: bob"]), 200).await;
     expect(&served, &get("/ck/x", &["Cookie: a=1; sid=bob; b=2"]), 200).await;
-    expect(&served, &get("/ck/x", &["Cookie: a=1", "Cookie: sid=carol"]), 200).await;
+    expect(
+        &served,
+        &get("/ck/x", &["Cookie: a=1", "Cookie: sid=carol"]),
+        200,
+    )
+    .await;
     expect(&served, &get("/q/x?key=bob&other=1&other=2", &[]), 200).await;
     assert_eq!(upstream.request_lines().len(), forwarded + 4);
 }
@@ -315,7 +332,12 @@ async fn a_host_with_a_name_for_a_port_is_refused(store: Store) {
         upstream.heads()
     );
     expect(&served, &get("/h", &["Host: api.example.com"]), 200).await;
-    for counted in ["api.example.com", "api.example.com:8080", "api.example.com:", "API.example.com.:80"] {
+    for counted in [
+        "api.example.com",
+        "api.example.com:8080",
+        "api.example.com:",
+        "API.example.com.:80",
+    ] {
         expect(&served, &get("/h", &[&format!("Host: {counted}")]), 429).await;
     }
     for odd in [
@@ -385,13 +407,23 @@ async fn an_authority_with_a_name_for_a_port_is_refused(store: Store) {
     let upstream = raw_upstream().await;
     let served = serve(&limited(&upstream.url(), store)).await;
     let addr = served.addr;
-    assert_eq!(h2_status(addr, "http://api.example.com:8080/h", &[]).await, 200);
+    assert_eq!(
+        h2_status(addr, "http://api.example.com:8080/h", &[]).await,
+        200
+    );
     assert_eq!(h2_status(addr, "http://api.example.com/h", &[]).await, 200);
     for counted in ["http://api.example.com:8080/h", "http://api.example.com:/h"] {
         assert_eq!(h2_status(addr, counted, &[]).await, 429, "{counted}");
     }
-    assert_eq!(h2_status(addr, "http://api.example.com:abc/h", &[]).await, 400);
-    for host in ["api.example.com:80:80", "api.example.com:x:y", "api.example.com:abc"] {
+    assert_eq!(
+        h2_status(addr, "http://api.example.com:abc/h", &[]).await,
+        400
+    );
+    for host in [
+        "api.example.com:80:80",
+        "api.example.com:x:y",
+        "api.example.com:abc",
+    ] {
         assert_eq!(
             h2_status(addr, "http://api.example.com/h", &[("host", host)]).await,
             400,

@@ -17,6 +17,7 @@
 //! of these values except the client IP are written by the client. The key fragment also names the kind of source that answered, so a client cannot
 //! put a victim's IP address into, say, an API-key header and drain that victim's bucket.
 
+pub mod ambiguity;
 pub mod caller;
 pub mod client_ip;
 pub mod jwt;
@@ -27,6 +28,7 @@ use std::net::IpAddr;
 use http::header::{AUTHORIZATION, COOKIE};
 use http::HeaderName;
 
+pub use ambiguity::Ambiguity;
 pub use client_ip::{client_ip, TrustedProxies};
 pub use jwt::{JwtConfigError, JwtVerifier, Refusal};
 
@@ -110,8 +112,9 @@ impl Source {
                 header(&req.headers, name)?.map(|v| Identified::readable(kind, v, shown))
             }
             Source::Query(name) => match req.uri.query() {
-                Some(query) => query_param_once(query, name)?
-                    .and_then(|value| non_empty(&value).map(|v| Identified::readable(kind, v, shown))),
+                Some(query) => query_param_once(query, name)?.and_then(|value| {
+                    non_empty(&value).map(|v| Identified::readable(kind, v, shown))
+                }),
                 None => None,
             },
             Source::Cookie(name) => {
@@ -136,67 +139,6 @@ impl Source {
             Source::ClientIp => Some(Identified::ip(client_ip, shown)),
             Source::Global => Some(Identified::global(shown)),
         })
-    }
-}
-
-/// Why a request cannot be identified one way: it carries more than one value where the
-/// identity's source reads one. Apps read such requests differently (Node and gunicorn join
-/// repeated lines with commas, an app may take the first or the last element; Django takes the
-/// last of two cookies or query parameters, Flask the first; flask-jwt-extended takes the one
-/// `Bearer` entry of `Basic x, Bearer y` while most others take none), so tollgate keys on
-/// none of them: the request is refused with 400, whatever the identity's `on_invalid` says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ambiguity {
-    /// `Authorization` holds more than one credential (two lines, or a comma list such as
-    /// `Basic eDp5, Bearer <token>`), or a `Bearer` credential followed by a comma: read by a
-    /// `bearer` or `jwt` source.
-    Credentials,
-    /// A header identity given twice, or with a comma in its value (a list to apps).
-    Header,
-    /// A cookie identity given twice (in one `Cookie` line or across lines).
-    Cookie,
-    /// A query identity given twice.
-    Query,
-}
-
-impl Ambiguity {
-    /// As logs name it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Ambiguity::Credentials => "ambiguous_credentials",
-            Ambiguity::Header => "ambiguous_header",
-            Ambiguity::Cookie => "ambiguous_cookie",
-            Ambiguity::Query => "ambiguous_query",
-        }
-    }
-
-    /// The kind of source that met it, as logs name sources (a `jwt` or `bearer` source
-    /// meets `Credentials`: "bearer").
-    pub fn source_kind(self) -> &'static str {
-        match self {
-            Ambiguity::Credentials => "bearer",
-            Ambiguity::Header => "header",
-            Ambiguity::Cookie => "cookie",
-            Ambiguity::Query => "query",
-        }
-    }
-
-    /// What the 400 tells the client.
-    pub fn detail(self) -> &'static str {
-        match self {
-            Ambiguity::Credentials => {
-                "the request carries more than one credential in Authorization: send one"
-            }
-            Ambiguity::Header => {
-                "the request carries more than one value of the header that identifies the caller: send one"
-            }
-            Ambiguity::Cookie => {
-                "the request carries the cookie that identifies the caller more than once: send one"
-            }
-            Ambiguity::Query => {
-                "the request carries the query parameter that identifies the caller more than once: send one"
-            }
-        }
     }
 }
 
@@ -556,7 +498,10 @@ fn cookie<'a>(headers: &'a http::HeaderMap, name: &[u8]) -> Result<Option<&'a [u
 /// The value of header `name`, if present and non-empty. Two lines, or a comma in the value,
 /// are [`Ambiguity::Header`]: apps see the lines joined into a comma list (Node with `, `,
 /// gunicorn and werkzeug with `,`) and may take its first element, its last or the whole.
-fn header<'a>(headers: &'a http::HeaderMap, name: &HeaderName) -> Result<Option<&'a [u8]>, Refusal> {
+fn header<'a>(
+    headers: &'a http::HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<&'a [u8]>, Refusal> {
     let mut lines = headers.get_all(name).iter();
     let Some(value) = lines.next() else {
         return Ok(None);
@@ -809,7 +754,11 @@ mod tests {
         let q = |uri: &str| ident.seen(&parts(uri, &[]), peer());
         assert_eq!(q("/x?a=1&user=bob&b=2").display, "bob");
         // The name twice, however spelled, is refused.
-        for twice in ["/x?a=1&user=bob&user=eve", "/x?user=bob&us%65r=eve", "/x?user=&user=eve"] {
+        for twice in [
+            "/x?a=1&user=bob&user=eve",
+            "/x?user=bob&us%65r=eve",
+            "/x?user=&user=eve",
+        ] {
             assert!(
                 is_ambiguous(&ident, &parts(twice, &[]), Ambiguity::Query),
                 "{twice}"
@@ -963,7 +912,10 @@ mod tests {
         assert_eq!(ident.identify(&both, peer()).source, 0);
         let hidden = parts(
             "/",
-            &[("authorization", b"Basic eDp5, Bearer abc"), ("x-user", b"anything")],
+            &[
+                ("authorization", b"Basic eDp5, Bearer abc"),
+                ("x-user", b"anything"),
+            ],
         );
         assert!(is_ambiguous(&ident, &hidden, Ambiguity::Credentials));
         let header_only = parts("/", &[("x-user", b"a, b")]);
