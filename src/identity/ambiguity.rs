@@ -4,7 +4,7 @@
 /// Why a request cannot be identified one way: it carries more than one value where the
 /// identity's source reads one. Apps read such requests differently (Node and gunicorn join
 /// repeated lines with commas, an app may take the first or the last element; Django takes the
-/// last of two cookies or query parameters, Flask the first; flask-jwt-extended takes the one
+/// last of two cookies or query parameters, Flask the first; flask-jwt-extended takes the first
 /// `Bearer` entry of `Basic x, Bearer y` while most others take none), so tollgate keys on
 /// none of them: the request is refused with 400, whatever the identity's `on_invalid` says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

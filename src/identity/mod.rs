@@ -517,7 +517,7 @@ fn header<'a>(
 ///
 /// `Authorization` holds one credential (RFC 9110 §11.6.2). A request with more than one (two
 /// lines, which gunicorn and werkzeug join; or a comma list, `Basic eDp5, Bearer <token>`) is
-/// [`Ambiguity::Credentials`]: flask-jwt-extended takes the one `Bearer` entry of such a list,
+/// [`Ambiguity::Credentials`]: flask-jwt-extended takes the first `Bearer` entry of such a list,
 /// passport and Spring none, Node keeps the first line only. So is a `Bearer` credential
 /// followed by a comma (`Bearer <token>, x=y`, which flask-jwt-extended reads as the token). A
 /// comma that only separates one credential's auth-params (`Digest username="a", realm="b"`)
