@@ -148,6 +148,9 @@ fn describe_identity(
     let (identified, shown) = identity.identify_shown(parts, client_ip);
     let source = match (identity.sources.get(identified.source), identified.refused) {
         (Some(source), _) => source.describe(),
+        (None, Some(crate::identity::Refusal::Ambiguous(what))) => {
+            format!("none: {} ({}), answered 400", what.detail(), what.as_str())
+        }
         (None, Some(why)) => match identity.on_invalid {
             crate::identity::OnInvalid::ClientIp => format!(
                 "client ip (the bearer token was refused: {}; on_invalid: client_ip)",

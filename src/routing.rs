@@ -184,26 +184,75 @@ fn matches(route: &Route, path: &str, request: &Parts, host: Option<&str>) -> bo
 }
 
 /// The host the client asked for, lower-cased, without port or trailing dot: the Host header
-/// (HTTP/1.1) or the URI authority (HTTP/2).
+/// (HTTP/1.1) or the URI authority (HTTP/2), read by [`host_name`]. None for a value that is no
+/// `host[:port]` (the request path refuses those before routing, see `proxy::shape`).
 fn request_host(request: &Parts) -> Option<String> {
-    let raw = match request
-        .headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-    {
-        Some(host) => host,
-        None => request.uri.authority()?.as_str(),
+    let raw = match request.headers.get(header::HOST) {
+        Some(host) => host.as_bytes(),
+        None => request.uri.authority()?.as_str().as_bytes(),
     };
-    let without_port = match raw.rsplit_once(':') {
-        // `[::1]:8080` or `example.com:8080`, but not a bare IPv6 literal.
-        Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !host.ends_with(':') => {
-            host
-        }
-        _ => raw,
-    };
+    let name = host_name(raw).ok()?;
     // `api.example.com.` is the fully qualified spelling of `api.example.com`.
-    let name = without_port.strip_suffix('.').unwrap_or(without_port);
-    Some(name.to_ascii_lowercase())
+    let name = name.strip_suffix(b".").unwrap_or(name);
+    // Only ASCII passed `host_name`.
+    Some(String::from_utf8_lossy(name).to_ascii_lowercase())
+}
+
+/// The host of a Host (or `:authority`) value, as apps read it: `host[:port]`, the port
+/// numeric or empty (`api.example.com:` is `api.example.com`), the host a name of letters,
+/// digits, `-`, `.`, `_` and `~` (a DNS name or an IPv4 address) or a bracketed IPv6 literal
+/// (`[::1]:8080`). An empty value is an empty host. Anything else is no host, and why: Express
+/// cuts `api.example.com:abc` at the first `:` and serves `api.example.com`, while a reading
+/// of the whole value would match no host route, so such values are refused, never guessed.
+pub fn host_name(raw: &[u8]) -> Result<&[u8], &'static str> {
+    // The bytes whose meaning differs most between readers, wherever they are.
+    if let Some(why) = raw.iter().find_map(|b| match b {
+        b'@' => Some("the Host must not carry userinfo"),
+        b',' => Some("the Host must name one host"),
+        0x80.. => Some("the Host must be ASCII"),
+        _ => None,
+    }) {
+        return Err(why);
+    }
+    let (name, port) = match raw.first() {
+        Some(b'[') => {
+            let close = raw
+                .iter()
+                .position(|&b| b == b']')
+                .ok_or("the Host's IPv6 address is not closed")?;
+            let literal = std::str::from_utf8(&raw[1..close]).unwrap_or("");
+            if literal.parse::<std::net::Ipv6Addr>().is_err() {
+                return Err("the Host's IPv6 address is malformed");
+            }
+            let port = match &raw[close + 1..] {
+                [] => None,
+                [b':', port @ ..] => Some(port),
+                _ => return Err("the Host must be host[:port]"),
+            };
+            (&raw[..=close], port)
+        }
+        _ => {
+            let (name, port) = match raw.iter().position(|&b| b == b':') {
+                Some(colon) => (&raw[..colon], Some(&raw[colon + 1..])),
+                None => (raw, None),
+            };
+            let name_byte =
+                |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~');
+            if !name.iter().all(name_byte) {
+                return Err(
+                    "the Host must be a host name, an IPv4 address or a bracketed IPv6 address",
+                );
+            }
+            if name.is_empty() && port.is_some() {
+                return Err("the Host must name a host");
+            }
+            (name, port)
+        }
+    };
+    if port.is_some_and(|port| !port.iter().all(u8::is_ascii_digit)) {
+        return Err("the Host's port must be a number");
+    }
+    Ok(name)
 }
 
 #[cfg(test)]
@@ -461,5 +510,64 @@ mod tests {
                 "{host}"
             );
         }
+    }
+
+    /// Issue 38: the host is read as apps read `host[:port]`; anything else is no host (the
+    /// request path refuses it before routing), never a host that matches no route.
+    #[test]
+    fn a_host_is_host_and_numeric_port_or_nothing() {
+        for (raw, name) in [
+            ("api.example.com", "api.example.com"),
+            ("api.example.com:8080", "api.example.com"),
+            ("api.example.com:", "api.example.com"),
+            ("API.example.com.:443", "API.example.com."),
+            ("10.0.0.1:80", "10.0.0.1"),
+            ("[::1]", "[::1]"),
+            ("[::1]:8080", "[::1]"),
+            ("[2001:db8::1]:", "[2001:db8::1]"),
+            ("", ""),
+        ] {
+            assert_eq!(host_name(raw.as_bytes()), Ok(name.as_bytes()), "{raw}");
+        }
+        for raw in [
+            "api.example.com:abc",
+            "api.example.com:80:80",
+            "api.example.com:x:y",
+            "api.example.com:80x",
+            "api.example.com: 80",
+            ":80",
+            "::1",
+            "[::1",
+            "[::1]x",
+            "[::1]:x",
+            "[::1]:80:80",
+            "[not-v6]:80",
+            "[fe80::1%25eth0]",
+            "api.example.com/x",
+            "api example.com",
+            "api.example.com\\x",
+            "api%2eexample.com",
+            "x@api.example.com",
+            "a.example, b.example",
+        ] {
+            assert!(host_name(raw.as_bytes()).is_err(), "{raw}");
+        }
+        let routes = vec![route("exact", None, None, Some("api.example.com"))];
+        assert_eq!(
+            found(&routes, &parts(Method::GET, "/", Some("api.example.com:"))).as_deref(),
+            Some("exact")
+        );
+        let v6 = vec![route("v6", None, None, Some("[::1]"))];
+        assert_eq!(
+            found(&v6, &parts(Method::GET, "/", Some("[::1]:8080"))).as_deref(),
+            Some("v6")
+        );
+        assert_eq!(
+            found(
+                &routes,
+                &parts(Method::GET, "/", Some("api.example.com:abc"))
+            ),
+            None
+        );
     }
 }

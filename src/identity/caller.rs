@@ -6,7 +6,8 @@
 //!
 //! A credential an identity refuses (see `Identity::identify`) is logged and counted once, when
 //! that identity is evaluated; under `on_invalid: reject` the caller is then rejected
-//! ([`Caller::rejected`]), which the limit stage answers with 401.
+//! ([`Caller::rejected`]), which the limit stage answers with 401. A request an identity cannot
+//! read one way ([`super::Ambiguity`]) is rejected whatever `on_invalid` says, and answered 400.
 //!
 //! Identities are told apart by address: the configuration holds each one in a single `Arc`
 //! that every allow-list, tier and limit naming it shares, and it outlives the request.
@@ -128,12 +129,25 @@ impl<'r> Caller<'r> {
     }
 
     /// Why the caller is to be refused (401): a credential refused by an identity whose
-    /// `on_invalid` is `reject`, among the identities evaluated so far.
+    /// `on_invalid` is `reject`, among the identities evaluated so far; or (400) a value an
+    /// identity cannot read one way ([`Refusal::Ambiguous`]).
     pub fn rejected(&self) -> Option<Refusal> {
         self.rejected
     }
 
     fn refused(&mut self, identity: &Identity, why: Refusal) {
+        if let Refusal::Ambiguous(what) = why {
+            // Not a credential refused but a request no app reads one way: refused (400)
+            // whatever `on_invalid` says, and not counted as a refused credential.
+            tracing::info!(
+                identity = %identity.name,
+                reason = what.as_str(),
+                client_ip = %self.ip,
+                "ambiguous identity refused"
+            );
+            self.rejected.get_or_insert(why);
+            return;
+        }
         tracing::info!(
             identity = %identity.name,
             reason = why.as_str(),

@@ -17,6 +17,8 @@ use std::fmt;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{Map, Value};
 
+use super::ambiguity::Ambiguity;
+
 /// Tokens longer than this are refused before any parsing, so a hostile header cannot make us
 /// base64-decode and JSON-parse megabytes per request.
 pub const MAX_TOKEN_LEN: usize = 8 * 1024;
@@ -68,6 +70,10 @@ pub enum Refusal {
     Audience,
     /// The identity's claim is missing, empty, or not a string or number.
     NoIdentityClaim,
+    /// Not a refused token but a request the identity cannot read one way: it carries more
+    /// than one value where the identity reads one (see [`Ambiguity`]). Always answered
+    /// 400, whatever `on_invalid` says: apps would pick different values than tollgate.
+    Ambiguous(Ambiguity),
 }
 
 impl Refusal {
@@ -84,6 +90,7 @@ impl Refusal {
             Refusal::Issuer => "wrong_issuer",
             Refusal::Audience => "wrong_audience",
             Refusal::NoIdentityClaim => "no_identity_claim",
+            Refusal::Ambiguous(what) => what.as_str(),
         }
     }
 

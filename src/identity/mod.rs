@@ -7,10 +7,17 @@
 //! `jwt` source of the identity accepts) never falls through to a weaker source: the caller is
 //! keyed by its client IP, or refused with 401, as the identity's `on_invalid` says.
 //!
+//! A request that carries more than one value where an identity reads one (two credentials in
+//! `Authorization`, two `X-User` lines or a comma list in one, two cookies or query parameters of
+//! the identity's name) cannot be read one way: apps join, split and pick such values
+//! differently, so whichever tollgate keyed on, an app could serve another caller. When such a
+//! source is reached the request is refused, 400, whatever `on_invalid` says ([`Ambiguity`]).
+//!
 //! Every value is passed through [`key::key_part`] before it reaches a store key, because all
 //! of these values except the client IP are written by the client. The key fragment also names the kind of source that answered, so a client cannot
 //! put a victim's IP address into, say, an API-key header and drain that victim's bucket.
 
+pub mod ambiguity;
 pub mod caller;
 pub mod client_ip;
 pub mod jwt;
@@ -21,20 +28,25 @@ use std::net::IpAddr;
 use http::header::{AUTHORIZATION, COOKIE};
 use http::HeaderName;
 
+pub use ambiguity::Ambiguity;
 pub use client_ip::{client_ip, TrustedProxies};
 pub use jwt::{JwtConfigError, JwtVerifier, Refusal};
 
 /// One place an identity value can come from.
 #[derive(Debug, Clone)]
 pub enum Source {
-    /// First value of that header, if present and non-empty.
+    /// The value of that header, if present and non-empty; two lines or a comma are
+    /// [`Ambiguity::Header`].
     Header(HeaderName),
-    /// First `name=value` in the query string, percent-decoded (form rules); empty = absent.
+    /// `name=value` in the query string, percent-decoded (form rules); empty = absent; the name
+    /// twice is [`Ambiguity::Query`].
     Query(String),
-    /// Cookie of that name from any Cookie header line; empty = absent.
+    /// Cookie of that name from any Cookie header line; empty = absent; the name twice is
+    /// [`Ambiguity::Cookie`].
     Cookie(String),
     /// The token of `Authorization: Bearer <token>` (scheme case-insensitive); its value is
-    /// always hashed into the key, never stored raw.
+    /// always hashed into the key, never stored raw. More than one credential is
+    /// [`Ambiguity::Credentials`].
     Bearer,
     /// A verified claim of the bearer token; an unverifiable token counts as absent.
     Jwt(JwtVerifier),
@@ -87,7 +99,7 @@ impl Source {
     ) -> Result<Option<Identified>, Refusal> {
         let kind = self.kind();
         if let Source::Jwt(verifier) = self {
-            let Some(token) = bearer(&req.headers) else {
+            let Some(token) = bearer(&req.headers)? else {
                 return Ok(None);
             };
             // A token that is not valid UTF-8 cannot be a JWT.
@@ -96,20 +108,19 @@ impl Source {
             return Ok(Some(Identified::readable(kind, claim.as_bytes(), shown)));
         }
         Ok(match self {
-            Source::Header(name) => req
-                .headers
-                .get(name)
-                .and_then(|value| non_empty(value.as_bytes()))
-                .map(|v| Identified::readable(kind, v, shown)),
-            Source::Query(name) => req
-                .uri
-                .query()
-                .and_then(|query| query_param(query, name))
-                .and_then(|value| non_empty(&value).map(|v| Identified::readable(kind, v, shown))),
-            Source::Cookie(name) => {
-                cookie(&req.headers, name.as_bytes()).map(|v| Identified::readable(kind, v, shown))
+            Source::Header(name) => {
+                header(&req.headers, name)?.map(|v| Identified::readable(kind, v, shown))
             }
-            Source::Bearer => bearer(&req.headers).map(|token| {
+            Source::Query(name) => match req.uri.query() {
+                Some(query) => query_param_once(query, name)?.and_then(|value| {
+                    non_empty(&value).map(|v| Identified::readable(kind, v, shown))
+                }),
+                None => None,
+            },
+            Source::Cookie(name) => {
+                cookie(&req.headers, name.as_bytes())?.map(|v| Identified::readable(kind, v, shown))
+            }
+            Source::Bearer => bearer(&req.headers)?.map(|token| {
                 let mut key_part = String::with_capacity(kind.len() + 44);
                 key_part.push_str(kind);
                 key::push_hashed_forms(token, &mut key_part, shown);
@@ -172,7 +183,8 @@ pub struct Identified {
     /// whitespace, and is at most 77 bytes.
     pub key_part: String,
     /// Why the caller's credential was refused, when it was: the caller is then keyed by its
-    /// client IP (`source` is the fallback's), or refused, as the identity's `on_invalid` says.
+    /// client IP (`source` is the fallback's), or refused, as the identity's `on_invalid` says
+    /// ([`Refusal::Ambiguous`]: always refused, 400).
     pub refused: Option<Refusal>,
 }
 
@@ -279,6 +291,12 @@ impl Identity {
                     return found;
                 }
                 Ok(None) => {}
+                // Nothing to key on that every app would agree with: refused whatever else the
+                // request carries.
+                Err(why @ Refusal::Ambiguous(_)) => {
+                    refused = Some(why);
+                    break;
+                }
                 Err(why) => {
                     refused.get_or_insert(why);
                 }
@@ -401,6 +419,28 @@ pub(crate) fn query_param(query: &str, name: &str) -> Option<Vec<u8>> {
         })
 }
 
+/// The decoded value of the one `name=...` pair (as [`query_param`]); the name twice (however
+/// spelled: `user` and `us%65r` are one name) is [`Ambiguity::Query`], since apps take the first
+/// (Flask), the last (Django, PHP) or both (Express).
+fn query_param_once(query: &str, name: &str) -> Result<Option<Vec<u8>>, Refusal> {
+    let mut found = None;
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let named = match k.bytes().any(|b| b == b'%' || b == b'+') {
+            true => percent_decode(k.as_bytes(), true) == name.as_bytes(),
+            false => k == name,
+        };
+        if !named {
+            continue;
+        }
+        if found.is_some() {
+            return Err(Refusal::Ambiguous(Ambiguity::Query));
+        }
+        found = Some(percent_decode(v.as_bytes(), true));
+    }
+    Ok(found)
+}
+
 /// `%XX` becomes the byte; with `plus_is_space`, `+` becomes a space (form rules). Broken
 /// escapes are kept literally, as browsers and `form_urlencoded` do.
 fn percent_decode(input: &[u8], plus_is_space: bool) -> Vec<u8> {
@@ -428,9 +468,11 @@ fn hex_value(c: u8) -> Option<u8> {
     (c as char).to_digit(16).map(|d| d as u8)
 }
 
-/// The value of cookie `name` from any `Cookie` line (`a=1; b=2`), first match wins; a value
-/// wrapped in double quotes is unwrapped (RFC 6265 allows both forms). Empty = absent.
-fn cookie<'a>(headers: &'a http::HeaderMap, name: &[u8]) -> Option<&'a [u8]> {
+/// The value of cookie `name` from any `Cookie` line (`a=1; b=2`); a value wrapped in double
+/// quotes is unwrapped (RFC 6265 allows both forms). Empty = absent. The name twice, in one line
+/// or across lines, is [`Ambiguity::Cookie`] (Express and Flask take the first, Django the last).
+fn cookie<'a>(headers: &'a http::HeaderMap, name: &[u8]) -> Result<Option<&'a [u8]>, Refusal> {
+    let mut found = None;
     for line in headers.get_all(COOKIE) {
         for pair in line.as_bytes().split(|&b| b == b';') {
             let pair = pair.trim_ascii();
@@ -440,24 +482,98 @@ fn cookie<'a>(headers: &'a http::HeaderMap, name: &[u8]) -> Option<&'a [u8]> {
             if pair[..eq].trim_ascii() != name {
                 continue;
             }
+            if found.is_some() {
+                return Err(Refusal::Ambiguous(Ambiguity::Cookie));
+            }
             let mut value = pair[eq + 1..].trim_ascii();
             if let [b'"', inner @ .., b'"'] = value {
                 value = inner;
             }
-            return non_empty(value);
+            found = Some(value);
         }
     }
-    None
+    Ok(found.and_then(non_empty))
 }
 
-/// The token of the first `Authorization: Bearer <token>` header (scheme case-insensitive).
-fn bearer(headers: &http::HeaderMap) -> Option<&[u8]> {
-    let value = headers.get(AUTHORIZATION)?.as_bytes().trim_ascii();
-    let (scheme, rest) = value.split_at_checked(6)?;
+/// The value of header `name`, if present and non-empty. Two lines, or a comma in the value,
+/// are [`Ambiguity::Header`]: apps see the lines joined into a comma list (Node with `, `,
+/// gunicorn and werkzeug with `,`) and may take its first element, its last or the whole.
+fn header<'a>(
+    headers: &'a http::HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<&'a [u8]>, Refusal> {
+    let mut lines = headers.get_all(name).iter();
+    let Some(value) = lines.next() else {
+        return Ok(None);
+    };
+    if lines.next().is_some() || value.as_bytes().contains(&b',') {
+        return Err(Refusal::Ambiguous(Ambiguity::Header));
+    }
+    Ok(non_empty(value.as_bytes()))
+}
+
+/// The token of the request's one credential when it is `Bearer <token>` (scheme
+/// case-insensitive); None without `Authorization` or when its credential has another scheme.
+///
+/// `Authorization` holds one credential (RFC 9110 §11.6.2). A request with more than one (two
+/// lines, which gunicorn and werkzeug join; or a comma list, `Basic eDp5, Bearer <token>`) is
+/// [`Ambiguity::Credentials`]: flask-jwt-extended takes the first `Bearer` entry of such a list,
+/// passport and Spring none, Node keeps the first line only. So is a `Bearer` credential
+/// followed by a comma (`Bearer <token>, x=y`, which flask-jwt-extended reads as the token). A
+/// comma that only separates one credential's auth-params (`Digest username="a", realm="b"`)
+/// is one credential: an entry after a comma is a new credential unless it is `name=...`.
+fn bearer(headers: &http::HeaderMap) -> Result<Option<&[u8]>, Refusal> {
+    let ambiguous = Err(Refusal::Ambiguous(Ambiguity::Credentials));
+    let mut lines = headers.get_all(AUTHORIZATION).iter();
+    let Some(line) = lines.next() else {
+        return Ok(None);
+    };
+    if lines.next().is_some() {
+        return ambiguous;
+    }
+    let value = line.as_bytes().trim_ascii();
+    let has_comma = value.contains(&b',');
+    if has_comma {
+        // Entries that start a credential: the first non-empty one, and every later one that
+        // is not an auth-param.
+        let mut entries = value
+            .split(|&b| b == b',')
+            .map(<[u8]>::trim_ascii)
+            .filter(|entry| !entry.is_empty());
+        let first = entries.next().unwrap_or_default();
+        if entries.any(|entry| !is_auth_param(entry)) {
+            return ambiguous;
+        }
+        return match is_bearer(first) {
+            Some(_) => ambiguous,
+            None => Ok(None),
+        };
+    }
+    Ok(is_bearer(value))
+}
+
+/// The token of a `Bearer <token>` credential (scheme case-insensitive, non-empty token).
+fn is_bearer(credential: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = credential.split_at_checked(6)?;
     if !scheme.eq_ignore_ascii_case(b"bearer") || !matches!(rest.first(), Some(b' ' | b'\t')) {
         return None;
     }
     non_empty(rest.trim_ascii())
+}
+
+/// Whether a comma-separated entry of `Authorization` is an auth-param (`token BWS "=" ...`)
+/// of the credential before it, rather than a credential of its own.
+fn is_auth_param(entry: &[u8]) -> bool {
+    let name_end = entry
+        .iter()
+        .position(|b| !is_tchar(*b))
+        .unwrap_or(entry.len());
+    name_end > 0 && entry[name_end..].trim_ascii_start().first() == Some(&b'=')
+}
+
+/// An RFC 9110 token character.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 /// 1-based path segment; `/t//x` has an empty segment 2.
@@ -597,6 +713,14 @@ mod tests {
         id.source == usize::MAX && id.source_kind == "client_ip" && id.display == PEER
     }
 
+    /// Refused as ambiguous (keyed, if anything asked, by the client IP).
+    fn is_ambiguous(ident: &Identity, req: &http::request::Parts, what: Ambiguity) -> bool {
+        let id = ident.identify(req, peer());
+        id.refused == Some(Refusal::Ambiguous(what))
+            && id.source == usize::MAX
+            && id.key_part == format!("client_ip={PEER}")
+    }
+
     #[test]
     fn header_present_absent_empty() {
         let ident = one(Source::Header(HeaderName::from_static("x-user-id")));
@@ -605,9 +729,13 @@ mod tests {
         assert_eq!(id.source_kind, "header");
         assert_eq!(id.key_part, "header=alice");
         assert_eq!(id.display, "alice");
-        // First value wins.
+        // Two values (two lines, or a comma list in one) are refused, whatever `on_invalid`.
         let two = parts("/", &[("x-user-id", b"first"), ("x-user-id", b"second")]);
-        assert_eq!(ident.seen(&two, peer()).display, "first");
+        assert!(is_ambiguous(&ident, &two, Ambiguity::Header));
+        let list = parts("/", &[("x-user-id", b"first,second")]);
+        assert!(is_ambiguous(&ident, &list, Ambiguity::Header));
+        let empty_second = parts("/", &[("x-user-id", b"first"), ("x-user-id", b"")]);
+        assert!(is_ambiguous(&ident, &empty_second, Ambiguity::Header));
         assert!(is_fallback(&ident.seen(&parts("/", &[]), peer())));
         assert!(is_fallback(
             &ident.seen(&parts("/", &[("x-user-id", b"")]), peer())
@@ -624,7 +752,18 @@ mod tests {
     fn query_present_absent_empty_and_decoding() {
         let ident = one(Source::Query("user".into()));
         let q = |uri: &str| ident.seen(&parts(uri, &[]), peer());
-        assert_eq!(q("/x?a=1&user=bob&user=eve").display, "bob");
+        assert_eq!(q("/x?a=1&user=bob&b=2").display, "bob");
+        // The name twice, however spelled, is refused.
+        for twice in [
+            "/x?a=1&user=bob&user=eve",
+            "/x?user=bob&us%65r=eve",
+            "/x?user=&user=eve",
+        ] {
+            assert!(
+                is_ambiguous(&ident, &parts(twice, &[]), Ambiguity::Query),
+                "{twice}"
+            );
+        }
         assert_eq!(q("/x?user=bob").key_part, "query=bob");
         assert!(is_fallback(&q("/x")));
         assert!(is_fallback(&q("/x?other=1")));
@@ -668,7 +807,13 @@ mod tests {
         assert_eq!(c(&[b"a=1; sid=abc; b=2"]).display, "abc");
         assert_eq!(c(&[b"a=1", b"b=2; sid=xyz"]).display, "xyz");
         assert_eq!(c(&[b"sid=\"quoted\""]).display, "quoted");
-        assert_eq!(c(&[b"sid=first", b"sid=second"]).display, "first");
+        let ambiguous = |lines: &[&[u8]]| {
+            let hs: Vec<(&str, &[u8])> = lines.iter().map(|l| ("cookie", *l)).collect();
+            is_ambiguous(&ident, &parts("/", &hs), Ambiguity::Cookie)
+        };
+        assert!(ambiguous(&[b"sid=first", b"sid=second"]));
+        assert!(ambiguous(&[b"sid=first; a=1; sid=second"]));
+        assert!(ambiguous(&[b"sid=; sid=second"]));
         assert!(is_fallback(&c(&[])));
         assert!(is_fallback(&c(&[b"a=1; sidx=2; xsid=3"])));
         assert!(is_fallback(&c(&[b"sid="])));
@@ -693,6 +838,88 @@ mod tests {
         assert!(is_fallback(&b(b"Bearer ")));
         assert!(is_fallback(&b(b"Bearerabc")));
         assert!(is_fallback(&ident.seen(&parts("/", &[]), peer())));
+    }
+
+    /// Issue 38: a bearer token hidden beside another credential. More than one credential in
+    /// `Authorization` (two lines or a comma list), or a Bearer credential with a comma, is
+    /// refused; one credential's auth-params are not a second credential.
+    #[test]
+    fn more_than_one_credential_is_ambiguous() {
+        let secret = b"mod-test-secret";
+        let jwt = Source::Jwt(JwtVerifier::hmac(secret, Algorithm::HS256, "sub").unwrap());
+        for ident in [one(Source::Bearer), one(jwt)] {
+            let auth = |lines: &[&[u8]]| {
+                let hs: Vec<(&str, &[u8])> = lines.iter().map(|l| ("authorization", *l)).collect();
+                parts("/", &hs)
+            };
+            for lines in [
+                &[&b"Basic eDp5, Bearer abc"[..]][..],
+                &[b"Bearer abc, Basic eDp5"],
+                &[b"Bearer abc, Bearer def"],
+                &[b"Basic eDp5,Bearer\tabc"],
+                &[b"Digest username=\"a, Bearer abc, x\""],
+                &[b"Bearer abc,"],
+                &[b", Bearer abc"],
+                &[b"Bearer abc, realm=x"],
+                &[b"Basic eDp5, Negotiate"],
+                &[b"Basic eDp5", b"Bearer abc"],
+                &[b"Bearer abc", b"Bearer abc"],
+                &[b"Basic eDp5", b"Basic eDp5"],
+            ] {
+                assert!(
+                    is_ambiguous(&ident, &auth(lines), Ambiguity::Credentials),
+                    "{:?} {lines:?}",
+                    ident.sources[0].kind()
+                );
+            }
+            // One credential, its auth-params after commas: not a bearer token, not ambiguous.
+            for one_credential in [
+                &b"Digest username=\"Mufasa\", realm=\"x@y\", nonce=\"n\", qop=auth"[..],
+                b"AWS4-HMAC-SHA256 Credential=AKIA/20130524/us-east-1/s3/aws4_request, SignedHeaders=host;range, Signature=fe5f",
+                b"Basic eDp5",
+            ] {
+                assert!(
+                    is_fallback(&ident.seen(&auth(&[one_credential]), peer())),
+                    "{one_credential:?}"
+                );
+                assert_eq!(ident.identify(&auth(&[one_credential]), peer()).refused, None);
+            }
+        }
+        let id = one(Source::Bearer).seen(&parts("/", &[("authorization", b"Bearer abc")]), peer());
+        assert_eq!(id.key_part, format!("bearer{}", key::hashed_part(b"abc")));
+    }
+
+    /// An ambiguous source refuses the request even when `on_invalid` is `client_ip`, and
+    /// only when it is reached: an earlier source that answers leaves it unread.
+    #[test]
+    fn ambiguity_is_met_only_where_the_identity_reads() {
+        let ident = Identity {
+            name: "user".into(),
+            sources: vec![
+                Source::Bearer,
+                Source::Header(HeaderName::from_static("x-user")),
+            ],
+            on_invalid: OnInvalid::ClientIp,
+        };
+        let both = parts(
+            "/",
+            &[
+                ("authorization", b"Bearer abc"),
+                ("x-user", b"a"),
+                ("x-user", b"b"),
+            ],
+        );
+        assert_eq!(ident.identify(&both, peer()).source, 0);
+        let hidden = parts(
+            "/",
+            &[
+                ("authorization", b"Basic eDp5, Bearer abc"),
+                ("x-user", b"anything"),
+            ],
+        );
+        assert!(is_ambiguous(&ident, &hidden, Ambiguity::Credentials));
+        let header_only = parts("/", &[("x-user", b"a, b")]);
+        assert!(is_ambiguous(&ident, &header_only, Ambiguity::Header));
     }
 
     #[test]

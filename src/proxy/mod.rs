@@ -813,8 +813,14 @@ fn limited_response(config: &ResponseConfig, limited: &Limited<'_>) -> Response<
 }
 
 /// The answer to a caller whose bearer token an identity with `on_invalid: reject` refused:
-/// 401 with an RFC 6750 challenge and a problem body naming the reason.
+/// 401 with an RFC 6750 challenge and a problem body naming the reason; to a request an
+/// identity cannot read one way, 400.
 fn unauthorized(refusal: identity::Refusal) -> Response<ProxyBody> {
+    // Not a refused token: a request the identity cannot read one way, malformed (400) like
+    // the shapes refused before routing.
+    if let identity::Refusal::Ambiguous(what) = refusal {
+        return shape::Refusal::Malformed(what.detail()).response();
+    }
     let reason = refusal.as_str();
     let problem = serde_json::json!({
         "type": "about:blank",

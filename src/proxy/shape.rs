@@ -5,7 +5,8 @@
 //!   case-sensitive (RFC 9110 §9.1), yet some servers (werkzeug's) upper-case them and route
 //!   `post` as `POST`, past a `methods: [POST]` route;
 //! - a Host (or HTTP/2 `:authority`) with userinfo (`x@api.example.com`), a comma list, obs-text
-//!   (bytes ≥ 0x80), or more than one Host line: apps pick different parts of such a value
+//!   (bytes ≥ 0x80), a port that is not a number (`api.example.com:abc`, `:80:80`), a character
+//!   no host name has, or more than one Host line: apps pick different parts of such a value
 //!   than tollgate's host matching does (RFC 9112 §3.2 asks for 400);
 //! - `CONNECT`: tollgate is a reverse proxy, not a tunnel to anywhere; 405 with `Allow`.
 //!
@@ -71,14 +72,10 @@ pub fn check(request: &Parts, found: &Found) -> Option<Refusal> {
     None
 }
 
-/// Why a Host value is no host name (with an optional port), if it is not.
+/// Why a Host value is no `host[:port]` as apps read it, if it is not (see
+/// [`crate::routing::host_name`]: route matching reads the host with the same function).
 fn bad_host(host: &[u8]) -> Option<&'static str> {
-    host.iter().find_map(|b| match b {
-        b'@' => Some("the Host must not carry userinfo"),
-        b',' => Some("the Host must name one host"),
-        0x80.. => Some("the Host must be ASCII"),
-        _ => None,
-    })
+    crate::routing::host_name(host).err()
 }
 
 impl Refusal {
@@ -168,9 +165,26 @@ mod tests {
         assert!(matches!(refusal(two), Some(Refusal::Malformed(_))));
         let authority = Request::builder().uri("http://x@api.example.com/login");
         assert!(matches!(refusal(authority), Some(Refusal::Malformed(_))));
+        // Issue 38: a name for a port, several colons, characters no host name has.
+        for host in [
+            "api.example.com:abc",
+            "api.example.com:80:80",
+            "api.example.com:x:y",
+            "[::1]:abc",
+            "api.example.com/x",
+        ] {
+            let request = Request::builder().uri("/").header("host", host);
+            assert!(
+                matches!(refusal(request), Some(Refusal::Malformed(_))),
+                "{host}"
+            );
+        }
+        let authority = Request::builder().uri("http://api.example.com:abc/h");
+        assert!(matches!(refusal(authority), Some(Refusal::Malformed(_))));
         for fine in [
             "api.example.com",
             "api.example.com:8443",
+            "api.example.com:",
             "[::1]:80",
             "api.example.com.",
         ] {

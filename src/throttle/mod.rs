@@ -119,6 +119,9 @@ impl LimitOutcome<'_> {
             LimitOutcome::Admitted(Admitted { identity, .. })
             | LimitOutcome::Limited(Limited { identity, .. })
             | LimitOutcome::StoreUnavailable { identity } => identity,
+            LimitOutcome::Rejected {
+                refusal: Refusal::Ambiguous(what),
+            } => what.source_kind(),
             LimitOutcome::Rejected { .. } => "jwt",
         }
     }
