@@ -14,21 +14,29 @@
 //! The bound: each replica's admissions in the interval `[t_k, t_k+1)` are capped to its
 //! share `a_k = ceil(A_k / R)`: `A_k` is what the local copy (the latest view plus this
 //! replica's own usage since) admits at `t_k`, less `(R − 1) × a'` for every interval since the
-//! view was complete, where `a'` is the largest share any replica had (one with no usage of its
-//! own): the most the other replicas can have spent unseen; plus what the limit surely refills
-//! over the interval ([`share`]). So all replicas together admit at most `A_k + R − 1`
-//! in an interval, and the `R − 1` is taken off the next share. A view is complete when every
-//! live replica's write of the tick was in before the read (the heartbeat says so); when one's
-//! round is late the read is partial ([`LocalFirst::read_partial`]): applied, but what the
-//! others may have spent unseen since the last complete view still counts.
+//! view was complete, where `a'` is the most any replica's share of that interval can have
+//! been: a part (÷ R) of what the latest view showed, nothing set aside (another replica may
+//! have read a complete view where this one's read was partial, and raised its share from it);
+//! plus what the limit surely refills over the interval ([`share`]). So every replica's
+//! admissions since the tick of a complete view `G` stay within `ceil(G / R)` until it reads a
+//! newer one, all replicas together admit at most `G + R − 1`, and the `R − 1` is taken off the
+//! next share. A view is complete when every live replica's write of the tick was in before
+//! the read (the heartbeat says so); when one's round is late the read is partial
+//! ([`LocalFirst::read_partial`]): applied, but what the others may have spent unseen since the
+//! last complete view still counts.
 //!
 //! When this replica's own rounds are late (the last completed round older than
 //! [`STALE_AFTER_INTERVALS`] on the engine's clock: a busy node, Redis slow or down), it
 //! decides alone with limit ÷ R ([`divided`]), on a copy kept across late spells and bounded at
-//! each spell's start by limit ÷ R of what the last complete view left, less what this replica
-//! admitted since ([`spell_budget`]): however often and however long the rounds are late, the
-//! replicas together stay within the limit plus R − 1. docs/algorithms.md ("Local-first
-//! limits") states the bounds.
+//! each spell's start: by limit ÷ R of what the last complete view left, less what this replica
+//! admitted since ([`spell_budget`]), when the last tick it recorded as written
+//! ([`LocalFirst::wrote`]) is that view's (no replica can hold a newer complete view); else by
+//! what is left of its current share (the others may hold a complete view of the tick it
+//! recorded, and count it for a part of what that view left). The rounds write what was taken
+//! alone before they record a tick ([`LocalFirst::spent_alone`]). So however often and however
+//! long the rounds are late, the replicas together stay within the limit plus R − 1 (the
+//! unit tests' fleet model, `fleet::run`, holds it over delayed wake-ups and frozen stores).
+//! docs/algorithms.md ("Local-first limits") states the bounds.
 //!
 //! Bounded state: each route (a limit set's key name) keeps at most `keys_per_route` local
 //! copies. A new key on a full route takes the place of the coldest copy it may drop, one with
@@ -1007,12 +1015,13 @@ impl Inner {
     ///
     /// That holds only if no other replica can hold a newer complete view: a view of a later
     /// tick shows the fleet's usage of the interval since, and the others' shares from it
-    /// count this replica's part of what is left at that tick, not of the older view (the
-    /// others spent 3 × 13 of 157 since, this replica 1: 40 − 1 of the old view is 39, a
-    /// quarter of the new one 29). When this replica recorded a tick newer than its last
-    /// complete view (its read of it failed, was partial or has not come), a spell gives it
-    /// what is left of its current share and no more: the share was worked out with what the
-    /// others may have spent unseen set aside, and that is what their views count it for.
+    /// count this replica for a part of what is left at that tick, not of the older view; if
+    /// the others spent more than this replica in between, its part of the older view is more
+    /// than that (`a_late_spell_after_a_partial_view_keeps_the_bound`: 227 of 200). When this
+    /// replica recorded a tick newer than its last complete view (its read of it failed, was
+    /// partial or has not come), a spell gives it what is left of its current share and no
+    /// more: the share was worked out with what the others may have spent unseen set aside,
+    /// and that is what their views count it for.
     fn bound_spell(&mut self, checks: &[Check<'_>], now: Micros) {
         let replicas = self.replicas;
         let spell = self.spells;
@@ -2173,13 +2182,10 @@ mod tests {
             let mut now = start;
             while now < end {
                 // Events due, in order.
-                loop {
-                    let Some(i) = (0..events.len())
-                        .filter(|&i| events[i].0 <= now)
-                        .min_by_key(|&i| (events[i].0, events[i].1))
-                    else {
-                        break;
-                    };
+                while let Some(i) = (0..events.len())
+                    .filter(|&i| events[i].0 <= now)
+                    .min_by_key(|&i| (events[i].0, events[i].1))
+                {
                     let (at, _, event) = events.swap_remove(i);
                     clock.set(at);
                     if plan.trace {
@@ -2190,13 +2196,13 @@ mod tests {
                                 .collect(),
                         );
                     }
-                    let mut send = |events: &mut Vec<(Micros, u64, Event)>,
-                                    seq: &mut u64,
-                                    calls: &mut u64,
-                                    task: &mut Task,
-                                    r: usize,
-                                    call: Call,
-                                    op: Op| {
+                    let send = |events: &mut Vec<(Micros, u64, Event)>,
+                                seq: &mut u64,
+                                calls: &mut u64,
+                                task: &mut Task,
+                                r: usize,
+                                call: Call,
+                                op: Op| {
                         *calls += 1;
                         let arrives = at + plan.latency;
                         let applied = frozen_until(arrives).unwrap_or(arrives);
