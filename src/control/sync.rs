@@ -148,12 +148,30 @@ async fn rounds(
         let Some(Store::Redis(redis)) = cell.get().cloned() else {
             continue; // Not connected yet: the views go stale and the limits are divided.
         };
-        let mut error = write(&engine, &redis, &id, round, batch, interval / 4, &metrics).await;
-        if error.is_none() {
+        let mut error = match write(
+            &engine,
+            &redis,
+            &id,
+            round,
+            batch,
+            tick,
+            interval / 4,
+            &metrics,
+        )
+        .await
+        {
             // Usage past the round's bounds waits for the next (oldest first); the tick is
-            // recorded anyway, or a key flood would make every view partial.
-            written = tick;
-        }
+            // recorded anyway, or a key flood would make every view partial, but not past
+            // usage taken alone (see `write`).
+            Ok(record) => {
+                if record {
+                    written = tick;
+                    engine.wrote(tick);
+                }
+                None
+            }
+            Err(cause) => Some(cause),
+        };
         // After the write: the tick recorded is in the shared states.
         if let Ok((replicas, _)) = redis
             .heartbeat(&replicas_key, &id, heartbeat_us, written)
@@ -240,42 +258,63 @@ impl Seen {
 }
 
 /// The write of a round: `batch` (number `round`), then the rest of the usage a batch at a
-/// time, within the round's bounds ([`ROUND_KEYS`], `phase`). The error that stopped it.
+/// time, within the round's bounds ([`ROUND_KEYS`], `phase`). Ok(true) when `tick` may be
+/// recorded as written; the error that stopped it.
+///
+/// Two kinds of usage go out whatever the phase, for the others take a view of the tick
+/// recorded for complete and count this replica for no more than its share beyond it: the
+/// usage taken since a write sent again was first sent (the write holds none of it), and
+/// the usage taken alone while the rounds were late ([`LocalFirst::spent_alone`]), which may
+/// be more than a share. For the latter the engine is told first that the tick is to be
+/// recorded ([`LocalFirst::wrote`]), so it takes no more alone than its share from then on,
+/// and the tick is not recorded if that usage could not all be written.
+#[allow(clippy::too_many_arguments)]
 async fn write(
     engine: &LocalFirst,
     redis: &crate::limit::redis_store::RedisStore,
     id: &str,
     round: u64,
     batch: Vec<crate::limit::local_first::SyncItem>,
+    tick: i64,
     phase: Duration,
     metrics: &SyncMetrics,
-) -> Option<String> {
+) -> Result<bool, String> {
     let started = Instant::now();
-    metrics.keys.record(batch.len() as f64);
-    let first = redis.sync_round(id, round, &batch, None).await;
-    metrics
-        .round_seconds
-        .record(started.elapsed().as_secs_f64());
-    if let Err(e) = first {
-        return Some(crate::error::chain(&e).to_string());
-    }
-    engine.written(round);
-    let mut sent = batch.len();
-    while sent < ROUND_KEYS && started.elapsed() < phase {
-        let Some((round, batch)) = engine.next_write() else {
-            break;
-        };
+    let mut resent = engine.sent_before(round);
+    let mut round = round;
+    let mut batch = batch;
+    let mut sent = 0;
+    // Calls made past the phase for usage taken alone: at most a round's keys in batches.
+    let mut flush = ROUND_KEYS.div_ceil(BATCH_KEYS);
+    loop {
         let call = Instant::now();
         let result = redis.sync_round(id, round, &batch, None).await;
         metrics.round_seconds.record(call.elapsed().as_secs_f64());
         metrics.keys.record(batch.len() as f64);
         if let Err(e) = result {
-            return Some(crate::error::chain(&e).to_string());
+            return Err(crate::error::chain(&e).to_string());
         }
         engine.written(round);
         sent += batch.len();
+        let alone = engine.spent_alone();
+        let more = if resent || (alone && flush > 0) {
+            if alone {
+                engine.wrote(tick);
+                flush -= 1;
+            }
+            true
+        } else {
+            sent < ROUND_KEYS && started.elapsed() < phase
+        };
+        resent = false;
+        if !more {
+            return Ok(!alone || !engine.unsent());
+        }
+        match engine.next_write() {
+            Some((next, items)) => (round, batch) = (next, items),
+            None => return Ok(true),
+        }
     }
-    None
 }
 
 /// The read of a round, 3/4 of an interval after `tick`: first the fleet's state (the

@@ -14,21 +14,29 @@
 //! The bound: each replica's admissions in the interval `[t_k, t_k+1)` are capped to its
 //! share `a_k = ceil(A_k / R)`: `A_k` is what the local copy (the latest view plus this
 //! replica's own usage since) admits at `t_k`, less `(R − 1) × a'` for every interval since the
-//! view was complete, where `a'` is the largest share any replica had (one with no usage of its
-//! own): the most the other replicas can have spent unseen; plus what the limit surely refills
-//! over the interval ([`share`]). So all replicas together admit at most `A_k + R − 1`
-//! in an interval, and the `R − 1` is taken off the next share. A view is complete when every
-//! live replica's write of the tick was in before the read (the heartbeat says so); when one's
-//! round is late the read is partial ([`LocalFirst::read_partial`]): applied, but what the
-//! others may have spent unseen since the last complete view still counts.
+//! view was complete, where `a'` is the most any replica's share of that interval can have
+//! been: a part (÷ R) of what the latest view showed, nothing set aside (another replica may
+//! have read a complete view where this one's read was partial, and raised its share from it);
+//! plus what the limit surely refills over the interval ([`share`]). So every replica's
+//! admissions since the tick of a complete view `G` stay within `ceil(G / R)` until it reads a
+//! newer one, all replicas together admit at most `G + R − 1`, and the `R − 1` is taken off the
+//! next share. A view is complete when every live replica's write of the tick was in before
+//! the read (the heartbeat says so); when one's round is late the read is partial
+//! ([`LocalFirst::read_partial`]): applied, but what the others may have spent unseen since the
+//! last complete view still counts.
 //!
 //! When this replica's own rounds are late (the last completed round older than
 //! [`STALE_AFTER_INTERVALS`] on the engine's clock: a busy node, Redis slow or down), it
 //! decides alone with limit ÷ R ([`divided`]), on a copy kept across late spells and bounded at
-//! each spell's start by limit ÷ R of what the last complete view left, less what this replica
-//! admitted since ([`spell_budget`]): however often and however long the rounds are late, the
-//! replicas together stay within the limit plus R − 1. docs/algorithms.md ("Local-first
-//! limits") states the bounds.
+//! each spell's start: by limit ÷ R of what the last complete view left, less what this replica
+//! admitted since ([`spell_budget`]), when the last tick it recorded as written
+//! ([`LocalFirst::wrote`]) is that view's (no replica can hold a newer complete view); else by
+//! what is left of its current share (the others may hold a complete view of the tick it
+//! recorded, and count it for a part of what that view left). The rounds write what was taken
+//! alone before they record a tick ([`LocalFirst::spent_alone`]). So however often and however
+//! long the rounds are late, the replicas together stay within the limit plus R − 1 (the
+//! unit tests' fleet model, `fleet::run`, holds it over delayed wake-ups and frozen stores).
+//! docs/algorithms.md ("Local-first limits") states the bounds.
 //!
 //! Bounded state: each route (a limit set's key name) keeps at most `keys_per_route` local
 //! copies. A new key on a full route takes the place of the coldest copy it may drop, one with
@@ -130,8 +138,8 @@ struct Entry {
     refunding: (u64, Micros),
     /// Local time of the last decision on this copy (cold copies are dropped).
     used_at: Micros,
-    /// The late spell `divided` was last bounded for (`Inner::synced_at` then).
-    spell: Micros,
+    /// The late spell `divided` was last bounded for (`Inner::spells` then).
+    spell: u64,
 }
 
 impl Entry {
@@ -163,7 +171,7 @@ impl Entry {
             queued: false,
             refunding: (0, 0),
             used_at: Micros::MIN,
-            spell: Micros::MIN,
+            spell: u64::MAX,
         }
     }
 
@@ -239,6 +247,8 @@ struct Inner {
     /// The write sent and not acknowledged: sent again, as it was, until it is (so Redis can
     /// tell a repeat from new usage).
     unacked: Option<(u64, Vec<SyncItem>)>,
+    /// The number of the write last returned again by [`LocalFirst::next_write`].
+    resent: Option<u64>,
     /// Keys dropped (cold or evicted) while their shared state was not at rest, by a hash of
     /// the key: the store time until which a key hashing there is decided exactly until a read
     /// brings its view (a returning caller is never freed early). Empty until the first drop;
@@ -246,6 +256,18 @@ struct Inner {
     dropped: Vec<Micros>,
     /// Copies dropped cold since the start.
     cold: u64,
+    /// The last tick this replica recorded in the heartbeat as written ([`LocalFirst::wrote`]):
+    /// the newest tick of which another replica may hold a complete view.
+    written_tick: Micros,
+    /// The tick of the last complete view read (`written_tick` then).
+    view_tick: Micros,
+    /// Bumped by every read and every tick recorded: a late spell's budget is worked out
+    /// again, from what this replica then knows, on each key's first decision after it.
+    spells: u64,
+    /// A decision was taken alone (the rounds late) since the last tick: its usage is more
+    /// than the share the others count this replica for, so it must be written before the
+    /// tick is recorded ([`LocalFirst::spent_alone`]).
+    alone: bool,
 }
 
 impl LocalFirst {
@@ -266,8 +288,13 @@ impl LocalFirst {
                 drift: HashMap::new(),
                 round: 0,
                 unacked: None,
+                resent: None,
                 dropped: Vec::new(),
                 cold: 0,
+                written_tick: Micros::MIN,
+                view_tick: Micros::MIN,
+                spells: 0,
+                alone: false,
             })),
             clock,
             interval_us: interval_us.max(1),
@@ -360,6 +387,7 @@ impl LocalFirst {
         let until_tick = interval - now.rem_euclid(interval);
         let exact = inner.copies(route, checks, now, local_now, interval);
         if !fresh {
+            inner.alone = true;
             inner.bound_spell(checks, now);
         }
         if exact && fresh {
@@ -568,10 +596,24 @@ impl LocalFirst {
         let mut inner = self.lock();
         let now = self.clock.now_us() + inner.offset;
         let replicas = inner.replicas;
+        inner.alone = false;
         for entry in inner.keys.values_mut() {
             // Every other replica may have spent its whole share of the interval that ended,
-            // unseen; this one's own usage is in the local copy.
-            entry.unseen_last = entry.others_share.saturating_mul(replicas - 1);
+            // unseen; this one's own usage is in the local copy. The most that share can have
+            // been is a part of what the latest view showed, nothing set aside: another
+            // replica may have read a newer, complete view where this one's read was partial
+            // or late, and raised its share from it (its share is then at most a part of what
+            // that view showed, which is no more than this one's).
+            let most = share(
+                &entry.params,
+                entry.view.as_ref(),
+                0,
+                now,
+                self.interval_us,
+                replicas,
+            )
+            .max(entry.others_share);
+            entry.unseen_last = most.saturating_mul(replicas - 1);
             entry.unseen = entry.unseen.saturating_add(entry.unseen_last);
             entry.share = share(
                 &entry.params,
@@ -603,7 +645,9 @@ impl LocalFirst {
     pub fn next_write(&self) -> Option<(u64, Vec<SyncItem>)> {
         let mut inner = self.lock();
         if let Some((round, batch)) = &inner.unacked {
-            return Some((*round, batch.clone()));
+            let again = (*round, batch.clone());
+            inner.resent = Some(again.0);
+            return Some(again);
         }
         let inner = &mut *inner;
         let mut batch = Vec::new();
@@ -634,6 +678,42 @@ impl LocalFirst {
         let round = inner.round;
         inner.unacked = Some((round, batch.clone()));
         Some((round, batch))
+    }
+
+    /// True when the write numbered `round` is one sent before, being sent again as it was: it
+    /// holds none of the usage taken since it was first sent.
+    pub fn sent_before(&self, round: u64) -> bool {
+        self.lock().resent == Some(round)
+    }
+
+    /// The rounds recorded `tick` in the heartbeat as this replica's written tick: the others
+    /// may now take a read of it for a complete view (one this replica may never read, if its
+    /// own read of the tick fails or is late: then a late spell gives it no more than its
+    /// share, see [`Inner::bound_spell`]).
+    pub fn wrote(&self, tick: Micros) {
+        let mut inner = self.lock();
+        if tick > inner.written_tick {
+            inner.written_tick = tick;
+            inner.spells += 1;
+        }
+    }
+
+    /// True when a decision was taken alone (the rounds late) since the last tick: the usage
+    /// it took is beyond what the others count this replica for in the interval, so the
+    /// rounds write it before they record the tick (a view the others take as complete for the
+    /// tick would miss it), whatever the round's phase.
+    pub fn spent_alone(&self) -> bool {
+        self.lock().alone
+    }
+
+    /// True when some usage waits for a write.
+    pub fn unsent(&self) -> bool {
+        let inner = self.lock();
+        inner.unacked.is_some()
+            || inner
+                .dirty
+                .iter()
+                .any(|key| is_current(&inner.keys, key) && inner.keys[&**key].pending > 0)
     }
 
     /// A write was acknowledged: its usage is in the shared states.
@@ -732,6 +812,11 @@ impl LocalFirst {
         inner.offset = store_now + latency_us / 2 - local_now;
         inner.synced_at = local_now;
         inner.reads = inner.reads_started;
+        if behind == 0 {
+            // A read follows the write of its tick: this is the view of the tick recorded.
+            inner.view_tick = inner.written_tick;
+        }
+        inner.spells += 1;
         let reads = inner.reads;
         let now = local_now + inner.offset;
         let replicas = inner.replicas;
@@ -927,9 +1012,20 @@ impl Inner {
     /// Late rounds: bounds each key's divided copy, once per late spell, by what the last
     /// complete view leaves this replica ([`spell_budget`]), so that a spell never gives more
     /// than limit ÷ R of what the fleet had left, whatever this replica spent before it.
+    ///
+    /// That holds only if no other replica can hold a newer complete view: a view of a later
+    /// tick shows the fleet's usage of the interval since, and the others' shares from it
+    /// count this replica for a part of what is left at that tick, not of the older view; if
+    /// the others spent more than this replica in between, its part of the older view is more
+    /// than that (`a_late_spell_after_a_partial_view_keeps_the_bound`: 227 of 200). When this
+    /// replica recorded a tick newer than its last complete view (its read of it failed, was
+    /// partial or has not come), a spell gives it what is left of its current share and no
+    /// more: the share was worked out with what the others may have spent unseen set aside,
+    /// and that is what their views count it for.
     fn bound_spell(&mut self, checks: &[Check<'_>], now: Micros) {
         let replicas = self.replicas;
-        let spell = self.synced_at;
+        let spell = self.spells;
+        let newer_view_possible = self.written_tick > self.view_tick;
         for check in checks {
             let Some(entry) = self.keys.get_mut(check.key) else {
                 continue;
@@ -939,13 +1035,17 @@ impl Inner {
             }
             entry.spell = spell;
             let params = divided(&entry.params, replicas);
-            let budget = spell_budget(
-                &entry.params,
-                entry.view.as_ref(),
-                entry.local.as_ref(),
-                now,
-                replicas,
-            );
+            let budget = if newer_view_possible {
+                entry.share.saturating_sub(entry.admitted)
+            } else {
+                spell_budget(
+                    &entry.params,
+                    entry.view.as_ref(),
+                    entry.local.as_ref(),
+                    now,
+                    replicas,
+                )
+            };
             let kept = available(&params, entry.divided.as_ref(), now);
             if kept > budget {
                 entry.divided =
@@ -1431,8 +1531,9 @@ mod tests {
     enum Late {
         /// Every round on time.
         None,
-        /// Replica 0's write lands after the reads (4/5 into the interval), every round, and
-        /// the reads know it (the heartbeat's fleet state): partial, one tick behind.
+        /// Replica 0's write lands after the reads (4/5 into the interval), every round of the
+        /// first three quarters of the run, and the reads know it (the heartbeat's fleet
+        /// state): partial, one tick behind.
         Heeded,
         /// The same, the reads taken as complete (what the rounds did before the fleet state).
         Ignored,
@@ -1462,6 +1563,12 @@ mod tests {
         let mut per_interval = vec![0; intervals];
         for step in 0..intervals as Micros * INTERVAL / STEP {
             let now = first + step * STEP;
+            // The late writes stop for the last quarter of the run: complete views again.
+            let late = if step * STEP / INTERVAL >= intervals as Micros * 3 / 4 {
+                Late::None
+            } else {
+                late
+            };
             if now % INTERVAL == 0 {
                 for (i, engine) in engines.iter().enumerate() {
                     let (round, batch) = engine.tick();
@@ -1622,6 +1729,9 @@ mod tests {
         for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
             let p = params(algorithm, limit, day);
             for rate in [1, 3, 50] {
+                // While every view is partial the last units wait (another replica may have
+                // read a complete view and raised its share: the others count it for a part
+                // of what that view left), and are spent once the views are complete again.
                 let heeded = continuous_with(p, starts, rate, 40, Late::Heeded);
                 let total: u64 = heeded.iter().sum();
                 assert!(
@@ -1886,5 +1996,666 @@ mod tests {
         engine.written(round);
         let (_, batch) = engine.next_write().unwrap();
         assert_eq!(batch.len(), 500);
+    }
+
+    /// A fleet of R replicas running the rounds of `control::sync` on one clock against a
+    /// model of Redis: each replica's task wakes late by its own delays (a busy node), Redis
+    /// can be frozen (every call waits, then times out after [`Fleet::TIMEOUT`] or is
+    /// answered when it resumes, applied either way), and every replica floods one key.
+    mod fleet {
+        use super::*;
+
+        pub const INTERVAL: Micros = 100_000;
+        const TIMEOUT: Micros = 300_000;
+
+        /// A small deterministic generator (xorshift64*).
+        pub struct Rng(pub u64);
+        impl Rng {
+            pub fn next(&mut self) -> u64 {
+                self.0 ^= self.0 >> 12;
+                self.0 ^= self.0 << 25;
+                self.0 ^= self.0 >> 27;
+                self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+            }
+            pub fn below(&mut self, n: u64) -> u64 {
+                if n == 0 {
+                    0
+                } else {
+                    self.next() % n
+                }
+            }
+        }
+
+        #[derive(Clone, Debug)]
+        enum Op {
+            Write { round: u64, items: Vec<SyncItem> },
+            Heartbeat { written: i64 },
+            Read { items: Vec<SyncItem> },
+        }
+
+        #[derive(Clone, Debug)]
+        enum Answer {
+            Written,
+            Heartbeat {
+                oldest: i64,
+            },
+            Read {
+                now: Micros,
+                states: Vec<Option<State>>,
+            },
+        }
+
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        enum Call {
+            Write { round: u64 },
+            Heartbeat,
+            ReadHeartbeat,
+            Read { sent: Micros },
+        }
+
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        enum Wake {
+            Tick,
+            Read,
+        }
+
+        #[derive(Debug)]
+        enum Event {
+            /// Redis takes a call (at the end of a freeze, in the order they came).
+            Apply { replica: usize, call: u64, op: Op },
+            /// The answer reaches the replica.
+            Answer {
+                replica: usize,
+                call: u64,
+                answer: Answer,
+            },
+            /// The call's timeout.
+            Timeout { replica: usize, call: u64 },
+            /// A sleep ends.
+            Wake { replica: usize, what: Wake },
+        }
+
+        struct Task {
+            engine: LocalFirst,
+            /// The call awaited and what it is.
+            waiting: Option<(u64, Call)>,
+            tick: Micros,
+            write_started: Micros,
+            resent: bool,
+            flush: usize,
+            written: i64,
+            failed: bool,
+            behind: u64,
+            reads: Vec<SyncItem>,
+        }
+
+        /// What shapes a run.
+        #[derive(Clone, Debug)]
+        pub struct Plan {
+            pub replicas: usize,
+            pub params: Params,
+            /// Requests per replica per millisecond.
+            pub rate: usize,
+            pub intervals: i64,
+            /// Redis frozen over these spans (µs from the start).
+            pub freezes: Vec<(Micros, Micros)>,
+            /// Per replica, the delays (µs) of its task's wake-ups, drawn in turn (empty: none).
+            pub wake_delays: Vec<Vec<Micros>>,
+            /// Latency of each call each way (µs).
+            pub latency: Micros,
+            pub trace: bool,
+        }
+
+        pub struct Run {
+            pub admitted: u64,
+            pub per_replica: Vec<u64>,
+            pub log: Vec<String>,
+        }
+
+        pub fn run(plan: &Plan) -> Run {
+            let start = 10 * SECOND;
+            let clock = Arc::new(ManualClock::new(start));
+            let mut tasks: Vec<Task> = (0..plan.replicas)
+                .map(|_| {
+                    let engine = LocalFirst::new(clock.clone(), INTERVAL);
+                    engine.set_replicas(plan.replicas as u64);
+                    Task {
+                        engine,
+                        waiting: None,
+                        tick: 0,
+                        write_started: 0,
+                        resent: false,
+                        flush: 0,
+                        written: -1,
+                        failed: false,
+                        behind: 0,
+                        reads: Vec::new(),
+                    }
+                })
+                .collect();
+            let mut shared: Option<State> = None;
+            let mut markers = vec![0u64; plan.replicas];
+            let mut heartbeat: Vec<Option<i64>> = vec![None; plan.replicas];
+            let mut events: Vec<(Micros, u64, Event)> = Vec::new();
+            let mut seq = 0u64;
+            let mut calls = 0u64;
+            let mut delays: Vec<usize> = vec![0; plan.replicas];
+            let mut log = Vec::new();
+            let frozen_until = |t: Micros| -> Option<Micros> {
+                plan.freezes
+                    .iter()
+                    .find(|(a, b)| t >= start + a && t < start + b)
+                    .map(|(_, b)| start + b)
+            };
+            let mut delay = |r: usize| -> Micros {
+                let d = &plan.wake_delays.get(r).map(|v| v.as_slice()).unwrap_or(&[]);
+                if d.is_empty() {
+                    return 0;
+                }
+                let x = d[delays[r] % d.len()];
+                delays[r] += 1;
+                x
+            };
+            // Each task's first sleep: to the first tick.
+            for r in 0..plan.replicas {
+                let at = start - start.rem_euclid(INTERVAL) + INTERVAL + delay(r);
+                events.push((
+                    at,
+                    seq,
+                    Event::Wake {
+                        replica: r,
+                        what: Wake::Tick,
+                    },
+                ));
+                seq += 1;
+            }
+            let p = plan.params;
+            let mut per_replica = vec![0u64; plan.replicas];
+            let end = start + plan.intervals * INTERVAL;
+            let flood_from = start + 2 * INTERVAL;
+            // Each replica meets the key first.
+            for (r, task) in tasks.iter().enumerate() {
+                if let Some(d) = task.engine.decide("r", &[check("k", p)]) {
+                    per_replica[r] += u64::from(d.allowed);
+                }
+            }
+            let mut now = start;
+            while now < end {
+                // Events due, in order.
+                while let Some(i) = (0..events.len())
+                    .filter(|&i| events[i].0 <= now)
+                    .min_by_key(|&i| (events[i].0, events[i].1))
+                {
+                    let (at, _, event) = events.swap_remove(i);
+                    clock.set(at);
+                    if plan.trace {
+                        log.push(
+                            format!("{} {event:?}", at - start)
+                                .chars()
+                                .take(200)
+                                .collect(),
+                        );
+                    }
+                    let send = |events: &mut Vec<(Micros, u64, Event)>,
+                                seq: &mut u64,
+                                calls: &mut u64,
+                                task: &mut Task,
+                                r: usize,
+                                call: Call,
+                                op: Op| {
+                        *calls += 1;
+                        let arrives = at + plan.latency;
+                        let applied = frozen_until(arrives).unwrap_or(arrives);
+                        events.push((
+                            applied,
+                            *seq,
+                            Event::Apply {
+                                replica: r,
+                                call: *calls,
+                                op,
+                            },
+                        ));
+                        *seq += 1;
+                        events.push((
+                            at + TIMEOUT,
+                            *seq,
+                            Event::Timeout {
+                                replica: r,
+                                call: *calls,
+                            },
+                        ));
+                        *seq += 1;
+                        task.waiting = Some((*calls, call));
+                    };
+                    match event {
+                        Event::Apply { replica, call, op } => {
+                            let answer = match op {
+                                Op::Write { round, items } => {
+                                    if round > markers[replica] {
+                                        markers[replica] = round;
+                                        for item in items {
+                                            shared = algorithm::charge(
+                                                &p,
+                                                shared.as_ref(),
+                                                at,
+                                                item.amount,
+                                            )
+                                            .map(|(s, _)| s);
+                                        }
+                                    }
+                                    Answer::Written
+                                }
+                                Op::Heartbeat { written } => {
+                                    if written >= 0 {
+                                        heartbeat[replica] = Some(written);
+                                    }
+                                    let oldest =
+                                        heartbeat.iter().map(|w| w.unwrap_or(0)).min().unwrap();
+                                    Answer::Heartbeat { oldest }
+                                }
+                                Op::Read { items } => Answer::Read {
+                                    now: at,
+                                    states: items.iter().map(|_| shared.clone()).collect(),
+                                },
+                            };
+                            events.push((
+                                at + plan.latency,
+                                seq,
+                                Event::Answer {
+                                    replica,
+                                    call,
+                                    answer,
+                                },
+                            ));
+                            seq += 1;
+                        }
+                        Event::Wake { replica, what } => {
+                            let task = &mut tasks[replica];
+                            match what {
+                                Wake::Tick => {
+                                    let woke = task.engine.store_now();
+                                    task.tick = woke - woke.rem_euclid(INTERVAL);
+                                    let (round, batch) = task.engine.tick();
+                                    task.failed = false;
+                                    task.write_started = at;
+                                    task.resent = task.engine.sent_before(round);
+                                    task.flush = 10;
+                                    send(
+                                        &mut events,
+                                        &mut seq,
+                                        &mut calls,
+                                        task,
+                                        replica,
+                                        Call::Write { round },
+                                        Op::Write {
+                                            round,
+                                            items: batch,
+                                        },
+                                    );
+                                }
+                                Wake::Read => {
+                                    let written = task.written;
+                                    send(
+                                        &mut events,
+                                        &mut seq,
+                                        &mut calls,
+                                        task,
+                                        replica,
+                                        Call::ReadHeartbeat,
+                                        Op::Heartbeat { written },
+                                    );
+                                }
+                            }
+                        }
+                        ev @ (Event::Answer { .. } | Event::Timeout { .. }) => {
+                            let (replica, call, answer) = match ev {
+                                Event::Answer {
+                                    replica,
+                                    call,
+                                    answer,
+                                } => (replica, call, Some(answer)),
+                                Event::Timeout { replica, call } => (replica, call, None),
+                                _ => unreachable!(),
+                            };
+                            let task = &mut tasks[replica];
+                            let Some((waited, what)) = task.waiting else {
+                                continue;
+                            };
+                            if waited != call {
+                                continue;
+                            }
+                            task.waiting = None;
+                            let mut sleep_to_tick = false;
+                            match (what, answer) {
+                                (Call::Write { round }, Some(_)) => {
+                                    // control::sync::write, one call at a time.
+                                    task.engine.written(round);
+                                    let alone = task.engine.spent_alone();
+                                    let more = if task.resent || (alone && task.flush > 0) {
+                                        if alone {
+                                            task.engine.wrote(task.tick);
+                                            task.flush -= 1;
+                                        }
+                                        true
+                                    } else {
+                                        at - task.write_started < INTERVAL / 4
+                                    };
+                                    task.resent = false;
+                                    let next = if more { task.engine.next_write() } else { None };
+                                    let record = more || !alone || !task.engine.unsent();
+                                    if let Some((round, items)) = next {
+                                        send(
+                                            &mut events,
+                                            &mut seq,
+                                            &mut calls,
+                                            task,
+                                            replica,
+                                            Call::Write { round },
+                                            Op::Write { round, items },
+                                        );
+                                    } else {
+                                        if record {
+                                            task.written = task.tick;
+                                            task.engine.wrote(task.tick);
+                                        }
+                                        let written = task.written;
+                                        send(
+                                            &mut events,
+                                            &mut seq,
+                                            &mut calls,
+                                            task,
+                                            replica,
+                                            Call::Heartbeat,
+                                            Op::Heartbeat { written },
+                                        );
+                                    }
+                                }
+                                (Call::Write { .. }, None) => {
+                                    task.failed = true;
+                                    let written = task.written;
+                                    send(
+                                        &mut events,
+                                        &mut seq,
+                                        &mut calls,
+                                        task,
+                                        replica,
+                                        Call::Heartbeat,
+                                        Op::Heartbeat { written },
+                                    );
+                                }
+                                (Call::Heartbeat, _) => {
+                                    if task.failed {
+                                        sleep_to_tick = true;
+                                    } else {
+                                        let read_at = task.tick + INTERVAL * 3 / 4;
+                                        let n = task.engine.store_now();
+                                        if read_at > n {
+                                            let at = at + (read_at - n) + delay(replica);
+                                            events.push((
+                                                at,
+                                                seq,
+                                                Event::Wake {
+                                                    replica,
+                                                    what: Wake::Read,
+                                                },
+                                            ));
+                                            seq += 1;
+                                        } else {
+                                            let written = task.written;
+                                            send(
+                                                &mut events,
+                                                &mut seq,
+                                                &mut calls,
+                                                task,
+                                                replica,
+                                                Call::ReadHeartbeat,
+                                                Op::Heartbeat { written },
+                                            );
+                                        }
+                                    }
+                                }
+                                (Call::ReadHeartbeat, Some(Answer::Heartbeat { oldest })) => {
+                                    task.behind = if oldest >= task.tick {
+                                        0
+                                    } else {
+                                        ((task.tick - oldest) as u64).div_ceil(INTERVAL as u64)
+                                    };
+                                    task.reads = task.engine.read_batch();
+                                    let items = task.reads.clone();
+                                    send(
+                                        &mut events,
+                                        &mut seq,
+                                        &mut calls,
+                                        task,
+                                        replica,
+                                        Call::Read { sent: at },
+                                        Op::Read { items },
+                                    );
+                                }
+                                (
+                                    Call::Read { sent },
+                                    Some(Answer::Read {
+                                        now: store_now,
+                                        states,
+                                    }),
+                                ) => {
+                                    let reads = std::mem::take(&mut task.reads);
+                                    if task.behind == 0 {
+                                        task.engine.read_done(&reads, states, store_now, at - sent);
+                                    } else {
+                                        task.engine.read_partial(
+                                            &reads,
+                                            states,
+                                            store_now,
+                                            at - sent,
+                                            task.behind,
+                                        );
+                                    }
+                                    log.push(format!(
+                                        "{} r{replica} read behind {} at {}",
+                                        at - start,
+                                        task.behind,
+                                        store_now - start
+                                    ));
+                                    sleep_to_tick = true;
+                                }
+                                _ => sleep_to_tick = true,
+                            }
+                            if sleep_to_tick {
+                                let n = task.engine.store_now();
+                                let wait = INTERVAL - n.rem_euclid(INTERVAL);
+                                events.push((
+                                    at + wait + delay(replica),
+                                    seq,
+                                    Event::Wake {
+                                        replica,
+                                        what: Wake::Tick,
+                                    },
+                                ));
+                                seq += 1;
+                            }
+                        }
+                    }
+                }
+                clock.set(now);
+                if now >= flood_from {
+                    for r in 0..plan.replicas {
+                        let before = per_replica[r];
+                        let fresh = tasks[r].engine.fresh();
+                        for _ in 0..plan.rate {
+                            match tasks[r].engine.decide("r", &[check("k", p)]) {
+                                Some(d) => per_replica[r] += u64::from(d.allowed),
+                                None => {
+                                    // Decided exactly (Redis): refused while frozen.
+                                    if frozen_until(now).is_none() {
+                                        let step = algorithm::step_for(&p, shared.as_ref(), now, 0);
+                                        if step.verdict.allowed {
+                                            shared = Some(step.state);
+                                            per_replica[r] += 1;
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                        if per_replica[r] > before {
+                            let e = tasks[r].engine.lock();
+                            let k = &e.keys["k"];
+                            log.push(format!(
+                                "{} r{r} +{} fresh {fresh} share {} admitted {} others {} unseen {} local {} view {}",
+                                now - start,
+                                per_replica[r] - before,
+                                k.share,
+                                k.admitted,
+                                k.others_share,
+                                k.unseen,
+                                available(&p, k.local.as_ref(), now),
+                                available(&p, k.view.as_ref(), now),
+                            ));
+                        }
+                    }
+                }
+                now += 1_000;
+            }
+            Run {
+                admitted: per_replica.iter().sum(),
+                per_replica,
+                log,
+            }
+        }
+    }
+
+    /// A run of [`fleet::run`] drawn from `seed`: Redis frozen four times or never, each
+    /// task's wake-ups late by up to 0–120 ms (up to 250 ms when `wide`), calls 0–3 ms each
+    /// way; R = 4 on a fixed window of 200 a day, or (`wide`) R of 2–5 and any of three
+    /// algorithms.
+    fn plan(seed: u64, wide: bool) -> fleet::Plan {
+        let day = 86_400 * SECOND;
+        let limit = 200;
+        let mut rng = fleet::Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let replicas = if wide { 2 + rng.below(4) as usize } else { 4 };
+        let freezes = if rng.below(2) == 0 {
+            Vec::new()
+        } else {
+            let len = 100_000 + rng.below(300_000) as Micros;
+            let first = 300_000 + rng.below(100_000) as Micros;
+            let gap = if wide {
+                400_000 + rng.below(800_000) as Micros
+            } else {
+                800_000
+            };
+            (0..4)
+                .map(|i| (first + i * gap, first + i * gap + len))
+                .collect()
+        };
+        let max_delay =
+            [0, 5_000, 30_000, 120_000, 250_000][rng.below(if wide { 5 } else { 4 }) as usize];
+        let wake_delays = (0..replicas)
+            .map(|_| {
+                (0..64)
+                    .map(|_| {
+                        if rng.below(4) == 0 {
+                            rng.below(max_delay + 1) as Micros
+                        } else {
+                            rng.below(2_000) as Micros
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        fleet::Plan {
+            replicas,
+            params: if wide {
+                [
+                    params(Algorithm::FixedWindow, limit, day),
+                    params(Algorithm::SlidingWindow, limit, day),
+                    params(Algorithm::TokenBucket, limit, day),
+                ][rng.below(3) as usize]
+            } else {
+                params(Algorithm::FixedWindow, limit, day)
+            },
+            rate: 1 + rng.below(3) as usize,
+            intervals: 40,
+            freezes,
+            wake_delays,
+            latency: rng.below(3_000) as Micros,
+            trace: false,
+        }
+    }
+
+    /// The replay that found the late spells' hole (issue 36): R = 4, limit 200, Redis frozen
+    /// for 242 ms four times, wake-ups up to 30 ms late. Replica 2's read came after the
+    /// next tick, so it skipped a tick and its interval spanned two: 46 admitted in it. The
+    /// others' reads of that tick were partial (its write missing) and they then went late
+    /// in the freeze, each bounded by a quarter of the partial view (157 left, which held
+    /// their own usage of the interval but not replica 2's), less its own since: 39 each.
+    /// 227 admitted before the fix (spells took a quarter of a view older than the tick they
+    /// had recorded); now a replica whose recorded tick is newer than its last complete view
+    /// keeps to what is left of its share.
+    #[test]
+    fn a_late_spell_after_a_partial_view_keeps_the_bound() {
+        let run = fleet::run(&plan(319, false));
+        assert!(
+            (200..=203).contains(&run.admitted),
+            "{} admitted ({:?})",
+            run.admitted,
+            run.per_replica
+        );
+    }
+
+    /// The fleet model over many draws of delays and freezes: every run within the bound,
+    /// limit + R − 1 (before the fixes of issue 36: 256 of 3,000 draws of `plan(_, false)`
+    /// over it, up to 257 of 200; 15 of those without a freeze, a busy node alone).
+    #[test]
+    fn late_rounds_in_a_fleet_keep_the_bound() {
+        for (seeds, wide) in [(1..=60, false), (1..=60, true)] {
+            for seed in seeds {
+                let plan = plan(seed, wide);
+                let run = fleet::run(&plan);
+                let bound = plan.params.limit + plan.replicas as u64 - 1;
+                assert!(
+                    run.admitted <= bound,
+                    "seed {seed} (wide: {wide}): {} admitted of {} + {} ({:?})",
+                    run.admitted,
+                    plan.params.limit,
+                    plan.replicas - 1,
+                    run.per_replica
+                );
+            }
+        }
+    }
+
+    /// Explores the fleet model (not a regression test: prints the runs outside the bounds;
+    /// SEEDS=n, WIDE=1, TRACE=seed for a run's events and decisions).
+    #[test]
+    #[ignore]
+    fn explore_the_fleet_for_runs_over_the_bound() {
+        let seeds: u64 = std::env::var("SEEDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(200);
+        let wide = std::env::var("WIDE").is_ok();
+        let mut worst = 0;
+        for seed in 1..=seeds {
+            let plan = plan(seed, wide);
+            let run = fleet::run(&plan);
+            if std::env::var("TRACE").ok() == Some(seed.to_string()) {
+                let plan = fleet::Plan {
+                    trace: true,
+                    ..plan.clone()
+                };
+                for line in fleet::run(&plan).log {
+                    println!("{line}");
+                }
+            }
+            let limit = plan.params.limit;
+            if run.admitted > limit + plan.replicas as u64 - 1 || run.admitted < limit {
+                println!(
+                    "seed {seed}: {} {:?} freezes {:?} rate {} latency {}",
+                    run.admitted, run.per_replica, plan.freezes, plan.rate, plan.latency
+                );
+            }
+            worst = worst.max(run.admitted);
+        }
+        println!("worst {worst}");
     }
 }
