@@ -9,6 +9,9 @@
 //! A person rather than a script uses `GET /console` ([`crate::console`]), a page over the
 //! same endpoints.
 //!
+//! Every request, read or change, must name this listener in `Host` by an IP address,
+//! `localhost` or a name in `admin.hosts`; any other is refused 421 (see [`check_host`]: a
+//! page elsewhere must not read these endpoints through a DNS name rebound to the listener).
 //! Reads are open to whoever reaches the listener (keep it off public interfaces). A mutation
 //! needs `Authorization: Bearer <token>` when `admin.token_env` names a token; without one,
 //! mutations are allowed only on a loopback listener, where only this host can call. Refused
@@ -125,6 +128,10 @@ pub async fn serve(
             let console = console.clone();
             async move {
                 let caller = Caller { peer, loopback };
+                if let Err(why) = check_host(&request, &proxy.config().admin_hosts) {
+                    tracing::warn!(target: "tollgate::admin", peer = %caller.peer, path = request.uri().path(), result = "refused", why, "admin request for another host refused");
+                    return Ok::<_, Infallible>(error(StatusCode::MISDIRECTED_REQUEST, why));
+                }
                 if let Some(refused) = console::refuse_foreign_origin(&request) {
                     tracing::warn!(target: "tollgate::admin", peer = %caller.peer, path = request.uri().path(), result = "refused", why = "a browser page from another origin", "admin mutation refused");
                     return Ok::<_, Infallible>(refused);
@@ -144,6 +151,77 @@ pub async fn serve(
                 .await;
         });
     }
+}
+
+/// Whether the admin listener answers a request for the host it names (`Host`, or the
+/// target's authority in absolute form), or why not (421 Misdirected Request).
+///
+/// Answered: an IP address (any port), `localhost` (any port), or a name listed in
+/// `admin.hosts`. A browser sends the name a page was loaded from, so a page elsewhere whose
+/// DNS name is rebound to this listener (DNS rebinding) names itself here and is refused, for
+/// reads as for changes; an address cannot be rebound, so probes and scrapers that call by
+/// the pod's or host's address (which is not known in advance on `0.0.0.0`) need no entry,
+/// and neither do port forwards (`kubectl port-forward`, `docker -p`), which change the port.
+/// A request without `Host` is not a browser's (HTTP/1.0 health checkers): answered.
+fn check_host<B>(request: &Request<B>, hosts: &[crate::config::AdminHost]) -> Result<(), String> {
+    let mut given = request.headers().get_all(http::header::HOST).iter();
+    let host = given.next();
+    if given.next().is_some() {
+        return Err("misdirected request: more than one Host header".to_owned());
+    }
+    let authority = request.uri().authority().map(|a| a.as_str().as_bytes());
+    for named in [host.map(HeaderValue::as_bytes), authority]
+        .into_iter()
+        .flatten()
+    {
+        if !host_answered(named, hosts) {
+            return Err(format!(
+                "misdirected request: this admin listener does not answer for Host `{}`; it answers IP addresses, localhost and the names in admin.hosts (a name not listed could be a DNS name rebound to it)",
+                String::from_utf8_lossy(named).escape_debug()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `host[:port]` names an IP address, `localhost` or an `admin.hosts` entry (see
+/// [`check_host`]). A port must be digits (or empty, as RFC 3986 allows).
+fn host_answered(authority: &[u8], hosts: &[crate::config::AdminHost]) -> bool {
+    let Ok(authority) = std::str::from_utf8(authority) else {
+        return false;
+    };
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(v6) => {
+            let Some((literal, rest)) = v6.split_once(']') else {
+                return false;
+            };
+            let port_ok = rest.is_empty()
+                || rest
+                    .strip_prefix(':')
+                    .is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit()));
+            return port_ok && literal.parse::<std::net::Ipv6Addr>().is_ok();
+        }
+        None => match authority.split_once(':') {
+            Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => {
+                (host, if port.is_empty() { None } else { Some(port) })
+            }
+            Some(_) => return false,
+            None => (authority, None),
+        },
+    };
+    let port = match port.map(str::parse::<u16>) {
+        None => None,
+        Some(Ok(port)) => Some(port),
+        Some(Err(_)) => return false,
+    };
+    if host.parse::<std::net::Ipv4Addr>().is_ok() {
+        return true;
+    }
+    let name = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
+    if name == "localhost" {
+        return true;
+    }
+    hosts.iter().any(|entry| entry.matches(&name, port))
 }
 
 /// Who is calling the admin listener.
@@ -953,6 +1031,85 @@ mod tests {
             .body(())
             .unwrap();
         assert_eq!(wants_text(&by_accept), Ok(true));
+    }
+
+    /// Issue 38: a page elsewhere whose DNS name is rebound to the listener names itself in
+    /// `Host`; addresses, `localhost` and listed names are answered, any port.
+    #[test]
+    fn host_names_an_address_localhost_or_a_listed_name() {
+        use crate::config::AdminHost;
+        let hosts = [
+            AdminHost {
+                name: "tollgate-admin.internal".into(),
+                port: None,
+            },
+            AdminHost {
+                name: "*.monitoring.svc".into(),
+                port: None,
+            },
+            AdminHost {
+                name: "pinned.example".into(),
+                port: Some(9901),
+            },
+        ];
+        for good in [
+            "127.0.0.1:9901",
+            "10.1.2.3:9901",
+            "10.1.2.3",
+            "10.1.2.3:",
+            "[::1]:9901",
+            "[fd00::1]",
+            "localhost:19901",
+            "LOCALHOST",
+            "localhost.:9901",
+            "tollgate-admin.internal:9901",
+            "Tollgate-Admin.Internal.",
+            "tollgate.monitoring.svc:9901",
+            "pinned.example:9901",
+        ] {
+            assert!(host_answered(good.as_bytes(), &hosts), "{good}");
+        }
+        for bad in [
+            "rebind.evil.example",
+            "rebind.evil.example:9901",
+            "monitoring.svc",
+            "pinned.example",
+            "pinned.example:9902",
+            "localhost.evil.example",
+            "127.0.0.1.evil.example",
+            "127.0.0.1:abc",
+            "127.0.0.1:80:80",
+            "[::1]x",
+            "[::1",
+            "[evil]:80",
+            "localhost:99999",
+            "",
+        ] {
+            assert!(!host_answered(bad.as_bytes(), &hosts), "{bad}");
+        }
+        let get = |host: Option<&str>, uri: &str| {
+            let mut builder = Request::get(uri);
+            if let Some(host) = host {
+                builder = builder.header(http::header::HOST, host);
+            }
+            builder.body(()).unwrap()
+        };
+        assert!(
+            check_host(&get(None, "/healthz"), &[]).is_ok(),
+            "not a browser"
+        );
+        assert!(check_host(&get(Some("127.0.0.1:1"), "/metrics"), &[]).is_ok());
+        let refused = check_host(&get(Some("rebind.evil.example"), "/metrics"), &[]);
+        assert!(refused.unwrap_err().contains("`rebind.evil.example`"));
+        assert!(check_host(
+            &get(Some("127.0.0.1:1"), "http://rebind.evil.example/metrics"),
+            &[]
+        )
+        .is_err());
+        let mut two = get(Some("127.0.0.1:1"), "/metrics");
+        two.headers_mut()
+            .append(http::header::HOST, HeaderValue::from_static("evil.example"));
+        assert!(check_host(&two, &[]).is_err());
     }
 
     #[test]

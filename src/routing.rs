@@ -45,6 +45,115 @@ pub fn route<'c>(routes: &'c [Arc<Route>], request: &Parts) -> Option<Routed<'c>
     })
 }
 
+/// The routes a request counts against: the one it is routed to (the route of its own method,
+/// else of a method it names in an override), then every other route a method it names
+/// reaches (see [`override_positions`]), each once, in the order found.
+pub fn routes_of<'c>(
+    routes: &'c [Arc<Route>],
+    request: &Parts,
+) -> (Option<Routed<'c>>, Vec<Routed<'c>>) {
+    let own = position(routes, request);
+    let mut also = override_positions(routes, request, own);
+    let first = own.or_else(|| (!also.is_empty()).then(|| also.remove(0)));
+    let routed = |index: usize| Routed {
+        index,
+        route: &routes[index],
+    };
+    (first.map(routed), also.into_iter().map(routed).collect())
+}
+
+/// The most methods looked at per place a request may name them (the headers, each query
+/// field): more is no app's spelling.
+const MAX_NAMED: usize = 8;
+
+/// Routes reached by the methods a request names in `X-HTTP-Method-Override`,
+/// `X-HTTP-Method`, `X-Method-Override` (every line, every comma-separated entry, as apps
+/// upper-case them) or a route's `method_override.query` field, other than `own` (the route
+/// of its own method): for each method named, the first route that matches the request with
+/// that method. A route with `methods` is reached so only when its `method_override` reads
+/// where the method was named; a route without `methods` matches every method anyway. Empty
+/// (no allocation, no header looked up) when no route with `methods` reads overrides.
+pub fn override_positions(
+    routes: &[Arc<Route>],
+    request: &Parts,
+    own: Option<usize>,
+) -> Vec<usize> {
+    let reads = |r: &Arc<Route>| r.methods.is_some() && r.method_override.is_on();
+    if !routes.iter().any(reads) {
+        return Vec::new();
+    }
+    // The methods named in the headers, and in each query field some route reads.
+    let mut in_headers: Vec<Method> = Vec::new();
+    if routes.iter().any(|r| reads(r) && r.method_override.headers) {
+        for name in crate::config::METHOD_OVERRIDE_HEADERS {
+            for value in request.headers.get_all(name) {
+                named_methods(value.as_bytes(), &request.method, &mut in_headers);
+            }
+        }
+    }
+    let mut in_fields: Vec<(&str, Vec<Method>)> = Vec::new();
+    if let Some(query) = request.uri.query() {
+        for route in routes.iter().filter(|r| reads(r)) {
+            let Some(field) = route.method_override.query.as_deref() else {
+                continue;
+            };
+            if in_fields.iter().any(|(f, _)| *f == field) {
+                continue;
+            }
+            let mut methods = Vec::new();
+            for value in crate::identity::query_values(query, field) {
+                named_methods(&value, &request.method, &mut methods);
+            }
+            in_fields.push((field, methods));
+        }
+    }
+    let mut named: Vec<&Method> = in_headers.iter().collect();
+    for method in in_fields.iter().flat_map(|(_, methods)| methods) {
+        if !named.contains(&method) {
+            named.push(method);
+        }
+    }
+    if named.is_empty() {
+        return Vec::new();
+    }
+    let host = if routes.iter().any(|r| r.host.is_some()) {
+        request_host(request)
+    } else {
+        None
+    };
+    let path = normalize_path(request.uri.path());
+    let mut lower: Option<String> = None;
+    let mut found: Vec<usize> = Vec::new();
+    for method in named {
+        let reached = routes.iter().position(|route| {
+            let path = match route.case {
+                MatchCase::Sensitive => &*path,
+                MatchCase::Insensitive => lower.get_or_insert_with(|| path.to_ascii_lowercase()),
+            };
+            if !matches_except_method(route, path, request, host.as_deref()) {
+                return false;
+            }
+            let Some(methods) = &route.methods else {
+                return true;
+            };
+            let o = &route.method_override;
+            let by_header = o.headers && in_headers.contains(method);
+            let by_query = o.query.as_deref().is_some_and(|field| {
+                in_fields
+                    .iter()
+                    .any(|(f, m)| *f == field && m.contains(method))
+            });
+            (by_header || by_query) && method_matches(methods, method)
+        });
+        if let Some(index) = reached {
+            if Some(index) != own && !found.contains(&index) {
+                found.push(index);
+            }
+        }
+    }
+    found
+}
+
 /// The index of the first route matching `request`.
 pub fn position(routes: &[Arc<Route>], request: &Parts) -> Option<usize> {
     // Only a route with a host pattern needs the host: skip the allocation otherwise.
@@ -151,15 +260,40 @@ fn decode_for_matching(path: &str) -> String {
 }
 
 fn matches(route: &Route, path: &str, request: &Parts, host: Option<&str>) -> bool {
-    if let Some(prefix) = &route.path_prefix {
-        if !path.starts_with(prefix.as_str()) {
+    if let Some(methods) = &route.methods {
+        if !method_matches(methods, &request.method) {
             return false;
         }
     }
-    if let Some(methods) = &route.methods {
-        // HEAD is GET without the body: apps answer it with their GET handler.
-        let head_as_get = request.method == Method::HEAD && methods.contains(&Method::GET);
-        if !head_as_get && !methods.contains(&request.method) {
+    matches_except_method(route, path, request, host)
+}
+
+/// Adds to `into` each method named in an override `value` (comma-separated entries, as
+/// apps upper-case them) that is not `own` nor already there, up to [`MAX_NAMED`].
+fn named_methods(value: &[u8], own: &Method, into: &mut Vec<Method>) {
+    for entry in value.split(|&b| b == b',') {
+        if into.len() >= MAX_NAMED {
+            return;
+        }
+        let Ok(method) = Method::from_bytes(&entry.trim_ascii().to_ascii_uppercase()) else {
+            continue;
+        };
+        if method != *own && !into.contains(&method) {
+            into.push(method);
+        }
+    }
+}
+
+/// `method` is one of `methods`, or HEAD where GET is (HEAD is GET without the body: apps
+/// answer it with their GET handler).
+fn method_matches(methods: &[Method], method: &Method) -> bool {
+    methods.contains(method) || (*method == Method::HEAD && methods.contains(&Method::GET))
+}
+
+/// Everything of [`matches`] but the method.
+fn matches_except_method(route: &Route, path: &str, request: &Parts, host: Option<&str>) -> bool {
+    if let Some(prefix) = &route.path_prefix {
+        if !path.starts_with(prefix.as_str()) {
             return false;
         }
     }
@@ -311,6 +445,7 @@ mod tests {
             limits: crate::config::LimitSet::new(name, None, vec![], true),
             allow: Default::default(),
             overrides: vec![],
+            method_override: Default::default(),
         })
     }
 
@@ -569,5 +704,118 @@ mod tests {
             ),
             None
         );
+    }
+
+    fn with_override(route: Arc<Route>, o: crate::config::MethodOverride) -> Arc<Route> {
+        let mut route = (*route).clone();
+        route.method_override = o;
+        Arc::new(route)
+    }
+
+    fn names(routes: &[Arc<Route>], p: &Parts) -> Vec<String> {
+        let (first, also) = routes_of(routes, p);
+        first
+            .into_iter()
+            .chain(also)
+            .map(|r| r.route.name.clone())
+            .collect()
+    }
+
+    fn with_header(mut p: Parts, name: &'static str, value: &str) -> Parts {
+        p.headers.append(name, value.parse().unwrap());
+        p
+    }
+
+    /// Issue 38: `POST /report` with `X-HTTP-Method-Override: GET` is the `GET /report` of an
+    /// app behind Express's method-override; it counts against every route either method
+    /// reaches, once.
+    #[test]
+    fn a_method_named_in_an_override_reaches_its_route_too() {
+        let routes = vec![
+            route("report", Some("/report"), Some(&[Method::GET]), None),
+            route("writes", Some("/report"), Some(&[Method::POST]), None),
+            route("delete", Some("/report"), Some(&[Method::DELETE]), None),
+        ];
+        let post = || parts(Method::POST, "/report", None);
+        assert_eq!(names(&routes, &post()), ["writes"]);
+        for header in crate::config::METHOD_OVERRIDE_HEADERS {
+            let p = with_header(post(), header, "get");
+            assert_eq!(names(&routes, &p), ["writes", "report"], "{header}");
+        }
+        // Every line and entry; the request's own method and unknown tokens add nothing.
+        let p = with_header(post(), "x-http-method-override", " POST , Delete,,@@");
+        let p = with_header(p, "x-http-method", "GET");
+        assert_eq!(names(&routes, &p), ["writes", "delete", "report"]);
+        // Only an override reaches a route: it is the request's route.
+        let p = with_header(
+            parts(Method::PUT, "/report", None),
+            "x-method-override",
+            "GET",
+        );
+        assert_eq!(names(&routes, &p), ["report"]);
+        // Both spellings reach one route: counted once.
+        let any = vec![route("all", Some("/report"), None, None)];
+        let p = with_header(post(), "x-http-method-override", "GET");
+        assert_eq!(names(&any, &p), ["all"]);
+        let head = vec![route("report", Some("/report"), Some(&[Method::GET]), None)];
+        let p = with_header(
+            parts(Method::HEAD, "/report", None),
+            "x-http-method-override",
+            "GET",
+        );
+        assert_eq!(names(&head, &p), ["report"]);
+    }
+
+    #[test]
+    fn method_override_is_per_route_and_the_query_field_only_where_named() {
+        use crate::config::MethodOverride;
+        let off = MethodOverride {
+            headers: false,
+            query: None,
+        };
+        let query_only = MethodOverride {
+            headers: false,
+            query: Some("_method".into()),
+        };
+        let routes = vec![
+            with_override(route("off", Some("/a"), Some(&[Method::GET]), None), off),
+            with_override(
+                route("form", Some("/b"), Some(&[Method::DELETE]), None),
+                query_only,
+            ),
+            route("headers", Some("/b"), Some(&[Method::PUT]), None),
+        ];
+        let p = with_header(
+            parts(Method::POST, "/a", None),
+            "x-http-method-override",
+            "GET",
+        );
+        assert!(names(&routes, &p).is_empty());
+        let p = with_header(
+            parts(Method::POST, "/b", None),
+            "x-http-method-override",
+            "DELETE",
+        );
+        assert!(
+            names(&routes, &p).is_empty(),
+            "the form route reads no header"
+        );
+        let p = parts(Method::POST, "/b?x=1&_method=delete", None);
+        assert_eq!(names(&routes, &p), ["form"]);
+        let p = parts(Method::POST, "/b?_method=PUT", None);
+        assert!(
+            names(&routes, &p).is_empty(),
+            "the header route reads no query"
+        );
+        let p = with_header(
+            parts(Method::POST, "/b?_method=DELETE", None),
+            "x-http-method",
+            "PUT",
+        );
+        assert_eq!(names(&routes, &p), ["headers", "form"]);
+        // No route reads overrides: nothing is looked at.
+        let plain = vec![route("r", Some("/"), None, None)];
+        let p = with_header(parts(Method::POST, "/", None), "x-http-method", "GET");
+        assert_eq!(override_positions(&plain, &p, Some(0)), Vec::<usize>::new());
     }
 }

@@ -30,6 +30,15 @@ pub fn check(config: &Config) -> String {
             "refused (no admin.token_env, and the listener is not loopback)"
         };
         let _ = writeln!(out, "          mutations (POST /limits/reset) {mutations}");
+        let names: Vec<String> = config.admin_hosts.iter().map(|h| h.to_string()).collect();
+        let names = match names.is_empty() {
+            true => String::new(),
+            false => format!(", {}", names.join(", ")),
+        };
+        let _ = writeln!(
+            out,
+            "          answers Host: IP addresses, localhost{names} (any other: 421)"
+        );
     }
     let _ = writeln!(
         out,

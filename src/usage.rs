@@ -19,9 +19,11 @@
 //! caller is shown.
 //!
 //! This endpoint has a small rate of its own, [`OWN_LIMIT`] per [`OWN_WINDOW`] per client
-//! address (an IPv6 client by its /64), kept in each replica's memory, so that it cannot be
-//! used to hammer the store. Keyed by address rather than by identity: identities are whatever
-//! the client sends, an address is not.
+//! address (an IPv6 client by its /64) and [`NETWORK_LIMIT`] per network (an IPv4 /24, an
+//! IPv6 /48), kept in each replica's memory in a bounded table ([`OwnRate`]), so that it
+//! cannot be used to hammer the store, and a flood cannot lock other callers out of it. Keyed
+//! by address rather than by identity: identities are whatever the client sends, an address
+//! is not.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -48,54 +50,203 @@ use crate::throttle::LimitStage;
 
 /// Requests to the usage path one client address may make per [`OWN_WINDOW`].
 pub const OWN_LIMIT: u32 = 10;
-/// The window of [`OWN_LIMIT`].
+/// Requests to the usage path one network (an IPv4 /24, an IPv6 /48) may make per
+/// [`OWN_WINDOW`], all its addresses together: a flood that takes a new address for every
+/// request is limited as its network.
+pub const NETWORK_LIMIT: u32 = 16 * OWN_LIMIT;
+/// The window of [`OWN_LIMIT`] and [`NETWORK_LIMIT`].
 pub const OWN_WINDOW: Duration = Duration::from_secs(10);
-/// Client addresses remembered at once: past it, windows that have ended are dropped, and
-/// while it is still full a new address is refused (a flood from many addresses must not
-/// grow memory without bound nor reach the store).
-const OWN_CLIENTS: usize = 65_536;
+/// Clients and networks remembered at once. Past it, a newcomer takes the place of the
+/// coldest of [`EVICTION_PROBES`] entries (see [`OwnRate`]): the table never grows, and never
+/// refuses a caller for lack of room.
+pub const OWN_ENTRIES: usize = 65_536;
+/// Entries looked at, from the clock hand on, to find the one a newcomer replaces.
+const EVICTION_PROBES: usize = 16;
 
-/// The usage endpoint's own rate: one fixed window per client address, in this process.
-#[derive(Default)]
-pub struct OwnRate(Mutex<HashMap<IpAddr, (Instant, u32)>>);
+/// What an entry of [`OwnRate`] counts: one client (an IPv4 address, an IPv6 /64) or one
+/// network (an IPv4 /24, an IPv6 /48).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Counted {
+    Client(IpAddr),
+    Network(IpAddr),
+}
+
+impl Counted {
+    fn limit(self) -> u32 {
+        match self {
+            Counted::Client(_) => OWN_LIMIT,
+            Counted::Network(_) => NETWORK_LIMIT,
+        }
+    }
+}
+
+/// One fixed window.
+#[derive(Clone, Copy)]
+struct Window {
+    counted: Counted,
+    start: Instant,
+    count: u32,
+}
+
+impl Window {
+    /// How close to its limit the window is, in thousandths (0: at rest, its window over).
+    fn heat(&self, now: Instant) -> u32 {
+        if now.duration_since(self.start) >= OWN_WINDOW {
+            return 0;
+        }
+        self.count.saturating_mul(1000) / self.counted.limit()
+    }
+}
+
+/// The usage endpoint's own rate: one fixed window per client and one per network, in this
+/// process, in a table of at most [`OWN_ENTRIES`].
+///
+/// A request is refused (429) only when its client or its network has used its window;
+/// nothing else refuses it. When the table is full, a newcomer takes the place of the
+/// coldest of the [`EVICTION_PROBES`] entries from a clock hand on: one at rest first, else
+/// the one furthest from its limit. A flood from new addresses fills the table with entries
+/// of one request each, which are what newcomers replace; an entry that has reached its limit
+/// goes only when every entry probed is at its limit too. So a caller not seen before is
+/// always answered (unless its own network is the one flooding), a flood from one network is
+/// limited to [`NETWORK_LIMIT`] per window, and a caller being limited stays limited unless
+/// the table is full of callers being limited (more than [`OWN_ENTRIES`] addresses, each at
+/// its limit, within one window).
+pub struct OwnRate(Mutex<Table>);
+
+impl Default for OwnRate {
+    fn default() -> Self {
+        OwnRate(Mutex::new(Table {
+            index: HashMap::new(),
+            windows: Vec::new(),
+            hand: 0,
+            capacity: OWN_ENTRIES,
+        }))
+    }
+}
+
+struct Table {
+    index: HashMap<Counted, usize>,
+    windows: Vec<Window>,
+    /// Where the next eviction starts looking.
+    hand: usize,
+    capacity: usize,
+}
+
+impl Table {
+    /// The window of `counted` as it stands at `now`, if it has one.
+    fn used(&self, counted: Counted, now: Instant) -> Option<Duration> {
+        let window = &self.windows[*self.index.get(&counted)?];
+        let elapsed = now.duration_since(window.start);
+        (elapsed < OWN_WINDOW && window.count >= counted.limit()).then(|| OWN_WINDOW - elapsed)
+    }
+
+    /// Counts one request in the window of `counted`, making room for it if need be (never
+    /// in the slot `keep`). Returns its slot.
+    fn count(&mut self, counted: Counted, now: Instant, keep: Option<usize>) -> usize {
+        let slot = match self.index.get(&counted) {
+            Some(&slot) => slot,
+            None => {
+                let fresh = Window {
+                    counted,
+                    start: now,
+                    count: 0,
+                };
+                let slot = if self.windows.len() < self.capacity {
+                    self.windows.push(fresh);
+                    self.windows.len() - 1
+                } else {
+                    let slot = self.coldest(now, keep);
+                    self.index.remove(&self.windows[slot].counted);
+                    self.windows[slot] = fresh;
+                    slot
+                };
+                self.index.insert(counted, slot);
+                slot
+            }
+        };
+        let window = &mut self.windows[slot];
+        if now.duration_since(window.start) >= OWN_WINDOW {
+            window.start = now;
+            window.count = 0;
+        }
+        window.count += 1;
+        slot
+    }
+
+    /// The slot to give a newcomer: the coldest of the probed ones, at rest first.
+    fn coldest(&mut self, now: Instant, keep: Option<usize>) -> usize {
+        let len = self.windows.len();
+        let mut best: Option<(u32, usize)> = None;
+        for step in 0..EVICTION_PROBES.min(len) {
+            let slot = (self.hand + step) % len;
+            if Some(slot) == keep {
+                continue;
+            }
+            let heat = self.windows[slot].heat(now);
+            if best.is_none_or(|(coldest, _)| heat < coldest) {
+                best = Some((heat, slot));
+            }
+            if heat == 0 {
+                break;
+            }
+        }
+        let slot = best.map_or((self.hand + 1) % len, |(_, slot)| slot);
+        self.hand = (slot + 1) % len;
+        slot
+    }
+}
 
 impl OwnRate {
-    /// Counts one request from `ip`; Err with the time until its window ends when it is over
-    /// [`OWN_LIMIT`].
+    /// A table of `capacity` entries instead of [`OWN_ENTRIES`] (tests).
+    #[cfg(test)]
+    fn with_capacity(capacity: usize) -> Self {
+        let rate = OwnRate::default();
+        rate.0.lock().unwrap().capacity = capacity;
+        rate
+    }
+
+    /// Counts one request from `ip`; Err with the time until its window ends when its client
+    /// or its network is over its limit (nothing is counted then).
     fn admit(&self, ip: IpAddr, now: Instant) -> Result<(), Duration> {
-        let client = client_of(ip);
-        let mut windows = self
+        let client = Counted::Client(client_of(ip));
+        let network = Counted::Network(network_of(ip));
+        let mut table = self
             .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if windows.len() >= OWN_CLIENTS && !windows.contains_key(&client) {
-            windows.retain(|_, (start, _)| now.duration_since(*start) < OWN_WINDOW);
-            if windows.len() >= OWN_CLIENTS {
-                return Err(OWN_WINDOW);
-            }
+        if let Some(wait) = table.used(client, now).or(table.used(network, now)) {
+            return Err(wait);
         }
-        let (start, count) = windows.entry(client).or_insert((now, 0));
-        let elapsed = now.duration_since(*start);
-        if elapsed >= OWN_WINDOW {
-            *start = now;
-            *count = 0;
-        } else if *count >= OWN_LIMIT {
-            return Err(OWN_WINDOW - elapsed);
-        }
-        *count += 1;
+        let client_slot = table.index.get(&client).copied();
+        let kept = table.count(network, now, client_slot);
+        table.count(client, now, Some(kept));
         Ok(())
+    }
+
+    /// Entries held (tests).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.0.lock().unwrap().windows.len()
     }
 }
 
 /// The client an address counts as: an IPv4 address itself, an IPv6 address by its /64 (one
 /// subscriber's network, which holds more addresses than a map could).
 fn client_of(ip: IpAddr) -> IpAddr {
+    masked(ip, 32, 64)
+}
+
+/// The network an address counts in: an IPv4 /24, an IPv6 /48 (one site's allocation, which
+/// holds 65,536 /64s).
+fn network_of(ip: IpAddr) -> IpAddr {
+    masked(ip, 24, 48)
+}
+
+/// `ip` (IPv4-mapped IPv6 as IPv4) with only its first `v4` or `v6` bits kept.
+fn masked(ip: IpAddr, v4: u32, v6: u32) -> IpAddr {
     match ip.to_canonical() {
-        IpAddr::V6(v6) => {
-            let bits = u128::from(v6) & !((1u128 << 64) - 1);
-            IpAddr::V6(bits.into())
-        }
-        v4 => v4,
+        IpAddr::V6(a) => IpAddr::V6((u128::from(a) & (u128::MAX << (128 - v6))).into()),
+        IpAddr::V4(a) => IpAddr::V4((u32::from(a) & (u32::MAX << (32 - v4))).into()),
     }
 }
 
@@ -493,5 +644,56 @@ mod tests {
             assert!(own.admit(v4, now).is_ok());
         }
         assert!(own.admit(mapped, now).is_err());
+    }
+
+    /// Issue 38: a flood with a new address for every request (each from a network of its
+    /// own) fills the table; a caller not seen before is still answered, and a caller limited
+    /// before the flood is still limited.
+    #[test]
+    fn a_flood_of_new_addresses_never_locks_out_a_newcomer() {
+        let own = OwnRate::with_capacity(256);
+        let now = Instant::now();
+        let limited: IpAddr = "198.51.100.7".parse().unwrap();
+        for _ in 0..OWN_LIMIT {
+            assert!(own.admit(limited, now).is_ok());
+        }
+        for i in 0..10_000u32 {
+            let ip = IpAddr::V4(((10 << 24) | (i << 8) | 1).into());
+            assert!(own.admit(ip, now).is_ok(), "flood request {i}");
+            assert!(own.admit(limited, now).is_err(), "after flood request {i}");
+        }
+        assert_eq!(own.len(), 256);
+        for newcomer in ["192.0.2.200", "2001:db8:1::1"] {
+            assert!(
+                own.admit(newcomer.parse().unwrap(), now).is_ok(),
+                "{newcomer}"
+            );
+        }
+        // Windows end: the limited caller is answered again.
+        assert!(own.admit(limited, now + OWN_WINDOW).is_ok());
+    }
+
+    /// The issue's flood: every /64 of one IPv6 /48 (65,536 of them) once. The network is
+    /// limited as one; other networks are not touched.
+    #[test]
+    fn a_flood_from_one_network_is_limited_as_that_network() {
+        let own = OwnRate::default();
+        let now = Instant::now();
+        let mut admitted = 0;
+        for i in 0..65_536u128 {
+            let ip = std::net::Ipv6Addr::from((0x2001_0db8_0000u128 << 80) | (i << 64) | 1);
+            admitted += u32::from(own.admit(IpAddr::V6(ip), now).is_ok());
+        }
+        assert_eq!(admitted, NETWORK_LIMIT);
+        assert_eq!(own.len(), 1 + NETWORK_LIMIT as usize);
+        assert!(own.admit("2001:db8:1::1".parse().unwrap(), now).is_ok());
+        assert!(own.admit("192.0.2.1".parse().unwrap(), now).is_ok());
+        // An IPv4 /24 likewise.
+        let mut admitted = 0;
+        for i in 0..=255u32 {
+            let ip = IpAddr::V4(((203 << 24) | (113 << 8) | i).into());
+            admitted += u32::from(own.admit(ip, now).is_ok());
+        }
+        assert_eq!(admitted, NETWORK_LIMIT);
     }
 }

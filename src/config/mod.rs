@@ -26,14 +26,14 @@ pub use env::substitute;
 pub use error::{ConfigError, ConfigErrors};
 pub use model::Usage;
 pub use model::{
-    Allow, ByResponse, Config, HostMode, Limit, LimitSet, Listener, OnError, OnLimit, Override,
-    RedisConfig, RedisMode, RedisTls, ResponseConfig, Route, Scope, Secret, StatusSet, StoreConfig,
-    Throttle, TlsFiles, Upstream, DEFAULT_CONNECT_TIMEOUT, DEFAULT_H2_STREAMS,
+    AdminHost, Allow, ByResponse, Config, HostMode, Limit, LimitSet, Listener, OnError, OnLimit,
+    Override, RedisConfig, RedisMode, RedisTls, ResponseConfig, Route, Scope, Secret, StatusSet,
+    StoreConfig, Throttle, TlsFiles, Upstream, DEFAULT_CONNECT_TIMEOUT, DEFAULT_H2_STREAMS,
     DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, MAX_WORKERS,
 };
 pub use model::{LatencyTarget, Priority, Protect, ProtectMode};
-pub use model::{MatchCase, DEFAULT_UPGRADES};
+pub use model::{MatchCase, MethodOverride, DEFAULT_UPGRADES, METHOD_OVERRIDE_HEADERS};
 use raw::RawConfig;
 
 /// Reads, substitutes, parses and validates the file at `path`.
@@ -81,6 +81,11 @@ fn explain_serde_error(e: &serde_yaml::Error) -> String {
     let text = strip_position(&text);
     if text.contains("did not match any variant of untagged enum RawListen") {
         return format!("{text}: `listen` is an address like \"0.0.0.0:8080\" or a list of addresses or {{address, tls: {{cert, key}}}}");
+    }
+    if text.contains("untagged enum RawMethodOverride") {
+        return format!(
+            "{text}: `method_override` is true, false or {{ headers: true|false, query: _method }}"
+        );
     }
     if text.contains("untagged enum RawKey") {
         return format!("{text}: `key` is an identity name or a list of identity names");
@@ -330,6 +335,79 @@ mod tests {
         assert!(all.contains("must not have a path"), "{all}");
         assert!(all.contains("use `preserve`"), "{all}");
         assert!(all.contains("t.yaml:3:8: admin:"), "{all}");
+    }
+
+    /// `admin.hosts`: names, `*.` wildcards and pinned ports; anything else is refused at
+    /// its position.
+    #[test]
+    fn admin_hosts_are_host_names_with_an_optional_port() {
+        let base = "listen: 127.0.0.1:0\nupstream: { url: \"http://a:1\" }\nadmin:\n  address: 0.0.0.0:9901\n";
+        let c = parse_ok(&format!(
+            "{base}  hosts: [Tollgate-Admin.Internal., \"*.monitoring.svc\", \"pinned.example:9901\"]\n"
+        ));
+        let shown: Vec<String> = c.admin_hosts.iter().map(|h| h.to_string()).collect();
+        assert_eq!(
+            shown,
+            [
+                "tollgate-admin.internal",
+                "*.monitoring.svc",
+                "pinned.example:9901"
+            ]
+        );
+        assert!(parse_ok(base).admin_hosts.is_empty());
+        let errors = parse_err(&format!(
+            "{base}  hosts:\n    - ok.example\n    - \"a b\"\n    - \"name:http\"\n    - \"*.\"\n    - \"x.*.example\"\n"
+        ));
+        assert_eq!(errors.len(), 4, "{errors:?}");
+        assert!(
+            errors[0].starts_with("t.yaml:7:7: admin.hosts[1]: `a b` is not a host name"),
+            "{}",
+            errors[0]
+        );
+        assert!(
+            errors[1].starts_with("t.yaml:8:7: admin.hosts[2]: `name:http` has a port"),
+            "{}",
+            errors[1]
+        );
+        assert!(
+            errors[2].starts_with("t.yaml:9:7: admin.hosts[3]:"),
+            "{}",
+            errors[2]
+        );
+        assert!(
+            errors[3].starts_with("t.yaml:10:7: admin.hosts[4]:"),
+            "{}",
+            errors[3]
+        );
+    }
+
+    #[test]
+    fn method_override_is_a_bool_or_headers_and_a_query_field() {
+        let with = |value: &str| {
+            format!("listen: 127.0.0.1:0\nupstream: {{ url: \"http://a:1\" }}\nroutes:\n  - name: r\n    match: {{ methods: [GET] }}\n    method_override: {value}\n")
+        };
+        let of = |value: &str| {
+            parse_ok(&with(value)).throttle.routes[0]
+                .method_override
+                .clone()
+        };
+        assert_eq!(of("true"), MethodOverride::default());
+        assert!(!of("false").is_on());
+        let both = of("{ query: _method }");
+        assert!(both.headers && both.query.as_deref() == Some("_method"));
+        let query = of("{ headers: false, query: _method }");
+        assert!(!query.headers && query.is_on());
+        let errors = parse_err(&with("{ query: \"a b\" }"));
+        assert!(
+            errors[0].starts_with("t.yaml:6:")
+                && errors[0].contains("routes[0].method_override.query: `a b`"),
+            "{errors:?}"
+        );
+        let errors = parse_err(&with("sometimes"));
+        assert!(
+            errors[0].contains("`method_override` is true, false or"),
+            "{errors:?}"
+        );
     }
 
     #[test]

@@ -49,7 +49,7 @@ pub struct RawUsage {
     pub path: String,
 }
 
-/// `admin: "addr"` or `admin: {address, token_env}`.
+/// `admin: "addr"` or `admin: {address, token_env, hosts}`.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 pub enum RawAdmin {
@@ -62,6 +62,9 @@ pub enum RawAdmin {
 pub struct RawAdminFull {
     pub address: String,
     pub token_env: Option<String>,
+    /// Host names the admin listener answers besides addresses and `localhost`.
+    #[serde(default)]
+    pub hosts: Vec<String>,
 }
 
 /// `listen: "addr"`, `listen: ["addr", ...]` or a list of `{address, tls}`.
@@ -326,6 +329,23 @@ pub struct RawRoute {
     /// The protocols an `Upgrade` request may switch to (default: websocket).
     pub upgrades: Option<Vec<String>>,
     pub priority: Option<String>,
+    /// Whether a method named in an override header (or query field) matches `methods`.
+    pub method_override: Option<RawMethodOverride>,
+}
+
+/// `method_override: true | false | { headers: BOOL, query: NAME }`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawMethodOverride {
+    On(bool),
+    Fields(RawMethodOverrideFields),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMethodOverrideFields {
+    pub headers: Option<bool>,
+    pub query: Option<String>,
 }
 
 /// Callers that are never limited: by client address, or by identity value.

@@ -441,6 +441,21 @@ fn query_param_once(query: &str, name: &str) -> Result<Option<Vec<u8>>, Refusal>
     Ok(found)
 }
 
+/// Every value of the query parameter `name`, decoded (form rules), in order.
+pub(crate) fn query_values<'q>(
+    query: &'q str,
+    name: &'q str,
+) -> impl Iterator<Item = Vec<u8>> + 'q {
+    query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .filter_map(move |pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (percent_decode(k.as_bytes(), true) == name.as_bytes())
+                .then(|| percent_decode(v.as_bytes(), true))
+        })
+}
+
 /// `%XX` becomes the byte; with `plus_is_space`, `+` becomes a space (form rules). Broken
 /// escapes are kept literally, as browsers and `form_urlencoded` do.
 fn percent_decode(input: &[u8], plus_is_space: bool) -> Vec<u8> {

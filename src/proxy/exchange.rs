@@ -76,6 +76,21 @@ impl Held {
     pub fn is_empty(&self) -> bool {
         self.leases.is_none() && self.settlement.is_none() && self.until_head.is_none()
     }
+
+    /// Holds what `other` holds for its limits too (a request counted on more than one
+    /// route: see `routing::routes_of`).
+    pub fn join(&mut self, other: Held) {
+        let Held {
+            leases,
+            settlement,
+            until_head,
+        } = other;
+        self.leases = LeaseGuard::joined(self.leases.take(), leases);
+        self.settlement = Obligation::joined(self.settlement.take(), settlement);
+        if self.until_head.is_none() {
+            self.until_head = until_head;
+        }
+    }
 }
 
 /// How an exchange that ended as `answered` settles: answered, never sent (no connection to

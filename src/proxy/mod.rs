@@ -320,8 +320,9 @@ impl Proxy {
             }
         }
 
-        // Route.
-        let routed = routing::route(&config.throttle.routes, &parts);
+        // Route: the route of the request's own method, and any other a method it names in
+        // an override reaches (counted too: the app may serve it as that method).
+        let (routed, also) = routing::routes_of(&config.throttle.routes, &parts);
         record.routed(routed.map(|r| r.route), runtime.route_metrics(routed));
 
         // Identify and limit.
@@ -329,34 +330,46 @@ impl Proxy {
             None => None,
             Some(routed) => {
                 let throttle = &config.throttle;
+                // The routes reached only by an override are decided first: a caller over one
+                // of them is refused before its own route takes anything.
+                let mut also_held = Held::default();
+                for other in also {
+                    let caller = identity::caller::identify(
+                        &parts,
+                        conn.peer.ip(),
+                        &throttle.trusted_proxies,
+                    )
+                    .counting_refusals_in(&runtime.route_metrics[other.index].refusals);
+                    // Boxed: the rare case, whose future would otherwise size every request's.
+                    let outcome = Box::pin(runtime.limits.limit(other.route, caller)).await;
+                    record.decided(&outcome);
+                    record.store_cause(|| runtime.limits.stores().cause());
+                    match runtime.admitted_or_refused(outcome, other) {
+                        Ok(mut admitted) => also_held.join(Held::take_from(&mut admitted)),
+                        Err((response, limited)) => {
+                            record.routed(Some(other.route), runtime.route_metrics(Some(other)));
+                            return refuse(*response, &mut record, grpc, limited);
+                        }
+                    }
+                }
                 let caller =
                     identity::caller::identify(&parts, conn.peer.ip(), &throttle.trusted_proxies)
                         .counting_refusals_in(&runtime.route_metrics[routed.index].refusals);
                 let outcome = runtime.limits.limit(routed.route, caller).await;
                 record.decided(&outcome);
                 record.store_cause(|| runtime.limits.stores().cause());
-                match outcome {
-                    LimitOutcome::Admitted(admitted) => Some(runtime.owed(admitted, routed)),
-                    LimitOutcome::Limited(limited) => {
-                        runtime.offenders.record_denial(
-                            &throttle.key_prefix,
-                            limited.set,
-                            &limited.key,
-                        );
-                        runtime
-                            .offenders
-                            .recent()
-                            .record(&throttle.key_prefix, &limited);
-                        let response = limited_response(&throttle.response, &limited);
-                        return refuse(response, &mut record, grpc, true);
+                match runtime.admitted_or_refused(outcome, routed) {
+                    Ok(mut admitted) => {
+                        if !also_held.is_empty() {
+                            let mut held = Held::take_from(&mut admitted);
+                            held.join(also_held);
+                            admitted.leases = held.leases;
+                            admitted.settlement = held.settlement;
+                        }
+                        Some(admitted)
                     }
-                    LimitOutcome::StoreUnavailable { .. } => {
-                        let response = ProxyError::StoreUnavailable.into_response();
-                        return refuse(response, &mut record, grpc, false);
-                    }
-                    LimitOutcome::Rejected { refusal } => {
-                        let response = unauthorized(refusal);
-                        return refuse(response, &mut record, grpc, false);
+                    Err((response, limited)) => {
+                        return refuse(*response, &mut record, grpc, limited);
                     }
                 }
             }
@@ -632,6 +645,36 @@ impl Runtime {
         match routed {
             Some(routed) => &self.route_metrics[routed.index],
             None => &self.unrouted_metrics,
+        }
+    }
+
+    /// An admitted request (its obligations counted in its route's metrics), or the answer
+    /// to one that was not, with whether it was limited (a 429, for gRPC's translation); a
+    /// limited caller is recorded for the operators' `/limits/top` and recent denials.
+    fn admitted_or_refused<'a>(
+        &self,
+        outcome: LimitOutcome<'a>,
+        routed: Routed<'_>,
+    ) -> Result<Admitted<'a>, (Box<Response<ProxyBody>>, bool)> {
+        let throttle = &self.config.throttle;
+        match outcome {
+            LimitOutcome::Admitted(admitted) => Ok(self.owed(admitted, routed)),
+            LimitOutcome::Limited(limited) => {
+                self.offenders
+                    .record_denial(&throttle.key_prefix, limited.set, &limited.key);
+                self.offenders
+                    .recent()
+                    .record(&throttle.key_prefix, &limited);
+                Err((
+                    Box::new(limited_response(&throttle.response, &limited)),
+                    true,
+                ))
+            }
+            LimitOutcome::StoreUnavailable { .. } => Err((
+                Box::new(ProxyError::StoreUnavailable.into_response()),
+                false,
+            )),
+            LimitOutcome::Rejected { refusal } => Err((Box::new(unauthorized(refusal)), false)),
         }
     }
 

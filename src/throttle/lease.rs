@@ -46,6 +46,24 @@ impl LeaseGuard {
 }
 
 impl LeaseGuard {
+    /// One guard holding the leases of both (a request counted on more than one route).
+    pub fn joined(a: Option<LeaseGuard>, b: Option<LeaseGuard>) -> Option<LeaseGuard> {
+        let (mut a, mut b) = match (a, b) {
+            (Some(a), Some(b)) => (a, b),
+            (a, b) => return a.or(b),
+        };
+        for guard in [&mut a, &mut b] {
+            if let Some(refresher) = guard.refresher.take() {
+                refresher.abort();
+            }
+        }
+        let mut stores = std::mem::take(&mut a.stores);
+        stores.append(&mut b.stores);
+        let mut leases = std::mem::take(&mut a.leases);
+        leases.append(&mut b.leases);
+        Some(LeaseGuard::new(stores, leases))
+    }
+
     /// Gives the slots back and waits until the stores have them (each call bounded by its
     /// store's timeout): a client that has the whole response finds its slot free.
     pub async fn release(mut self) {

@@ -90,7 +90,7 @@ pub enum Settler {
 /// request's borrow of the configuration).
 pub struct Obligation {
     /// The set's store-key name (`route~tier` for a tier), for logs.
-    route: String,
+    route: Box<str>,
     /// Where the units were taken.
     settler: Settler,
     /// The store's clock at the decision.
@@ -98,7 +98,14 @@ pub struct Obligation {
     /// The limits that see the response and took units.
     limits: Vec<Owed>,
     metrics: Option<SettleMetrics>,
+    /// Another route's obligation for the same request (a request counted on more than one
+    /// route), settled on the same response.
+    next: Option<Box<Obligation>>,
 }
+
+/// The place in the response's verdicts of a limit whose verdict the response does not show
+/// (another route's, for a request counted on more than one route).
+const NOT_SHOWN: usize = usize::MAX;
 
 /// One limit's part of an [`Obligation`].
 struct Owed {
@@ -138,12 +145,30 @@ impl Obligation {
             })
             .collect();
         (!limits.is_empty()).then(|| Obligation {
-            route: set.key_name.clone(),
+            route: set.key_name.as_str().into(),
             settler,
             at: decision.at,
             limits,
             metrics: None,
+            next: None,
         })
+    }
+
+    /// One obligation settling both (a request counted on more than one route): `b` is
+    /// another route's, whose verdicts the response's fields do not show.
+    pub fn joined(a: Option<Obligation>, b: Option<Obligation>) -> Option<Obligation> {
+        let b = b.map(|mut b| {
+            b.limits.iter_mut().for_each(|owed| owed.index = NOT_SHOWN);
+            b
+        });
+        match (a, b) {
+            (Some(mut a), Some(mut b)) => {
+                b.next = a.next.take();
+                a.next = Some(Box::new(b));
+                Some(a)
+            }
+            (a, b) => a.or(b),
+        }
     }
 
     /// Counts this obligation's failures (and invalid reports) in the route's metrics.
@@ -168,6 +193,7 @@ impl Obligation {
         self.limits
             .iter()
             .any(|owed| matches!(owed.by_response, ByResponse::CostFromResponse(_)))
+            || self.next.as_ref().is_some_and(|next| next.settles_at_end())
     }
 
     /// Settles what the response head decides, in the store, before the head goes out: the
@@ -183,6 +209,11 @@ impl Obligation {
         outcome: Outcome,
         verdicts: &mut [Verdict],
     ) -> Response<ProxyBody> {
+        // Another route's part first.
+        let response = match self.next.take() {
+            Some(next) => Box::pin(next.on_response(response, outcome, verdicts)).await,
+            None => response,
+        };
         match outcome {
             Outcome::Answered => {}
             Outcome::NotSent => {
@@ -245,6 +276,9 @@ impl Obligation {
 
     /// Gives every unit back (the request never reached the app), before the answer goes out.
     pub async fn give_back(mut self) {
+        if let Some(next) = self.next.take() {
+            Box::pin(next.give_back()).await;
+        }
         let limits = std::mem::take(&mut self.limits);
         let refunds = limits.iter().map(|owed| self.refund(owed)).collect();
         apply(&self.settler, refunds, &self.route, self.metrics.as_ref()).await;
@@ -255,6 +289,9 @@ impl Obligation {
     /// Settles an exchange whose outcome can never be known: as failing, every unit stays
     /// taken (a `cost_from_response` limit keeps the configured cost, an invalid report).
     pub fn settle_unknown(mut self) {
+        if let Some(next) = self.next.take() {
+            next.settle_unknown();
+        }
         for owed in std::mem::take(&mut self.limits) {
             if let (ByResponse::CostFromResponse(_), Some(m)) = (&owed.by_response, &self.metrics) {
                 m.cost_report_invalid.increment(1);

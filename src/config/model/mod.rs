@@ -20,11 +20,11 @@ pub use protect::{
     DEFAULT_MAX_WAIT, DEFAULT_MIN_LIMIT,
 };
 pub use proxy::{
-    Config, HostMode, Listener, TlsFiles, Upstream, DEFAULT_CONNECT_TIMEOUT, DEFAULT_H2_STREAMS,
-    DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
+    AdminHost, Config, HostMode, Listener, TlsFiles, Upstream, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_H2_STREAMS, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, MAX_WORKERS,
 };
-pub use route::{Allow, Override, Route};
+pub use route::{Allow, MethodOverride, Override, Route, METHOD_OVERRIDE_HEADERS};
 pub use route::{MatchCase, DEFAULT_UPGRADES};
 pub use throttle::{
     OnError, RedisConfig, RedisMode, RedisTls, ResponseConfig, Secret, StoreConfig, Throttle,

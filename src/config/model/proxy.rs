@@ -31,6 +31,9 @@ pub struct Config {
     pub admin: Option<SocketAddr>,
     /// The bearer token the admin listener's mutating endpoints require (`admin.token_env`).
     pub admin_token: Option<Secret>,
+    /// Host names the admin listener answers besides IP addresses and `localhost`
+    /// (`admin.hosts`); any other `Host` is refused (see `crate::admin`).
+    pub admin_hosts: Vec<AdminHost>,
     pub upstream: Upstream,
     /// Requests with a larger body are answered 413 (`None`: no limit).
     pub max_request_body: Option<u64>,
@@ -53,6 +56,39 @@ pub struct Config {
     pub usage: Option<Usage>,
     /// The app's protection under overload (`protect`); None: off, and no cost.
     pub protect: Option<Protect>,
+}
+
+/// One entry of `admin.hosts`: a host name (lower-case, without a trailing dot; `*.` first
+/// for any name under a domain) and, when given, the one port it is answered with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminHost {
+    pub name: String,
+    pub port: Option<u16>,
+}
+
+impl AdminHost {
+    /// Whether `name` (lower-case, without a trailing dot) and `port` (as the `Host` header
+    /// gave it) are this entry.
+    pub fn matches(&self, name: &str, port: Option<u16>) -> bool {
+        if self.port.is_some() && self.port != port {
+            return false;
+        }
+        match self.name.strip_prefix("*.") {
+            Some(domain) => name
+                .strip_suffix(domain)
+                .is_some_and(|sub| sub.len() > 1 && sub.ends_with('.')),
+            None => name == self.name,
+        }
+    }
+}
+
+impl fmt::Display for AdminHost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.port {
+            Some(port) => write!(f, "{}:{port}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

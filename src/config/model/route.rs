@@ -30,6 +30,43 @@ pub struct Route {
     pub allow: Allow,
     /// Tiers, tried in order before the default limits.
     pub overrides: Vec<Override>,
+    /// Which method-override spellings reach `methods` (`method_override`).
+    pub method_override: MethodOverride,
+}
+
+/// `method_override`: a request whose override header (or query field) names one of a
+/// route's `methods` matches the route as well as the route its own method matches (apps
+/// behind Express's method-override, Symfony, Laravel or Rails serve it as the named method).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MethodOverride {
+    /// `X-HTTP-Method-Override`, `X-HTTP-Method` and `X-Method-Override` are read.
+    pub headers: bool,
+    /// This query field is read too (`_method`).
+    pub query: Option<String>,
+}
+
+/// The headers frameworks take an overriding method from.
+pub const METHOD_OVERRIDE_HEADERS: [&str; 3] = [
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+];
+
+impl Default for MethodOverride {
+    /// On for the headers: the proxy cannot know whether the app honours them, and counting a
+    /// request that names another method against that method's route too only counts more.
+    fn default() -> Self {
+        MethodOverride {
+            headers: true,
+            query: None,
+        }
+    }
+}
+
+impl MethodOverride {
+    pub fn is_on(&self) -> bool {
+        self.headers || self.query.is_some()
+    }
 }
 
 /// `match.case`: whether `/LOGIN` is the route `/login`.

@@ -1,8 +1,9 @@
 //! Validation of what a route matches beyond path, methods and host: `match.case` and the
 //! protocol `upgrades` it lets through. Kept apart from `routes` so that each reads on its own.
 
-use super::validator::Validator;
-use crate::config::model::{MatchCase, DEFAULT_UPGRADES};
+use super::validator::{is_plain_name, Validator};
+use crate::config::model::{MatchCase, MethodOverride, DEFAULT_UPGRADES};
+use crate::config::raw::RawMethodOverride;
 
 /// `match.case`: `sensitive` (default) or `insensitive`.
 pub(super) fn case(v: &mut Validator, path: &str, raw: Option<&str>) -> MatchCase {
@@ -37,6 +38,40 @@ pub(super) fn host(raw: Option<&String>) -> Option<String> {
             None => h,
         }
     })
+}
+
+/// `method_override`: `true` (the default: the override headers), `false`, or
+/// `{ headers, query }` to read a query field (`_method`) too, or instead.
+pub(super) fn method_override(
+    v: &mut Validator,
+    path: &str,
+    raw: Option<&RawMethodOverride>,
+) -> MethodOverride {
+    match raw {
+        None | Some(RawMethodOverride::On(true)) => MethodOverride::default(),
+        Some(RawMethodOverride::On(false)) => MethodOverride {
+            headers: false,
+            query: None,
+        },
+        Some(RawMethodOverride::Fields(fields)) => {
+            let query = fields.query.as_ref().and_then(|name| {
+                let name = name.trim();
+                if is_plain_name(name) {
+                    Some(name.to_owned())
+                } else {
+                    v.error(
+                        &format!("{path}.method_override.query"),
+                        format!("`{name}` is not a query field name: write a name such as `_method` (letters, digits, `_`, `-`, `.`)"),
+                    );
+                    None
+                }
+            });
+            MethodOverride {
+                headers: fields.headers.unwrap_or(true),
+                query,
+            }
+        }
+    }
 }
 
 /// `upgrades`: protocol names (`websocket`), lower-cased; `websocket` alone when not given.

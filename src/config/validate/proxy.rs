@@ -7,9 +7,10 @@ use http::uri::Scheme;
 
 use super::validator::Validator;
 use crate::config::model::{
-    Config, HostMode, Listener, Secret, Throttle, TlsFiles, Upstream, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_H2_STREAMS, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, MAX_WORKERS,
+    AdminHost, Config, HostMode, Listener, Secret, Throttle, TlsFiles, Upstream,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_H2_STREAMS, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT,
+    DEFAULT_UPSTREAM_TIMEOUT, MAX_WORKERS,
 };
 use crate::config::raw::{
     RawAdmin, RawConfig, RawLingeringClose, RawListen, RawListener, RawSize, RawTls, RawUpstream,
@@ -21,6 +22,10 @@ use crate::linger;
 pub(super) fn config(v: &mut Validator, raw: &RawConfig, throttle: Throttle) -> Option<Config> {
     let listeners = listeners(v, &raw.listen);
     let (admin, admin_token) = admin(v, raw.admin.as_ref());
+    let admin_hosts = match &raw.admin {
+        Some(RawAdmin::Full(full)) => admin_hosts(v, &full.hosts),
+        _ => Vec::new(),
+    };
     let upstream = upstream(v, &raw.upstream);
     let max_request_body = raw
         .max_request_body
@@ -56,6 +61,7 @@ pub(super) fn config(v: &mut Validator, raw: &RawConfig, throttle: Throttle) -> 
         listeners: listeners?,
         admin,
         admin_token,
+        admin_hosts,
         upstream: upstream?,
         max_request_body,
         header_read_timeout,
@@ -190,6 +196,60 @@ fn admin(v: &mut Validator, raw: Option<&RawAdmin>) -> (Option<SocketAddr>, Opti
             (address, token)
         }
     }
+}
+
+/// `admin.hosts`: host names (`tollgate-admin.internal`, `*.monitoring.svc`), each with an
+/// optional `:PORT`; lower-cased, a trailing dot dropped. Addresses and `localhost` need no
+/// entry: they are always answered.
+fn admin_hosts(v: &mut Validator, raw: &[String]) -> Vec<AdminHost> {
+    let mut hosts = Vec::with_capacity(raw.len());
+    for (i, text) in raw.iter().enumerate() {
+        match admin_host(text) {
+            Ok(host) => {
+                if !hosts.contains(&host) {
+                    hosts.push(host);
+                }
+            }
+            Err(why) => v.error(
+                &format!("admin.hosts[{i}]"),
+                format!("`{text}` {why}: write a host name such as `tollgate-admin.internal`, `*.monitoring.svc` (any name under it) or `name:9901` (that port only)"),
+            ),
+        }
+    }
+    hosts
+}
+
+/// One `admin.hosts` entry, or why it is not one.
+fn admin_host(text: &str) -> Result<AdminHost, &'static str> {
+    let text = text.trim().to_ascii_lowercase();
+    let (name, port) = match text.rsplit_once(':') {
+        Some((name, digits)) => match digits.parse::<u16>() {
+            Ok(port) if port > 0 && digits.bytes().all(|b| b.is_ascii_digit()) => {
+                (name, Some(port))
+            }
+            _ => return Err("has a port that is not a number from 1 to 65535"),
+        },
+        None => (text.as_str(), None),
+    };
+    let name = name.strip_suffix('.').unwrap_or(name);
+    let labels = name.strip_prefix("*.").unwrap_or(name);
+    if labels.is_empty() {
+        return Err("names no host");
+    }
+    let label_ok = |label: &str| {
+        !label.is_empty()
+            && label.len() <= 63
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    if name.len() > 253 || !labels.split('.').all(label_ok) {
+        return Err("is not a host name");
+    }
+    Ok(AdminHost {
+        name: name.to_owned(),
+        port,
+    })
 }
 
 fn listeners(v: &mut Validator, raw: &RawListen) -> Option<Vec<Listener>> {

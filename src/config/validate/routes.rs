@@ -58,6 +58,7 @@ fn route(
     let case = matching::case(v, path, m.case.as_deref());
     let host = matching::host(m.host.as_ref());
     let upgrades = matching::upgrades(v, path, raw.upgrades.as_deref());
+    let method_override = matching::method_override(v, path, raw.method_override.as_ref());
     let client_ip = identities.iter().find(|i| i.name == "client_ip").cloned()?;
     // An unknown key is reported; validation goes on with the client IP so the limits'
     // own mistakes are reported in the same run.
@@ -104,6 +105,7 @@ fn route(
         limits,
         allow,
         overrides,
+        method_override,
     })
 }
 
