@@ -31,6 +31,7 @@ pub mod store;
 pub mod summary;
 pub mod throttle;
 pub mod tls;
+pub mod traces;
 pub mod upgrade;
 pub mod usage;
 pub mod workers;

@@ -33,8 +33,8 @@ pub use model::{
     DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, MAX_WORKERS,
 };
 pub use model::{LatencyTarget, Priority, Protect, ProtectMode};
-pub use model::{OtlpProtocol, Sampling, Traces};
 pub use model::{MatchCase, MethodOverride, DEFAULT_UPGRADES, METHOD_OVERRIDE_HEADERS};
+pub use model::{OtlpProtocol, Sampling, Traces};
 use raw::RawConfig;
 
 /// Reads, substitutes, parses and validates the file at `path`.

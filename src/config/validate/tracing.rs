@@ -185,8 +185,7 @@ pub(super) fn traces(v: &mut Validator, raw: Option<&RawTracing>) -> Option<Trac
         raw.interval.as_deref(),
         DEFAULT_TRACES_INTERVAL,
     );
-    let count = |v: &mut Validator, field: &str, value: Option<u64>, default: usize| match value
-    {
+    let count = |v: &mut Validator, field: &str, value: Option<u64>, default: usize| match value {
         None => default,
         Some(n) if (1..=MAX_QUEUE).contains(&n) => n as usize,
         Some(_) => {
