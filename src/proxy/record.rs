@@ -1,7 +1,9 @@
 //! One record per request: what each stage of the request path found out (the route, the kind
 //! of source that identified the caller, the decision, the upstream's status and time, an
 //! error and its side, the status sent), filled in as the stages run and written once to the
-//! metrics, the access log and `tracing` when the request's future ends. It is written from
+//! metrics, the access log and `tracing` when the request's future ends. With traces on, it
+//! also holds the request's spans (`crate::traces`), fed as the stages report and ended with
+//! the record; their ids go on the log lines. It is written from
 //! `Drop`, so a request whose client goes away mid-way (its future dropped) is recorded too:
 //! counted as decided, with status 499 in the access log (the client closed the request).
 //!

@@ -174,9 +174,17 @@ impl Tracing {
         }
     }
 
-    /// The empty context a request without a `traceparent` starts from.
-    fn root(&self) -> Context {
-        Context::new()
+    /// The server span of a request with these `headers`, in the trace their `traceparent`
+    /// names (a new one without it).
+    pub fn request(
+        &self,
+        method: &http::Method,
+        path: &str,
+        version: http::Version,
+        headers: &http::HeaderMap,
+        peer: std::net::SocketAddr,
+    ) -> Box<RequestSpan> {
+        RequestSpan::start(&self.tracer, method, path, version, headers, peer)
     }
 }
 

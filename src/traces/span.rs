@@ -23,8 +23,6 @@ use opentelemetry_http::{HeaderExtractor, HeaderInjector};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{SdkTracer, Span};
 
-use super::Tracing;
-
 /// Where a decision was made, as the trace tells it.
 #[derive(Debug, Clone)]
 pub enum StoreKind {
@@ -72,11 +70,11 @@ pub struct RequestSpan {
     client: Option<Span>,
 }
 
-impl Tracing {
-    /// The server span of a request with these `headers`, in the trace their `traceparent`
-    /// names (a new one without it).
-    pub fn request(
-        &self,
+impl RequestSpan {
+    /// The server span of a request with these `headers`, started with `tracer` in the trace
+    /// their `traceparent` names (a new one without it).
+    pub(super) fn start(
+        tracer: &SdkTracer,
         method: &Method,
         path: &str,
         version: Version,
@@ -84,12 +82,11 @@ impl Tracing {
         peer: SocketAddr,
     ) -> Box<RequestSpan> {
         let parent = TraceContextPropagator::new()
-            .extract_with_context(&self.root(), &HeaderExtractor(headers));
-        let mut server = self
-            .tracer
+            .extract_with_context(&Context::new(), &HeaderExtractor(headers));
+        let mut server = tracer
             .span_builder(method.as_str().to_owned())
             .with_kind(SpanKind::Server)
-            .start_with_context(&self.tracer, &parent);
+            .start_with_context(tracer, &parent);
         let recording = server.is_recording();
         if recording {
             server.set_attributes([
@@ -102,7 +99,7 @@ impl Tracing {
         }
         let cx = parent.with_remote_span_context(server.span_context().clone());
         Box::new(RequestSpan {
-            tracer: self.tracer.clone(),
+            tracer: tracer.clone(),
             server,
             cx,
             recording,
