@@ -8,8 +8,8 @@
 //! `tollgate.limit`, `tollgate.key_source`: the kind of source, never its value,
 //! `tollgate.retry_after`) are on the server span too, where a trace's list shows them.
 //!
-//! A request the sampler leaves out still gets span ids (its `traceparent` goes on with the
-//! sampled flag off) but no attributes are built for it.
+//! A request the sampler leaves out builds no attributes and no client span: its upstream
+//! request keeps the caller's `traceparent` (if any) untouched, as without tracing.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -219,20 +219,24 @@ impl RequestSpan {
         }
     }
 
-    /// The request goes to the upstream now: a client span starts, and `headers` carry its
-    /// context (`traceparent`, and the caller's `tracestate`) in place of the caller's.
+    /// The request goes to the upstream now: for a sampled request a client span starts, and
+    /// `headers` carry its context (`traceparent`, and the caller's `tracestate`) in place of
+    /// the caller's.
     pub fn sending(&mut self, headers: &mut HeaderMap) {
+        // Not sampled: no client span, and the caller's `traceparent` (if any) goes on
+        // untouched, as without tracing; the trace stays whole and no id is made.
+        if !self.recording {
+            return;
+        }
         let mut span = self
             .tracer
             .span_builder(self.method.as_str().to_owned())
             .with_kind(SpanKind::Client)
             .start_with_context(&self.tracer, &self.cx);
-        if self.recording {
-            span.set_attribute(KeyValue::new(
-                "http.request.method",
-                self.method.as_str().to_owned(),
-            ));
-        }
+        span.set_attribute(KeyValue::new(
+            "http.request.method",
+            self.method.as_str().to_owned(),
+        ));
         let cx = self
             .cx
             .with_remote_span_context(span.span_context().clone());
