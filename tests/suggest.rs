@@ -104,6 +104,21 @@ fn config_yaml(up: &Upstream, redis: &RedisServer, prefix: &str, limits: &str) -
     format!("{base}routes:\n  - name: api\n    match: {{ path_prefix: /api }}\n{indented}")
 }
 
+/// The fleet's report over the last hour as `replica` merges it, once it has `total` requests.
+async fn merged(replica: &ProxyHandle, total: usize) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = admin_get(replica, "/limits/suggest?window=1h").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let report: Value = serde_json::from_str(&body).unwrap();
+        if report["replicas"] == 2 && report["routes"][0]["requests"] == total {
+            return report;
+        }
+        assert!(Instant::now() < deadline, "never merged: {report:#}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// Waits out the last minute of a clock hour: the report counts a caller once per clock hour,
 /// and this test's truth is one hour's.
 async fn away_from_the_hour() {
@@ -142,24 +157,18 @@ async fn two_replicas_report_callers_rates_and_the_suggestion_refuses_only_the_a
         "the shadow limit refused"
     );
 
-    // Both replicas published (every 5 s): replica a's fleet view has every caller.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let report: Value = loop {
-        let (status, body) = admin_get(&a, "/limits/suggest?window=1h").await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        let report: Value = serde_json::from_str(&body).unwrap();
-        if report["replicas"] == 2 && report["routes"][0]["callers"] == (CALLERS + ABUSERS) {
-            break report;
-        }
-        assert!(Instant::now() < deadline, "never merged: {report:#}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+    // Both replicas published (every 5 s) after the last request: each one's fleet view has
+    // every caller and every request.
+    let total: usize = traffic().iter().map(|(_, n)| n).sum();
+    let report = merged(&b, total).await;
+    let report_of_b = report.clone();
+    let report = merged(&a, total).await;
+    assert_eq!(report["routes"], report_of_b["routes"]);
     assert_eq!(report["scope"], "fleet");
     let api = &report["routes"][0];
     assert_eq!(api["route"], "api");
     assert_eq!(api["key"], "apikey");
-    let total: usize = traffic().iter().map(|(_, n)| n).sum();
-    assert_eq!(api["requests"], total);
+    assert_eq!(api["callers"], CALLERS + ABUSERS);
     assert_eq!(api["evicted"], 0);
     assert_eq!(api["refused"]["callers"], 0);
     assert_eq!(api["refused"]["shadow_callers"], 0);
@@ -186,14 +195,14 @@ async fn two_replicas_report_callers_rates_and_the_suggestion_refuses_only_the_a
     assert!(!text_report.contains("k_live"), "{text_report}");
     assert!(!report.to_string().contains("k_live"));
     let mut conn = redis.client().await;
-    let keys: Vec<String> = redis::cmd("KEYS")
+    let keys: Vec<String> = ::redis::cmd("KEYS")
         .arg("learn:{suggest}*")
         .query_async(&mut conn)
         .await
         .unwrap();
     assert_eq!(keys.len(), 3, "{keys:?}"); // the registry and two replicas' records
     for key in keys.iter().filter(|k| k.contains('.')) {
-        let published: String = redis::cmd("GET")
+        let published: String = ::redis::cmd("GET")
             .arg(key)
             .query_async(&mut conn)
             .await
