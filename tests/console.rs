@@ -201,7 +201,10 @@ async fn console_shows_the_fleet_top_offenders_and_a_blocked_caller() {
         "a fixed_window limit of 12/min would have refused at most 0 of",
         "- { algorithm: fixed_window, limit: 12, period: 1m, key: user }",
     ] {
-        assert!(suggested.contains(shown), "{shown:?} missing from {suggested:?}");
+        assert!(
+            suggested.contains(shown),
+            "{shown:?} missing from {suggested:?}"
+        );
     }
 
     browser.type_into("#identity", "alice").await;
