@@ -306,7 +306,8 @@ async fn two_replicas_report_callers_rates_and_the_suggestion_refuses_only_the_a
 }
 
 /// A memory store: each replica has only its own record, and the report says so.
-#[tokio::test]
+// Two threads: the command line below blocks one while the admin listener answers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_memory_store_reports_this_replica_and_bad_parameters_are_refused() {
     let up = upstream().start().await;
     let yaml = config()
@@ -320,7 +321,7 @@ async fn a_memory_store_reports_this_replica_and_bad_parameters_are_refused() {
                 .limit(limit::gcra(600, "1m").burst(50)),
         )
         .yaml();
-    let proxy = proxy(yaml).start().await;
+    let proxy = proxy(yaml.clone()).start().await;
     for user in ["a", "b", "b"] {
         let request = Request::get(proxy.url("/x"))
             .header("x-user", user)
@@ -359,4 +360,18 @@ async fn a_memory_store_reports_this_replica_and_bad_parameters_are_refused() {
         let (status, body) = admin_get(&proxy, &format!("/limits/suggest?{bad}")).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
     }
+    // The command line: a bad window is a usage error (exit 2) with the endpoint's reason.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.yaml");
+    std::fs::write(&file, &yaml).unwrap();
+    let cli = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["limits", "suggest", "--window", "2h", "--admin"])
+        .arg(format!("http://{}", proxy.admin.unwrap()))
+        .arg("--config")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&cli.stderr);
+    assert_eq!(cli.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("window must be `1h` or `24h`"), "{stderr}");
 }
