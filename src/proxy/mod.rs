@@ -78,6 +78,8 @@ struct Runtime {
     limits: LimitStage,
     /// Who is denied most (the admin's `/limits/top`); carried over reloads with the stores.
     offenders: Arc<Offenders>,
+    /// Callers' peak rates per route (`/limits/suggest`); carried over reloads as the sketch.
+    suggest: Arc<crate::suggest::Suggest>,
     /// The rounds of local-first limits, when any (the limit stage holds their engine).
     local_first: Option<Arc<sync::Sync>>,
     /// One per route, in route order.
@@ -118,6 +120,8 @@ impl Runtime {
         let offenders = carried.map_or_else(Arc::default, |p| p.offenders.clone());
         // With Redis, the sketch publishes for the fleet's `/limits/top` under this prefix.
         offenders.link(stores.shared_slot(), &throttle.key_prefix);
+        let suggest = carried.map_or_else(Arc::default, |p| p.suggest.clone());
+        suggest.link(stores.shared_slot(), &throttle.key_prefix);
         let denials = caller::new_deny_cache(&stores, &throttle.key_prefix);
         let overrides = crate::control::overrides::new_overrides(&stores, throttle);
         let limits = LimitStage::new(
@@ -147,6 +151,7 @@ impl Runtime {
             limits,
             protect,
             offenders,
+            suggest,
             local_first,
             route_metrics,
             unrouted_metrics: metrics.route(crate::metrics::UNROUTED),
@@ -242,6 +247,13 @@ impl Proxy {
     pub fn throttle_control(&self) -> Control {
         let runtime = self.inner.runtime.load();
         Control::new(&runtime.limits, runtime.offenders.clone())
+    }
+
+    /// The record of callers' peak rates and the running configuration's limits, for
+    /// `/limits/suggest`.
+    pub fn suggest(&self) -> (Arc<crate::suggest::Suggest>, Arc<Config>) {
+        let runtime = self.inner.runtime.load();
+        (runtime.suggest.clone(), runtime.config.clone())
     }
 
     /// The running configuration's store state (the admin console's store health).
@@ -667,6 +679,7 @@ impl Runtime {
         routed: Routed<'_>,
     ) -> Result<Admitted<'a>, (Box<Response<ProxyBody>>, bool)> {
         let throttle = &self.config.throttle;
+        self.suggest.observe(&throttle.key_prefix, &outcome);
         match outcome {
             LimitOutcome::Admitted(admitted) => Ok(self.owed(admitted, routed)),
             LimitOutcome::Limited(limited) => {

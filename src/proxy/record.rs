@@ -324,6 +324,7 @@ mod tests {
             leases: None,
             settlement: None,
             policy: None,
+            key: String::new(),
         })
     }
 
