@@ -4,7 +4,9 @@
 //! (`GET /limits/state`) and its reset (`POST /limits/reset`); for "a customer asks for more":
 //! a temporary override of one caller's limits (`POST /limits/override`, ended
 //! early by `DELETE /limits/override`); and the audit trail of those actions
-//! (`GET /limits/audit`, see [`crate::control::audit`]). `GET /protect` shows the app's
+//! (`GET /limits/audit`, see [`crate::control::audit`]); for "which limit should I set":
+//! callers' peak rates per route and suggested limits (`GET /limits/suggest`, see
+//! [`crate::suggest`]). `GET /protect` shows the app's
 //! protection: its adaptive limit, what it learned and what it admitted and shed.
 //! A person rather than a script uses `GET /console` ([`crate::console`]), a page over the
 //! same endpoints.
@@ -241,6 +243,7 @@ async fn respond<B>(
     let path = request.uri().path();
     let (method, known) = match path {
         "/limits/top" => (Method::GET, TOP_PARAMS),
+        "/limits/suggest" => (Method::GET, SUGGEST_PARAMS),
         "/limits/state" => (Method::GET, STATE_PARAMS),
         "/limits/reset" => (Method::POST, RESET_PARAMS),
         "/limits/override" if request.method() == Method::DELETE => {
@@ -259,6 +262,7 @@ async fn respond<B>(
     }
     match path {
         "/limits/top" => top(request, proxy).await,
+        "/limits/suggest" => suggest(request, proxy).await,
         "/limits/state" => state(request, proxy).await,
         "/limits/override" if method == Method::DELETE => unoverride(request, proxy, caller).await,
         "/limits/override" => set_override(request, proxy, caller).await,
@@ -302,6 +306,7 @@ async fn protect_for_console(
 /// (`/healthz`, `/readyz`, `/metrics`) take none and ignore the query: probes and scrapers may
 /// add their own.
 const TOP_PARAMS: &[&str] = &["k", "format", "scope"];
+const SUGGEST_PARAMS: &[&str] = &["window", "format", "scope"];
 const STATE_PARAMS: &[&str] = &["route", "identity", "format"];
 const RESET_PARAMS: &[&str] = &["route", "identity", "format"];
 const OVERRIDE_PARAMS: &[&str] = &["route", "identity", "limit", "multiply", "for", "format"];
@@ -593,6 +598,39 @@ async fn top<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
     }
     if text {
         return text_response(StatusCode::OK, top_text(&body));
+    }
+    json_response(StatusCode::OK, &body)
+}
+
+/// `GET /limits/suggest?window=1h|24h&scope=fleet|local&format=json|text`: per route, callers'
+/// peak rates and the limits that would refuse at most 0.1 % and 1 % of them (see
+/// `crate::suggest`).
+async fn suggest<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
+    use crate::suggest::{advice, View as SuggestView};
+    let window = match param(request, "window").as_deref() {
+        None => Ok(advice::Window::Day),
+        Some(text) => std::str::from_utf8(text)
+            .ok()
+            .and_then(advice::Window::parse)
+            .ok_or_else(|| "window must be `1h` or `24h`".to_owned()),
+    };
+    let parsed = window.and_then(|window| {
+        let text = wants_text(request)?;
+        let view = match top_scope(request)? {
+            View::Fleet => SuggestView::Fleet,
+            View::Local => SuggestView::Local,
+        };
+        Ok((window, text, view))
+    });
+    let (window, text, view) = match parsed {
+        Ok(parsed) => parsed,
+        Err(why) => return error(StatusCode::BAD_REQUEST, why),
+    };
+    let (record, config) = proxy.suggest();
+    let merged = record.merged(view).await;
+    let body = advice::report(&config.throttle, &merged, window, crate::suggest::unix_ms());
+    if text {
+        return text_response(StatusCode::OK, advice::text(&body));
     }
     json_response(StatusCode::OK, &body)
 }

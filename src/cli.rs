@@ -1,5 +1,5 @@
 //! The command line: `tollgate [run] --config FILE`, `tollgate check --config FILE`,
-//! `tollgate explain ...`, `tollgate limits get|reset|override ...`, `tollgate health [--url URL]`.
+//! `tollgate explain ...`, `tollgate limits get|reset|override|suggest ...`, `tollgate health [--url URL]`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -45,6 +45,30 @@ pub enum LimitsCommand {
     /// Give the caller a different limit on the route for a while (`--limit N` or
     /// `--multiply X`, `--for 24h`), on every replica sharing the store; `--delete` ends it.
     Override(OverrideArgs),
+    /// What callers really send per route (peak per-minute and per-second rates), and the
+    /// limits that would have refused at most 0.1 % and 1 % of them, with the YAML to set
+    /// them; asked of a running instance's admin listener (GET /limits/suggest).
+    Suggest(SuggestArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SuggestArgs {
+    /// The configuration file (for the `admin` address).
+    #[arg(long, short = 'c', env = "TOLLGATE_CONFIG")]
+    pub config: PathBuf,
+    /// A running instance's admin listener, e.g. http://10.0.0.5:9901 (default: the config's
+    /// `admin` address).
+    #[arg(long)]
+    pub admin: Option<String>,
+    /// How far back: `1h` (this clock hour and the previous one) or `24h`.
+    #[arg(long, default_value = "24h")]
+    pub window: String,
+    /// That instance's own record only, rather than the fleet's (merged through Redis).
+    #[arg(long)]
+    pub local: bool,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

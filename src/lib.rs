@@ -28,6 +28,7 @@ pub mod reload;
 pub mod routing;
 pub mod server;
 pub mod store;
+pub mod suggest;
 pub mod summary;
 pub mod throttle;
 pub mod tls;

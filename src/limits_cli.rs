@@ -1,5 +1,6 @@
 //! `tollgate limits get|reset|override`: one caller's state, its reset and a temporary override
-//! of its limits (`override --delete` ends one) from the command line.
+//! of its limits (`override --delete` ends one) from the command line; `tollgate limits
+//! suggest`: callers' peak rates and suggested limits, from a running instance ([`suggest`]).
 //!
 //! With a Redis store the command talks to Redis directly (the same keys, peek and reset as the
 //! admin endpoints; every replica's deny cache follows the reset generation), so it works with
@@ -194,6 +195,15 @@ async fn through_admin(
     let request = request
         .body(Empty::<bytes::Bytes>::new())
         .map_err(|e| Failure::usage(format!("`{url}` is not a usable URL: {e}")))?;
+    exchange_json(request, base).await
+}
+
+/// Sends `request` to the admin listener at `base` and returns its JSON answer, or the failure
+/// (a 400 or 404: a usage error).
+async fn exchange_json(
+    request: http::Request<Empty<bytes::Bytes>>,
+    base: &str,
+) -> Result<Value, Failure> {
     let client = Client::builder(TokioExecutor::new()).build_http();
     let exchange = async {
         let response = client.request(request).await.map_err(|e| e.to_string())?;
@@ -227,6 +237,38 @@ async fn through_admin(
         400 | 404 => Failure::usage(message),
         _ => Failure::other(message),
     })
+}
+
+/// `tollgate limits suggest`: the report of `GET /limits/suggest` from a running instance's
+/// admin listener (`admin`, or the config's `admin` address): the record of callers' rates
+/// lives in the instances' memory (with Redis, the instance asked merges the fleet's).
+pub async fn suggest(
+    config: &Config,
+    admin: Option<&str>,
+    window: &str,
+    local: bool,
+) -> Result<Value, Failure> {
+    let base = admin_base(config, admin, "callers' rates are recorded in each instance's memory and the configuration has no `admin` listener: pass --admin URL")?;
+    let url = format!(
+        "{base}/limits/suggest?window={}&scope={}&format=json",
+        encode(window),
+        if local { "local" } else { "fleet" }
+    );
+    let request = http::Request::get(&url)
+        .body(Empty::<bytes::Bytes>::new())
+        .map_err(|e| Failure::usage(format!("`{url}` is not a usable URL: {e}")))?;
+    exchange_json(request, &base).await
+}
+
+/// The admin listener's base URL: `admin`, or the config's `admin` address.
+fn admin_base(config: &Config, admin: Option<&str>, without: &str) -> Result<String, Failure> {
+    match admin {
+        Some(url) => Ok(url.trim_end_matches('/').to_owned()),
+        None => match config.admin {
+            Some(address) => Ok(format!("http://{}", reachable(address))),
+            None => Err(Failure::usage(without)),
+        },
+    }
 }
 
 /// Percent-encodes a query value (everything but unreserved characters).

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use tollgate::cli::{Cli, Command, ExplainArgs, LimitsArgs, LimitsCommand, LogFormat, RunArgs};
-use tollgate::cli::{HealthArgs, OverrideArgs, DEFAULT_HEALTH_URL};
+use tollgate::cli::{HealthArgs, OverrideArgs, SuggestArgs, DEFAULT_HEALTH_URL};
 use tollgate::config;
 use tollgate::server::Server;
 
@@ -30,6 +30,7 @@ fn main() -> ExitCode {
             limits(args, tollgate::limits_cli::Action::Reset)
         }
         Some(Command::Limits(LimitsCommand::Override(args))) => limits_override(args),
+        Some(Command::Limits(LimitsCommand::Suggest(args))) => limits_suggest(args),
         Some(Command::Health(args)) => health(args),
         Some(Command::Run(args)) => run(args),
         None => run(cli.run),
@@ -144,6 +145,42 @@ fn limits(args: LimitsArgs, action: tollgate::limits_cli::Action) -> ExitCode {
         print!("{}", tollgate::control::overrides::override_text(&value));
     }
     ExitCode::SUCCESS
+}
+
+/// `tollgate limits suggest`: the running instance's report, as text or JSON; exit 2 for a
+/// usage error (a bad window, no admin address), 1 when the instance cannot be asked.
+fn limits_suggest(args: SuggestArgs) -> ExitCode {
+    let config = match load_config(&args.config) {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    let runtime = match new_runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let answer = runtime.block_on(tollgate::limits_cli::suggest(
+        &config,
+        args.admin.as_deref(),
+        &args.window,
+        args.local,
+    ));
+    match answer {
+        Ok(value) if args.json => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&value).unwrap_or_default()
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(value) => {
+            print!("{}", tollgate::suggest::advice::text(&value));
+            ExitCode::SUCCESS
+        }
+        Err(failure) => {
+            eprintln!("tollgate limits suggest: {}", failure.message);
+            ExitCode::from(if failure.usage { 2 } else { 1 })
+        }
+    }
 }
 
 /// `tollgate limits override`: the arguments checked as the admin endpoint checks them (exit 2

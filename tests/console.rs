@@ -188,6 +188,24 @@ async fn console_shows_the_fleet_top_offenders_and_a_blocked_caller() {
         assert!(api.contains(shown), "{shown:?} missing from {api:?}");
     }
     browser.screenshot("top-offenders").await;
+    // Suggested limits: alice sent 12 requests this minute, bob 8 (refused ones count: they
+    // are what the callers send), so refusing nobody takes 12 a minute, in the route's
+    // algorithm, keyed as the route is.
+    let suggested = browser
+        .until_text("#suggest tr.suggestion", "a suggestion for api", |t| {
+            t.starts_with("api")
+        })
+        .await;
+    for shown in [
+        "key user",
+        "a fixed_window limit of 12/min would have refused at most 0 of",
+        "- { algorithm: fixed_window, limit: 12, period: 1m, key: user }",
+    ] {
+        assert!(
+            suggested.contains(shown),
+            "{shown:?} missing from {suggested:?}"
+        );
+    }
 
     browser.type_into("#identity", "alice").await;
     browser.click("#search").await;

@@ -8,7 +8,7 @@
 //! forwarded.
 
 mod early_answer;
-pub mod exchange;
+mod exchange;
 pub mod headers;
 mod http1_pool;
 mod record;
@@ -80,6 +80,8 @@ struct Runtime {
     limits: LimitStage,
     /// Who is denied most (the admin's `/limits/top`); carried over reloads with the stores.
     offenders: Arc<Offenders>,
+    /// Callers' peak rates per route (`/limits/suggest`); carried over reloads as the sketch.
+    suggest: Arc<crate::suggest::Suggest>,
     /// The rounds of local-first limits, when any (the limit stage holds their engine).
     local_first: Option<Arc<sync::Sync>>,
     /// One per route, in route order.
@@ -122,6 +124,8 @@ impl Runtime {
         let offenders = carried.map_or_else(Arc::default, |p| p.offenders.clone());
         // With Redis, the sketch publishes for the fleet's `/limits/top` under this prefix.
         offenders.link(stores.shared_slot(), &throttle.key_prefix);
+        let suggest = carried.map_or_else(Arc::default, |p| p.suggest.clone());
+        suggest.link(stores.shared_slot(), &throttle.key_prefix);
         let denials = caller::new_deny_cache(&stores, &throttle.key_prefix);
         let overrides = crate::control::overrides::new_overrides(&stores, throttle);
         let limits = LimitStage::new(
@@ -152,6 +156,7 @@ impl Runtime {
             limits,
             protect,
             offenders,
+            suggest,
             local_first,
             route_metrics,
             unrouted_metrics: metrics.route(crate::metrics::UNROUTED),
@@ -261,6 +266,13 @@ impl Proxy {
     pub fn throttle_control(&self) -> Control {
         let runtime = self.inner.runtime.load();
         Control::new(&runtime.limits, runtime.offenders.clone())
+    }
+
+    /// The record of callers' peak rates and the running configuration's limits, for
+    /// `/limits/suggest`.
+    pub fn suggest(&self) -> (Arc<crate::suggest::Suggest>, Arc<Config>) {
+        let runtime = self.inner.runtime.load();
+        (runtime.suggest.clone(), runtime.config.clone())
     }
 
     /// The running configuration's store state (the admin console's store health).
@@ -467,14 +479,24 @@ impl Proxy {
         let status = forwarded.as_ref().ok().map(Response::status);
         record.forwarded(upstream_started.elapsed(), status);
 
-        // Respond.
-        let exchanged = Exchanged {
-            forwarded,
-            outcome,
-            held,
+        // Respond. Only a request that settles or holds slots waits here, in a boxed future:
+        // inline, its future would size every request's (moved, so copied, each time).
+        let from_upstream = forwarded.is_ok();
+        let response = match forwarded {
+            Ok(response) => response,
+            Err(error) => record.failed(error).map(AnswerBody::Right),
         };
-        self.respond(&runtime, admitted, exchanged, &mut record, grpc)
-            .await
+        let response = match admitted {
+            None => response,
+            Some(admitted) if held.settlement.is_none() && held.leases.is_none() => {
+                with_limit_fields(&runtime, &admitted, response)
+            }
+            Some(admitted) => {
+                let settling = self.settle_and_hold(&runtime, admitted, held, outcome, response);
+                Box::pin(settling).await
+            }
+        };
+        answered(response, &mut record, grpc && !from_upstream)
     }
 
     /// The upstream's answer as the client receives it: a refused oversized upload as 413, a
@@ -688,6 +710,7 @@ impl Runtime {
         routed: Routed<'_>,
     ) -> Result<Admitted<'a>, (Box<Response<ProxyBody>>, bool)> {
         let throttle = &self.config.throttle;
+        self.suggest.observe(&throttle.key_prefix, &outcome);
         match outcome {
             LimitOutcome::Admitted(admitted) => Ok(self.owed(admitted, routed)),
             LimitOutcome::Limited(limited) => {
@@ -719,95 +742,87 @@ impl Runtime {
     }
 }
 
-/// What the forward stage leaves for the respond stage.
-struct Exchanged {
-    forwarded: Result<Forwarded, ProxyError>,
-    /// How the exchange ended, as a settlement sees it.
-    outcome: Outcome,
-    /// What the request holds for its limits.
-    held: Held,
-}
-
 impl Proxy {
-    /// The respond stage: the answer as the client receives it. An admitted request's response
-    /// settles what it owes, shows its rate-limit fields and holds its concurrency slots until
-    /// its body ends (read to its end if the client leaves first, see `exchange`); an error
-    /// becomes tollgate's own answer, translated for a gRPC client.
-    async fn respond(
+    /// The respond stage for an admitted response that owes a settlement or holds concurrency
+    /// slots: settled (count_statuses in the store before the head goes out, so its fields
+    /// show it), with its rate-limit fields, its slots released or held until its body ends
+    /// (read to its end if the client leaves first, see `exchange`).
+    async fn settle_and_hold(
         &self,
         runtime: &Runtime,
-        admitted: Option<Admitted<'_>>,
-        exchanged: Exchanged,
-        record: &mut RequestRecord<'_>,
-        grpc: bool,
+        mut admitted: Admitted<'_>,
+        held: Held,
+        outcome: Outcome,
+        mut response: Response<AnswerBody>,
     ) -> Response<AnswerBody> {
-        let config = &runtime.config;
-        let Exchanged {
-            forwarded,
-            outcome,
-            held,
-        } = exchanged;
-        // False when tollgate answered itself (an error on the way): such an answer is
-        // translated for gRPC clients.
-        let from_upstream = forwarded.is_ok();
-        let mut response = match forwarded {
-            Ok(response) => response,
-            Err(error) => record.failed(error).map(AnswerBody::Right),
-        };
-        if let Some(mut admitted) = admitted {
-            let mut settles_at_end = false;
-            if let Some(settlement) = held.settlement {
-                settles_at_end = outcome == Outcome::Answered && settlement.settles_at_end();
-                // count_statuses settles on this head, in the store before the head goes out
-                // (and the fields below show it), cost_from_response before the body's end.
-                // Boxed: only routes that settle pay for the store call's future.
-                let settled = Box::pin(settlement.on_response(
-                    response.map(boxed_answer),
-                    outcome,
-                    &mut admitted.verdicts,
-                ));
-                response = settled.await.map(AnswerBody::Right);
-            }
-            if !admitted.verdicts.is_empty() {
-                limit_headers::add_fields_with(
-                    response.headers_mut(),
-                    &config.throttle.response,
-                    admitted.set,
-                    admitted.policy.as_ref(),
-                    &admitted.verdicts,
-                    false,
-                );
-            }
-            if let Some(leases) = held.leases {
-                if http_body::Body::is_end_stream(response.body()) {
-                    // The head is the whole response: the slots are back before it goes.
-                    Box::pin(leases.release()).await;
-                } else {
-                    // Back before the body's last frame goes on (see `body::BeforeEnd`).
-                    let (parts, body) = response.into_parts();
-                    let body = body::BeforeEnd::new(boxed_answer(body), leases);
-                    response = Response::from_parts(parts, AnswerBody::Right(body::boxed(body)));
-                    settles_at_end = true;
-                }
-            }
-            if settles_at_end {
-                // Read to its end even if the client leaves first (see `exchange`).
+        let mut settles_at_end = false;
+        if let Some(settlement) = held.settlement {
+            settles_at_end = outcome == Outcome::Answered && settlement.settles_at_end();
+            // count_statuses settles on this head, in the store before the head goes out
+            // (and the fields below show it), cost_from_response before the body's end.
+            let settled =
+                settlement.on_response(response.map(boxed_answer), outcome, &mut admitted.verdicts);
+            response = settled.await.map(AnswerBody::Right);
+        }
+        response = with_limit_fields(runtime, &admitted, response);
+        if let Some(leases) = held.leases {
+            if http_body::Body::is_end_stream(response.body()) {
+                // The head is the whole response: the slots are back before it goes.
+                leases.release().await;
+            } else {
+                // Back before the body's last frame goes on (see `body::BeforeEnd`).
                 let (parts, body) = response.into_parts();
-                let body = exchange::HeldBody::new(
-                    boxed_answer(body),
-                    (),
-                    &self.inner.orphans,
-                    runtime.upstream.timeout(),
-                );
+                let body = body::BeforeEnd::new(boxed_answer(body), leases);
                 response = Response::from_parts(parts, AnswerBody::Right(body::boxed(body)));
+                settles_at_end = true;
             }
         }
-        // The record keeps the HTTP status tollgate chose, before a gRPC translation.
-        record.answered(response.status());
-        if grpc && !from_upstream {
-            response =
-                crate::grpc::translate(response.map(boxed_answer), false).map(AnswerBody::Right);
+        if settles_at_end {
+            // Read to its end even if the client leaves first (see `exchange`).
+            let (parts, body) = response.into_parts();
+            let body = exchange::HeldBody::new(
+                boxed_answer(body),
+                (),
+                &self.inner.orphans,
+                runtime.upstream.timeout(),
+            );
+            response = Response::from_parts(parts, AnswerBody::Right(body::boxed(body)));
         }
+        response
+    }
+}
+
+/// An admitted response with the rate-limit fields of its verdicts (none for a request
+/// admitted without a decision).
+fn with_limit_fields(
+    runtime: &Runtime,
+    admitted: &Admitted<'_>,
+    mut response: Response<AnswerBody>,
+) -> Response<AnswerBody> {
+    if !admitted.verdicts.is_empty() {
+        limit_headers::add_fields_with(
+            response.headers_mut(),
+            &runtime.config.throttle.response,
+            admitted.set,
+            admitted.policy.as_ref(),
+            &admitted.verdicts,
+            false,
+        );
+    }
+    response
+}
+
+/// The response as the client receives it, its status recorded as tollgate chose it;
+/// tollgate's own answer (an error on the way) translated for a gRPC client.
+fn answered(
+    response: Response<AnswerBody>,
+    record: &mut RequestRecord<'_>,
+    translate_for_grpc: bool,
+) -> Response<AnswerBody> {
+    record.answered(response.status());
+    if translate_for_grpc {
+        crate::grpc::translate(response.map(boxed_answer), false).map(AnswerBody::Right)
+    } else {
         response
     }
 }

@@ -480,6 +480,7 @@ mod tests {
             leases: None,
             settlement: None,
             policy: None,
+            key: String::new(),
         })
     }
 

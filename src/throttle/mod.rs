@@ -54,6 +54,9 @@ pub enum AdmitReason {
 
 /// What the limit stage decided for one request. It renders nothing: the proxy answers a
 /// refused request from what is here (see [`headers`]).
+// Admitted is the common outcome and by far the largest: boxing it, as clippy advises, would
+// allocate on every admitted request to save bytes on the rare refused one.
+#[allow(clippy::large_enum_variant)]
 pub enum LimitOutcome<'a> {
     /// The request may go on to the upstream.
     Admitted(Admitted<'a>),
@@ -83,6 +86,10 @@ pub struct Admitted<'a> {
     /// The `RateLimit-Policy` of a caller whose limits a temporary override changed (the
     /// override's quotas); None: the set's own.
     pub policy: Option<HeaderValue>,
+    /// The store key of the set's first limit, as [`Limited::key`] (empty when no limit was
+    /// decided: an exempt caller, a set without limits): who was admitted, for the record of
+    /// callers' rates (`crate::suggest`). Moved out of the keys once they are used: no copy.
+    pub key: String,
 }
 
 /// A refused request: what the limited response is rendered from.
@@ -234,6 +241,7 @@ impl LimitStage {
                     leases: None,
                     settlement: None,
                     policy: None,
+                    key: String::new(),
                 })
             }
             tiers::Applied::Keyed {
@@ -253,6 +261,7 @@ impl LimitStage {
                 leases: None,
                 settlement: None,
                 policy: None,
+                key: String::new(),
             });
         }
         // A caller with a temporary override counts on keys of its own, with adjusted limits.
@@ -339,6 +348,7 @@ impl LimitStage {
                 };
                 let mut admitted = self.admitted(set, identity, decision, reason, settlement);
                 admitted.policy = policy;
+                admitted.key = first_key(&mut keys);
                 return LimitOutcome::Admitted(admitted);
             }
             let wait = match (deadline, &turn, delay_for(set, &decision.verdicts)) {
@@ -402,6 +412,7 @@ impl LimitStage {
             leases,
             settlement,
             policy: None,
+            key: String::new(),
         }
     }
 

@@ -229,6 +229,39 @@ function renderDenials(denials) {
   }
 }
 
+// Suggested limits (GET /limits/suggest): a merge of the fleet's hourly records, read every
+// 30 s rather than on every refresh.
+const SUGGEST_MS = 30000;
+let suggestedAt = 0;
+
+async function renderSuggest() {
+  if (Date.now() - suggestedAt < SUGGEST_MS) return;
+  suggestedAt = Date.now();
+  const answer = await getJson("/limits/suggest?window=24h&format=json");
+  if (!answer.ok) return;
+  const report = answer.body;
+  const body = document.querySelector("#suggest tbody");
+  clear(body);
+  for (const r of report.routes) {
+    const m = r.per_minute;
+    const pick = r.suggestions.filter((s) => s.target === 0.01);
+    const cell = el("td", {});
+    for (const s of pick) {
+      cell.append(el("div", { class: "small" }, s.sentence), el("pre", { class: "small" }, s.yaml));
+    }
+    body.append(el("tr", { class: "suggestion" },
+      el("td", {}, r.tier ? `${r.route} (tier ${r.tier})` : r.route, el("span", { class: "muted small" }, ` key ${r.key}`)),
+      el("td", {}, r.callers),
+      el("td", {}, `${m.p50} / ${m.p90} / ${m.p99} / ${m["p99.9"]} / ${m.max}`),
+      el("td", {}, `${r.refused.requests} requests of ${r.refused.callers} callers (shadow: ${r.refused.shadow_requests} of ${r.refused.shadow_callers})`),
+      cell));
+  }
+  document.getElementById("suggest-empty").hidden = report.routes.length > 0;
+  document.getElementById("suggest-scope").textContent = report.scope === "fleet"
+    ? `(last 24 h, fleet: ${report.replicas} replica${report.replicas === 1 ? "" : "s"})`
+    : `(last 24 h, this replica only${report.reason ? ": " + report.reason : ""})`;
+}
+
 async function refresh() {
   try {
     const answer = await getJson("/console/api/overview");
@@ -248,6 +281,7 @@ async function refresh() {
     status.className = "bad";
   }
   renderProtect();
+  renderSuggest().catch(() => {});
   if (lastCaller !== null) renderCaller(lastCaller, false);
 }
 

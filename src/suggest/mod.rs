@@ -1,0 +1,367 @@
+//! Limits from evidence: per route (and tier), a bounded record of how fast each caller really
+//! sends, and the limits that would refuse only a chosen share of callers (`GET
+//! /limits/suggest`, `tollgate limits suggest`, the console's "Suggested limits" panel).
+//!
+//! On the request path: [`Suggest::observe`], one call after the limit stage decided, which
+//! hashes the caller's key and counts in memory under one of [`SHARDS`] locks (see [`record`]
+//! for what is counted and the memory bound: at most `SHARDS × record::CAPACITY` live
+//! counters per route and tier, ~64 bytes each, plus 25 hours of histograms). Only requests
+//! decided on a route with limits are counted (the caller is keyed as the route's first limit
+//! keys it; an exempt caller is not counted): to learn a route without limits, give it a
+//! `shadow: true` limit keyed the way it should be.
+//!
+//! Fleet-wide, through Redis as the top offenders are (`crate::control::fleet`): a background
+//! task publishes this replica's hours every [`PUBLISH_EVERY`] (one JSON string per replica,
+//! `<key_prefix>{suggest}.<replica id>`, expiring [`SILENT_AFTER`] after its last publish,
+//! and a registry sorted set `<key_prefix>{suggest}`); a query merges every replica's hours
+//! histogram by histogram ([`hist`]). A replica's string is at most routes × 25 hours × 2 ×
+//! [`hist::BUCKETS`] buckets, whatever the number of callers. The record is per replica: a
+//! caller whose requests are spread over k replicas shows as k callers at about 1/k of its
+//! rate each (exact when the load balancer keeps a caller on one replica).
+
+pub mod advice;
+pub mod hist;
+pub mod record;
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use crate::limit::redis_store::RedisStore;
+use crate::limit::{new_lease_id, Store, StoreError};
+use crate::store::Shared;
+use crate::throttle::{keys, AdmitReason, LimitOutcome};
+use record::{Hour, RouteRecord, Seen};
+
+/// Locks the record is split over (by caller hash), so serving threads rarely meet.
+pub const SHARDS: usize = 8;
+/// How often a replica publishes its hours.
+pub const PUBLISH_EVERY: Duration = Duration::from_secs(5);
+/// A replica not heard from for this long drops out of the fleet's view.
+pub const SILENT_AFTER: Duration = Duration::from_secs(30);
+/// The registry forgets ids older than this, and expires this long after the last publish.
+const KEY_TTL: Duration = Duration::from_secs(120);
+/// Replicas read at most.
+const MAX_REPLICAS: usize = 256;
+
+/// One replica's hours, by route (or `route~tier`) and clock hour: what it publishes.
+pub type Snapshot = BTreeMap<String, BTreeMap<u32, Hour>>;
+
+type Shard = HashMap<Box<str>, RouteRecord>;
+
+/// The record, shared by every configuration that keeps the same stores (as the offenders).
+pub struct Suggest {
+    shards: Vec<Mutex<Shard>>,
+    /// Keys the caller hashes; random per process.
+    hasher: std::collections::hash_map::RandomState,
+    link: Mutex<Option<(Shared, String)>>,
+    publishing: AtomicBool,
+    id: String,
+}
+
+impl Default for Suggest {
+    fn default() -> Self {
+        Suggest {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: Default::default(),
+            link: Mutex::new(None),
+            publishing: AtomicBool::new(false),
+            id: format!("{:016x}", new_lease_id()),
+        }
+    }
+}
+
+impl std::fmt::Debug for Suggest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Suggest").field("id", &self.id).finish()
+    }
+}
+
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Why a fleet view was asked for and this replica's record is shown.
+pub const MEMORY_STORE: &str = "memory store: each replica records its own callers";
+
+/// Which replicas' records a view covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum View {
+    Fleet,
+    Local,
+}
+
+/// Every route's hours, merged over the replicas a view covers.
+#[derive(Debug, Clone)]
+pub struct Merged {
+    pub view: View,
+    /// Why a fleet view was asked for and this replica's is shown.
+    pub reason: Option<&'static str>,
+    pub replicas: usize,
+    pub routes: Snapshot,
+}
+
+impl Suggest {
+    /// Counts the request `outcome` decided, in `key_prefix` (see the module docs).
+    pub fn observe(&self, key_prefix: &str, outcome: &LimitOutcome<'_>) {
+        let (set, key, seen) = match outcome {
+            LimitOutcome::Admitted(a) if a.reason != AdmitReason::Exempt => {
+                let seen = match a.reason {
+                    AdmitReason::ShadowLimited => Seen::Shadow,
+                    _ => Seen::Admitted,
+                };
+                (a.set, &a.key, seen)
+            }
+            LimitOutcome::Limited(l) => (l.set, &l.key, Seen::Refused),
+            _ => return,
+        };
+        let Some(item) = keys::identity_of(key_prefix, set, key) else {
+            return;
+        };
+        self.count(&set.key_name, item, seen, unix_ms());
+    }
+
+    /// Counts one request of the caller `item` on `route` at `now_ms`.
+    pub fn count(&self, route: &str, item: &str, seen: Seen, now_ms: u64) {
+        let hash = self.hasher.hash_one(item);
+        let shard = &self.shards[(hash % SHARDS as u64) as usize];
+        let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+        match shard.get_mut(route) {
+            Some(record) => record.observe(hash, seen, now_ms),
+            None => {
+                let mut record = RouteRecord::new(record::CAPACITY);
+                record.observe(hash, seen, now_ms);
+                shard.insert(route.into(), record);
+            }
+        }
+    }
+
+    /// Live counters over every shard for `route` (tests check the bound).
+    pub fn live(&self, route: &str) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                let s = s.lock().unwrap_or_else(|e| e.into_inner());
+                s.get(route).map_or(0, RouteRecord::live)
+            })
+            .sum()
+    }
+
+    /// This replica's hours, live counters folded in; ended hours are tidied on the way.
+    pub fn snapshot(&self, now_ms: u64) -> Snapshot {
+        let mut out = Snapshot::new();
+        for shard in &self.shards {
+            let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            shard.retain(|route, record| {
+                record.tidy(now_ms);
+                let hours = record.hours(now_ms);
+                let keep = !hours.is_empty();
+                merge_route(out.entry(route.to_string()).or_default(), &hours);
+                keep
+            });
+        }
+        out.retain(|_, hours| !hours.is_empty());
+        out
+    }
+
+    /// Links the record to the configuration's store, as the offenders sketch is.
+    pub fn link(self: &Arc<Self>, slot: Option<&Shared>, key_prefix: &str) {
+        *self.link.lock().unwrap_or_else(|e| e.into_inner()) =
+            slot.map(|s| (s.clone(), key_prefix.to_owned()));
+        if slot.is_some()
+            && tokio::runtime::Handle::try_current().is_ok()
+            && !self.publishing.swap(true, Ordering::Relaxed)
+        {
+            tokio::spawn(publish_loop(Arc::downgrade(self)));
+        }
+    }
+
+    fn linked(&self) -> Option<(Shared, String)> {
+        self.link.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Every route's hours in `view`: the fleet's merges every replica's latest publish (this
+    /// one's as it is now) when the store is Redis and answers; otherwise this replica's.
+    pub async fn merged(&self, view: View) -> Merged {
+        let now = unix_ms();
+        let local = |reason| Merged {
+            view: View::Local,
+            reason,
+            replicas: 1,
+            routes: self.snapshot(now),
+        };
+        if view == View::Local {
+            return local(None);
+        }
+        let Some((slot, prefix)) = self.linked() else {
+            return local(Some(MEMORY_STORE));
+        };
+        let Some(Store::Redis(redis)) = slot.get().cloned() else {
+            return local(Some(crate::control::offenders::STORE_UNAVAILABLE));
+        };
+        let others = match read(&redis, &prefix).await {
+            Ok(others) => others,
+            Err(cause) => {
+                tracing::warn!(%cause, "/limits/suggest: the fleet's records could not be read; answering with this replica's");
+                return local(Some(crate::control::offenders::STORE_UNAVAILABLE));
+            }
+        };
+        let mut routes = self.snapshot(now);
+        let mut replicas = 1;
+        for (id, snapshot) in others {
+            if id == self.id {
+                continue;
+            }
+            replicas += 1;
+            for (route, hours) in snapshot {
+                merge_route(routes.entry(route).or_default(), &hours);
+            }
+        }
+        Merged {
+            view: View::Fleet,
+            reason: None,
+            replicas,
+            routes,
+        }
+    }
+}
+
+fn merge_route(into: &mut BTreeMap<u32, Hour>, hours: &BTreeMap<u32, Hour>) {
+    for (hour, record) in hours {
+        into.entry(*hour).or_default().merge(record);
+    }
+}
+
+fn registry_key(prefix: &str) -> String {
+    format!("{prefix}{{suggest}}")
+}
+
+fn record_key(prefix: &str, id: &str) -> String {
+    format!("{prefix}{{suggest}}.{id}")
+}
+
+/// Publishes replica `id`'s hours (plain commands, pipelined by the connection).
+async fn publish(
+    redis: &RedisStore,
+    prefix: &str,
+    id: &str,
+    snapshot: &Snapshot,
+) -> Result<(), StoreError> {
+    let now = unix_ms();
+    let registry = registry_key(prefix);
+    let mut set = redis::cmd("SET");
+    set.arg(record_key(prefix, id))
+        .arg(serde_json::to_string(snapshot).unwrap_or_default())
+        .arg("PX")
+        .arg(SILENT_AFTER.as_millis() as u64);
+    let mut zadd = redis::cmd("ZADD");
+    zadd.arg(&registry).arg(now).arg(id);
+    let mut forget = redis::cmd("ZREMRANGEBYSCORE");
+    forget.arg(&registry).arg("-inf").arg(format!(
+        "({}",
+        now.saturating_sub(KEY_TTL.as_millis() as u64)
+    ));
+    let mut cap = redis::cmd("ZREMRANGEBYRANK");
+    cap.arg(&registry).arg(0).arg(-(MAX_REPLICAS as i64) - 1);
+    let mut expire = redis::cmd("PEXPIRE");
+    expire.arg(&registry).arg(KEY_TTL.as_millis() as u64);
+    let (set, zadd, forget, cap, expire) = tokio::join!(
+        redis.command::<()>(&set),
+        redis.command::<i64>(&zadd),
+        redis.command::<i64>(&forget),
+        redis.command::<i64>(&cap),
+        redis.command::<i64>(&expire),
+    );
+    set.and(zadd).and(forget).and(cap).and(expire).map(drop)
+}
+
+/// The records of the replicas heard from within [`SILENT_AFTER`], by replica id.
+async fn read(redis: &RedisStore, prefix: &str) -> Result<Vec<(String, Snapshot)>, StoreError> {
+    let mut range = redis::cmd("ZREVRANGE");
+    range
+        .arg(registry_key(prefix))
+        .arg(0)
+        .arg(MAX_REPLICAS as i64 - 1);
+    let ids: Vec<String> = redis.command(&range).await?;
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut mget = redis::cmd("MGET");
+    for id in &ids {
+        mget.arg(record_key(prefix, id));
+    }
+    let records: Vec<Option<String>> = redis.command(&mget).await?;
+    Ok(ids
+        .into_iter()
+        .zip(records)
+        .filter_map(|(id, text)| Some((id, serde_json::from_str(&text?).ok()?)))
+        .collect())
+}
+
+/// Publishes every [`PUBLISH_EVERY`] while linked to a connected Redis store (nothing while
+/// the record is empty); ends when the record is dropped.
+async fn publish_loop(suggest: Weak<Suggest>) {
+    let mut tick = tokio::time::interval(PUBLISH_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tick.tick().await;
+        let Some(record) = suggest.upgrade() else {
+            return;
+        };
+        let Some((slot, prefix)) = record.linked() else {
+            continue;
+        };
+        let snapshot = record.snapshot(unix_ms());
+        let id = record.id.clone();
+        drop(record);
+        if snapshot.is_empty() {
+            continue;
+        }
+        let Some(Store::Redis(redis)) = slot.get().cloned() else {
+            continue;
+        };
+        match publish(&redis, &prefix, &id, &snapshot).await {
+            Ok(()) => failing = false,
+            Err(cause) if !failing => {
+                failing = true;
+                tracing::warn!(%cause, "suggested limits: this replica's record could not be published; the fleet view misses it until Redis answers");
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_are_kept_apart_and_shards_add_up() {
+        let suggest = Suggest::default();
+        let now = 1_800_000 * 3_600_000 + 5;
+        for i in 0..200 {
+            let item = format!("header=user-{i}");
+            suggest.count("api", &item, Seen::Admitted, now);
+            suggest.count("api", &item, Seen::Admitted, now + 1);
+        }
+        suggest.count("login", "header=x", Seen::Refused, now);
+        let snapshot = suggest.snapshot(now + 2);
+        let api: &Hour = snapshot["api"].values().next().unwrap();
+        assert_eq!(api.minute.callers(), 200);
+        assert_eq!(api.minute.requests(), 400);
+        assert_eq!(api.minute.max(), 2);
+        assert_eq!(
+            snapshot["login"].values().next().unwrap().refused_callers,
+            1
+        );
+        assert_eq!(suggest.live("api"), 200);
+        // The published form reads back.
+        let text = serde_json::to_string(&snapshot).unwrap();
+        assert_eq!(serde_json::from_str::<Snapshot>(&text).unwrap(), snapshot);
+    }
+}
