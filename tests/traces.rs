@@ -482,3 +482,74 @@ async fn the_environment_alone_exports_logs_carry_ids_and_shutdown_flushes() {
     assert_eq!(access["trace_id"], trace.as_str(), "{access}");
     assert_eq!(access["span_id"], server["span_id"], "{access}");
 }
+
+/// The Redis span times the store's call alone: a request that waits in the delay queue
+/// (`on_limit: delay`) before its second decision has a server span of the wait, and its last
+/// Redis span inside it, far shorter than the wait.
+#[tokio::test]
+async fn the_redis_span_times_the_store_call_not_the_delay_queue() {
+    let receiver = Receiver::start();
+    let redis = RedisServer::start();
+    let app = upstream().start().await;
+    let yaml = config()
+        .upstream(&app.url())
+        .admin("127.0.0.1:0")
+        .store(store::redis(&redis.url()).on_error("deny"))
+        .identity("client", [source::header("x-api-key")])
+        .route(
+            route("api")
+                .prefix("/api/")
+                .key("client")
+                // One request every 500 ms: the second right after the first waits ~500 ms.
+                .limit(limit::gcra(2, "1s").burst(1).delay("2s").name("paced")),
+        )
+        .raw(&tracing_section(&receiver.endpoint("grpc"), "grpc", ""))
+        .yaml();
+    let proxy = proxy(yaml).start().await;
+    proxy.wait_ready().await;
+    let trace = CALLER_TRACE.replace("4bf9", "7bf9");
+    let parent = traceparent(&trace, CALLER_SPAN, "01");
+    let headers = [("traceparent", parent.as_str()), ("x-api-key", "k")];
+    let (status, _) = send(&proxy, "/api/a", &headers).await;
+    assert_eq!(status, StatusCode::OK);
+    let waited = Instant::now();
+    let (status, _) = send(&proxy, "/api/b", &headers).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        waited.elapsed() >= Duration::from_millis(300),
+        "the second request was not delayed: {:?}",
+        waited.elapsed()
+    );
+
+    // Two server spans, two Redis spans (the delayed request's is its last call, after the
+    // wait) and two upstream spans.
+    let spans = receiver.trace(&trace, 6).await;
+    let nanos = |s: &Value, field: &str| s[field].as_u64().unwrap();
+    let servers = by_kind(&spans, SERVER, "GET api");
+    assert_eq!(servers.len(), 2, "{spans:#?}");
+    let delayed = *servers
+        .iter()
+        .max_by_key(|s| nanos(s, "end") - nanos(s, "start"))
+        .unwrap();
+    let delayed_for = nanos(delayed, "end") - nanos(delayed, "start");
+    assert!(delayed_for >= 300_000_000, "server span {delayed_for} ns");
+    let redis_spans: Vec<&Value> = by_kind(&spans, CLIENT, "EVALSHA")
+        .into_iter()
+        .filter(|s| s["parent_span_id"] == delayed["span_id"])
+        .collect();
+    assert_eq!(redis_spans.len(), 1, "{spans:#?}");
+    for span in redis_spans {
+        let (start, end) = (nanos(span, "start"), nanos(span, "end"));
+        assert!(
+            nanos(delayed, "start") <= start && start <= end && end <= nanos(delayed, "end"),
+            "{span:#} not within {delayed:#}"
+        );
+        // A round trip to a local Redis, not the ~500 ms wait around it.
+        assert!(
+            end - start < delayed_for / 4,
+            "Redis span {} ns",
+            end - start
+        );
+        assert_eq!(span["attributes"]["server.port"], i64::from(redis.port()));
+    }
+}

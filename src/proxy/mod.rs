@@ -383,7 +383,13 @@ impl Proxy {
                     )
                     .counting_refusals_in(&runtime.route_metrics[other.index].refusals);
                     // Boxed: the rare case, whose future would otherwise size every request's.
-                    let outcome = Box::pin(runtime.limits.limit(other.route, caller)).await;
+                    let limiting = runtime.limits.limit(other.route, caller);
+                    let outcome = match record.round_trip() {
+                        Some(clock) => {
+                            Box::pin(crate::traces::round_trip::timed(clock, limiting)).await
+                        }
+                        None => Box::pin(limiting).await,
+                    };
                     record.decided(&outcome);
                     record.store_cause(|| runtime.limits.stores().cause());
                     match runtime.admitted_or_refused(outcome, other) {
@@ -397,7 +403,15 @@ impl Proxy {
                 let caller =
                     identity::caller::identify(&parts, conn.peer.ip(), &throttle.trusted_proxies)
                         .counting_refusals_in(&runtime.route_metrics[routed.index].refusals);
-                let outcome = runtime.limits.limit(routed.route, caller).await;
+                let limiting = runtime.limits.limit(routed.route, caller);
+                // A recorded trace times the store's call (its Redis span); boxed, as the
+                // rarer case whose future would otherwise size every request's.
+                let outcome = match record.round_trip() {
+                    Some(clock) => {
+                        Box::pin(crate::traces::round_trip::timed(clock, limiting)).await
+                    }
+                    None => limiting.await,
+                };
                 record.decided(&outcome);
                 record.store_cause(|| runtime.limits.stores().cause());
                 match runtime.admitted_or_refused(outcome, routed) {

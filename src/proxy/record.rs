@@ -280,6 +280,12 @@ impl<'a> RequestRecord<'a> {
         self.redis = redis.cloned();
     }
 
+    /// Where the store writes its Redis call's time, when this request's trace records it:
+    /// run the limit stage inside `crate::traces::round_trip::timed` with it.
+    pub fn round_trip(&self) -> Option<crate::traces::round_trip::RoundTrip> {
+        self.trace.as_ref()?.round_trip()
+    }
+
     /// The upstream request leaves now: with traces on, its headers carry the upstream span's
     /// context (`traceparent`).
     pub fn sending(&mut self, headers: &mut http::HeaderMap) {

@@ -308,7 +308,10 @@ impl Stores {
                 // state), and in place it would size every request's future, including the
                 // ones that never ask Redis (unrouted, local-first), which are moved as they
                 // are built. One allocation beside a network round trip is noise.
+                // Timed for the request's trace (the Redis span covers this call alone).
+                let started = crate::traces::round_trip::started();
                 let result = Box::pin(store.decide(checks)).await;
+                crate::traces::round_trip::ended(started);
                 match &result {
                     Ok(_) => self.breaker.success(),
                     Err(_) => {

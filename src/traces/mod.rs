@@ -10,8 +10,10 @@
 //! and the request path builds no span (the record holds `None`).
 //!
 //! `span.rs` is the per-request part: the server span, the decision's span or event, the
-//! upstream's client span and the `traceparent` it carries.
+//! upstream's client span and the `traceparent` it carries. `round_trip.rs` times the Redis
+//! decision's call alone, for its span.
 
+pub mod round_trip;
 mod span;
 
 use std::fmt;

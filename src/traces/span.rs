@@ -65,8 +65,8 @@ pub struct RequestSpan {
     cx: Context,
     recording: bool,
     method: Method,
-    /// When the decision started (the route was found).
-    deciding: Option<SystemTime>,
+    /// The Redis decision call's start and end, written by the store (recording only).
+    round_trip: Option<super::round_trip::RoundTrip>,
     client: Option<Span>,
 }
 
@@ -104,7 +104,7 @@ impl RequestSpan {
             cx,
             recording,
             method: method.clone(),
-            deciding: None,
+            round_trip: recording.then(Default::default),
             client: None,
         })
     }
@@ -132,9 +132,8 @@ impl RequestSpan {
         })
     }
 
-    /// The route found (None: no route matched); the decision starts now.
+    /// The route found (None: no route matched).
     pub fn routed(&mut self, route: Option<&str>) {
-        self.deciding = Some(SystemTime::now());
         if let (true, Some(route)) = (self.recording, route) {
             self.server
                 .set_attribute(KeyValue::new("http.route", route.to_owned()));
@@ -143,7 +142,14 @@ impl RequestSpan {
         }
     }
 
-    /// The limit stage's decision: a Redis span or an event, and the server span's attributes.
+    /// Where the store writes its decision call's time, for a recording span: the limit
+    /// stage runs inside [`super::round_trip::timed`] with it.
+    pub fn round_trip(&self) -> Option<super::round_trip::RoundTrip> {
+        self.round_trip.clone()
+    }
+
+    /// The limit stage's decision: a Redis span (over the store's call, when it made one) or
+    /// an event, and the server span's attributes.
     pub fn decided(&mut self, decided: DecisionSpan<'_>) {
         if !self.recording {
             return;
@@ -171,11 +177,21 @@ impl RequestSpan {
         }
         match &decided.store {
             StoreKind::Redis { node } => {
+                // The store's call alone; without one (the store known down, the breaker
+                // open) the span is the moment the stage gave up.
+                let timed = self
+                    .round_trip
+                    .as_ref()
+                    .and_then(|clock| clock.lock().ok()?.take());
+                let (start, end) = timed.unwrap_or_else(|| {
+                    let now = SystemTime::now();
+                    (now, now)
+                });
                 let mut span = self
                     .tracer
                     .span_builder("EVALSHA decide")
                     .with_kind(SpanKind::Client)
-                    .with_start_time(self.deciding.unwrap_or_else(SystemTime::now))
+                    .with_start_time(start)
                     .start_with_context(&self.tracer, &self.cx);
                 let (address, port) = match node.rsplit_once(':') {
                     Some((host, port)) => (host, port.parse::<i64>().ok()),
@@ -195,7 +211,7 @@ impl RequestSpan {
                 if decided.store_failed {
                     span.set_status(Status::error("the store did not decide"));
                 }
-                span.end();
+                span.end_with_timestamp(end);
             }
             StoreKind::None => {}
             _ => self

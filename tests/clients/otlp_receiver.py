@@ -4,8 +4,9 @@ on two ports, each span written as one JSON line to stdout.
     otlp_receiver.py
 
 Prints `ready GRPC_PORT HTTP_PORT` first (ports the system chose), then one line per span:
-{"via", "trace_id", "span_id", "parent_span_id", "name", "kind", "status", "attributes",
-"events", "resource"} (ids in lower-case hex, kind and status as the protocol's numbers).
+{"via", "trace_id", "span_id", "parent_span_id", "name", "kind", "status", "start", "end",
+"attributes", "events", "resource"} (ids in lower-case hex, kind and status as the protocol's
+numbers, start and end in nanoseconds since the Unix epoch).
 Needs grpcio, protobuf and opentelemetry-proto (.ci/run installs them into
 tests/clients/.venv-otlp).
 """
@@ -45,6 +46,8 @@ def dump(request, via):
                         "name": span.name,
                         "kind": span.kind,
                         "status": span.status.code,
+                        "start": span.start_time_unix_nano,
+                        "end": span.end_time_unix_nano,
                         "attributes": attributes(span.attributes),
                         "events": [
                             {"name": e.name, "attributes": attributes(e.attributes)}
