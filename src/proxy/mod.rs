@@ -786,7 +786,7 @@ impl Proxy {
             } else {
                 // Back before the body's last frame goes on (see `body::BeforeEnd`).
                 let (parts, body) = response.into_parts();
-                let body = body::BeforeEnd::new(boxed_answer(body), leases);
+                let body = body::BeforeEnd::new(boxed_answer(body), *leases);
                 response = Response::from_parts(parts, AnswerBody::Right(body::boxed(body)));
                 settles_at_end = true;
             }
@@ -818,7 +818,7 @@ fn with_limit_fields(
             response.headers_mut(),
             &runtime.config.throttle.response,
             admitted.set,
-            admitted.policy.as_ref(),
+            admitted.policy.as_deref(),
             &admitted.verdicts,
             false,
         );
@@ -899,7 +899,7 @@ fn limited_response(config: &ResponseConfig, limited: &Limited<'_>) -> Response<
         Denial::Decided(verdicts) => limit_headers::render_limited_with(
             config,
             limited.set,
-            limited.policy.as_ref(),
+            limited.policy.as_deref(),
             verdicts,
         ),
         Denial::Remembered { denial, at } => limit_headers::render_remembered(
