@@ -2,9 +2,9 @@
 //! drive it): a bounded table of live per-caller counters, and per clock hour the histograms
 //! ([`super::hist`]) the counters are folded into.
 //!
-//! A caller is known by a 64-bit keyed hash of its key's identity part (SipHash with this
-//! process's random keys): no identity value, credential or not, is kept, and an attacker
-//! cannot aim keys at one hash.
+//! A caller is known by a 64-bit keyed hash of its key's identity part (keyed from the key
+//! prefix, the same in every replica, see `super::Suggest::new`): no identity value,
+//! credential or not, is kept.
 //!
 //! Per caller and clock hour (UTC): its peak per-minute rate, as `sliding_window` counts it
 //! (the current minute's requests plus the previous minute's weighted by the part of it still
@@ -91,6 +91,27 @@ struct Live {
     refused: u32,
     shadow: u32,
     last_ms: u64,
+    /// What of this counter the fleet's per-caller record already holds.
+    sent: Counts,
+}
+
+/// One caller's figures in one hour: requests, peaks, refused and shadow-refused requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub requests: u32,
+    pub minute: u32,
+    pub second: u32,
+    pub refused: u32,
+    pub shadow: u32,
+}
+
+/// What one caller's counter gained since it was last sent to the fleet's record
+/// (`super::fleet`): the fleet adds these up over replicas, caller by caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delta {
+    pub hour: u32,
+    pub hash: u64,
+    pub gained: Counts,
 }
 
 impl Live {
@@ -109,7 +130,36 @@ impl Live {
             refused: 0,
             shadow: 0,
             last_ms: now_ms,
+            sent: Counts::default(),
         }
+    }
+
+    fn counts(&self) -> Counts {
+        Counts {
+            requests: self.requests,
+            minute: self.peak_minute,
+            second: self.peak_second,
+            refused: self.refused,
+            shadow: self.shadow,
+        }
+    }
+
+    /// What was gained since the last call (every figure only grows within an hour), and
+    /// marks it sent.
+    fn take_delta(&mut self) -> Option<Delta> {
+        let now = self.counts();
+        let was = std::mem::replace(&mut self.sent, now);
+        (now.requests > was.requests).then(|| Delta {
+            hour: self.hour,
+            hash: self.hash,
+            gained: Counts {
+                requests: now.requests - was.requests,
+                minute: now.minute - was.minute,
+                second: now.second - was.second,
+                refused: now.refused - was.refused,
+                shadow: now.shadow - was.shadow,
+            },
+        })
     }
 
     fn count(&mut self, seen: Seen, now_ms: u64) {
@@ -170,6 +220,8 @@ pub struct RouteRecord {
     hours: BTreeMap<u32, Hour>,
     /// xorshift state for eviction samples.
     rng: u64,
+    /// Ended counters' last gains, not yet sent to the fleet's record: at most `capacity`.
+    pending: Vec<Delta>,
 }
 
 impl RouteRecord {
@@ -180,6 +232,7 @@ impl RouteRecord {
             index: HashMap::new(),
             hours: BTreeMap::new(),
             rng: 0x9e37_79b9_7f4a_7c15,
+            pending: Vec::new(),
         }
     }
 
@@ -195,7 +248,7 @@ impl RouteRecord {
             Some(&at) => {
                 if self.live[at].hour != hour {
                     let ended = std::mem::replace(&mut self.live[at], Live::new(hash, now_ms));
-                    self.fold(&ended);
+                    self.fold(ended);
                 }
                 at
             }
@@ -209,7 +262,7 @@ impl RouteRecord {
                 let evicted = std::mem::replace(&mut self.live[at], Live::new(hash, now_ms));
                 self.index.remove(&evicted.hash);
                 self.index.insert(hash, at);
-                self.fold(&evicted);
+                self.fold(evicted);
                 self.hours.entry(hour).or_default().evicted += 1;
                 at
             }
@@ -234,8 +287,23 @@ impl RouteRecord {
         best
     }
 
-    fn fold(&mut self, live: &Live) {
+    /// An ended counter goes into its hour, and its unsent gain waits for the next send;
+    /// dropped when `capacity` gains already wait (a key flood evicting faster than the
+    /// sends drain: its evictions are counted; with a memory store nothing drains them).
+    fn fold(&mut self, mut live: Live) {
         live.fold_into(self.hours.entry(live.hour).or_default());
+        if let Some(delta) = live.take_delta() {
+            if self.pending.len() < self.capacity {
+                self.pending.push(delta);
+            }
+        }
+    }
+
+    /// Every caller's gain since the last call, for the fleet's record (see [`Delta`]).
+    pub fn take_deltas(&mut self) -> Vec<Delta> {
+        let mut out = std::mem::take(&mut self.pending);
+        out.extend(self.live.iter_mut().filter_map(Live::take_delta));
+        out
     }
 
     /// Folds the counters of ended hours and forgets hours past [`KEEP_HOURS`] (the
@@ -250,7 +318,7 @@ impl RouteRecord {
                 if let Some(moved) = self.live.get(i) {
                     self.index.insert(moved.hash, i);
                 }
-                self.fold(&ended);
+                self.fold(ended);
             } else {
                 i += 1;
             }
