@@ -224,7 +224,10 @@ async fn two_replicas_report_callers_rates_and_the_suggestion_refuses_only_the_a
         .unwrap();
     assert_eq!(fields["callers"], (CALLERS + ABUSERS).to_string());
     assert!(!format!("{fields:?}").contains("k_live"));
-    for key in keys.iter().filter(|k| k.contains('.') && !k.contains(".callers.")) {
+    for key in keys
+        .iter()
+        .filter(|k| k.contains('.') && !k.contains(".callers."))
+    {
         let published: String = ::redis::cmd("GET")
             .arg(key)
             .query_async(&mut conn)

@@ -67,20 +67,28 @@ pub fn callers_key(prefix: &str, route: &str, hour: u32) -> String {
     format!("{prefix}{{suggest}}.callers.{hour}.{route}")
 }
 
+/// How long a send or read step may take: longer than a request's store timeout, as these
+/// run in the background or on an operator's query, and a send that timed out may have been
+/// applied (given back and sent again, it would count twice).
+pub const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Callers per script run, and fields per `HSCAN` step: each command stays short, so none
 /// holds Redis up (it serves the limits too) or nears the store's timeout.
 pub const CHUNK: usize = 256;
 
-/// Adds one route's gains in one hour to the fleet's hash, [`CHUNK`] callers per script run.
+/// Adds one route's gains in one hour to the fleet's hash, [`CHUNK`] callers per script run;
+/// on an error, the gains not sent (a run is all or nothing, unless it timed out).
 pub async fn send(
     redis: &RedisStore,
     prefix: &str,
     route: &str,
     hour: u32,
     deltas: &[Delta],
-) -> Result<(), StoreError> {
-    for chunk in deltas.chunks(CHUNK) {
-        send_chunk(redis, prefix, route, hour, chunk).await?;
+) -> Result<(), (StoreError, Vec<Delta>)> {
+    for (i, chunk) in deltas.chunks(CHUNK).enumerate() {
+        if let Err(cause) = send_chunk(redis, prefix, route, hour, chunk).await {
+            return Err((cause, deltas[i * CHUNK..].to_vec()));
+        }
     }
     Ok(())
 }
@@ -107,7 +115,7 @@ async fn send_chunk(
             .arg(g.refused)
             .arg(g.shadow);
     }
-    redis.command::<i64>(&eval).await.map(drop)
+    redis.command_within::<i64>(&eval, TIMEOUT).await.map(drop)
 }
 
 /// One route's hour as the fleet's hash has it, caller by caller.
@@ -177,7 +185,7 @@ pub async fn read(
     loop {
         let mut scan = redis::cmd("HSCAN");
         scan.arg(&key).arg(cursor).arg("COUNT").arg(4 * CHUNK);
-        let (next, found): (u64, Vec<(String, u64)>) = redis.command(&scan).await?;
+        let (next, found): (u64, Vec<(String, u64)>) = redis.command_within(&scan, TIMEOUT).await?;
         fields.extend(found);
         if next == 0 {
             break;

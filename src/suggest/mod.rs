@@ -221,17 +221,27 @@ impl Suggest {
         out
     }
 
-    /// Sends every caller's gain to the fleet's per-caller hashes, one script run per route and
-    /// hour, run together. A gain whose run fails is lost (the fleet view shows less of it).
+    /// Sends every caller's gain to the fleet's per-caller hashes (see [`fleet::send`]); a
+    /// gain whose send failed is given back to go with the next (a send that timed out may
+    /// have been applied: then it counts twice, which only raises that caller's peak).
     async fn send_deltas(&self, redis: &RedisStore, prefix: &str) -> Result<(), StoreError> {
         let deltas = self.deltas();
-        let runs = deltas
-            .iter()
-            .map(|((route, hour), d)| fleet::send(redis, prefix, route, *hour, d));
-        futures_util::future::join_all(runs)
-            .await
-            .into_iter()
-            .collect()
+        let runs = deltas.iter().map(|((route, hour), d)| async move {
+            (route, fleet::send(redis, prefix, route, *hour, d).await)
+        });
+        let mut result = Ok(());
+        for (route, sent) in futures_util::future::join_all(runs).await {
+            let Err((cause, unsent)) = sent else { continue };
+            for delta in unsent {
+                let shard = &self.shards[(delta.hash % SHARDS as u64) as usize];
+                let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(record) = shard.get_mut(route.as_str()) {
+                    record.unsend(delta);
+                }
+            }
+            result = Err(cause);
+        }
+        result
     }
 
     fn linked(&self) -> Option<(Shared, String)> {

@@ -299,6 +299,24 @@ impl RouteRecord {
         }
     }
 
+    /// Gives back a gain whose send failed, to go with the next: onto its counter when it
+    /// is still live in that hour, else to wait with the ended ones (dropped when full).
+    pub fn unsend(&mut self, delta: Delta) {
+        let live = self.index.get(&delta.hash).map(|&at| &mut self.live[at]);
+        match live {
+            Some(live) if live.hour == delta.hour => {
+                let (s, g) = (&mut live.sent, delta.gained);
+                s.requests = s.requests.saturating_sub(g.requests);
+                s.minute = s.minute.saturating_sub(g.minute);
+                s.second = s.second.saturating_sub(g.second);
+                s.refused = s.refused.saturating_sub(g.refused);
+                s.shadow = s.shadow.saturating_sub(g.shadow);
+            }
+            _ if self.pending.len() < self.capacity => self.pending.push(delta),
+            _ => {}
+        }
+    }
+
     /// Every caller's gain since the last call, for the fleet's record (see [`Delta`]).
     pub fn take_deltas(&mut self) -> Vec<Delta> {
         let mut out = std::mem::take(&mut self.pending);
@@ -386,6 +404,43 @@ mod tests {
         r.tidy(T0 + 30 * HOUR_MS);
         assert!(r.hours(T0 + 30 * HOUR_MS).is_empty());
         assert_eq!(r.live(), 0);
+    }
+
+    /// Gains are what was sent since the last take, of live and ended counters alike; a gain
+    /// given back goes with the next take.
+    #[test]
+    fn gains_are_sent_once_and_a_failed_send_is_given_back() {
+        let mut r = RouteRecord::new(16);
+        for i in 0..3 {
+            r.observe(1, Seen::Admitted, T0 + i);
+        }
+        let first = r.take_deltas();
+        assert_eq!(first.len(), 1);
+        assert_eq!((first[0].gained.requests, first[0].gained.minute), (3, 3));
+        assert!(r.take_deltas().is_empty());
+        r.observe(1, Seen::Refused, T0 + 10);
+        let second = r.take_deltas();
+        assert_eq!(
+            second[0].gained,
+            Counts {
+                requests: 1,
+                minute: 1,
+                second: 1,
+                refused: 1,
+                shadow: 0
+            }
+        );
+        r.unsend(second[0]);
+        r.observe(1, Seen::Admitted, T0 + 20);
+        assert_eq!(r.take_deltas()[0].gained.requests, 2);
+        // The caller's hour ends: its last gain waits for the next take.
+        r.observe(1, Seen::Admitted, T0 + 30);
+        r.observe(1, Seen::Admitted, T0 + HOUR_MS);
+        let mut third = r.take_deltas();
+        third.sort_by_key(|d| d.hour);
+        assert_eq!(third.len(), 2);
+        assert_eq!((third[0].gained.requests, third[1].gained.requests), (1, 1));
+        assert_eq!(third[1].hour, third[0].hour + 1);
     }
 
     /// A flood of new keys never holds more than the capacity; every caller is still counted
