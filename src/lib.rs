@@ -32,6 +32,7 @@ pub mod suggest;
 pub mod summary;
 pub mod throttle;
 pub mod tls;
+pub mod traces;
 pub mod upgrade;
 pub mod usage;
 pub mod workers;

@@ -330,6 +330,26 @@ impl Metrics {
         }
     }
 
+    /// The handles trace export keeps current (`tollgate_trace_spans_exported_total`,
+    /// `tollgate_trace_spans_dropped_total{reason}`). Registered only with traces on.
+    pub fn traces(&self) -> crate::traces::TraceMetrics {
+        let counter = |name: &'static str, labels: Vec<Label>| {
+            self.recorder
+                .register_counter(&Key::from_parts(name, labels), &METADATA)
+        };
+        crate::traces::TraceMetrics {
+            exported: counter("tollgate_trace_spans_exported_total", Vec::new()),
+            dropped_queue_full: counter(
+                "tollgate_trace_spans_dropped_total",
+                vec![Label::new("reason", "queue_full")],
+            ),
+            dropped_export_failed: counter(
+                "tollgate_trace_spans_dropped_total",
+                vec![Label::new("reason", "export_failed")],
+            ),
+        }
+    }
+
     /// `tollgate_store_keys{store}` (keys held in process memory) and
     /// `tollgate_store_evicted_keys_total{store}` (keys dropped to make room for new ones), for
     /// the memory store and the local-first copies: each `(held, evicted)`.

@@ -221,6 +221,7 @@ impl Server {
         // Exchanges whose client left are waited for like the requests still in flight.
         let orphans = proxy.orphans().clone();
         orphans.close();
+        let draining = std::time::Instant::now();
         let drained = tokio::time::timeout(config.shutdown_timeout, async {
             connections.wait().await;
             tunnels.wait().await;
@@ -241,6 +242,9 @@ impl Server {
             let _ = task.await;
         }
         workers.stop().await;
+        // The spans of the last requests go out in what is left of `shutdown_timeout`.
+        let left = config.shutdown_timeout.saturating_sub(draining.elapsed());
+        proxy.flush_traces(left).await;
     }
 }
 

@@ -82,6 +82,20 @@ pub fn check(config: &Config) -> String {
             humantime::format_duration(protect.max_wait)
         );
     }
+    if let Some(traces) = &config.traces {
+        let sampling = match traces.sampling.parent_based {
+            true => "callers' sampled traces and",
+            false => "ignoring callers' flags,",
+        };
+        let _ = writeln!(
+            out,
+            "traces    {} over {} as service {}; {sampling} {}% of new traces",
+            traces.endpoint,
+            traces.protocol.as_str(),
+            traces.service_name,
+            traces.sampling.ratio * 100.0
+        );
+    }
     if config.throttle.routes.is_empty() {
         let _ = writeln!(out, "routes    none: every request is forwarded unlimited");
     }
@@ -251,5 +265,27 @@ pub fn by_response(by_response: &ByResponse) -> String {
     match by_response {
         ByResponse::CountStatuses(set) => format!("counts only {}", set.text()),
         ByResponse::CostFromResponse(name) => format!("cost from response `{name}`"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// `check` says where spans go, how, and which requests are traced.
+    #[test]
+    fn check_names_the_trace_export() {
+        let text = "listen: 127.0.0.1:8080\nupstream: { url: http://127.0.0.1:3000 }\ntracing: { endpoint: http://c:4317, protocol: grpc, sample_ratio: 0.01 }\n";
+        let config = crate::config::parse(std::path::Path::new("t.yaml"), text, |_| None).unwrap();
+        let summary = super::check(&config);
+        assert!(
+            summary.contains("traces    http://c:4317 over grpc as service tollgate; callers' sampled traces and 1% of new traces"),
+            "{summary}"
+        );
+        let without = crate::config::parse(
+            std::path::Path::new("t.yaml"),
+            &text[..text.find("tracing").unwrap()],
+            |_| None,
+        )
+        .unwrap();
+        assert!(!super::check(&without).contains("traces"));
     }
 }

@@ -29,6 +29,27 @@ pub struct RawConfig {
     pub allow: Option<RawAllow>,
     pub usage: Option<RawUsage>,
     pub protect: Option<RawProtect>,
+    pub tracing: Option<RawTracing>,
+}
+
+/// `tracing: { enabled, endpoint, protocol, headers, service_name, resource, sample_ratio,
+/// timeout, queue_size, batch_size, interval }`: OTLP trace export.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTracing {
+    pub enabled: Option<bool>,
+    pub endpoint: Option<String>,
+    pub protocol: Option<String>,
+    #[serde(default)]
+    pub headers: indexmap_free::OrderedMap<String>,
+    pub service_name: Option<String>,
+    #[serde(default)]
+    pub resource: indexmap_free::OrderedMap<String>,
+    pub sample_ratio: Option<f64>,
+    pub timeout: Option<String>,
+    pub queue_size: Option<u64>,
+    pub batch_size: Option<u64>,
+    pub interval: Option<String>,
 }
 
 /// `protect: { mode, latency, max_wait, min_limit, max_limit }`.

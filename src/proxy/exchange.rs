@@ -49,9 +49,9 @@ pub type Answered = Result<Response<UpstreamBody>, ProxyError>;
 #[derive(Default)]
 pub struct Held {
     /// Concurrency slots: held until the response body ends.
-    pub leases: Option<LeaseGuard>,
+    pub leases: Option<Box<LeaseGuard>>,
     /// Units to settle on the answer (`count_statuses`, `cost_from_response`).
-    pub settlement: Option<Obligation>,
+    pub settlement: Option<Box<Obligation>>,
     /// Anything else to keep until the response head arrives (or the exchange fails), such as
     /// an overload slot: told the answer then, whether or not the client is still there.
     pub until_head: Option<Box<dyn UntilHead>>,
@@ -191,7 +191,7 @@ where
                 status = response.status().as_u16(),
                 "the client left before the answer: its limits were settled on it"
             );
-            let settles_at_end = settlement.as_ref().is_some_and(Obligation::settles_at_end);
+            let settles_at_end = settlement.as_ref().is_some_and(|s| s.settles_at_end());
             let mut response = response.map(body::boxed);
             if let Some(settlement) = settlement {
                 response = settlement

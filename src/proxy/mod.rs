@@ -69,6 +69,8 @@ struct Inner {
     orphans: TaskTracker,
     /// The usage endpoint's own rate, kept over reloads.
     usage_rate: crate::usage::OwnRate,
+    /// Trace export (`tracing`); None: off, and no request builds a span.
+    tracing: Option<Arc<crate::traces::Tracing>>,
 }
 
 /// Everything built from one configuration.
@@ -87,6 +89,8 @@ struct Runtime {
     unrouted_metrics: RouteMetrics,
     /// The app's protection (`protect`): carried over reloads with what it learned.
     protect: Option<Arc<Protector>>,
+    /// The Redis node decisions go to, as traces name it.
+    trace_redis: Option<Arc<str>>,
 }
 
 impl Runtime {
@@ -153,6 +157,7 @@ impl Runtime {
             }
         });
         Runtime {
+            trace_redis: crate::traces::redis_node(&throttle.store),
             upstream,
             limits,
             protect,
@@ -169,6 +174,18 @@ impl Runtime {
 impl Proxy {
     pub fn new(config: Arc<Config>) -> Self {
         let metrics = Metrics::new();
+        let tracing = config.traces.as_ref().and_then(|traces| {
+            match crate::traces::Tracing::start(traces, metrics.traces()) {
+                Ok(tracing) => {
+                    tracing::info!(endpoint = %traces.endpoint, protocol = traces.protocol.as_str(), "traces: exporting spans");
+                    Some(Arc::new(tracing))
+                }
+                Err(why) => {
+                    tracing::error!("traces: not exported: {why}");
+                    None
+                }
+            }
+        });
         let runtime = Runtime::new(config, &metrics, None);
         Proxy {
             inner: Arc::new(Inner {
@@ -177,6 +194,7 @@ impl Proxy {
                 tunnels: TaskTracker::new(),
                 orphans: TaskTracker::new(),
                 usage_rate: crate::usage::OwnRate::default(),
+                tracing,
             }),
         }
     }
@@ -236,8 +254,9 @@ impl Proxy {
             || old.http2_max_concurrent_streams != config.http2_max_concurrent_streams
             || old.shutdown_timeout != config.shutdown_timeout
             || old.idle_timeout != config.idle_timeout
+            || old.traces != config.traces
         {
-            tracing::warn!("listen, admin and connection settings changed: they take effect after a restart; the rest is reloaded");
+            tracing::warn!("listen, admin, connection and tracing settings changed: they take effect after a restart; the rest is reloaded");
         }
         let runtime = Runtime::new(Arc::new(config), &self.inner.metrics, Some(&previous));
         self.inner.runtime.store(Arc::new(runtime));
@@ -286,6 +305,14 @@ impl Proxy {
         stores.ready() || stores.on_error() != crate::config::OnError::Deny
     }
 
+    /// Sends the spans still queued, within `timeout` (shutdown).
+    pub async fn flush_traces(&self, timeout: std::time::Duration) {
+        if let Some(tracing) = self.inner.tracing.clone() {
+            // The provider's shutdown blocks until the export thread answers.
+            let _ = tokio::task::spawn_blocking(move || tracing.shutdown(timeout)).await;
+        }
+    }
+
     /// The app's protection of the running configuration, for the admin's `/protect`.
     pub fn protector(&self) -> Option<Arc<Protector>> {
         self.inner.runtime.load().protect.clone()
@@ -309,6 +336,9 @@ impl Proxy {
         // Written once when this future ends, however it ends (the client may leave).
         let mut record =
             RequestRecord::new(&self.inner.metrics, &parts, conn.peer, config.access_log);
+        if let Some(tracing) = &self.inner.tracing {
+            record.traced(tracing, &parts, runtime.trace_redis.as_ref());
+        }
         // One pass over the request's headers answers what the path asks of them.
         let found = headers::scan(&parts.headers);
         // tollgate's own answers to a gRPC call are sent as gRPC (see `grpc`).
@@ -440,7 +470,8 @@ impl Proxy {
         let upgrades = routed.map(|r| &r.route.upgrades[..]);
         let (forwarded, outcome) =
             match outbound(config, parts, body, found, conn, peer_is_trusted, upgrades) {
-                Ok((upstream_request, returning)) => {
+                Ok((mut upstream_request, returning)) => {
+                    record.sending(upstream_request.headers_mut());
                     let sending = runtime.upstream.send(upstream_request);
                     let drain_for = runtime.upstream.timeout();
                     let answered;
@@ -747,7 +778,7 @@ impl Proxy {
             } else {
                 // Back before the body's last frame goes on (see `body::BeforeEnd`).
                 let (parts, body) = response.into_parts();
-                let body = body::BeforeEnd::new(boxed_answer(body), leases);
+                let body = body::BeforeEnd::new(boxed_answer(body), *leases);
                 response = Response::from_parts(parts, AnswerBody::Right(body::boxed(body)));
                 settles_at_end = true;
             }
@@ -779,7 +810,7 @@ fn with_limit_fields(
             response.headers_mut(),
             &runtime.config.throttle.response,
             admitted.set,
-            admitted.policy.as_ref(),
+            admitted.policy.as_deref(),
             &admitted.verdicts,
             false,
         );
@@ -860,7 +891,7 @@ fn limited_response(config: &ResponseConfig, limited: &Limited<'_>) -> Response<
         Denial::Decided(verdicts) => limit_headers::render_limited_with(
             config,
             limited.set,
-            limited.policy.as_ref(),
+            limited.policy.as_deref(),
             verdicts,
         ),
         Denial::Remembered { denial, at } => limit_headers::render_remembered(

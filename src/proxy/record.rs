@@ -1,7 +1,9 @@
 //! One record per request: what each stage of the request path found out (the route, the kind
 //! of source that identified the caller, the decision, the upstream's status and time, an
 //! error and its side, the status sent), filled in as the stages run and written once to the
-//! metrics, the access log and `tracing` when the request's future ends. It is written from
+//! metrics, the access log and `tracing` when the request's future ends. With traces on, it
+//! also holds the request's spans (`crate::traces`), fed as the stages report and ended with
+//! the record; their ids go on the log lines. It is written from
 //! `Drop`, so a request whose client goes away mid-way (its future dropped) is recorded too:
 //! counted as decided, with status 499 in the access log (the client closed the request).
 //!
@@ -19,10 +21,12 @@ use http::{Method, StatusCode, Uri};
 use tokio::time::Instant;
 
 use crate::config::Route;
+use crate::config::Scope;
 use crate::error::{ProxyError, Side};
 use crate::limit::Cause;
 use crate::metrics::{Metrics, RouteMetrics};
-use crate::throttle::{AdmitReason, LimitOutcome, Limited};
+use crate::throttle::{AdmitReason, Denial, LimitOutcome, Limited};
+use crate::traces::{DecisionSpan, RequestSpan, StoreKind, Tracing};
 
 /// The access log's status for a request whose client went away before it was answered.
 const CLIENT_CLOSED: u16 = 499;
@@ -106,6 +110,91 @@ impl Decision {
     }
 }
 
+/// The limit stage's outcome as the trace shows it: the decision, the limit that refused (or
+/// would have, in shadow) and its retry-after, and where it was decided (a Redis round trip
+/// when `redis` holds the store's node and the set has a global limit that is not
+/// local-first).
+fn trace_decision<'o>(outcome: &'o LimitOutcome<'_>, redis: Option<&Arc<str>>) -> DecisionSpan<'o> {
+    let detail = Decision::of(outcome).as_str();
+    let key_source = outcome.identity();
+    let on_redis = |set: &crate::config::LimitSet| {
+        let global = set.limits.iter().filter(|l| l.scope == Scope::Global);
+        match redis {
+            Some(node) if global.clone().any(|l| l.sync.is_none()) => {
+                StoreKind::Redis { node: node.clone() }
+            }
+            Some(_) if global.count() > 0 => StoreKind::LocalFirst,
+            _ => StoreKind::Memory,
+        }
+    };
+    // The first denying limit (shadow ones too: an admitted request names the shadow limit
+    // that would have refused it) and the seconds until a retry can pass.
+    let denying = |set: &'o crate::config::LimitSet,
+                   verdicts: &mut dyn Iterator<Item = crate::limit::Verdict>| {
+        set.limits
+            .iter()
+            .zip(verdicts)
+            .find(|(_, v)| !v.allowed)
+            .map(|(limit, v)| {
+                let retry = (v.retry_after_us >= 0)
+                    .then(|| crate::throttle::headers::retry_after_secs(v.retry_after_us));
+                (limit.name.as_str(), retry)
+            })
+    };
+    let mut span = DecisionSpan {
+        decision: "admitted",
+        detail,
+        limit: None,
+        key_source,
+        retry_after: None,
+        store: StoreKind::None,
+        store_failed: false,
+    };
+    match outcome {
+        LimitOutcome::Admitted(admitted) => {
+            span.store = match admitted.reason {
+                AdmitReason::Exempt => StoreKind::None,
+                _ => on_redis(admitted.set),
+            };
+            span.store_failed = matches!(
+                admitted.reason,
+                AdmitReason::StoreError | AdmitReason::LocalFallback
+            );
+            if let Some((limit, _)) = denying(admitted.set, &mut admitted.verdicts.iter().cloned())
+            {
+                span.limit = Some(limit);
+            }
+        }
+        LimitOutcome::Limited(limited) => {
+            span.decision = "limited";
+            let found = match &limited.denial {
+                Denial::Decided(verdicts) => {
+                    span.store = on_redis(limited.set);
+                    denying(limited.set, &mut verdicts.iter().cloned())
+                }
+                Denial::Remembered { denial, at } => {
+                    span.store = StoreKind::DenyCache;
+                    denying(limited.set, &mut denial.aged(*at))
+                }
+            };
+            span.store_failed = limited.by_fallback;
+            if let Some((limit, retry)) = found {
+                span.limit = Some(limit);
+                span.retry_after = retry;
+            }
+        }
+        LimitOutcome::StoreUnavailable { .. } => {
+            span.decision = "store_unavailable";
+            span.store = redis.map_or(StoreKind::None, |node| StoreKind::Redis {
+                node: node.clone(),
+            });
+            span.store_failed = true;
+        }
+        LimitOutcome::Rejected { .. } => span.decision = "rejected",
+    }
+    span
+}
+
 /// What the forward stage saw: how long the upstream took (or tollgate, when it refused on the
 /// way), and the status the upstream answered with.
 #[derive(Debug, Clone, Copy)]
@@ -142,6 +231,10 @@ pub struct RequestRecord<'a> {
     error: Option<ProxyError>,
     /// The status tollgate sent (before a gRPC translation); None while unanswered.
     status: Option<u16>,
+    /// The request's spans, with traces on (see `crate::traces`); None costs nothing.
+    trace: Option<Box<RequestSpan>>,
+    /// The Redis node a decision is sent to, for the trace.
+    redis: Option<Arc<str>>,
 }
 
 impl<'a> RequestRecord<'a> {
@@ -169,6 +262,29 @@ impl<'a> RequestRecord<'a> {
             upstream: None,
             error: None,
             status: None,
+            trace: None,
+            redis: None,
+        }
+    }
+
+    /// Traces this request (see `crate::traces`): its server span starts now, in the trace of
+    /// the caller's `traceparent`; `redis` is the node a Redis decision goes to.
+    pub fn traced(&mut self, tracing: &Tracing, parts: &Parts, redis: Option<&Arc<str>>) {
+        self.trace = Some(tracing.request(
+            &parts.method,
+            parts.uri.path(),
+            parts.version,
+            &parts.headers,
+            self.peer,
+        ));
+        self.redis = redis.cloned();
+    }
+
+    /// The upstream request leaves now: with traces on, its headers carry the upstream span's
+    /// context (`traceparent`).
+    pub fn sending(&mut self, headers: &mut http::HeaderMap) {
+        if let Some(trace) = &mut self.trace {
+            trace.sending(headers);
         }
     }
 
@@ -182,6 +298,9 @@ impl<'a> RequestRecord<'a> {
     pub fn routed(&mut self, route: Option<&'a Arc<Route>>, metrics: &'a RouteMetrics) {
         self.route = route;
         self.route_metrics = Some(metrics);
+        if let Some(trace) = &mut self.trace {
+            trace.routed(route.map(|r| r.name.as_str()));
+        }
         if route.is_none() {
             self.decision = Some(Decision::Allowed);
         }
@@ -192,6 +311,9 @@ impl<'a> RequestRecord<'a> {
         self.limit_time = Some(self.started.elapsed());
         self.identity = outcome.identity();
         self.decision = Some(Decision::of(outcome));
+        if let Some(trace) = &mut self.trace {
+            trace.decided(trace_decision(outcome, self.redis.as_ref()));
+        }
     }
 
     /// The store's cause of failure, asked only when the store failed this request (see
@@ -208,10 +330,24 @@ impl<'a> RequestRecord<'a> {
     /// Refused before routing: a request shape no app should see, or CONNECT (see `shape`).
     pub fn rejected(&mut self) {
         self.decision = Some(Decision::Rejected);
+        if let Some(trace) = &mut self.trace {
+            trace.decided(DecisionSpan {
+                decision: "rejected",
+                detail: "rejected",
+                limit: None,
+                key_source: "-",
+                retry_after: None,
+                store: StoreKind::None,
+                store_failed: false,
+            });
+        }
     }
 
     /// `protect` shed the request (`shadow`: would have, in enforce mode).
     pub fn shed(&mut self, shadow: bool) {
+        if let Some(trace) = &mut self.trace {
+            trace.shed(shadow);
+        }
         self.decision = Some(if shadow {
             Decision::ShadowShed
         } else {
@@ -225,11 +361,20 @@ impl<'a> RequestRecord<'a> {
             elapsed,
             status: status.map(|s| s.as_u16()),
         });
+        if let Some(trace) = &mut self.trace {
+            trace.forwarded(status.map(|s| s.as_u16()));
+        }
     }
 
     /// The request failed on the way: `error` is kept for the log, its answer returned.
     pub fn failed(&mut self, error: ProxyError) -> http::Response<crate::body::ProxyBody> {
         let response = error.response();
+        if let Some(trace) = &mut self.trace {
+            trace.failed(
+                error.side().as_str(),
+                crate::error::chain(&error).to_string(),
+            );
+        }
         self.error = Some(error);
         response
     }
@@ -240,7 +385,16 @@ impl<'a> RequestRecord<'a> {
     }
 
     /// Writes the record to the metrics, `tracing` and the access log.
-    fn write(&self) {
+    fn write(&mut self) {
+        // The log lines below carry the request's trace and span ids when it is sampled.
+        let ids = self.trace.as_ref().and_then(|trace| trace.ids());
+        let (trace_id, span_id) = match &ids {
+            Some((trace, span)) => (Some(trace.as_str()), Some(span.as_str())),
+            None => (None, None),
+        };
+        if let Some(trace) = self.trace.take() {
+            trace.finish(self.status);
+        }
         if let (Some(decision), Some(route)) = (self.decision, self.route_metrics) {
             decision.count(self.metrics, route, self.store_cause);
         }
@@ -273,10 +427,10 @@ impl<'a> RequestRecord<'a> {
             );
             match error.side() {
                 Side::Client => {
-                    tracing::info!(method = %method, path = %path, peer = %peer, status, side, cause = %crate::error::chain(error), "request refused")
+                    tracing::info!(method = %method, path = %path, peer = %peer, status, side, cause = %crate::error::chain(error), trace_id, span_id, "request refused")
                 }
                 _ => {
-                    tracing::warn!(method = %method, path = %path, peer = %peer, status, side, cause = %crate::error::chain(error), "request failed")
+                    tracing::warn!(method = %method, path = %path, peer = %peer, status, side, cause = %crate::error::chain(error), trace_id, span_id, "request failed")
                 }
             }
         }
@@ -296,6 +450,8 @@ impl<'a> RequestRecord<'a> {
                 status,
                 upstream_ms,
                 total_ms,
+                trace_id,
+                span_id,
                 "request"
             );
         }

@@ -165,7 +165,10 @@ pub fn identity_of<'k>(prefix: &str, set: &LimitSet, key: &'k str) -> Option<&'k
         .unwrap_or(rest);
     if set.shared_key {
         let rest = rest.strip_prefix('|')?;
-        rest.find("}:").map(|end| &rest[..end])
+        // A byte scan: `str::find` with a two-byte pattern builds a searcher per call, a
+        // visible cost on every admitted request (`crate::suggest` calls this for each).
+        let end = rest.as_bytes().windows(2).position(|pair| pair == b"}:")?;
+        Some(&rest[..end])
     } else {
         let first = set.first()?;
         rest.strip_prefix("}:")?

@@ -47,7 +47,10 @@ impl LeaseGuard {
 
 impl LeaseGuard {
     /// One guard holding the leases of both (a request counted on more than one route).
-    pub fn joined(a: Option<LeaseGuard>, b: Option<LeaseGuard>) -> Option<LeaseGuard> {
+    pub fn joined(
+        a: Option<Box<LeaseGuard>>,
+        b: Option<Box<LeaseGuard>>,
+    ) -> Option<Box<LeaseGuard>> {
         let (mut a, mut b) = match (a, b) {
             (Some(a), Some(b)) => (a, b),
             (a, b) => return a.or(b),
@@ -61,7 +64,7 @@ impl LeaseGuard {
         stores.append(&mut b.stores);
         let mut leases = std::mem::take(&mut a.leases);
         leases.append(&mut b.leases);
-        Some(LeaseGuard::new(stores, leases))
+        Some(Box::new(LeaseGuard::new(stores, leases)))
     }
 
     /// Gives the slots back and waits until the stores have them (each call bounded by its

@@ -79,13 +79,14 @@ pub struct Admitted<'a> {
     pub verdicts: Vec<Verdict>,
     pub reason: AdmitReason,
     /// Concurrency slots held until the response body ends.
-    pub leases: Option<LeaseGuard>,
+    pub leases: Option<Box<LeaseGuard>>,
     /// Units to settle once the response is known (`count_statuses`, `cost_from_response`):
     /// the proxy hands it the response head.
-    pub settlement: Option<settle::Obligation>,
+    pub settlement: Option<Box<settle::Obligation>>,
     /// The `RateLimit-Policy` of a caller whose limits a temporary override changed (the
-    /// override's quotas); None: the set's own.
-    pub policy: Option<HeaderValue>,
+    /// override's quotas); None: the set's own. Boxed, as `leases` and `settlement`: the
+    /// few requests that have one pay for it; every request's future moves an `Admitted`.
+    pub policy: Option<Box<HeaderValue>>,
     /// The store key of the set's first limit, as [`Limited::key`] (empty when no limit was
     /// decided: an exempt caller, a set without limits): who was admitted, for the record of
     /// callers' rates (`crate::suggest`). Moved out of the keys once they are used: no copy.
@@ -104,7 +105,7 @@ pub struct Limited<'a> {
     /// The store key of the set's first limit: who was denied, for the top offenders.
     pub key: String,
     /// As [`Admitted::policy`].
-    pub policy: Option<HeaderValue>,
+    pub policy: Option<Box<HeaderValue>>,
 }
 
 /// The verdicts a denial is rendered from.
@@ -309,7 +310,7 @@ impl LimitStage {
         // The fields of an overridden caller's responses show the override's quotas.
         let policy = if overridden {
             self.overrides.apply(checks);
-            Some(headers::policy_for(set, checks))
+            Some(Box::new(headers::policy_for(set, checks)))
         } else {
             None
         };
@@ -342,7 +343,7 @@ impl LimitStage {
                 // looked up for those alone.
                 let settlement = if set.iter().any(|l| l.by_response.is_some()) {
                     let settler = self.settler(set, reason, on_copies);
-                    settle::Obligation::new(set, checks, &decision, settler)
+                    settle::Obligation::new(set, checks, &decision, settler).map(Box::new)
                 } else {
                     None
                 };
@@ -382,7 +383,7 @@ impl LimitStage {
         identity: &'static str,
         decision: Decision,
         reason: AdmitReason,
-        settlement: Option<settle::Obligation>,
+        settlement: Option<Box<settle::Obligation>>,
     ) -> Admitted<'a> {
         let reason =
             if reason == AdmitReason::Decided && decision.verdicts.iter().any(|v| !v.allowed) {
@@ -402,7 +403,7 @@ impl LimitStage {
             {
                 stores.extend(self.global_store());
             }
-            LeaseGuard::new(stores, decision.leases)
+            Box::new(LeaseGuard::new(stores, decision.leases))
         });
         Admitted {
             set,

@@ -156,7 +156,10 @@ impl Obligation {
 
     /// One obligation settling both (a request counted on more than one route): `b` is
     /// another route's, whose verdicts the response's fields do not show.
-    pub fn joined(a: Option<Obligation>, b: Option<Obligation>) -> Option<Obligation> {
+    pub fn joined(
+        a: Option<Box<Obligation>>,
+        b: Option<Box<Obligation>>,
+    ) -> Option<Box<Obligation>> {
         let b = b.map(|mut b| {
             b.limits.iter_mut().for_each(|owed| owed.index = NOT_SHOWN);
             b
@@ -164,7 +167,7 @@ impl Obligation {
         match (a, b) {
             (Some(mut a), Some(mut b)) => {
                 b.next = a.next.take();
-                a.next = Some(Box::new(b));
+                a.next = Some(b);
                 Some(a)
             }
             (a, b) => a.or(b),

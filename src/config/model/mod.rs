@@ -5,13 +5,15 @@
 //!
 //! The files build on one another in one direction: `proxy` (the whole `Config`) over
 //! `throttle` (store, routes, responses) over `route` over `limit`;
-//! `protect` (the app's protection and the priorities) stands beside them.
+//! `protect` (the app's protection and the priorities) and `tracing` (span export) stand beside
+//! them.
 
 mod limit;
 mod protect;
 mod proxy;
 mod route;
 mod throttle;
+mod tracing;
 mod usage;
 
 pub use limit::{ByResponse, Limit, LimitSet, OnLimit, Scope, StatusSet, DEFAULT_LEASE_TTL};
@@ -29,5 +31,9 @@ pub use route::{MatchCase, DEFAULT_UPGRADES};
 pub use throttle::{
     OnError, RedisConfig, RedisMode, RedisTls, ResponseConfig, Secret, StoreConfig, Throttle,
     DEFAULT_KEY_PREFIX, DEFAULT_MAX_KEYS_PER_ROUTE, DEFAULT_STORE_TIMEOUT,
+};
+pub use tracing::{
+    OtlpProtocol, Sampling, Traces, DEFAULT_SERVICE_NAME, DEFAULT_TRACES_BATCH,
+    DEFAULT_TRACES_INTERVAL, DEFAULT_TRACES_QUEUE, DEFAULT_TRACES_TIMEOUT,
 };
 pub use usage::Usage;

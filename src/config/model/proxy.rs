@@ -10,6 +10,7 @@ use http::uri::{Authority, Scheme};
 
 use super::protect::Protect;
 use super::throttle::{Secret, Throttle};
+use super::tracing::Traces;
 use super::usage::Usage;
 
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -56,6 +57,9 @@ pub struct Config {
     pub usage: Option<Usage>,
     /// The app's protection under overload (`protect`); None: off, and no cost.
     pub protect: Option<Protect>,
+    /// OTLP trace export (`tracing`, or the `OTEL_*` environment); None: off, and no span is
+    /// built.
+    pub traces: Option<Traces>,
 }
 
 /// One entry of `admin.hosts`: a host name (lower-case, without a trailing dot; `*.` first

@@ -17,6 +17,7 @@ mod redis;
 mod response;
 mod routes;
 mod store;
+mod tracing;
 mod usage;
 mod validator;
 
@@ -39,7 +40,12 @@ pub(super) fn validate(
     let mut v = Validator::new(file, text, env);
     let throttle = throttle(&mut v, &mut raw);
     let protect = protect::protect(&mut v, raw.protect.as_ref());
-    let config = proxy::config(&mut v, &raw, throttle).map(|config| Config { protect, ..config });
+    let traces = tracing::traces(&mut v, raw.tracing.as_ref());
+    let config = proxy::config(&mut v, &raw, throttle).map(|config| Config {
+        protect,
+        traces,
+        ..config
+    });
     let errors = v.into_errors();
     if errors.is_empty() {
         Ok(config.expect("validation without errors yields a config"))

@@ -75,6 +75,7 @@ pub(super) fn config(v: &mut Validator, raw: &RawConfig, throttle: Throttle) -> 
         throttle,
         usage: super::usage::usage(v, raw.usage.as_ref()),
         protect: None,
+        traces: None,
     })
 }
 

@@ -1,0 +1,61 @@
+//! `tracing`: the export of each request's spans over OTLP (see `crate::traces`), with what
+//! the `OTEL_*` environment variables said folded in where the file said nothing.
+
+use std::time::Duration;
+
+use super::throttle::Secret;
+
+pub const DEFAULT_TRACES_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_TRACES_QUEUE: usize = 2048;
+pub const DEFAULT_TRACES_BATCH: usize = 512;
+pub const DEFAULT_TRACES_INTERVAL: Duration = Duration::from_secs(5);
+pub const DEFAULT_SERVICE_NAME: &str = "tollgate";
+
+/// The validated `tracing:` section, merged with the `OTEL_*` environment variables. None in
+/// `Config` when neither turned export on: then nothing about traces runs at all.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Traces {
+    /// The full URL spans are sent to: for HTTP, with its `/v1/traces` path.
+    pub endpoint: String,
+    pub protocol: OtlpProtocol,
+    /// Sent with every export (a vendor's API key): the file's, then the environment's for
+    /// names the file does not give.
+    pub headers: Vec<(String, Secret)>,
+    pub service_name: String,
+    /// Resource attributes besides `service.name`, in order (the file's over the
+    /// environment's).
+    pub resource: Vec<(String, String)>,
+    pub sampling: Sampling,
+    /// One export's bound: a collector that does not answer within it loses that batch.
+    pub timeout: Duration,
+    /// Spans waiting for export; more are dropped (and counted) rather than wait.
+    pub queue_size: usize,
+    /// Spans per export.
+    pub batch_size: usize,
+    /// The longest a span waits before its batch is sent.
+    pub interval: Duration,
+}
+
+/// How the spans are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    Grpc,
+    HttpProtobuf,
+}
+
+impl OtlpProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OtlpProtocol::Grpc => "grpc",
+            OtlpProtocol::HttpProtobuf => "http/protobuf",
+        }
+    }
+}
+
+/// Which requests are traced: a request whose caller sent a `traceparent` follows the
+/// caller's sampled flag when `parent_based`; any other is sampled with probability `ratio`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampling {
+    pub parent_based: bool,
+    pub ratio: f64,
+}

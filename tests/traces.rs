@@ -1,0 +1,484 @@
+//! Traces (issue 41) against a real OTLP receiver (tests/clients/otlp_receiver.py: grpcio for
+//! gRPC, http.server decoding `ExportTraceServiceRequest` for HTTP/protobuf), started by the
+//! test: the server span continues the caller's trace, the Redis decision and the upstream
+//! exchange are its children, the upstream's `traceparent` names tollgate's client span, a
+//! limited request carries its decision and limit, unsampled callers export nothing, a dead
+//! or silent collector changes no answer, a full queue counts its drops, JSON logs carry the
+//! ids and shutdown flushes what is queued.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http::{Request, StatusCode};
+use serde_json::Value;
+use support::*;
+
+const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+const SERVER: i64 = 2;
+const CLIENT: i64 = 3;
+
+/// The receiver process and the spans it printed so far.
+struct Receiver {
+    child: Child,
+    grpc: u16,
+    http: u16,
+    spans: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Receiver {
+    fn start() -> Receiver {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let python = root.join("tests/clients/.venv-otlp/bin/python");
+        assert!(
+            python.exists(),
+            "{} is missing: .ci/run creates it (python3 -m venv, then pip install grpcio protobuf opentelemetry-proto)",
+            python.display()
+        );
+        let mut child = Command::new(&python)
+            .arg(root.join("tests/clients/otlp_receiver.py"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting the OTLP receiver");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let ready = lines.next().expect("the receiver printed nothing").unwrap();
+        let ports: Vec<u16> = ready
+            .strip_prefix("ready ")
+            .unwrap_or_else(|| panic!("not a ready line: {ready}"))
+            .split(' ')
+            .map(|p| p.parse().unwrap())
+            .collect();
+        let spans = Arc::new(Mutex::new(Vec::new()));
+        let sink = spans.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let span: Value = serde_json::from_str(&line).expect("a JSON span");
+                sink.lock().unwrap().push(span);
+            }
+        });
+        Receiver {
+            child,
+            grpc: ports[0],
+            http: ports[1],
+            spans,
+        }
+    }
+
+    fn endpoint(&self, protocol: &str) -> String {
+        match protocol {
+            "grpc" => format!("http://127.0.0.1:{}", self.grpc),
+            _ => format!("http://127.0.0.1:{}", self.http),
+        }
+    }
+
+    /// The spans of `trace`, once `count` of them arrived (at most 15 s).
+    async fn trace(&self, trace: &str, count: usize) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let found: Vec<Value> = self
+                .spans
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|s| s["trace_id"] == trace)
+                .cloned()
+                .collect();
+            if found.len() >= count || Instant::now() > deadline {
+                assert_eq!(found.len(), count, "spans of {trace}: {found:#?}");
+                return found;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn all(&self) -> Vec<Value> {
+        self.spans.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tracing_section(endpoint: &str, protocol: &str, extra: &str) -> String {
+    format!(
+        "tracing:\n  endpoint: {endpoint}\n  protocol: {protocol}\n  service_name: edge-test\n  resource: {{ deployment.environment: test }}\n  interval: 50ms\n{extra}"
+    )
+}
+
+fn traceparent(trace: &str, span: &str, flags: &str) -> String {
+    format!("00-{trace}-{span}-{flags}")
+}
+
+fn by_kind<'a>(spans: &'a [Value], kind: i64, name: &str) -> Vec<&'a Value> {
+    spans
+        .iter()
+        .filter(|s| s["kind"] == kind && s["name"].as_str().unwrap().starts_with(name))
+        .collect()
+}
+
+async fn send(proxy: &ProxyHandle, path: &str, headers: &[(&str, &str)]) -> (StatusCode, String) {
+    let mut request = Request::get(proxy.url(path));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = http1_client()
+        .request(request.body(body("")).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    (status, text(response).await)
+}
+
+async fn metrics(proxy: &ProxyHandle) -> String {
+    let admin = proxy.admin.expect("an admin listener");
+    let response = http1_client()
+        .request(get(&format!("http://{admin}/metrics")))
+        .await
+        .unwrap();
+    text(response).await
+}
+
+fn metric(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no {series} in\n{text}")) as u64
+}
+
+/// Over gRPC and HTTP/protobuf: an admitted then a limited request of the caller's trace,
+/// each a server span whose parent is the caller's span, with a Redis span and (admitted) an
+/// upstream client span beneath it; the upstream's `traceparent` names that client span.
+#[tokio::test]
+async fn spans_continue_the_callers_trace_with_the_decision_on_them() {
+    let receiver = Receiver::start();
+    let redis = RedisServer::start();
+    let app = upstream().start().await;
+    for protocol in ["grpc", "http/protobuf"] {
+        let yaml = config()
+            .upstream(&app.url())
+            .admin("127.0.0.1:0")
+            // on_error deny: ready only once Redis is connected.
+            .store(
+                store::redis(&redis.url())
+                    .key_prefix(&format!("t{}:", protocol.len()))
+                    .on_error("deny"),
+            )
+            .identity("client", [source::header("x-api-key")])
+            .route(
+                route("api")
+                    .prefix("/api/")
+                    .key("client")
+                    .limit(limit::fixed_window(1, "1m").name("per-minute")),
+            )
+            .raw(&tracing_section(&receiver.endpoint(protocol), protocol, ""))
+            .yaml();
+        let proxy = proxy(yaml).start().await;
+        proxy.wait_ready().await;
+        let trace = if protocol == "grpc" {
+            CALLER_TRACE.to_owned()
+        } else {
+            CALLER_TRACE.replace("4bf9", "5bf9")
+        };
+        let parent = traceparent(&trace, CALLER_SPAN, "01");
+        let headers = [
+            ("traceparent", parent.as_str()),
+            ("tracestate", "vendor=opaque"),
+            ("x-api-key", "secret-key-value"),
+        ];
+        let (status, echo) = send(&proxy, "/api/items", &headers).await;
+        assert_eq!(status, StatusCode::OK, "{protocol}");
+        let (status, _) = send(&proxy, "/api/items", &headers).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{protocol}");
+
+        // Two server spans, two Redis spans, one upstream span.
+        let spans = receiver.trace(&trace, 5).await;
+        let via = if protocol == "grpc" { "grpc" } else { "http" };
+        assert!(spans.iter().all(|s| s["via"] == via), "{spans:#?}");
+        let servers = by_kind(&spans, SERVER, "GET api");
+        assert_eq!(servers.len(), 2, "{spans:#?}");
+        let status_of = |s: &Value| s["attributes"]["http.response.status_code"].as_i64();
+        let admitted = *servers.iter().find(|s| status_of(s) == Some(200)).unwrap();
+        let limited = *servers.iter().find(|s| status_of(s) == Some(429)).unwrap();
+        for server in [admitted, limited] {
+            assert_eq!(server["parent_span_id"], CALLER_SPAN, "{server:#}");
+            let a = &server["attributes"];
+            assert_eq!(a["http.request.method"], "GET");
+            assert_eq!(a["http.route"], "api");
+            assert_eq!(a["url.path"], "/api/items");
+            assert_eq!(a["client.address"], "127.0.0.1");
+            assert_eq!(a["network.protocol.version"], "1.1");
+            assert_eq!(a["tollgate.key_source"], "header");
+            assert_eq!(a["tollgate.store"], "redis");
+            // A 429 is the caller's doing: no error on tollgate's span.
+            assert_eq!(server["status"], 0, "{server:#}");
+            assert_eq!(server["resource"]["service.name"], "edge-test");
+            assert_eq!(server["resource"]["deployment.environment"], "test");
+        }
+        assert_eq!(admitted["attributes"]["tollgate.decision"], "admitted");
+        assert_eq!(admitted["attributes"]["tollgate.limit"], Value::Null);
+        let a = &limited["attributes"];
+        assert_eq!(a["tollgate.decision"], "limited");
+        assert_eq!(a["tollgate.limit"], "per-minute");
+        let retry = a["tollgate.retry_after"].as_i64().unwrap();
+        assert!((1..=60).contains(&retry), "retry_after {retry}");
+        // The credential's value is nowhere in what was exported.
+        assert!(!serde_json::to_string(&spans)
+            .unwrap()
+            .contains("secret-key-value"));
+
+        let redis_spans = by_kind(&spans, CLIENT, "EVALSHA");
+        assert_eq!(redis_spans.len(), 2, "{spans:#?}");
+        for span in &redis_spans {
+            let a = &span["attributes"];
+            assert_eq!(a["db.system"], "redis");
+            assert_eq!(a["server.address"], "127.0.0.1");
+            assert_eq!(a["server.port"], i64::from(redis.port()));
+            assert_eq!(a["tollgate.script"], "decide.lua");
+        }
+        let redis_parents: Vec<&Value> = redis_spans.iter().map(|s| &s["parent_span_id"]).collect();
+        assert!(
+            redis_parents.contains(&&admitted["span_id"])
+                && redis_parents.contains(&&limited["span_id"])
+        );
+
+        let upstream_spans = by_kind(&spans, CLIENT, "GET");
+        let upstream_spans: Vec<&&Value> = upstream_spans
+            .iter()
+            .filter(|s| s["name"] == "GET")
+            .collect();
+        assert_eq!(upstream_spans.len(), 1, "{spans:#?}");
+        let client = upstream_spans[0];
+        assert_eq!(client["parent_span_id"], admitted["span_id"]);
+        assert_eq!(client["attributes"]["http.response.status_code"], 200);
+
+        // The upstream saw tollgate's client span as its parent, sampled, with the caller's
+        // tracestate.
+        let echo: Value = serde_json::from_str(&echo).unwrap();
+        let forwarded = echo["headers"]["traceparent"][0].as_str().unwrap();
+        let client_span = client["span_id"].as_str().unwrap();
+        assert_eq!(forwarded, traceparent(&trace, client_span, "01"));
+        assert_eq!(echo["headers"]["tracestate"][0], "vendor=opaque");
+
+        // Counted once the receiver's answer is back (it prints before it answers).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let text = metrics(&proxy).await;
+            assert_eq!(
+                metric(
+                    &text,
+                    "tollgate_trace_spans_dropped_total{reason=\"queue_full\"}"
+                ),
+                0
+            );
+            let exported = metric(&text, "tollgate_trace_spans_exported_total");
+            if exported == 5 {
+                break;
+            }
+            assert!(
+                exported < 5 && Instant::now() < deadline,
+                "exported {exported}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// A caller whose `traceparent` says "not sampled" (flags 00) exports nothing, and its
+/// `traceparent` reaches the upstream untouched. Without a `traceparent`, at ratio 1 a root
+/// trace starts.
+#[tokio::test]
+async fn unsampled_callers_export_no_spans() {
+    let receiver = Receiver::start();
+    let app = upstream().start().await;
+    let yaml = config()
+        .upstream(&app.url())
+        .admin("127.0.0.1:0")
+        .raw(&tracing_section(
+            &receiver.endpoint("grpc"),
+            "grpc",
+            "  sample_ratio: 1\n",
+        ))
+        .yaml();
+    let proxy = proxy(yaml).start().await;
+    let unsampled = CALLER_TRACE.replace("4bf9", "0000");
+    let (status, echo) = send(
+        &proxy,
+        "/x",
+        &[("traceparent", &traceparent(&unsampled, CALLER_SPAN, "00"))],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let echo: Value = serde_json::from_str(&echo).unwrap();
+    assert_eq!(
+        echo["headers"]["traceparent"][0],
+        traceparent(&unsampled, CALLER_SPAN, "00"),
+        "passed on untouched"
+    );
+    // A root request afterwards: once its spans are in, the unsampled one's would be too.
+    let (_, echo) = send(&proxy, "/x", &[]).await;
+    let echo: Value = serde_json::from_str(&echo).unwrap();
+    let root = echo["headers"]["traceparent"][0].as_str().unwrap();
+    let root_trace = root.split('-').nth(1).unwrap().to_owned();
+    assert!(root.ends_with("-01"), "{root}");
+    let spans = receiver.trace(&root_trace, 2).await;
+    let server = by_kind(&spans, SERVER, "GET")[0];
+    assert_eq!(server["parent_span_id"], "", "a root span: {server:#}");
+    assert!(
+        receiver
+            .all()
+            .iter()
+            .all(|s| s["trace_id"] != unsampled.as_str()),
+        "{:#?}",
+        receiver.all()
+    );
+}
+
+/// A collector that refuses connections, and one that accepts and never answers, change no
+/// answer: every request is served as without traces; the lost spans are counted (export
+/// failed, or dropped from a full queue while the one export in flight waits).
+#[tokio::test]
+async fn a_dead_or_silent_collector_changes_no_answer_and_drops_are_counted() {
+    let app = upstream().start().await;
+    // Refused: a port nothing listens on.
+    let refused = format!("http://127.0.0.1:{}", free_port());
+    // Silent: accepts, reads nothing, answers nothing.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_url = format!("http://{}", silent.local_addr().unwrap());
+    let held = Arc::new(Mutex::new(Vec::new()));
+    let keep = held.clone();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = silent.accept().await {
+            keep.lock().unwrap().push(socket);
+        }
+    });
+    for (endpoint, protocol, extra) in [
+        (refused.as_str(), "grpc", "  timeout: 500ms\n"),
+        (
+            silent_url.as_str(),
+            "http/protobuf",
+            "  timeout: 30s\n  queue_size: 4\n  batch_size: 4\n",
+        ),
+    ] {
+        let yaml = config()
+            .upstream(&app.url())
+            .admin("127.0.0.1:0")
+            .raw(&tracing_section(endpoint, protocol, extra))
+            .yaml();
+        let proxy = proxy(yaml).start().await;
+        for i in 0..30 {
+            let (status, echo) = send(&proxy, &format!("/item/{i}"), &[]).await;
+            assert_eq!(status, StatusCode::OK, "{protocol}");
+            let echo: Value = serde_json::from_str(&echo).unwrap();
+            assert_eq!(echo["uri"], format!("/item/{i}"));
+        }
+        // 30 requests, each a server and an upstream span: 60 spans, none exported.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = metrics(&proxy).await;
+            let full = metric(
+                &text,
+                "tollgate_trace_spans_dropped_total{reason=\"queue_full\"}",
+            );
+            let failed = metric(
+                &text,
+                "tollgate_trace_spans_dropped_total{reason=\"export_failed\"}",
+            );
+            assert_eq!(metric(&text, "tollgate_trace_spans_exported_total"), 0);
+            let settled = match protocol {
+                // Every batch fails at once: all 60 are counted as failed.
+                "grpc" => full + failed == 60 && failed > 0,
+                // One batch of 4 waits on the silent collector, 4 more wait in the queue:
+                // the other 52 found it full.
+                _ => full == 52 && failed == 0,
+            };
+            if settled {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{protocol}: queue_full {full}, export_failed {failed}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// The binary with no `tracing` section, export turned on by the environment alone: JSON
+/// access-log lines carry the request's trace and span ids, and SIGTERM flushes the spans
+/// still queued (the batch interval, 5 s by default, has not passed).
+#[tokio::test]
+async fn the_environment_alone_exports_logs_carry_ids_and_shutdown_flushes() {
+    let receiver = Receiver::start();
+    let app = upstream().start().await;
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tollgate.yaml");
+    let yaml = config()
+        .listen(&format!("127.0.0.1:{port}"))
+        .upstream(&app.url())
+        .shutdown_timeout("5s")
+        .yaml();
+    std::fs::write(&path, yaml).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["--config", path.to_str().unwrap(), "--log-format", "json"])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint("http"))
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        .env("OTEL_SERVICE_NAME", "from-env")
+        .env("OTEL_RESOURCE_ATTRIBUTES", "team=edge")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let trace = CALLER_TRACE.replace("4bf9", "6bf9");
+    let url = format!("http://127.0.0.1:{port}/logged");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        let request = Request::get(&url)
+            .header("traceparent", traceparent(&trace, CALLER_SPAN, "01"))
+            .body(body(""))
+            .unwrap();
+        if let Ok(response) = http1_client().request(request).await {
+            break response.status();
+        }
+        assert!(
+            Instant::now() < deadline && child.try_wait().unwrap().is_none(),
+            "tollgate did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status, StatusCode::OK);
+    assert!(receiver.all().is_empty(), "exported before the interval");
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert!(output.status.success());
+    // Exported at shutdown, before the process exited.
+    let spans = receiver.trace(&trace, 2).await;
+    let server = by_kind(&spans, SERVER, "GET")[0];
+    assert_eq!(server["parent_span_id"], CALLER_SPAN);
+    assert_eq!(server["resource"]["service.name"], "from-env");
+    assert_eq!(server["resource"]["team"], "edge");
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    let access: Value = stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|l| l["target"] == "tollgate::access")
+        .unwrap_or_else(|| panic!("no access line in\n{stderr}"));
+    assert_eq!(access["trace_id"], trace.as_str(), "{access}");
+    assert_eq!(access["span_id"], server["span_id"], "{access}");
+}
