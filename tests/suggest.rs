@@ -1,6 +1,6 @@
 //! Suggested limits from observed traffic (`GET /limits/suggest`, `tollgate limits suggest`):
-//! synthetic traffic of known shape through two replicas on one Redis is reported fleet-wide
-//! within the histogram's stated error, and the limit suggested at "refuse at most 1 % of
+//! synthetic traffic of known shape through two replicas on one Redis (each caller on one
+//! replica, or spread over both) is reported fleet-wide within the histogram's stated error, and the limit suggested at "refuse at most 1 % of
 //! callers", pasted into a configuration (which `tollgate check` accepts) and replayed with the
 //! same traffic, refuses the abusers and nobody else.
 
@@ -35,9 +35,18 @@ fn traffic() -> Vec<(String, usize)> {
     callers
 }
 
-/// Sends every caller's requests in one burst on the replica the caller sticks to (caller `i`
-/// on replica `i % 2`), 32 callers at a time; returns per caller how many were refused (429).
-async fn replay(replicas: [&ProxyHandle; 2]) -> HashMap<String, usize> {
+/// How a load balancer puts a caller's requests on the two replicas.
+#[derive(Clone, Copy)]
+enum Balance {
+    /// Caller `i` on replica `i % 2`.
+    Sticky,
+    /// Every caller's requests alternate between the replicas (round robin).
+    Spread,
+}
+
+/// Sends every caller's requests in one burst, 32 callers at a time, on the replicas as
+/// `balance` puts them; returns per caller how many were refused (429).
+async fn replay(replicas: [&ProxyHandle; 2], balance: Balance) -> HashMap<String, usize> {
     let callers = traffic();
     let client = http1_client();
     let mut refused = HashMap::new();
@@ -45,11 +54,16 @@ async fn replay(replicas: [&ProxyHandle; 2]) -> HashMap<String, usize> {
         let (c, chunk) = chunk;
         let mut tasks = Vec::new();
         for (k, (key, n)) in chunk.iter().enumerate() {
-            let replica = replicas[(c * 32 + k) % 2].addr;
+            let first = c * 32 + k;
+            let addrs = [replicas[0].addr, replicas[1].addr];
             let (client, key, n) = (client.clone(), key.clone(), *n);
             tasks.push(tokio::spawn(async move {
                 let mut limited = 0;
-                for _ in 0..n {
+                for r in 0..n {
+                    let replica = match balance {
+                        Balance::Sticky => addrs[first % 2],
+                        Balance::Spread => addrs[(first + r) % 2],
+                    };
                     let request = Request::get(format!("http://{replica}/api/items"))
                         .header("x-api-key", &key)
                         .body(body(""))
@@ -151,7 +165,7 @@ async fn two_replicas_report_callers_rates_and_the_suggestion_refuses_only_the_a
     );
     a.wait_ready().await;
     b.wait_ready().await;
-    let refused = replay([&a, &b]).await;
+    let refused = replay([&a, &b], Balance::Sticky).await;
     assert!(
         refused.values().all(|n| *n == 0),
         "the shadow limit refused"
@@ -200,8 +214,20 @@ async fn two_replicas_report_callers_rates_and_the_suggestion_refuses_only_the_a
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(keys.len(), 3, "{keys:?}"); // the registry and two replicas' records
-    for key in keys.iter().filter(|k| k.contains('.')) {
+    // The registry, two replicas' records and the route's per-caller hash for this hour.
+    assert_eq!(keys.len(), 4, "{keys:?}");
+    let callers_key = keys.iter().find(|k| k.contains(".callers.")).unwrap();
+    let fields: HashMap<String, String> = ::redis::cmd("HGETALL")
+        .arg(callers_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(fields["callers"], (CALLERS + ABUSERS).to_string());
+    assert!(!format!("{fields:?}").contains("k_live"));
+    for key in keys
+        .iter()
+        .filter(|k| k.contains('.') && !k.contains(".callers."))
+    {
         let published: String = ::redis::cmd("GET")
             .arg(key)
             .query_async(&mut conn)
@@ -286,7 +312,99 @@ async fn two_replicas_report_callers_rates_and_the_suggestion_refuses_only_the_a
     );
     c.wait_ready().await;
     d.wait_ready().await;
-    let refused = replay([&c, &d]).await;
+    let refused = replay([&c, &d], Balance::Sticky).await;
+    for j in 0..ABUSERS {
+        assert_eq!(
+            refused[&format!("k_live_abuser_{j}")],
+            ABUSE - 10,
+            "abuser {j}"
+        );
+    }
+    let normal_refused = refused
+        .iter()
+        .filter(|(key, n)| !key.contains("abuser") && **n > 0)
+        .count();
+    assert!(
+        normal_refused <= CALLERS / 100,
+        "{normal_refused} normal callers refused"
+    );
+    assert_eq!(normal_refused, 0);
+}
+
+/// Every caller's requests alternate between the two replicas (a round-robin balancer): the
+/// fleet view still counts each caller once at its whole rate (each replica alone sees half),
+/// and the suggestion at 1 %, replayed the same way, refuses the abusers and nobody else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_spread_over_two_replicas_count_once_at_their_fleet_wide_rate() {
+    let redis = RedisServer::start();
+    let up = upstream().start().await;
+    away_from_the_hour().await;
+    let learning = config_yaml(
+        &up,
+        &redis,
+        "learn:",
+        "limits:\n  - { algorithm: sliding_window, limit: 100000, period: 1m, key: apikey, shadow: true }\n",
+    );
+    let (a, b) = (
+        proxy(learning.clone()).start().await,
+        proxy(learning).start().await,
+    );
+    a.wait_ready().await;
+    b.wait_ready().await;
+    let refused = replay([&a, &b], Balance::Spread).await;
+    assert!(refused.values().all(|n| *n == 0));
+
+    let total: usize = traffic().iter().map(|(_, n)| n).sum();
+    let report = merged(&a, total).await;
+    assert_eq!(report["routes"], merged(&b, total).await["routes"]);
+    let api = &report["routes"][0];
+    assert_eq!(api["callers"], CALLERS + ABUSERS);
+    assert_eq!(api["evicted"], 0);
+    for (name, q) in [
+        ("p50", 0.5),
+        ("p90", 0.9),
+        ("p99", 0.99),
+        ("p99.9", 0.999),
+        ("max", 1.0),
+    ] {
+        let reported = api["per_minute"][name].as_f64().unwrap();
+        let truth = truth(q);
+        assert!(
+            truth <= reported && reported <= truth * (1.0 + ERROR),
+            "{name}: reported {reported}, truth {truth}"
+        );
+    }
+    assert!(api["per_second"]["max"].as_f64() <= api["per_minute"]["max"].as_f64());
+
+    // Each replica alone saw every caller at about half its rate.
+    let (_, body) = admin_get(&a, "/limits/suggest?window=1h&scope=local").await;
+    let local: Value = serde_json::from_str(&body).unwrap();
+    let local_api = &local["routes"][0];
+    assert_eq!(local["scope"], "local");
+    assert_eq!(local_api["callers"], CALLERS + ABUSERS);
+    assert!(
+        local_api["per_minute"]["max"].as_f64().unwrap() <= (ABUSE / 2 + 1) as f64 * (1.0 + ERROR),
+        "{local_api:#}"
+    );
+
+    let at_one = api["suggestions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["target"] == 0.01 && s["algorithm"] == "sliding_window")
+        .expect("a sliding_window suggestion at 1 %");
+    assert_eq!(at_one["limit"], 10, "{at_one:#}");
+    assert_eq!(at_one["refused_callers"], ABUSERS);
+
+    // Applied and replayed the same way: the abusers are refused, the others are not.
+    let applied = config_yaml(&up, &redis, "replay:", at_one["yaml"].as_str().unwrap());
+    let (c, d) = (
+        proxy(applied.clone()).start().await,
+        proxy(applied).start().await,
+    );
+    c.wait_ready().await;
+    d.wait_ready().await;
+    let refused = replay([&c, &d], Balance::Spread).await;
     for j in 0..ABUSERS {
         assert_eq!(
             refused[&format!("k_live_abuser_{j}")],

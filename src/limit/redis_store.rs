@@ -628,6 +628,16 @@ impl RedisStore {
         self.runner.query(command).await
     }
 
+    /// Like [`RedisStore::command`], bounded by `timeout` (at least the store's) instead: for
+    /// background work (see [`ScriptRunner::query_within`]).
+    pub async fn command_within<T: FromRedisValue>(
+        &self,
+        command: &redis::Cmd,
+        timeout: Duration,
+    ) -> Result<T, StoreError> {
+        self.runner.query_within(command, timeout).await
+    }
+
     /// A connection of its own subscribed to `channel` (see [`ScriptRunner::subscribe`]).
     pub async fn subscribe(&self, channel: &str) -> Result<redis::aio::PubSub, StoreError> {
         self.runner.subscribe(channel).await

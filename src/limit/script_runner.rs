@@ -358,6 +358,20 @@ impl ScriptRunner {
         self.bounded(self.query_raw(command)).await
     }
 
+    /// One command bounded by `timeout` (at least the store's), for background work whose
+    /// commands are larger than a request's and need not be fast (the suggest record's).
+    pub async fn query_within<T: FromRedisValue>(
+        &self,
+        command: &redis::Cmd,
+        timeout: Duration,
+    ) -> Result<T, StoreError> {
+        let timeout = timeout.max(self.timeout);
+        match tokio::time::timeout(timeout, self.query_raw(command)).await {
+            Ok(result) => result.map_err(|e| map_err(e, timeout)),
+            Err(_) => Err(self.timed_out()),
+        }
+    }
+
     /// One command; sent a second time only when the first attempt provably never reached
     /// Redis (see [`never_sent`]), so a call that may have been applied is never repeated.
     async fn query_raw<T: FromRedisValue>(&self, command: &redis::Cmd) -> RedisResult<T> {

@@ -124,7 +124,13 @@ impl Runtime {
         let offenders = carried.map_or_else(Arc::default, |p| p.offenders.clone());
         // With Redis, the sketch publishes for the fleet's `/limits/top` under this prefix.
         offenders.link(stores.shared_slot(), &throttle.key_prefix);
-        let suggest = carried.map_or_else(Arc::default, |p| p.suggest.clone());
+        // Carried only under the same key prefix: its caller hashes are keyed from it.
+        let suggest = carried
+            .filter(|p| p.suggest.prefix() == throttle.key_prefix)
+            .map_or_else(
+                || Arc::new(crate::suggest::Suggest::new(&throttle.key_prefix)),
+                |p| p.suggest.clone(),
+            );
         suggest.link(stores.shared_slot(), &throttle.key_prefix);
         let denials = caller::new_deny_cache(&stores, &throttle.key_prefix);
         let overrides = crate::control::overrides::new_overrides(&stores, throttle);

@@ -5,21 +5,27 @@
 //! On the request path: [`Suggest::observe`], one call after the limit stage decided, which
 //! hashes the caller's key and counts in memory under one of [`SHARDS`] locks (see [`record`]
 //! for what is counted and the memory bound: at most `SHARDS × record::CAPACITY` live
-//! counters per route and tier, ~64 bytes each, plus 25 hours of histograms). Only requests
+//! counters per route and tier, ~80 bytes each, plus 25 hours of histograms). Only requests
 //! decided on a route with limits are counted (the caller is keyed as the route's first limit
 //! keys it; an exempt caller is not counted): to learn a route without limits, give it a
 //! `shadow: true` limit keyed the way it should be.
 //!
-//! Fleet-wide, through Redis as the top offenders are (`crate::control::fleet`): a background
-//! task publishes this replica's hours every [`PUBLISH_EVERY`] (one JSON string per replica,
-//! `<key_prefix>{suggest}.<replica id>`, expiring [`SILENT_AFTER`] after its last publish,
-//! and a registry sorted set `<key_prefix>{suggest}`); a query merges every replica's hours
-//! histogram by histogram ([`hist`]). A replica's string is at most routes × 25 hours × 2 ×
-//! [`hist::BUCKETS`] buckets, whatever the number of callers. The record is per replica: a
-//! caller whose requests are spread over k replicas shows as k callers at about 1/k of its
-//! rate each (exact when the load balancer keeps a caller on one replica).
+//! Fleet-wide, through Redis: a background task publishes every [`PUBLISH_EVERY`] (a) this
+//! replica's hours as histograms (one JSON string per replica, `<key_prefix>{suggest}.<replica
+//! id>`, expiring [`SILENT_AFTER`] after its last publish, and a registry sorted set
+//! `<key_prefix>{suggest}`; at most routes × 25 hours × 2 × [`hist::BUCKETS`] buckets), and
+//! (b) what each caller's counters gained into the fleet's per-caller hashes ([`fleet`]). A
+//! fleet query sums the replicas' histograms for the counts that add up (requests, refused
+//! requests, evictions) and takes the callers' peaks, and who was refused, from the per-caller
+//! hashes, so a caller spread over k replicas counts once at its fleet-wide rate. An hour
+//! without a per-caller hash (published by an older version) is shown as the replicas'
+//! histograms merged, per replica.
+//!
+//! The caller hash is keyed from the key prefix ([`Suggest::new`]), so every replica of a
+//! fleet computes the same one; a record is carried over a reload only with the same prefix.
 
 pub mod advice;
+pub mod fleet;
 pub mod hist;
 pub mod record;
 
@@ -54,8 +60,10 @@ type Shard = HashMap<Box<str>, RouteRecord>;
 /// The record, shared by every configuration that keeps the same stores (as the offenders).
 pub struct Suggest {
     shards: Vec<Mutex<Shard>>,
-    /// Keys the caller hashes; random per process.
-    hasher: std::collections::hash_map::RandomState,
+    /// Keys the caller hashes: the same in every replica with the same key prefix.
+    hasher: foldhash::quality::FixedState,
+    /// The key prefix the hasher is seeded from.
+    prefix: String,
     link: Mutex<Option<(Shared, String)>>,
     publishing: AtomicBool,
     id: String,
@@ -63,9 +71,21 @@ pub struct Suggest {
 
 impl Default for Suggest {
     fn default() -> Self {
+        Suggest::new("")
+    }
+}
+
+impl Suggest {
+    /// A record whose caller hashes are keyed from `key_prefix` (a SHA-256 of it seeds the
+    /// hash), as every replica under that prefix keys them.
+    pub fn new(key_prefix: &str) -> Self {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(format!("tollgate suggest {key_prefix}").as_bytes());
+        let seed = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"));
         Suggest {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: Default::default(),
+            hasher: foldhash::quality::FixedState::with_seed(seed),
+            prefix: key_prefix.to_owned(),
             link: Mutex::new(None),
             publishing: AtomicBool::new(false),
             id: format!("{:016x}", new_lease_id()),
@@ -180,6 +200,50 @@ impl Suggest {
         }
     }
 
+    /// The key prefix the caller hashes are keyed from.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Every caller's gain since the last call, by route and hour (see [`fleet`]).
+    fn deltas(&self) -> BTreeMap<(String, u32), Vec<record::Delta>> {
+        let mut out: BTreeMap<(String, u32), Vec<record::Delta>> = BTreeMap::new();
+        for shard in &self.shards {
+            let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            for (route, record) in shard.iter_mut() {
+                for delta in record.take_deltas() {
+                    out.entry((route.to_string(), delta.hour))
+                        .or_default()
+                        .push(delta);
+                }
+            }
+        }
+        out
+    }
+
+    /// Sends every caller's gain to the fleet's per-caller hashes (see [`fleet::send`]); a
+    /// gain whose send failed is given back to go with the next (a send that timed out may
+    /// have been applied: then it counts twice, which only raises that caller's peak).
+    async fn send_deltas(&self, redis: &RedisStore, prefix: &str) -> Result<(), StoreError> {
+        let deltas = self.deltas();
+        let runs = deltas.iter().map(|((route, hour), d)| async move {
+            (route, fleet::send(redis, prefix, route, *hour, d).await)
+        });
+        let mut result = Ok(());
+        for (route, sent) in futures_util::future::join_all(runs).await {
+            let Err((cause, unsent)) = sent else { continue };
+            for delta in unsent {
+                let shard = &self.shards[(delta.hash % SHARDS as u64) as usize];
+                let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(record) = shard.get_mut(route.as_str()) {
+                    record.unsend(delta);
+                }
+            }
+            result = Err(cause);
+        }
+        result
+    }
+
     fn linked(&self) -> Option<(Shared, String)> {
         self.link.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
@@ -203,7 +267,9 @@ impl Suggest {
         let Some(Store::Redis(redis)) = slot.get().cloned() else {
             return local(Some(crate::control::offenders::STORE_UNAVAILABLE));
         };
-        let others = match read(&redis, &prefix).await {
+        // This replica's latest gains first, so the view has them as the histograms do.
+        let sent = self.send_deltas(&redis, &prefix).await;
+        let others = match sent.and(read(&redis, &prefix).await) {
             Ok(others) => others,
             Err(cause) => {
                 tracing::warn!(%cause, "/limits/suggest: the fleet's records could not be read; answering with this replica's");
@@ -221,6 +287,10 @@ impl Suggest {
                 merge_route(routes.entry(route).or_default(), &hours);
             }
         }
+        if let Err(cause) = per_caller(&redis, &prefix, &mut routes).await {
+            tracing::warn!(%cause, "/limits/suggest: the fleet's per-caller records could not be read; answering with this replica's");
+            return local(Some(crate::control::offenders::STORE_UNAVAILABLE));
+        }
         Merged {
             view: View::Fleet,
             reason: None,
@@ -228,6 +298,35 @@ impl Suggest {
             routes,
         }
     }
+}
+
+/// Takes every route's hours' callers (their peaks, and who was refused) from the fleet's
+/// per-caller hashes where there is one: each caller once, at its fleet-wide rate.
+async fn per_caller(
+    redis: &RedisStore,
+    prefix: &str,
+    routes: &mut Snapshot,
+) -> Result<(), StoreError> {
+    let wanted: Vec<(String, u32)> = routes
+        .iter()
+        .flat_map(|(route, hours)| hours.keys().map(move |h| (route.clone(), *h)))
+        .collect();
+    let reads = wanted
+        .iter()
+        .map(|(route, hour)| fleet::read(redis, prefix, route, *hour));
+    let found = futures_util::future::join_all(reads).await;
+    for ((route, hour), callers) in wanted.into_iter().zip(found) {
+        let Some(callers) = callers? else { continue };
+        let Some(merged) = routes.get_mut(&route).and_then(|h| h.get_mut(&hour)) else {
+            continue;
+        };
+        merged.minute = callers.minute;
+        merged.second = callers.second;
+        merged.refused_callers = callers.refused_callers;
+        merged.shadow_callers = callers.shadow_callers;
+        merged.evicted += callers.overflow;
+    }
+    Ok(())
 }
 
 fn merge_route(into: &mut BTreeMap<u32, Hour>, hours: &BTreeMap<u32, Hour>) {
@@ -318,14 +417,15 @@ async fn publish_loop(suggest: Weak<Suggest>) {
         };
         let snapshot = record.snapshot(unix_ms());
         let id = record.id.clone();
-        drop(record);
         if snapshot.is_empty() {
             continue;
         }
         let Some(Store::Redis(redis)) = slot.get().cloned() else {
             continue;
         };
-        match publish(&redis, &prefix, &id, &snapshot).await {
+        let sent = record.send_deltas(&redis, &prefix).await;
+        drop(record);
+        match publish(&redis, &prefix, &id, &snapshot).await.and(sent) {
             Ok(()) => failing = false,
             Err(cause) if !failing => {
                 failing = true;

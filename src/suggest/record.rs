@@ -2,9 +2,9 @@
 //! drive it): a bounded table of live per-caller counters, and per clock hour the histograms
 //! ([`super::hist`]) the counters are folded into.
 //!
-//! A caller is known by a 64-bit keyed hash of its key's identity part (SipHash with this
-//! process's random keys): no identity value, credential or not, is kept, and an attacker
-//! cannot aim keys at one hash.
+//! A caller is known by a 64-bit keyed hash of its key's identity part (keyed from the key
+//! prefix, the same in every replica, see `super::Suggest::new`): no identity value,
+//! credential or not, is kept.
 //!
 //! Per caller and clock hour (UTC): its peak per-minute rate, as `sliding_window` counts it
 //! (the current minute's requests plus the previous minute's weighted by the part of it still
@@ -91,6 +91,27 @@ struct Live {
     refused: u32,
     shadow: u32,
     last_ms: u64,
+    /// What of this counter the fleet's per-caller record already holds.
+    sent: Counts,
+}
+
+/// One caller's figures in one hour: requests, peaks, refused and shadow-refused requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub requests: u32,
+    pub minute: u32,
+    pub second: u32,
+    pub refused: u32,
+    pub shadow: u32,
+}
+
+/// What one caller's counter gained since it was last sent to the fleet's record
+/// (`super::fleet`): the fleet adds these up over replicas, caller by caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delta {
+    pub hour: u32,
+    pub hash: u64,
+    pub gained: Counts,
 }
 
 impl Live {
@@ -109,7 +130,36 @@ impl Live {
             refused: 0,
             shadow: 0,
             last_ms: now_ms,
+            sent: Counts::default(),
         }
+    }
+
+    fn counts(&self) -> Counts {
+        Counts {
+            requests: self.requests,
+            minute: self.peak_minute,
+            second: self.peak_second,
+            refused: self.refused,
+            shadow: self.shadow,
+        }
+    }
+
+    /// What was gained since the last call (every figure only grows within an hour), and
+    /// marks it sent.
+    fn take_delta(&mut self) -> Option<Delta> {
+        let now = self.counts();
+        let was = std::mem::replace(&mut self.sent, now);
+        (now.requests > was.requests).then(|| Delta {
+            hour: self.hour,
+            hash: self.hash,
+            gained: Counts {
+                requests: now.requests - was.requests,
+                minute: now.minute - was.minute,
+                second: now.second - was.second,
+                refused: now.refused - was.refused,
+                shadow: now.shadow - was.shadow,
+            },
+        })
     }
 
     fn count(&mut self, seen: Seen, now_ms: u64) {
@@ -170,6 +220,8 @@ pub struct RouteRecord {
     hours: BTreeMap<u32, Hour>,
     /// xorshift state for eviction samples.
     rng: u64,
+    /// Ended counters' last gains, not yet sent to the fleet's record: at most `capacity`.
+    pending: Vec<Delta>,
 }
 
 impl RouteRecord {
@@ -180,6 +232,7 @@ impl RouteRecord {
             index: HashMap::new(),
             hours: BTreeMap::new(),
             rng: 0x9e37_79b9_7f4a_7c15,
+            pending: Vec::new(),
         }
     }
 
@@ -195,7 +248,7 @@ impl RouteRecord {
             Some(&at) => {
                 if self.live[at].hour != hour {
                     let ended = std::mem::replace(&mut self.live[at], Live::new(hash, now_ms));
-                    self.fold(&ended);
+                    self.fold(ended);
                 }
                 at
             }
@@ -209,7 +262,7 @@ impl RouteRecord {
                 let evicted = std::mem::replace(&mut self.live[at], Live::new(hash, now_ms));
                 self.index.remove(&evicted.hash);
                 self.index.insert(hash, at);
-                self.fold(&evicted);
+                self.fold(evicted);
                 self.hours.entry(hour).or_default().evicted += 1;
                 at
             }
@@ -234,8 +287,41 @@ impl RouteRecord {
         best
     }
 
-    fn fold(&mut self, live: &Live) {
+    /// An ended counter goes into its hour, and its unsent gain waits for the next send;
+    /// dropped when `capacity` gains already wait (a key flood evicting faster than the
+    /// sends drain: its evictions are counted; with a memory store nothing drains them).
+    fn fold(&mut self, mut live: Live) {
         live.fold_into(self.hours.entry(live.hour).or_default());
+        if let Some(delta) = live.take_delta() {
+            if self.pending.len() < self.capacity {
+                self.pending.push(delta);
+            }
+        }
+    }
+
+    /// Gives back a gain whose send failed, to go with the next: onto its counter when it
+    /// is still live in that hour, else to wait with the ended ones (dropped when full).
+    pub fn unsend(&mut self, delta: Delta) {
+        let live = self.index.get(&delta.hash).map(|&at| &mut self.live[at]);
+        match live {
+            Some(live) if live.hour == delta.hour => {
+                let (s, g) = (&mut live.sent, delta.gained);
+                s.requests = s.requests.saturating_sub(g.requests);
+                s.minute = s.minute.saturating_sub(g.minute);
+                s.second = s.second.saturating_sub(g.second);
+                s.refused = s.refused.saturating_sub(g.refused);
+                s.shadow = s.shadow.saturating_sub(g.shadow);
+            }
+            _ if self.pending.len() < self.capacity => self.pending.push(delta),
+            _ => {}
+        }
+    }
+
+    /// Every caller's gain since the last call, for the fleet's record (see [`Delta`]).
+    pub fn take_deltas(&mut self) -> Vec<Delta> {
+        let mut out = std::mem::take(&mut self.pending);
+        out.extend(self.live.iter_mut().filter_map(Live::take_delta));
+        out
     }
 
     /// Folds the counters of ended hours and forgets hours past [`KEEP_HOURS`] (the
@@ -250,7 +336,7 @@ impl RouteRecord {
                 if let Some(moved) = self.live.get(i) {
                     self.index.insert(moved.hash, i);
                 }
-                self.fold(&ended);
+                self.fold(ended);
             } else {
                 i += 1;
             }
@@ -318,6 +404,43 @@ mod tests {
         r.tidy(T0 + 30 * HOUR_MS);
         assert!(r.hours(T0 + 30 * HOUR_MS).is_empty());
         assert_eq!(r.live(), 0);
+    }
+
+    /// Gains are what was sent since the last take, of live and ended counters alike; a gain
+    /// given back goes with the next take.
+    #[test]
+    fn gains_are_sent_once_and_a_failed_send_is_given_back() {
+        let mut r = RouteRecord::new(16);
+        for i in 0..3 {
+            r.observe(1, Seen::Admitted, T0 + i);
+        }
+        let first = r.take_deltas();
+        assert_eq!(first.len(), 1);
+        assert_eq!((first[0].gained.requests, first[0].gained.minute), (3, 3));
+        assert!(r.take_deltas().is_empty());
+        r.observe(1, Seen::Refused, T0 + 10);
+        let second = r.take_deltas();
+        assert_eq!(
+            second[0].gained,
+            Counts {
+                requests: 1,
+                minute: 1,
+                second: 1,
+                refused: 1,
+                shadow: 0
+            }
+        );
+        r.unsend(second[0]);
+        r.observe(1, Seen::Admitted, T0 + 20);
+        assert_eq!(r.take_deltas()[0].gained.requests, 2);
+        // The caller's hour ends: its last gain waits for the next take.
+        r.observe(1, Seen::Admitted, T0 + 30);
+        r.observe(1, Seen::Admitted, T0 + HOUR_MS);
+        let mut third = r.take_deltas();
+        third.sort_by_key(|d| d.hour);
+        assert_eq!(third.len(), 2);
+        assert_eq!((third[0].gained.requests, third[1].gained.requests), (1, 1));
+        assert_eq!(third[1].hour, third[0].hour + 1);
     }
 
     /// A flood of new keys never holds more than the capacity; every caller is still counted
