@@ -2,7 +2,7 @@
 //! spreads over several replicas counts once, at its fleet-wide rate.
 //!
 //! Every replica hashes a caller's key with the same keyed hash (seeded from the key prefix,
-//! see `super::Suggest::new`). Every [`super::PUBLISH_EVERY`] each replica adds what each of
+//! see `Suggest::new` in the module's root). Every publish tick (5 s) each replica adds what each of
 //! its callers' counters gained since the last send ([`Delta`]) into one Redis hash per route
 //! and clock hour, `<key_prefix>{suggest}.callers.<hour>.<route>`, field by field with
 //! `HINCRBY` ([`SCRIPT`], run per route and hour and [`CHUNK`] callers): per caller `<hash>r` requests,
@@ -31,7 +31,7 @@ use crate::limit::StoreError;
 
 /// Callers one route's hash holds per hour: the number of live counters one replica keeps
 /// for a route (`SHARDS × record::CAPACITY`).
-pub const MAX_CALLERS: usize = super::SHARDS * super::record::CAPACITY;
+pub const MAX_CALLERS: usize = super::record::SHARDS * super::record::CAPACITY;
 
 const HOUR_MS: u64 = 3_600_000;
 

@@ -41,8 +41,7 @@ use crate::store::Shared;
 use crate::throttle::{keys, AdmitReason, LimitOutcome};
 use record::{Hour, RouteRecord, Seen};
 
-/// Locks the record is split over (by caller hash), so serving threads rarely meet.
-pub const SHARDS: usize = 8;
+pub use record::SHARDS;
 /// How often a replica publishes its hours.
 pub const PUBLISH_EVERY: Duration = Duration::from_secs(5);
 /// A replica not heard from for this long drops out of the fleet's view.

@@ -27,6 +27,8 @@ use serde::{Deserialize, Serialize};
 
 use super::hist::Histogram;
 
+/// Locks the record is split over (by caller hash), so serving threads rarely meet.
+pub const SHARDS: usize = 8;
 /// Live counters per route and shard.
 pub const CAPACITY: usize = 1024;
 /// Counters looked at to pick one to evict.
