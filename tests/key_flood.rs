@@ -350,10 +350,24 @@ async fn after_a_key_flood_cold_local_first_copies_are_dropped_and_redis_goes_qu
     );
     let idle = gets_per_heartbeat(&redis, 10).await;
     // (A loaded machine may fail a request of the flood; the copies are what matters here.)
+    let started = Instant::now();
     let admitted = flood(&instance, "/login").await;
+    let took = started.elapsed();
     assert!(admitted >= FLOOD * 9 / 10, "{admitted} of {FLOOD} admitted");
     let held = "tollgate_store_keys{store=\"local_first\"}";
-    assert!(metric(&instance, held).await >= admitted as f64);
+    let held_now = metric(&instance, held).await;
+    // Every caller of the flood has its copy while it is in use; a copy unused for 50
+    // intervals (5 s) is dropped, so a flood that took longer (a loaded machine) has rightly
+    // lost its first callers' copies by now: then only some are held.
+    if took < Duration::from_millis(4_500) {
+        assert!(
+            held_now >= admitted as f64,
+            "{held_now} copies held of {admitted} admitted in {took:?}"
+        );
+    } else {
+        assert!(held_now > 0.0, "no copy held after a flood of {took:?}");
+        eprintln!("the flood took {took:?}: {held_now} copies held of {admitted} admitted");
+    }
     // Held copies are read every round (up to 1,000 idle ones a round).
     let flooded = gets_per_heartbeat(&redis, 5).await;
     assert!(
