@@ -26,21 +26,21 @@ fn routes(upstream: &str, store: Store) -> Config {
                 .prefix("/report")
                 .methods(["GET"])
                 .key("user")
-                .limit(limit::fixed_window(3, "1m")),
+                .limit(limit::fixed_window(3, "1h")),
         )
         .route(
             route("writes")
                 .prefix("/report")
                 .methods(["POST"])
                 .key("user")
-                .limit(limit::fixed_window(3, "1m")),
+                .limit(limit::fixed_window(3, "1h")),
         )
         .route(
             route("both")
                 .prefix("/both")
                 .methods(["GET", "POST"])
                 .key("user")
-                .limit(limit::fixed_window(3, "1m")),
+                .limit(limit::fixed_window(3, "1h")),
         )
         .route(
             route("plain")
@@ -48,7 +48,7 @@ fn routes(upstream: &str, store: Store) -> Config {
                 .methods(["GET"])
                 .key("user")
                 .set("method_override", false)
-                .limit(limit::fixed_window(2, "1m")),
+                .limit(limit::fixed_window(2, "1h")),
         )
         .route(
             route("form")
@@ -59,7 +59,7 @@ fn routes(upstream: &str, store: Store) -> Config {
                     "method_override",
                     serde_json::json!({ "headers": false, "query": "_method" }),
                 )
-                .limit(limit::fixed_window(2, "1m")),
+                .limit(limit::fixed_window(2, "1h")),
         )
 }
 
@@ -283,7 +283,7 @@ async fn a_route_reached_by_an_override_holds_and_settles(store: Store) {
                 .key("user")
                 .limit(limit::concurrency(1).name("slots"))
                 .limit(
-                    limit::fixed_window(1, "1m")
+                    limit::fixed_window(1, "1h")
                         .name("failures")
                         .count_statuses([500]),
                 ),
@@ -293,7 +293,7 @@ async fn a_route_reached_by_an_override_holds_and_settles(store: Store) {
                 .prefix("/respond")
                 .methods(["POST"])
                 .key("user")
-                .limit(limit::fixed_window(100, "1m")),
+                .limit(limit::fixed_window(100, "1h")),
         );
     let served = serve(&config).await;
     let base = served.url("");
