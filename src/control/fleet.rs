@@ -3,18 +3,10 @@
 //! every replica heard from recently, counting per (route, caller) how many replicas listed it.
 //!
 //! A denial never touches Redis: a background task sends the replica's whole list at once
-//! (a few plain commands, pipelined: one round trip whatever the number of denials). The keys
-//! all have the hash tag `{offenders}`, so that every call touches one Cluster slot:
-//!
-//! - `<key_prefix>{offenders}.<replica id>`, a string: that replica's lists (JSON: per route
-//!   at most [`super::offenders::CAPACITY`] callers with count and error, and a floor),
-//!   expiring [`SILENT_AFTER`] after its last publish — a replica that stops drops out by
-//!   itself, on Redis's clock;
-//! - `<key_prefix>{offenders}`, a sorted set, the registry: replica id → when it last
-//!   published. Each publish drops the ids older than [`KEY_TTL`] and keeps the
-//!   [`MAX_REPLICAS`] most recent; the key expires [`KEY_TTL`] after the last publish.
-//!
-//! Neither can be a limit's key: a limit's key always goes on with `}:` after its hash tag.
+//! (a few plain commands, pipelined: one round trip whatever the number of denials), as a
+//! per-replica record under the hash tag `{offenders}` ([`crate::store::replicas`]): JSON, per
+//! route at most [`super::offenders::CAPACITY`] callers with count and error, and a floor,
+//! gone [`SILENT_AFTER`] after the replica's last publish.
 //!
 //! Merging: counts and errors add up over replicas. A replica that lists a route but not a
 //! caller may still have denied that caller up to its `floor` (non-zero only when its own
@@ -28,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::limit::redis_store::RedisStore;
 use crate::limit::StoreError;
+use crate::store::replicas::ReplicaRecords;
 
 /// How often a replica publishes its list.
 pub const PUBLISH_EVERY: Duration = Duration::from_secs(1);
@@ -122,93 +115,31 @@ pub fn merge(snapshots: &[Snapshot], k: usize) -> Vec<(String, Vec<Merged>)> {
     out
 }
 
-/// The registry: a sorted set of replica id → when it last published (its own clock, ms).
-fn registry_key(prefix: &str) -> String {
-    format!("{prefix}{{offenders}}")
-}
+/// Where the replicas' lists live in Redis.
+pub const LISTS: ReplicaRecords = ReplicaRecords {
+    tag: "offenders",
+    silent_after: SILENT_AFTER,
+    key_ttl: KEY_TTL,
+    max_replicas: MAX_REPLICAS,
+};
 
-/// One replica's lists: a string expiring [`SILENT_AFTER`] after its last publish.
-fn list_key(prefix: &str, id: &str) -> String {
-    format!("{prefix}{{offenders}}.{id}")
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Publishes `snapshot` as replica `id`'s list (an empty one removes it). The commands go out
-/// together (the connection pipelines them: one round trip); plain commands rather than a
-/// script, so that the script calls Redis counts stay the limit decisions'.
+/// Publishes `snapshot` as replica `id`'s list (an empty one removes it).
 pub async fn publish(
     redis: &RedisStore,
     prefix: &str,
     id: &str,
     snapshot: &Snapshot,
 ) -> Result<(), StoreError> {
-    let (registry, list) = (registry_key(prefix), list_key(prefix, id));
     if snapshot.is_empty() {
-        let mut del = redis::cmd("DEL");
-        del.arg(&list);
-        let mut zrem = redis::cmd("ZREM");
-        zrem.arg(&registry).arg(id);
-        let (deleted, removed) =
-            tokio::join!(redis.command::<i64>(&del), redis.command::<i64>(&zrem));
-        return deleted.and(removed).map(drop);
+        return LISTS.withdraw(redis, prefix, id).await;
     }
-    let now = unix_ms();
-    let mut set = redis::cmd("SET");
-    set.arg(&list)
-        .arg(serde_json::to_string(snapshot).unwrap_or_default())
-        .arg("PX")
-        .arg(SILENT_AFTER.as_millis() as u64);
-    let mut zadd = redis::cmd("ZADD");
-    zadd.arg(&registry).arg(now).arg(id);
-    // The registry's bounds: ids not heard from within the key's life go, and past
-    // MAX_REPLICAS the least recent; the key itself expires with the fleet.
-    let mut forget = redis::cmd("ZREMRANGEBYSCORE");
-    forget.arg(&registry).arg("-inf").arg(format!(
-        "({}",
-        now.saturating_sub(KEY_TTL.as_millis() as u64)
-    ));
-    let mut cap = redis::cmd("ZREMRANGEBYRANK");
-    cap.arg(&registry).arg(0).arg(-(MAX_REPLICAS as i64) - 1);
-    let mut expire = redis::cmd("PEXPIRE");
-    expire.arg(&registry).arg(KEY_TTL.as_millis() as u64);
-    let (set, zadd, forget, cap, expire) = tokio::join!(
-        redis.command::<()>(&set),
-        redis.command::<i64>(&zadd),
-        redis.command::<i64>(&forget),
-        redis.command::<i64>(&cap),
-        redis.command::<i64>(&expire),
-    );
-    set.and(zadd).and(forget).and(cap).and(expire).map(drop)
+    LISTS.publish(redis, prefix, id, snapshot).await
 }
 
 /// The lists of the replicas heard from within [`SILENT_AFTER`] (the [`MAX_REPLICAS`] most
 /// recent in the registry), by replica id. A list that does not parse is left out.
 pub async fn read(redis: &RedisStore, prefix: &str) -> Result<Vec<(String, Snapshot)>, StoreError> {
-    let mut range = redis::cmd("ZREVRANGE");
-    range
-        .arg(registry_key(prefix))
-        .arg(0)
-        .arg(MAX_REPLICAS as i64 - 1);
-    let ids: Vec<String> = redis.command(&range).await?;
-    if ids.is_empty() {
-        return Ok(Vec::new());
-    }
-    // One slot: every key shares the hash tag.
-    let mut mget = redis::cmd("MGET");
-    for id in &ids {
-        mget.arg(list_key(prefix, id));
-    }
-    let lists: Vec<Option<String>> = redis.command(&mget).await?;
-    Ok(ids
-        .into_iter()
-        .zip(lists)
-        .filter_map(|(id, list)| Some((id, serde_json::from_str(&list?).ok()?)))
-        .collect())
+    LISTS.read(redis, prefix).await
 }
 
 #[cfg(test)]

@@ -35,6 +35,7 @@
 
 mod breaker;
 pub mod persistence;
+pub mod replicas;
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};

@@ -37,6 +37,8 @@ use std::time::Duration;
 
 use crate::limit::redis_store::RedisStore;
 use crate::limit::{new_lease_id, Store, StoreError};
+pub use crate::store::replicas::unix_ms;
+use crate::store::replicas::ReplicaRecords;
 use crate::store::Shared;
 use crate::throttle::{keys, AdmitReason, LimitOutcome};
 use record::{Hour, RouteRecord, Seen};
@@ -96,12 +98,6 @@ impl std::fmt::Debug for Suggest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Suggest").field("id", &self.id).finish()
     }
-}
-
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Why a fleet view was asked for and this replica's record is shown.
@@ -268,7 +264,7 @@ impl Suggest {
         };
         // This replica's latest gains first, so the view has them as the histograms do.
         let sent = self.send_deltas(&redis, &prefix).await;
-        let others = match sent.and(read(&redis, &prefix).await) {
+        let others = match sent.and(RECORDS.read::<Snapshot>(&redis, &prefix).await) {
             Ok(others) => others,
             Err(cause) => {
                 tracing::warn!(%cause, "/limits/suggest: the fleet's records could not be read; answering with this replica's");
@@ -334,71 +330,13 @@ fn merge_route(into: &mut BTreeMap<u32, Hour>, hours: &BTreeMap<u32, Hour>) {
     }
 }
 
-fn registry_key(prefix: &str) -> String {
-    format!("{prefix}{{suggest}}")
-}
-
-fn record_key(prefix: &str, id: &str) -> String {
-    format!("{prefix}{{suggest}}.{id}")
-}
-
-/// Publishes replica `id`'s hours (plain commands, pipelined by the connection).
-async fn publish(
-    redis: &RedisStore,
-    prefix: &str,
-    id: &str,
-    snapshot: &Snapshot,
-) -> Result<(), StoreError> {
-    let now = unix_ms();
-    let registry = registry_key(prefix);
-    let mut set = redis::cmd("SET");
-    set.arg(record_key(prefix, id))
-        .arg(serde_json::to_string(snapshot).unwrap_or_default())
-        .arg("PX")
-        .arg(SILENT_AFTER.as_millis() as u64);
-    let mut zadd = redis::cmd("ZADD");
-    zadd.arg(&registry).arg(now).arg(id);
-    let mut forget = redis::cmd("ZREMRANGEBYSCORE");
-    forget.arg(&registry).arg("-inf").arg(format!(
-        "({}",
-        now.saturating_sub(KEY_TTL.as_millis() as u64)
-    ));
-    let mut cap = redis::cmd("ZREMRANGEBYRANK");
-    cap.arg(&registry).arg(0).arg(-(MAX_REPLICAS as i64) - 1);
-    let mut expire = redis::cmd("PEXPIRE");
-    expire.arg(&registry).arg(KEY_TTL.as_millis() as u64);
-    let (set, zadd, forget, cap, expire) = tokio::join!(
-        redis.command::<()>(&set),
-        redis.command::<i64>(&zadd),
-        redis.command::<i64>(&forget),
-        redis.command::<i64>(&cap),
-        redis.command::<i64>(&expire),
-    );
-    set.and(zadd).and(forget).and(cap).and(expire).map(drop)
-}
-
-/// The records of the replicas heard from within [`SILENT_AFTER`], by replica id.
-async fn read(redis: &RedisStore, prefix: &str) -> Result<Vec<(String, Snapshot)>, StoreError> {
-    let mut range = redis::cmd("ZREVRANGE");
-    range
-        .arg(registry_key(prefix))
-        .arg(0)
-        .arg(MAX_REPLICAS as i64 - 1);
-    let ids: Vec<String> = redis.command(&range).await?;
-    if ids.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut mget = redis::cmd("MGET");
-    for id in &ids {
-        mget.arg(record_key(prefix, id));
-    }
-    let records: Vec<Option<String>> = redis.command(&mget).await?;
-    Ok(ids
-        .into_iter()
-        .zip(records)
-        .filter_map(|(id, text)| Some((id, serde_json::from_str(&text?).ok()?)))
-        .collect())
-}
+/// Where the replicas' records live in Redis.
+const RECORDS: ReplicaRecords = ReplicaRecords {
+    tag: "suggest",
+    silent_after: SILENT_AFTER,
+    key_ttl: KEY_TTL,
+    max_replicas: MAX_REPLICAS,
+};
 
 /// Publishes every [`PUBLISH_EVERY`] while linked to a connected Redis store (nothing while
 /// the record is empty); ends when the record is dropped.
@@ -424,7 +362,11 @@ async fn publish_loop(suggest: Weak<Suggest>) {
         };
         let sent = record.send_deltas(&redis, &prefix).await;
         drop(record);
-        match publish(&redis, &prefix, &id, &snapshot).await.and(sent) {
+        match RECORDS
+            .publish(&redis, &prefix, &id, &snapshot)
+            .await
+            .and(sent)
+        {
             Ok(()) => failing = false,
             Err(cause) if !failing => {
                 failing = true;
