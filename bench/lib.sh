@@ -80,6 +80,16 @@ wait_port() { # port [seconds]
   done
 }
 
+# Waits until URL answers 2xx (a tollgate's /readyz: its store connected, its scripts loaded),
+# so that start-up work stays out of what is measured.
+wait_ready() { # url [seconds]
+  local deadline=$((SECONDS + ${2:-30}))
+  until curl -fsS -o /dev/null "$1" 2>/dev/null; do
+    [ $SECONDS -lt $deadline ] || { log "$1 is not ready after ${2:-30}s"; return 1; }
+    sleep 0.2
+  done
+}
+
 # nginx runs as root only when told to (its workers otherwise drop to nobody).
 NGINX_USER=""
 [ "$(id -u)" = 0 ] && NGINX_USER="user root;"
