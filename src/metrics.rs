@@ -135,7 +135,11 @@ pub const PROCESS_FAMILIES: &[(&str, Kind, &str)] = &[
 
 /// The version and commit (`build.rs`) this binary was built from.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-pub const COMMIT: &str = env!("TOLLGATE_COMMIT");
+pub const COMMIT: &str = match option_env!("TOLLGATE_COMMIT") {
+    Some(commit) => commit,
+    // Built without build.rs (a build that copies only the sources).
+    None => "unknown",
+};
 
 pub struct Metrics {
     recorder: PrometheusRecorder,
