@@ -62,9 +62,13 @@ RUN mkdir -p src benches \
 # stubs built above: touching the crate roots makes cargo rebuild tollgate itself. The build
 # with the profile compiles the dependencies again: the profile covers their code too.
 # Should the profile-guided path fail, the image gets the plain release build (the log says so).
+# build.rs puts the commit into `tollgate_build_info`; the context has no .git, so pass it:
+# --build-arg TOLLGATE_COMMIT=$(git rev-parse --short=12 HEAD) (else the image says unknown).
+ARG TOLLGATE_COMMIT=unknown
 COPY bench bench
 COPY benches benches
 COPY examples examples
+COPY build.rs build.rs
 COPY src src
 RUN touch src/main.rs src/lib.rs \
     && if [ "$PGO" = 1 ] && bash bench/pgo.sh; then \

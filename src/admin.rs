@@ -38,6 +38,7 @@ use sha2::{Digest, Sha256};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
+use crate::admin_endpoints::ENDPOINTS;
 use crate::body::{full, ProxyBody};
 use crate::config::Secret;
 use crate::console::{self, Console};
@@ -144,6 +145,10 @@ pub async fn serve(
                 if let Some(answer) = console.respond(&request, loopback).await {
                     return Ok::<_, Infallible>(answer);
                 }
+                let request = match with_body_params(request).await {
+                    Ok(request) => request,
+                    Err(refused) => return Ok::<_, Infallible>(refused),
+                };
                 Ok::<_, Infallible>(respond(&request, &health, &proxy, caller).await)
             }
         });
@@ -241,22 +246,27 @@ async fn respond<B>(
     caller: Caller,
 ) -> Response<ProxyBody> {
     let path = request.uri().path();
-    let (method, known) = match path {
-        "/limits/top" => (Method::GET, TOP_PARAMS),
-        "/limits/suggest" => (Method::GET, SUGGEST_PARAMS),
-        "/limits/state" => (Method::GET, STATE_PARAMS),
-        "/limits/reset" => (Method::POST, RESET_PARAMS),
-        "/limits/override" if request.method() == Method::DELETE => {
-            (Method::DELETE, UNOVERRIDE_PARAMS)
-        }
-        "/limits/override" => (Method::POST, OVERRIDE_PARAMS),
-        "/limits/audit" => (Method::GET, AUDIT_PARAMS),
-        "/protect" => (Method::GET, PROTECT_PARAMS),
-        _ => return health_response(request, health, proxy),
+    let Some(methods) = ENDPOINTS
+        .iter()
+        .find(|(p, _)| *p == path)
+        .map(|(_, methods)| *methods)
+    else {
+        return health_response(request, health, proxy);
     };
-    if let Some(refused) = allowed(request, method.clone()) {
+    let method = request.method().clone();
+    if let Some(refused) = allowed(request, methods) {
         return refused;
     }
+    let known = match path {
+        "/limits/top" => TOP_PARAMS,
+        "/limits/suggest" => SUGGEST_PARAMS,
+        "/limits/state" => STATE_PARAMS,
+        "/limits/reset" => RESET_PARAMS,
+        "/limits/override" if method == Method::DELETE => UNOVERRIDE_PARAMS,
+        "/limits/override" => OVERRIDE_PARAMS,
+        "/limits/audit" => AUDIT_PARAMS,
+        _ => PROTECT_PARAMS,
+    };
     if let Err(why) = crate::query_params::known_params(request, path, known, &[]) {
         return error(StatusCode::BAD_REQUEST, why);
     }
@@ -301,6 +311,98 @@ async fn protect_for_console(
     console::json_answer(StatusCode::OK, &value)
 }
 
+/// The largest body the admin API reads: its parameters are a few short values.
+const MAX_BODY: usize = 16 * 1024;
+
+/// An operator request with all its parameters in the query: those of a JSON body
+/// (`Content-Type: application/json`, an object of the names the query takes, each a string,
+/// number or boolean) are appended to it, so the endpoints read one place and a name given in
+/// both is refused as given twice. Any other body is refused (400, saying why) rather than
+/// ignored: whoever sent it meant something by it. An empty body is no body. The health
+/// endpoints' bodies are not read (probes send what they send).
+async fn with_body_params(request: Request<Incoming>) -> Result<Request<()>, Response<ProxyBody>> {
+    use http_body_util::BodyExt;
+    let (mut parts, body) = request.into_parts();
+    if !ENDPOINTS.iter().any(|(path, _)| *path == parts.uri.path()) {
+        return Ok(Request::from_parts(parts, ()));
+    }
+    let bytes = match http_body_util::Limited::new(body, MAX_BODY).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return Err(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the request body is larger than {MAX_BODY} bytes: the admin API takes a few parameters"),
+            ))
+        }
+        Err(e) => {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                format!("the request body could not be read: {e}"),
+            ))
+        }
+    };
+    if bytes.trim_ascii().is_empty() {
+        return Ok(Request::from_parts(parts, ()));
+    }
+    let content_type = parts
+        .headers
+        .get(CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let pairs = body_params(content_type.as_deref(), &bytes)
+        .map_err(|why| error(StatusCode::BAD_REQUEST, why))?;
+    let mut query = form_urlencoded::Serializer::new(parts.uri.query().unwrap_or("").to_owned());
+    query.extend_pairs(pairs);
+    let path_and_query = format!("{}?{}", parts.uri.path(), query.finish());
+    let mut uri = parts.uri.clone().into_parts();
+    uri.path_and_query = Some(path_and_query.parse().map_err(|_| {
+        error(
+            StatusCode::BAD_REQUEST,
+            "the body's parameters do not make a valid query",
+        )
+    })?);
+    parts.uri = http::Uri::from_parts(uri).map_err(|_| {
+        error(
+            StatusCode::BAD_REQUEST,
+            "the body's parameters do not make a valid query",
+        )
+    })?;
+    Ok(Request::from_parts(parts, ()))
+}
+
+/// The `(name, value)` pairs of a non-empty body of `content_type`, or why it cannot be used.
+fn body_params(content_type: Option<&str>, body: &[u8]) -> Result<Vec<(String, String)>, String> {
+    let media = content_type
+        .and_then(|t| t.split(';').next())
+        .map(str::trim)
+        .unwrap_or("");
+    if !media.eq_ignore_ascii_case("application/json") {
+        return Err(format!(
+            "a body of type `{}` is not read: give the parameters in the query, or as a JSON \
+             object with `Content-Type: application/json`",
+            if media.is_empty() { "(none)" } else { media }
+        ));
+    }
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| format!("the body is not valid JSON: {e}"))?;
+    let Value::Object(object) = value else {
+        return Err(
+            "the JSON body must be an object of the parameters, such as {\"route\": \"api\", \"identity\": \"acme\"}"
+                .to_owned(),
+        );
+    };
+    object
+        .into_iter()
+        .map(|(name, value)| match value {
+            Value::String(text) => Ok((name, text)),
+            Value::Number(n) => Ok((name, n.to_string())),
+            Value::Bool(b) => Ok((name, b.to_string())),
+            _ => Err(format!(
+                "`{name}` in the JSON body must be a string, a number or a boolean"
+            )),
+        })
+        .collect()
+}
+
 /// The query parameters each operator endpoint takes; any other is refused (400) with these
 /// named, so that a misspelt parameter is never silently ignored. The health endpoints
 /// (`/healthz`, `/readyz`, `/metrics`) take none and ignore the query: probes and scrapers may
@@ -340,17 +442,27 @@ fn health_response<B>(request: &Request<B>, health: &Health, proxy: &Proxy) -> R
     response
 }
 
-fn allowed<B>(request: &Request<B>, method: Method) -> Option<Response<ProxyBody>> {
-    if request.method() == method || (method == Method::GET && request.method() == Method::HEAD) {
+/// None when the request's method is one of `methods` (HEAD counts as GET), else a 405 whose
+/// `Allow` lists every method the endpoint takes.
+fn allowed<B>(request: &Request<B>, methods: &[Method]) -> Option<Response<ProxyBody>> {
+    let given = request.method();
+    if methods
+        .iter()
+        .any(|m| m == given || (*m == Method::GET && given == Method::HEAD))
+    {
         return None;
+    }
+    let mut names: Vec<&str> = methods.iter().map(Method::as_str).collect();
+    if methods.contains(&Method::GET) {
+        names.push("HEAD");
     }
     let mut response = json_response(
         StatusCode::METHOD_NOT_ALLOWED,
-        &json!({ "error": format!("use {method}") }),
+        &json!({ "error": format!("use {}", names.join(" or ")) }),
     );
     response.headers_mut().insert(
         ALLOW,
-        HeaderValue::from_str(method.as_str()).expect("a method"),
+        HeaderValue::from_str(&names.join(", ")).expect("method names"),
     );
     Some(response)
 }
@@ -825,6 +937,10 @@ async fn set_override<B>(
     let parsed = caller_query(request).and_then(|query| {
         override_params(request).map(|(adjust, duration)| (query, adjust, duration))
     });
+    let parsed = parsed.and_then(|(query, adjust, duration)| {
+        overrides::check_multiply(&proxy.config().throttle, &query.route, adjust)?;
+        Ok((query, adjust, duration))
+    });
     let (query, adjust, duration) = match parsed {
         Ok(parsed) => parsed,
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
@@ -1005,6 +1121,68 @@ mod tests {
         assert!(authorize(&with_auth(Some("Basic czNjcmV0")), Some(&token), true).is_err());
         assert!(authorize(&with_auth(None), None, true).is_ok());
         assert!(authorize(&with_auth(Some("Bearer s3cret")), None, false).is_err());
+    }
+
+    #[test]
+    fn a_405_allows_every_method_the_endpoint_takes() {
+        let answer = |method: Method, methods: &[Method]| {
+            let request = Request::builder().method(method).body(()).unwrap();
+            allowed(&request, methods)
+                .map(|r| (r.status(), r.headers()[ALLOW].to_str().unwrap().to_owned()))
+        };
+        let override_methods = &[Method::POST, Method::DELETE];
+        assert_eq!(answer(Method::POST, override_methods), None);
+        assert_eq!(answer(Method::DELETE, override_methods), None);
+        assert_eq!(
+            answer(Method::GET, override_methods),
+            Some((StatusCode::METHOD_NOT_ALLOWED, "POST, DELETE".to_owned()))
+        );
+        assert_eq!(answer(Method::HEAD, &[Method::GET]), None);
+        assert_eq!(
+            answer(Method::POST, &[Method::GET]),
+            Some((StatusCode::METHOD_NOT_ALLOWED, "GET, HEAD".to_owned()))
+        );
+        let listed = ENDPOINTS
+            .iter()
+            .find(|(path, _)| *path == "/limits/override")
+            .unwrap();
+        assert_eq!(listed.1, override_methods);
+    }
+
+    #[test]
+    fn a_json_body_gives_parameters_and_any_other_body_is_refused() {
+        let json = Some("application/json; charset=utf-8");
+        assert_eq!(
+            body_params(
+                json,
+                br#"{"route": "api", "identity": "acme", "multiply": 0.5, "for": "1h"}"#
+            ),
+            // In name order (the order does not matter: each name is one parameter).
+            Ok(vec![
+                ("for".to_owned(), "1h".to_owned()),
+                ("identity".to_owned(), "acme".to_owned()),
+                ("multiply".to_owned(), "0.5".to_owned()),
+                ("route".to_owned(), "api".to_owned()),
+            ])
+        );
+        for (content_type, body, why) in [
+            (
+                Some("application/x-www-form-urlencoded"),
+                &b"route=api"[..],
+                "a body of type `application/x-www-form-urlencoded` is not read",
+            ),
+            (None, b"{}", "a body of type `(none)` is not read"),
+            (json, b"{\"route\": ", "the body is not valid JSON"),
+            (json, b"[1, 2]", "the JSON body must be an object"),
+            (
+                json,
+                b"{\"route\": [\"a\"]}",
+                "`route` in the JSON body must be a string, a number or a boolean",
+            ),
+        ] {
+            let refused = body_params(content_type, body).unwrap_err();
+            assert!(refused.starts_with(why), "{refused:?}, wanted {why:?}");
+        }
     }
 
     #[test]

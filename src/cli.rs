@@ -81,7 +81,8 @@ pub struct OverrideArgs {
     /// The caller's limits are multiplied by X (e.g. 10, or 0.5 to lower them).
     #[arg(long, value_name = "X", conflicts_with = "delete")]
     pub multiply: Option<String>,
-    /// How long the override lasts (e.g. 30m, 24h, 7d; at most 366d).
+    /// How long the override lasts (e.g. 30m, 24h, 7d; at most 30d: for longer, a tier in the
+    /// configuration).
     #[arg(
         long = "for",
         value_name = "DURATION",

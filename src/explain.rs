@@ -1,6 +1,8 @@
 //! `tollgate explain`: answers "why was this request limited?" without sending it. It runs the
-//! same stage functions as the proxy — route, identify, tier and keys — on a request described on the
-//! command line, and prints what each decided: the route, which identity source answered (the
+//! same stage functions as the proxy — shape check, usage path, route, identify, tier and keys —
+//! on a request described on the command line, and prints what each decided: a shape tollgate
+//! refuses before routing (400, or 405 for CONNECT) and the caller's usage path (answered by
+//! tollgate, never forwarded) end there; the route, which identity source answered (the
 //! value shown hashed when it is a secret or long), and each limit with its store key. With
 //! `--live` it also asks the store how much is left, without consuming anything.
 
@@ -41,6 +43,10 @@ pub struct Explanation {
     pub live_requested: bool,
     /// The priority `protect` gives the request; None without a `protect` section.
     pub priority: Option<crate::config::Priority>,
+    /// Refused before routing for its shape ([`crate::proxy::shape`]): nothing else runs.
+    pub refused: Option<crate::proxy::shape::Refusal>,
+    /// The `usage` path: answered by tollgate, never routed or forwarded.
+    pub usage: bool,
 }
 
 pub struct LimitExplained {
@@ -53,7 +59,8 @@ pub struct LimitExplained {
 }
 
 pub fn request_parts(described: &Described) -> Result<Parts, String> {
-    let method = Method::from_bytes(described.method.to_ascii_uppercase().as_bytes())
+    // As given: tollgate refuses a standard method in another case (`post`), and says so.
+    let method = Method::from_bytes(described.method.as_bytes())
         .map_err(|_| format!("`{}` is not an HTTP method", described.method))?;
     let uri: Uri = described
         .url
@@ -62,7 +69,12 @@ pub fn request_parts(described: &Described) -> Result<Parts, String> {
     let mut builder = Request::builder().method(method);
     let path_and_query = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     builder = builder.uri(path_and_query);
-    if let Some(authority) = uri.authority() {
+    // The URL's host is the request's Host, unless a Host header is given (a client sends one).
+    let host_given = described.headers.iter().any(|h| {
+        h.split_once(':')
+            .is_some_and(|(name, _)| name.trim().eq_ignore_ascii_case("host"))
+    });
+    if let (Some(authority), false) = (uri.authority(), host_given) {
         builder = builder.header(http::header::HOST, authority.as_str());
     }
     for header in &described.headers {
@@ -102,7 +114,25 @@ pub fn explain(config: &Config, parts: &Parts, peer: IpAddr) -> Explanation {
             .protect
             .as_ref()
             .map(|_| crate::config::Priority::Normal),
+        refused: None,
+        usage: false,
     };
+    // The proxy's order: shape, then the usage path, then routes.
+    let found = crate::proxy::headers::scan(&parts.headers);
+    if let Some(refusal) = crate::proxy::shape::check(parts, &found) {
+        explanation.refused = Some(refusal);
+        explanation.priority = None;
+        return explanation;
+    }
+    if config
+        .usage
+        .as_ref()
+        .is_some_and(|usage| parts.uri.path() == usage.path)
+    {
+        explanation.usage = true;
+        explanation.priority = None;
+        return explanation;
+    }
     let Some(routed) = routed else {
         return explanation;
     };
@@ -186,6 +216,22 @@ impl Explanation {
                 "priority  {priority} (under overload, waits and is shed in this order: critical, high, normal, low)\n"
             ));
         }
+        if let Some(refusal) = self.refused {
+            out.push_str(&format!(
+                "refused   {} before routing: {} (no app sees it; counted as decision=\"rejected\")\n",
+                refusal.status(),
+                refusal.detail()
+            ));
+            return out;
+        }
+        if self.usage {
+            out.push_str(&format!(
+                "usage     answered by tollgate, never forwarded: the caller's own usage of every route, as JSON; consumes nothing (its own rate: at most {} per {}s per client address)\n",
+                crate::usage::OWN_LIMIT,
+                crate::usage::OWN_WINDOW.as_secs()
+            ));
+            return out;
+        }
         let Some(route) = &self.route else {
             out.push_str("route     none: forwarded without limits\n");
             return out;
@@ -250,6 +296,11 @@ impl Explanation {
             "uri": self.uri.to_string(),
             "peer": self.peer.to_string(),
             "client_ip": self.client_ip.to_string(),
+            "refused": self.refused.map(|r| json!({
+                "status": r.status().as_u16(),
+                "detail": r.detail(),
+            })),
+            "usage": self.usage,
             "route": self.route.as_ref().map(|r| r.name.clone()),
             "exempt": self.exempt,
             "tier": self.tier,

@@ -5,6 +5,7 @@
 //! configuration everything else reads.
 
 pub mod admin;
+pub mod admin_endpoints;
 pub mod body;
 pub mod cli;
 pub mod config;

@@ -107,6 +107,8 @@ pub async fn run(
                 Action::Get => control.state(route, raw).await?,
                 Action::Reset => control.reset(route, raw).await?,
                 Action::Override { adjust, duration } => {
+                    crate::control::overrides::check_multiply(&config.throttle, route, adjust)
+                        .map_err(Failure::usage)?;
                     control.set_override(route, raw, adjust, duration).await?
                 }
                 Action::Unoverride => control.remove_override(route, raw).await?,

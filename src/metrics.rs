@@ -5,10 +5,19 @@
 //! a configuration is loaded and then only incremented on the request path: no label strings
 //! are built per request, and label values are bounded (route names, decisions, status
 //! classes; never callers).
+//!
+//! The exposition follows Prometheus' conventions, which the tests hold it to: every family
+//! has `# HELP` (from [`FAMILIES`], described to the recorder at start) and `# TYPE`, counters
+//! end in `_total`, and every series a family can have exists from the start (at 0). Beside
+//! tollgate's own families it serves `tollgate_build_info{version,commit}` and the standard
+//! `process_*` family (CPU, memory, file descriptors, start time: read from the OS at each
+//! scrape by `metrics-process`).
 
 use std::sync::Arc;
 
-use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder};
+use metrics::{
+    Counter, Gauge, Histogram, Key, KeyName, Label, Level, Metadata, Recorder, SharedString,
+};
 use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
@@ -30,6 +39,108 @@ const KEY_BUCKETS: &[f64] = &[1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0];
 /// The route label of requests that matched no route.
 pub const UNROUTED: &str = "(none)";
 
+/// What kind of series a family is (its `# TYPE`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Every family tollgate's recorder serves, with its `# HELP` text. A family registered
+/// without an entry here would have no HELP line: the tests fail on that. The table in
+/// docs/operations.md ("Metrics") says more about each; the tests hold the two to the same
+/// names.
+pub const FAMILIES: &[(&str, Kind, &str)] = &[
+    ("tollgate_build_info", Kind::Gauge, "The version and commit this tollgate was built from (always 1)."),
+    ("tollgate_requests_total", Kind::Counter, "Requests, by the route they matched and how the limit stage decided."),
+    ("tollgate_limit_check_duration_seconds", Kind::Histogram, "Time from a routed request's arrival until its limit decision: the latency tollgate adds before forwarding."),
+    ("tollgate_store_errors_total", Kind::Counter, "Requests whose limit decision met a store error, by the store's cause of failure."),
+    ("tollgate_upstream_responses_total", Kind::Counter, "Responses from the upstream by route and status class, tollgate's own 502 and 504 included."),
+    ("tollgate_cost_report_invalid_total", Kind::Counter, "cost_from_response limits whose response carried no valid cost report (the configured cost was charged)."),
+    ("tollgate_settlement_errors_total", Kind::Counter, "Settlements after the response that the store failed."),
+    ("tollgate_credentials_refused_total", Kind::Counter, "Bearer tokens the route's identities refused, by what on_invalid made of them."),
+    ("tollgate_upstream_duration_seconds", Kind::Histogram, "Time from sending a request upstream until its response head arrived."),
+    ("tollgate_in_flight_requests", Kind::Gauge, "Requests being handled now: between their arrival and their response head."),
+    (DEPRECATED_INFLIGHT, Kind::Gauge, "Deprecated: the same as tollgate_in_flight_requests, under its old name; removed in the next release."),
+    ("tollgate_client_connections", Kind::Gauge, "Client connections open now (plain and TLS)."),
+    ("tollgate_client_connections_parked", Kind::Gauge, "Of the client connections, idle plain HTTP/1 ones parked without HTTP buffers."),
+    ("tollgate_lingering_closes_total", Kind::Counter, "HTTP/1.1 connections closed with a request body unread, after reading what the client still sent, by how that ended."),
+    ("tollgate_store_keys", Kind::Gauge, "Keys held in this process's memory: the memory store's states and the local-first copies."),
+    ("tollgate_store_evicted_keys_total", Kind::Counter, "Keys dropped to make room for new ones on a full route."),
+    ("tollgate_sync_rounds_total", Kind::Counter, "Local-first sync rounds of this instance, by result."),
+    ("tollgate_sync_keys", Kind::Histogram, "Keys per local-first sync round."),
+    ("tollgate_sync_round_seconds", Kind::Histogram, "Time of each local-first sync round's Redis calls (per write and read)."),
+    ("tollgate_sync_replicas", Kind::Gauge, "Instances alive in the last local-first sync round (R)."),
+    ("tollgate_sync_drift_total", Kind::Counter, "Units the local-first reads found in the shared state beyond the limit, by route."),
+    ("tollgate_local_first_late_rounds_total", Kind::Counter, "Local-first sync rounds of this instance that were late."),
+    ("tollgate_local_first_partial_views_total", Kind::Counter, "Local-first reads made while another live instance's write of the tick was not in Redis yet."),
+    ("tollgate_config_reloads_total", Kind::Counter, "Configuration reloads, by result: ok (swapped in) or error (refused)."),
+    ("tollgate_protect_limit", Kind::Gauge, "protect: the adaptive concurrency limit now."),
+    ("tollgate_protect_in_flight", Kind::Gauge, "protect: requests holding a slot."),
+    ("tollgate_protect_waiting", Kind::Gauge, "protect: requests waiting for a slot."),
+    ("tollgate_protect_baseline_seconds", Kind::Gauge, "protect: the app's unloaded latency as learned."),
+    ("tollgate_protect_latency_seconds", Kind::Gauge, "protect: the last window's median time to response head."),
+    ("tollgate_protect_admitted_total", Kind::Counter, "protect: requests given a slot, by priority."),
+    ("tollgate_protect_shed_total", Kind::Counter, "protect: requests shed (mode enforce) or that enforce would have shed (mode shadow), by priority."),
+    ("tollgate_trace_spans_exported_total", Kind::Counter, "Trace spans the collector accepted."),
+    ("tollgate_trace_spans_dropped_total", Kind::Counter, "Trace spans lost, by reason."),
+];
+
+/// `tollgate_inflight_requests`, the old name of `tollgate_in_flight_requests` (renamed for
+/// one spelling of "in flight" across families, as `tollgate_protect_in_flight` has it): still
+/// served, with the same value, for one release so that dashboards and alerts can move.
+pub const DEPRECATED_INFLIGHT: &str = "tollgate_inflight_requests";
+
+/// The standard process families (names and HELP as the Prometheus client libraries have
+/// them), rendered after the recorder's: a counter in `metrics` holds whole numbers, and CPU
+/// seconds need fractions.
+pub const PROCESS_FAMILIES: &[(&str, Kind, &str)] = &[
+    (
+        "process_cpu_seconds_total",
+        Kind::Counter,
+        "Total user and system CPU time spent in seconds.",
+    ),
+    (
+        "process_resident_memory_bytes",
+        Kind::Gauge,
+        "Resident memory size in bytes.",
+    ),
+    (
+        "process_virtual_memory_bytes",
+        Kind::Gauge,
+        "Virtual memory size in bytes.",
+    ),
+    (
+        "process_open_fds",
+        Kind::Gauge,
+        "Number of open file descriptors.",
+    ),
+    (
+        "process_max_fds",
+        Kind::Gauge,
+        "Maximum number of open file descriptors.",
+    ),
+    (
+        "process_start_time_seconds",
+        Kind::Gauge,
+        "Start time of the process since unix epoch in seconds.",
+    ),
+    (
+        "process_threads",
+        Kind::Gauge,
+        "Number of OS threads in the process.",
+    ),
+];
+
+/// The version and commit (`build.rs`) this binary was built from.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub const COMMIT: &str = match option_env!("TOLLGATE_COMMIT") {
+    Some(commit) => commit,
+    // Built without build.rs (a build that copies only the sources).
+    None => "unknown",
+};
+
 pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
@@ -37,7 +148,8 @@ pub struct Metrics {
     /// Requests the store failed, by cause (`tollgate_store_errors_total{cause}`).
     pub store_errors: StoreErrors,
     pub upstream_duration: Histogram,
-    pub inflight: Gauge,
+    /// `tollgate_in_flight_requests` (and its deprecated old name).
+    pub in_flight: InFlight,
     /// Open client connections (plain and TLS).
     pub client_connections: Gauge,
     /// Of those, plain HTTP/1 connections parked: idle, holding no HTTP buffers.
@@ -56,6 +168,19 @@ impl StoreErrors {
     /// One more request the store failed for `cause`.
     pub fn increment(&self, cause: Cause, n: u64) {
         self.0[cause.index()].increment(n);
+    }
+}
+
+/// The in-flight gauge under both its names: they always move together.
+pub struct InFlight([Gauge; 2]);
+
+impl InFlight {
+    pub fn increment(&self, n: f64) {
+        self.0.iter().for_each(|g| g.increment(n));
+    }
+
+    pub fn decrement(&self, n: f64) {
+        self.0.iter().for_each(|g| g.decrement(n));
     }
 }
 
@@ -117,6 +242,23 @@ impl Metrics {
             .expect("static buckets are valid")
             .build_recorder();
         let handle = recorder.handle();
+        for &(name, kind, help) in FAMILIES {
+            let (name, help) = (KeyName::from_const_str(name), SharedString::const_str(help));
+            match kind {
+                Kind::Counter => recorder.describe_counter(name, None, help),
+                Kind::Gauge => recorder.describe_gauge(name, None, help),
+                Kind::Histogram => recorder.describe_histogram(name, None, help),
+            }
+        }
+        recorder
+            .register_gauge(
+                &Key::from_parts(
+                    "tollgate_build_info",
+                    vec![Label::new("version", VERSION), Label::new("commit", COMMIT)],
+                ),
+                &METADATA,
+            )
+            .set(1.0);
         let counter = |name: &'static str, labels: Vec<Label>| {
             recorder.register_counter(&Key::from_parts(name, labels), &METADATA)
         };
@@ -142,16 +284,15 @@ impl Metrics {
             &Key::from_static_name("tollgate_upstream_duration_seconds"),
             &METADATA,
         );
-        let inflight = recorder.register_gauge(
-            &Key::from_static_name("tollgate_inflight_requests"),
-            &METADATA,
-        );
-        inflight.set(0.0);
         let gauge = |name: &'static str| {
             let gauge = recorder.register_gauge(&Key::from_static_name(name), &METADATA);
             gauge.set(0.0);
             gauge
         };
+        let in_flight = InFlight([
+            gauge("tollgate_in_flight_requests"),
+            gauge(DEPRECATED_INFLIGHT),
+        ]);
         let client_connections = gauge("tollgate_client_connections");
         let parked_connections = gauge("tollgate_client_connections_parked");
         let lingering_closes = crate::linger::Outcome::ALL.map(|outcome| {
@@ -166,7 +307,7 @@ impl Metrics {
             limit_check_duration,
             store_errors,
             upstream_duration,
-            inflight,
+            in_flight,
             client_connections,
             parked_connections,
             lingering_closes,
@@ -352,12 +493,12 @@ impl Metrics {
 
     /// `tollgate_store_keys{store}` (keys held in process memory) and
     /// `tollgate_store_evicted_keys_total{store}` (keys dropped to make room for new ones), for
-    /// the memory store and the local-first copies: each `(held, evicted)`.
+    /// the memory store and the local-first copies: each `(held, evicted)`. A table the running
+    /// configuration does not have shows 0 held (both series exist from the start, as the docs
+    /// say); its evictions keep the count they had (a counter never goes down).
     pub fn key_tables(&self, memory: Option<(usize, u64)>, local_first: Option<(usize, u64)>) {
         for (store, table) in [("memory", memory), ("local_first", local_first)] {
-            let Some((held, evicted)) = table else {
-                continue;
-            };
+            let (held, evicted) = table.unwrap_or((0, 0));
             let labels = || vec![Label::new("store", store)];
             self.recorder
                 .register_gauge(&Key::from_parts("tollgate_store_keys", labels()), &METADATA)
@@ -387,10 +528,201 @@ impl Metrics {
         }
     }
 
-    /// The Prometheus text exposition.
+    /// The Prometheus text exposition: the recorder's families, then the process's.
     pub fn render(&self) -> String {
         self.handle.run_upkeep();
-        self.handle.render()
+        let mut text = self.handle.render();
+        render_process(&mut text, &metrics_process::collector::collect());
+        text
+    }
+}
+
+/// Appends the `process_*` families (those the OS answered for) to an exposition.
+fn render_process(out: &mut String, process: &metrics_process::collector::Metrics) {
+    use std::fmt::Write;
+    let values = [
+        process.cpu_seconds_total,
+        process.resident_memory_bytes.map(|v| v as f64),
+        process.virtual_memory_bytes.map(|v| v as f64),
+        process.open_fds.map(|v| v as f64),
+        process.max_fds.map(|v| v as f64),
+        process.start_time_seconds.map(|v| v as f64),
+        process.threads.map(|v| v as f64),
+    ];
+    for (&(name, kind, help), value) in PROCESS_FAMILIES.iter().zip(values) {
+        let Some(value) = value else { continue };
+        let kind = match kind {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        };
+        let _ = write!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n\n"
+        );
+    }
+}
+
+/// The families of a text exposition by name with their `# TYPE`, or every way it breaks
+/// Prometheus' conventions: a family without `# HELP` or `# TYPE` (or with either twice, or
+/// after its samples), a family whose samples are not together (given twice), a name or
+/// label name outside `[a-zA-Z_:][a-zA-Z0-9_:]*` (labels: no `:`, no leading `__`), a counter
+/// not ending in `_total`, a sample that belongs to no family's name (histograms: `_bucket`
+/// with `le`, `_sum`, `_count`), a value that is not a number, or one series twice. What
+/// `promtool check metrics` checks, for a suite that cannot count on promtool.
+pub fn exposition_families(
+    text: &str,
+) -> Result<std::collections::BTreeMap<String, String>, Vec<String>> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut problems = Vec::new();
+    let mut types: BTreeMap<String, String> = BTreeMap::new();
+    let mut helped: BTreeSet<String> = BTreeSet::new();
+    let mut finished: BTreeSet<String> = BTreeSet::new();
+    let mut series: BTreeSet<String> = BTreeSet::new();
+    let mut current: Option<String> = None;
+    let valid = |name: &str, colon: bool| {
+        let mut chars = name.chars();
+        chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || (colon && c == ':'))
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || (colon && c == ':'))
+    };
+    // Moves on to `family`, refusing it when its samples were already closed.
+    let mut enter = |family: &str, current: &mut Option<String>, problems: &mut Vec<String>| {
+        if current.as_deref() != Some(family) {
+            if let Some(done) = current.take() {
+                finished.insert(done);
+            }
+            if finished.contains(family) {
+                problems.push(format!("family `{family}` given twice"));
+            }
+            *current = Some(family.to_owned());
+        }
+    };
+    for (n, line) in text.lines().enumerate().map(|(n, l)| (n + 1, l)) {
+        if line.trim().is_empty() {
+            continue;
+        }
+        if let Some(comment) = line.strip_prefix("# ") {
+            let mut words = comment.splitn(3, ' ');
+            let (what, name, rest) = (words.next(), words.next(), words.next());
+            let (Some(what @ ("HELP" | "TYPE")), Some(name)) = (what, name) else {
+                continue;
+            };
+            if !valid(name, true) {
+                problems.push(format!("line {n}: `{name}` is not a metric name"));
+            }
+            enter(name, &mut current, &mut problems);
+            if what == "HELP" {
+                if !helped.insert(name.to_owned()) {
+                    problems.push(format!("`{name}` has # HELP twice"));
+                }
+                if types.contains_key(name) {
+                    problems.push(format!("`{name}`: # HELP after # TYPE"));
+                }
+                continue;
+            }
+            let kind = rest.unwrap_or("").trim();
+            if !matches!(
+                kind,
+                "counter" | "gauge" | "histogram" | "summary" | "untyped"
+            ) {
+                problems.push(format!("line {n}: `{name}` has no known # TYPE (`{kind}`)"));
+            }
+            if types.insert(name.to_owned(), kind.to_owned()).is_some() {
+                problems.push(format!("`{name}` has # TYPE twice"));
+            }
+            if kind == "counter" && !name.ends_with("_total") {
+                problems.push(format!("counter `{name}` does not end in _total"));
+            }
+            continue;
+        }
+        let (name, labels, value) = match line.split_once('{') {
+            Some((name, rest)) => match rest.rsplit_once('}') {
+                Some((labels, value)) => (name, labels, value),
+                None => {
+                    problems.push(format!("line {n}: unclosed labels: {line}"));
+                    continue;
+                }
+            },
+            None => match line.split_once(' ') {
+                Some((name, value)) => (name, "", value),
+                None => {
+                    problems.push(format!("line {n}: no value: {line}"));
+                    continue;
+                }
+            },
+        };
+        if !valid(name, true) {
+            problems.push(format!("line {n}: `{name}` is not a metric name"));
+        }
+        let value = value.trim();
+        if !matches!(value, "+Inf" | "-Inf" | "NaN") && value.parse::<f64>().is_err() {
+            problems.push(format!("line {n}: `{value}` is not a number"));
+        }
+        let mut label_names = Vec::new();
+        let mut rest = labels;
+        while !rest.is_empty() {
+            let Some((label, after)) = rest.split_once("=\"") else {
+                problems.push(format!("line {n}: bad labels `{labels}`"));
+                break;
+            };
+            // The value runs to the first quote not escaped by a backslash.
+            let mut end = None;
+            let mut escaped = false;
+            for (i, c) in after.char_indices() {
+                match c {
+                    _ if escaped => escaped = false,
+                    '\\' => escaped = true,
+                    '"' => {
+                        end = Some(i);
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            let Some(end) = end else {
+                problems.push(format!("line {n}: unclosed label value in `{labels}`"));
+                break;
+            };
+            if !valid(label, false) || label.starts_with("__") {
+                problems.push(format!("line {n}: `{label}` is not a label name"));
+            }
+            label_names.push(label);
+            rest = after[end + 1..].trim_start_matches(',');
+        }
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .filter_map(|suffix| name.strip_suffix(suffix))
+            .find(|f| {
+                types
+                    .get(*f)
+                    .is_some_and(|k| k == "histogram" || k == "summary")
+            })
+            .unwrap_or(name);
+        enter(family, &mut current, &mut problems);
+        match types.get(family) {
+            None => problems.push(format!("line {n}: `{name}` has no # TYPE before it")),
+            Some(kind) if kind == "histogram" && name.ends_with("_bucket") => {
+                if !label_names.contains(&"le") {
+                    problems.push(format!("line {n}: histogram bucket without `le`"));
+                }
+            }
+            Some(_) => {}
+        }
+        if !helped.contains(family) {
+            problems.push(format!("line {n}: `{family}` has no # HELP"));
+        }
+        if !series.insert(format!("{name}{{{labels}}}")) {
+            problems.push(format!("line {n}: series given twice: {line}"));
+        }
+    }
+    for name in helped.iter().filter(|h| !types.contains_key(*h)) {
+        problems.push(format!("`{name}` has # HELP but no # TYPE"));
+    }
+    match problems.is_empty() {
+        true => Ok(types),
+        false => Err(problems),
     }
 }
 
@@ -440,10 +772,102 @@ mod tests {
             "tollgate_store_errors_total{cause=\"refused\"} 3",
             "tollgate_store_errors_total{cause=\"auth_failed\"} 0",
             "tollgate_config_reloads_total{result=\"error\"} 1",
+            "tollgate_in_flight_requests 0",
             "tollgate_inflight_requests 0",
             "tollgate_limit_check_duration_seconds_bucket{le=\"0.0005\"} 1",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+    }
+
+    /// Every family the recorder can serve (protect, traces and local-first included) is in
+    /// [`FAMILIES`] with the type it is served as, and the exposition keeps the conventions.
+    #[test]
+    fn every_family_has_help_and_type_and_keeps_the_conventions() {
+        let config = crate::config::parse(
+            std::path::Path::new("t.yaml"),
+            "listen: 127.0.0.1:8080\nupstream: { url: http://127.0.0.1:3000 }\n",
+            |_| None,
+        )
+        .unwrap();
+        let metrics = Metrics::new();
+        metrics.route("api");
+        let _ = metrics.protect();
+        let _ = metrics.traces();
+        let sync = metrics.sync(&config.throttle);
+        sync.keys.record(3.0);
+        sync.round_seconds.record(0.002);
+        metrics.key_tables(None, None);
+        let text = metrics.render();
+        let families = exposition_families(&text).unwrap_or_else(|problems| {
+            panic!("{}\n\nin\n{text}", problems.join("\n"));
+        });
+        let kind_name = |kind: Kind| match kind {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        };
+        let mut declared: std::collections::BTreeMap<String, String> = FAMILIES
+            .iter()
+            .chain(PROCESS_FAMILIES)
+            .map(|(name, kind, _)| (name.to_string(), kind_name(*kind).to_owned()))
+            .collect();
+        // Drift is counted per route: a configuration without routes has none.
+        declared.remove("tollgate_sync_drift_total");
+        assert_eq!(families, declared, "served vs declared, in\n{text}");
+        for line in [
+            format!("tollgate_build_info{{version=\"{VERSION}\",commit=\"{COMMIT}\"}} 1"),
+            "tollgate_store_keys{store=\"local_first\"} 0".into(),
+            "tollgate_store_keys{store=\"memory\"} 0".into(),
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+        let fds: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("process_open_fds "))
+            .expect("process_open_fds")
+            .parse()
+            .unwrap();
+        assert!(fds >= 3.0, "{fds} open fds");
+    }
+
+    /// The checker finds each way an exposition can break the conventions.
+    #[test]
+    fn the_exposition_checker_refuses_what_breaks_the_conventions() {
+        let good = "# HELP a_total A.\n# TYPE a_total counter\na_total{x=\"1\"} 2\n\n\
+                    # HELP h H.\n# TYPE h histogram\nh_bucket{le=\"+Inf\"} 1\nh_sum 0.5\nh_count 1\n";
+        assert_eq!(
+            exposition_families(good)
+                .unwrap()
+                .into_iter()
+                .collect::<Vec<_>>(),
+            vec![
+                ("a_total".to_owned(), "counter".to_owned()),
+                ("h".to_owned(), "histogram".to_owned())
+            ]
+        );
+        for (bad, why) in [
+            ("# TYPE a_total counter\na_total 1\n", "`a_total` has no # HELP"),
+            ("# HELP a A.\na 1\n", "`a` has no # TYPE before it"),
+            ("# HELP a A.\n# TYPE a counter\na 1\n", "counter `a` does not end in _total"),
+            ("# HELP 1a A.\n# TYPE 1a gauge\n1a 1\n", "`1a` is not a metric name"),
+            ("# HELP a A.\n# TYPE a gauge\na{x-y=\"1\"} 1\n", "`x-y` is not a label name"),
+            ("# HELP a A.\n# TYPE a gauge\na 1\na 2\n", "series given twice"),
+            ("# HELP a A.\n# TYPE a gauge\na one\n", "`one` is not a number"),
+            (
+                "# HELP a A.\n# TYPE a gauge\na 1\n# HELP b B.\n# TYPE b gauge\nb 1\na{x=\"1\"} 1\n",
+                "family `a` given twice",
+            ),
+            ("# HELP h H.\n# TYPE h histogram\nh_bucket 1\n", "histogram bucket without `le`"),
+        ] {
+            let problems = exposition_families(bad).expect_err(bad);
+            assert!(
+                problems.iter().any(|p| p.contains(why)),
+                "{bad:?}: {problems:?}, wanted {why:?}"
+            );
         }
     }
 }

@@ -1,5 +1,6 @@
-//! The configuration in words, for people: what `tollgate check` prints (listeners, upstream,
-//! store, routes with their limits and tiers) and the one-line description of a limit that
+//! The configuration in words, for people: what `tollgate check` prints (listeners, the admin
+//! endpoints with their methods, upstream, store, routes with their limits, allow-lists and
+//! tiers with their limits) and the one-line description of a limit that
 //! `check` and `explain` show. The configuration itself renders nothing; this is its only
 //! human-readable form, so the two commands always agree.
 
@@ -18,9 +19,22 @@ pub fn check(config: &Config) -> String {
         let _ = writeln!(out, "listen    {scheme}://{}", l.address);
     }
     if let Some(admin) = config.admin {
+        let _ = writeln!(out, "admin     http://{admin}");
         let _ = writeln!(
             out,
-            "admin     http://{admin} (/healthz, /readyz, /metrics, /limits/top, /limits/state, /limits/reset)"
+            "          GET /healthz, GET /readyz, GET /metrics (the platform's), GET /console (the operators' page)"
+        );
+        // The operator endpoints as the listener routes them (`/protect` only with its section).
+        let endpoints = crate::admin_endpoints::ENDPOINTS
+            .iter()
+            .filter(|(path, _)| *path != "/protect" || config.protect.is_some());
+        let (reads, changes): (Vec<_>, Vec<_>) = endpoints
+            .flat_map(|(path, methods)| methods.iter().map(move |m| format!("{m} {path}")))
+            .partition(|endpoint| endpoint.starts_with("GET "));
+        let _ = writeln!(
+            out,
+            "          {}: open to whoever reaches the listener",
+            reads.join(", ")
         );
         let mutations = if config.admin_token.is_some() {
             "need the bearer token from admin.token_env"
@@ -29,7 +43,7 @@ pub fn check(config: &Config) -> String {
         } else {
             "refused (no admin.token_env, and the listener is not loopback)"
         };
-        let _ = writeln!(out, "          mutations (POST /limits/reset) {mutations}");
+        let _ = writeln!(out, "          {}: {mutations}", changes.join(", "));
         let names: Vec<String> = config.admin_hosts.iter().map(|h| h.to_string()).collect();
         let names = match names.is_empty() {
             true => String::new(),
@@ -155,29 +169,56 @@ fn write_route(out: &mut String, route: &Route, priorities: bool) {
         route.name,
         priority(route.limits.priority)
     );
-    for l in &route.limits {
+    write_limits(out, &route.limits, "  limit   ");
+    if !route.allow.is_empty() {
+        let mut who: Vec<String> = Vec::new();
+        if !route.allow.client_ips.is_empty() {
+            who.push(plural(route.allow.client_ips.len(), "client ip range"));
+        }
+        for (identity, values) in &route.allow.identities {
+            who.push(format!(
+                "{} of {}",
+                plural(values.len(), "value"),
+                identity.name
+            ));
+        }
         let _ = writeln!(
             out,
-            "  limit   {} {} {}",
+            "  allow   {}: forwarded without limits",
+            who.join(", ")
+        );
+    }
+    for tier in &route.overrides {
+        let _ = writeln!(
+            out,
+            "  tier    {} for {} of {}{}",
+            tier.name,
+            plural(tier.values.len(), "value"),
+            tier.identity.name,
+            priority(tier.limits.priority)
+        );
+        write_limits(out, &tier.limits, "    limit ");
+    }
+}
+
+/// One line per limit of `set`, each after `lead`: name, algorithm, numbers.
+fn write_limits(out: &mut String, set: &crate::config::LimitSet, lead: &str) {
+    for l in set {
+        let _ = writeln!(
+            out,
+            "{lead}{} {} {}",
             l.name,
             l.params.algorithm.name(),
             limit(l)
         );
     }
-    for tier in &route.overrides {
-        let values = if tier.values.len() == 1 {
-            "value"
-        } else {
-            "values"
-        };
-        let _ = writeln!(
-            out,
-            "  tier    {} for {} {values} of {}{}",
-            tier.name,
-            tier.values.len(),
-            tier.identity.name,
-            priority(tier.limits.priority)
-        );
+}
+
+/// `1 value`, `2 values`.
+fn plural(n: usize, what: &str) -> String {
+    match n {
+        1 => format!("1 {what}"),
+        _ => format!("{n} {what}s"),
     }
 }
 

@@ -766,3 +766,34 @@ async fn health_asks_readyz_on_the_admin_listener_and_exits_0_or_1_with_the_reas
     );
     drop(running);
 }
+
+/// Issue 40: `check` lists every admin endpoint with its methods (which are open, which need
+/// the token), a route's allow-list, and each tier's own limits, not only its name.
+#[test]
+fn check_lists_every_admin_endpoint_and_each_tiers_limits() {
+    let dir = TempDir::new().unwrap();
+    let path = write(
+        &dir,
+        "tiers.yaml",
+        "listen: 127.0.0.1:8080\nadmin: 127.0.0.1:9901\nupstream: { url: http://127.0.0.1:3000 }\nprotect: {}\n\
+         identities:\n  customer:\n    - header: X-Customer\n\
+         routes:\n  - name: api\n    match: { path_prefix: /api/ }\n    key: customer\n    limits:\n      - { algorithm: fixed_window, limit: 100, period: 1m, name: per-minute }\n\
+         \x20   allow: { client_ips: [192.0.2.0/24], identities: { customer: [ops] } }\n\
+         \x20   overrides:\n      - name: gold\n        identity: customer\n        values: [acme, initech]\n        limits:\n          - { algorithm: fixed_window, limit: 1000, period: 1m, name: gold-minute }\n          - { algorithm: token_bucket, limit: 50, period: 1s, burst: 100, name: gold-rate }\n",
+    );
+    let output = run_check(&path, &[]);
+    let stdout = stdout_of(&output);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr_of(&output));
+    for line in [
+        "admin     http://127.0.0.1:9901\n",
+        "          GET /healthz, GET /readyz, GET /metrics (the platform's), GET /console (the operators' page)\n",
+        "          GET /limits/top, GET /limits/suggest, GET /limits/state, GET /limits/audit, GET /protect: open to whoever reaches the listener\n",
+        "          POST /limits/reset, POST /limits/override, DELETE /limits/override: open (loopback listener, no token)\n",
+        "  allow   1 client ip range, 1 value of customer: forwarded without limits\n",
+        "  tier    gold for 2 values of customer, priority normal\n",
+        "    limit gold-minute fixed_window 1000 per 1m, local\n",
+        "    limit gold-rate token_bucket 50 per 1s, burst 100, local\n",
+    ] {
+        assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");
+    }
+}

@@ -274,3 +274,77 @@ async fn live_reads_the_store_without_consuming() {
         "{out}"
     );
 }
+
+/// Issue 40: `explain` runs the proxy's stages in its order: a shape refused before routing
+/// (400, or 405 for CONNECT) ends there, and so does the usage path, which tollgate answers
+/// itself; neither is "forwarded without limits".
+#[test]
+fn explains_shape_refusals_and_the_usage_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tollgate.yaml");
+    let yaml = explain_config("http://127.0.0.1:1", None)
+        .raw("usage: { path: /_quota }\n")
+        .yaml();
+    std::fs::write(&path, yaml).unwrap();
+    let refused = |status: &str, detail: &str| {
+        format!("refused   {status} before routing: {detail} (no app sees it; counted as decision=\"rejected\")\n")
+    };
+    for (args, want) in [
+        (
+            &["-X", "post", "/login"][..],
+            refused(
+                "400 Bad Request",
+                "the method must be spelled in upper case",
+            ),
+        ),
+        (
+            &["-X", "CONNECT", "/login"][..],
+            refused(
+                "405 Method Not Allowed",
+                "CONNECT is not forwarded: this is a reverse proxy",
+            ),
+        ),
+        (
+            &["-H", "Host: a.example", "-H", "Host: b.example", "/login"][..],
+            refused("400 Bad Request", "the request has more than one Host"),
+        ),
+    ] {
+        let (ok, out, err) = explain(&path, args);
+        assert!(ok, "{args:?}: {err}");
+        assert!(out.ends_with(&want), "{args:?}:\n{out}");
+        assert!(!out.contains("route"), "{args:?}:\n{out}");
+    }
+    // A Host header given with a full URL is the request's one Host.
+    let (ok, out, err) = explain(
+        &path,
+        &[
+            "-X",
+            "POST",
+            "-H",
+            "Host: a.example",
+            "http://a.example/login",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("route     login\n"), "{out}");
+
+    let (ok, out, err) = explain(&path, &["/_quota"]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out,
+        "request   GET /_quota\nclient ip 127.0.0.1\nusage     answered by tollgate, never forwarded: the caller's own usage of every route, as JSON; consumes nothing (its own rate: at most 10 per 10s per client address)\n"
+    );
+    let (ok, out, err) = explain(&path, &["--json", "/_quota"]);
+    assert!(ok, "{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(json["usage"], true, "{json}");
+    assert_eq!(json["route"], serde_json::Value::Null, "{json}");
+    assert_eq!(json["refused"], serde_json::Value::Null, "{json}");
+    let (ok, out, err) = explain(&path, &["--json", "-X", "post", "/login"]);
+    assert!(ok, "{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        json["refused"],
+        serde_json::json!({"status": 400, "detail": "the method must be spelled in upper case"})
+    );
+}

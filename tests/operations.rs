@@ -105,7 +105,7 @@ async fn metrics_count_decisions_and_upstream_responses_per_route() {
         &text,
         "tollgate_upstream_responses_total{route=\"(none)\",status_class=\"2xx\"} 1",
     );
-    assert_has(&text, "tollgate_inflight_requests 0");
+    assert_has(&text, "tollgate_in_flight_requests 0");
     assert_eq!(store_errors(&text), 0.0, "{text}");
     for cause in [
         "refused",

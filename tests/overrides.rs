@@ -324,7 +324,12 @@ async fn an_override_ends_on_time_and_the_cli_sets_and_removes_one() {
     assert!(err.contains("whole number from 1"), "{err}");
     let (code, _, err) = run_tollgate(&set(&["--multiply", "2", "--for", "forever"])).await;
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("from 1s to 366d"), "{err}");
+    assert!(err.contains("from 1s to 30d"), "{err}");
+    // A factor that would leave less than 1 unit of the limit (1 an hour) is refused, not
+    // rounded up to 1.
+    let (code, _, err) = run_tollgate(&set(&["--multiply", "0.1", "--for", "1h"])).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("multiply=0.1 would make limit"), "{err}");
     let (code, _, _) = run_tollgate(&set(&["--limit", "5"])).await;
     assert_eq!(code, 2, "--for is needed");
 
@@ -406,7 +411,14 @@ async fn override_parameters_outside_what_is_allowed_get_400_naming_what_is() {
         ("route=api&identity=alice&multiply=0&for=1h", "above 0"),
         (
             "route=api&identity=alice&multiply=5&for=400d",
-            "from 1s to 366d",
+            "from 1s to 30d",
+        ),
+        ("route=api&identity=alice&multiply=5&for=31d", "from 1s to 30d"),
+        ("route=api&identity=alice&multiply=5&for=1y", "from 1s to 30d"),
+        // 1 per hour times 0.5 is half a unit: refused, not rounded up to 1.
+        (
+            "route=api&identity=alice&multiply=0.5&for=1h",
+            "multiply=0.5 would make limit `api` (1 per period) 0.5 units, less than 1: the smallest factor for route `api` is 1",
         ),
         (
             "route=api&identity=alice&multiply=5&for=1h&x=1",

@@ -371,18 +371,13 @@ impl Control {
         // A counter every caller shares (a limit keyed `global`) is not this caller's state:
         // resetting it would reset everyone. It is left alone, and listed as kept.
         let (mut kept, mut all): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
-        // The block markers of the limits with a `block_for`, listed with the keys.
-        let mut listed_markers = Vec::new();
         for target in &targets {
-            for (limit, candidates) in target.set.iter().zip(&target.keys) {
+            for candidates in &target.keys {
                 for k in candidates {
                     if everyones(identity_part(target.set, k)) {
                         kept.push(k);
                     } else {
                         all.push(k);
-                        if limit.block_us() > 0 {
-                            listed_markers.push(crate::limit::block_key(k));
-                        }
                     }
                 }
             }
@@ -416,9 +411,16 @@ impl Control {
             .chain(overridden.iter().map(String::as_str))
             .chain(overridden_markers.iter().map(String::as_str))
             .collect();
-        let mut deleted = 0u64;
+        // The keys that were there and are gone: what the answer lists, and counts (a count
+        // of everything deleted beside a list of some keys said 3 and listed 2).
+        let mut gone: std::collections::HashSet<String> = std::collections::HashSet::new();
         if let Store::Memory(m) = &self.memory {
-            deleted += m.remove(&doomed) as u64;
+            gone.extend(
+                doomed
+                    .iter()
+                    .filter(|k| m.remove(&[**k]) == 1)
+                    .map(|k| k.to_string()),
+            );
         }
         if let Some(cell) = &self.redis {
             let Some(Store::Redis(redis)) = cell.get() else {
@@ -437,7 +439,15 @@ impl Control {
                 }
             }
             for (_, keys) in by_tag {
-                deleted += redis.command::<u64>(redis::cmd("DEL").arg(keys)).await?;
+                let deleted: Vec<String> = redis
+                    .command(
+                        redis::cmd("EVAL")
+                            .arg(DELETE_LISTING)
+                            .arg(keys.len())
+                            .arg(keys),
+                    )
+                    .await?;
+                gone.extend(deleted);
             }
             redis
                 .command::<u64>(redis::cmd("INCR").arg(generation_key(&self.throttle.key_prefix)))
@@ -447,16 +457,31 @@ impl Control {
         if let Some(denials) = &self.denials {
             denials.clear();
         }
+        // In the order they were named: the limits' keys, their block markers, then the
+        // override's keys.
+        let deleted: Vec<&str> = doomed
+            .iter()
+            .copied()
+            .filter(|k| gone.contains(*k))
+            .collect();
         Ok(json!({
             "route": route,
             "identity": key::display_value(raw),
             "reset": true,
-            "keys": all.iter().copied().chain(listed_markers.iter().map(String::as_str)).collect::<Vec<_>>(),
-            "deleted": deleted,
+            "keys": deleted,
+            "deleted": deleted.len(),
             "kept_shared_by_everyone": kept,
         }))
     }
 }
+
+/// Deletes KEYS (one hash tag: one Cluster slot) and replies those that existed, so that a
+/// reset lists exactly what it deleted.
+const DELETE_LISTING: &str = "local gone = {}\n\
+    for _, key in ipairs(KEYS) do\n\
+      if redis.call('DEL', key) == 1 then gone[#gone + 1] = key end\n\
+    end\n\
+    return gone";
 
 /// The end of the block (`block_for`) running on the limit stored at `key`, and the store's
 /// clock now (both store-clock microseconds, Unix time), read without consuming anything.

@@ -42,8 +42,10 @@ pub const MAX_OVERRIDES: usize = 10_000;
 /// How often a replica looks at the overrides' generation (the fallback for a missed
 /// announcement).
 pub const REFRESH_EVERY: Duration = Duration::from_millis(500);
-/// The longest an override may last.
-pub const MAX_FOR: Duration = Duration::from_secs(366 * 24 * 3600);
+/// The longest an override may last: 30 days. An override is a temporary answer (an incident,
+/// a trial); a caller that needs more for longer belongs in a tier of the configuration, which
+/// is reviewed and versioned.
+pub const MAX_FOR: Duration = Duration::from_secs(30 * 24 * 3600);
 /// The largest `multiply`.
 pub const MAX_MULTIPLY: f64 = 1_000_000.0;
 
@@ -465,7 +467,7 @@ pub fn parse_for(text: &str) -> Result<Duration, String> {
         .ok()
         .filter(|d| *d >= Duration::from_secs(1) && *d <= MAX_FOR)
         .ok_or_else(|| {
-            "`for` must be a duration from 1s to 366d, such as 30m, 24h or 7d".to_owned()
+            "`for` must be a duration from 1s to 30d (the longest an override lasts; for longer, a tier in the configuration), such as 30m, 24h or 7d".to_owned()
         })
 }
 
@@ -489,6 +491,59 @@ pub fn parse_multiply(text: &str) -> Result<f64, String> {
         })
 }
 
+/// Refuses a `multiply` that would turn a limit of `route` (or of one of its tiers) into
+/// less than one unit per period: the store would round it up to 1, which is not what anyone
+/// asked for (`multiply=0.0000001` on a monthly quota of 100 made it 1 per month). A limit
+/// every caller shares is left alone by overrides, and so by this check. An unknown route is
+/// the control side's to answer (404). The admin endpoint and `tollgate limits override`
+/// straight to Redis both check here.
+pub fn check_multiply(throttle: &Throttle, route: &str, adjust: Adjust) -> Result<(), String> {
+    let Adjust::Multiply(factor) = adjust else {
+        return Ok(());
+    };
+    let Some(route) = throttle.routes.iter().find(|r| r.name == route) else {
+        return Ok(());
+    };
+    let sets = std::iter::once(&route.limits).chain(route.overrides.iter().map(|t| &t.limits));
+    for limit in sets
+        .flat_map(|set| set.iter())
+        .filter(|l| !shared_by_everyone(l))
+    {
+        let units = limit.params.limit as f64 * factor;
+        if units < 1.0 {
+            return Err(format!(
+                "multiply={factor} would make limit `{}` ({} per period) {units} units, less \
+                 than 1: the smallest factor for route `{}` is {}",
+                limit.name,
+                limit.params.limit,
+                route.name,
+                smallest_factor(route)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A limit every caller shares (`key: global`): overrides leave it alone.
+fn shared_by_everyone(limit: &crate::config::Limit) -> bool {
+    limit.key.iter().all(|identity| {
+        identity
+            .sources
+            .iter()
+            .all(|s| matches!(s, crate::identity::Source::Global))
+    })
+}
+
+/// The smallest `multiply` that leaves every caller-keyed limit of `route` at 1 or more.
+fn smallest_factor(route: &crate::config::Route) -> f64 {
+    std::iter::once(&route.limits)
+        .chain(route.overrides.iter().map(|t| &t.limits))
+        .flat_map(|set| set.iter())
+        .filter(|l| !shared_by_everyone(l))
+        .map(|l| 1.0 / l.params.limit.max(1) as f64)
+        .fold(0.0, f64::max)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -497,7 +552,10 @@ mod tests {
     fn parameters_are_refused_outside_what_is_allowed() {
         assert_eq!(parse_for("24h"), Ok(Duration::from_secs(86_400)));
         assert_eq!(parse_for("2s"), Ok(Duration::from_secs(2)));
-        for bad in ["", "0s", "500ms", "400d", "soon", "-1h"] {
+        assert_eq!(parse_for("30d"), Ok(MAX_FOR));
+        for bad in [
+            "", "0s", "500ms", "400d", "31d", "1y", "30d 1s", "soon", "-1h",
+        ] {
             assert!(parse_for(bad).is_err(), "{bad}");
         }
         assert_eq!(parse_limit("50"), Ok(50));

@@ -12,7 +12,7 @@ mod exchange;
 pub mod headers;
 mod http1_pool;
 mod record;
-mod shape;
+pub mod shape;
 pub mod upstream;
 
 use std::net::SocketAddr;
@@ -1061,7 +1061,7 @@ mod tests {
             "tollgate_requests_total{route=\"api\",decision=\"allowed\"} 1",
             "tollgate_limit_check_duration_seconds_count 1",
             "tollgate_upstream_duration_seconds_count 0",
-            "tollgate_inflight_requests 0",
+            "tollgate_in_flight_requests 0",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -245,7 +245,7 @@ impl<'a> RequestRecord<'a> {
         peer: SocketAddr,
         access_log: bool,
     ) -> RequestRecord<'a> {
-        metrics.inflight.increment(1.0);
+        metrics.in_flight.increment(1.0);
         RequestRecord {
             metrics,
             access_log,
@@ -467,7 +467,7 @@ impl<'a> RequestRecord<'a> {
 impl Drop for RequestRecord<'_> {
     fn drop(&mut self) {
         self.write();
-        self.metrics.inflight.decrement(1.0);
+        self.metrics.in_flight.decrement(1.0);
     }
 }
 
@@ -569,7 +569,7 @@ mod tests {
                 text.contains(&errors),
                 "{counted:?}: missing {errors:?} in\n{text}"
             );
-            assert!(text.contains("tollgate_inflight_requests 0"), "{text}");
+            assert!(text.contains("tollgate_in_flight_requests 0"), "{text}");
         }
     }
 
@@ -629,7 +629,7 @@ mod tests {
             RequestRecord::new(&metrics, &parts, "192.0.2.1:5000".parse().unwrap(), true);
         record.route_metrics = Some(&route);
         record.decided(&admitted(&set, AdmitReason::Decided));
-        assert!(metrics.render().contains("tollgate_inflight_requests 1"));
+        assert!(metrics.render().contains("tollgate_in_flight_requests 1"));
         drop(record);
         let text = metrics.render();
         assert!(
@@ -640,6 +640,6 @@ mod tests {
             text.contains("tollgate_limit_check_duration_seconds_count 1"),
             "{text}"
         );
-        assert!(text.contains("tollgate_inflight_requests 0"), "{text}");
+        assert!(text.contains("tollgate_in_flight_requests 0"), "{text}");
     }
 }

@@ -86,13 +86,18 @@ impl Refusal {
         }
     }
 
+    /// What the client is told (the problem's `detail`; `tollgate explain` says it too).
+    pub fn detail(self) -> &'static str {
+        match self {
+            Refusal::Malformed(why) => why,
+            Refusal::Connect => "CONNECT is not forwarded: this is a reverse proxy",
+        }
+    }
+
     /// The answer: an RFC 9457 problem; a 405 names the methods tollgate forwards in `Allow`.
     pub fn response(self) -> Response<ProxyBody> {
         let status = self.status();
-        let detail = match self {
-            Refusal::Malformed(why) => why,
-            Refusal::Connect => "CONNECT is not forwarded: this is a reverse proxy",
-        };
+        let detail = self.detail();
         let body = serde_json::json!({
             "type": "about:blank",
             "title": status.canonical_reason().unwrap_or("Error"),
