@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{Request, StatusCode};
+use http_body_util::BodyExt;
 use serde_json::Value;
 use support::*;
 
@@ -412,41 +413,35 @@ async fn a_dead_or_silent_collector_changes_no_answer_and_drops_are_counted() {
     }
 }
 
-/// The binary with no `tracing` section, export turned on by the environment alone: JSON
-/// access-log lines carry the request's trace and span ids, and SIGTERM flushes the spans
-/// still queued (the batch interval, 5 s by default, has not passed).
-#[tokio::test]
-async fn the_environment_alone_exports_logs_carry_ids_and_shutdown_flushes() {
-    let receiver = Receiver::start();
-    let app = upstream().start().await;
+/// tollgate's binary on a free port with `yaml` (its `listen` set here), JSON logs and `env`;
+/// returns once it answers, with the first answer's status to a GET of `path` with `headers`.
+async fn binary(
+    yaml: support::Config,
+    env: &[(&str, &str)],
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (Child, u16, tempfile::TempDir, StatusCode) {
     let port = free_port();
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tollgate.yaml");
-    let yaml = config()
-        .listen(&format!("127.0.0.1:{port}"))
-        .upstream(&app.url())
-        .shutdown_timeout("5s")
-        .yaml();
-    std::fs::write(&path, yaml).unwrap();
+    let file = dir.path().join("tollgate.yaml");
+    std::fs::write(&file, yaml.listen(&format!("127.0.0.1:{port}")).yaml()).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["--config", path.to_str().unwrap(), "--log-format", "json"])
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint("http"))
-        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
-        .env("OTEL_SERVICE_NAME", "from-env")
-        .env("OTEL_RESOURCE_ATTRIBUTES", "team=edge")
+        .args(["--config", file.to_str().unwrap(), "--log-format", "json"])
+        .envs(env.iter().copied())
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    let trace = CALLER_TRACE.replace("4bf9", "6bf9");
-    let url = format!("http://127.0.0.1:{port}/logged");
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {
-        let request = Request::get(&url)
-            .header("traceparent", traceparent(&trace, CALLER_SPAN, "01"))
-            .body(body(""))
-            .unwrap();
-        if let Ok(response) = http1_client().request(request).await {
+        let mut request = Request::get(format!("http://127.0.0.1:{port}{path}"));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        if let Ok(response) = http1_client()
+            .request(request.body(body("")).unwrap())
+            .await
+        {
             break response.status();
         }
         assert!(
@@ -455,8 +450,11 @@ async fn the_environment_alone_exports_logs_carry_ids_and_shutdown_flushes() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert_eq!(status, StatusCode::OK);
-    assert!(receiver.all().is_empty(), "exported before the interval");
+    (child, port, dir, status)
+}
+
+/// SIGTERM to `child`; its JSON log lines once it exited (successfully).
+async fn stop(child: Child) -> Vec<Value> {
     let pid = child.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])
@@ -467,20 +465,169 @@ async fn the_environment_alone_exports_logs_carry_ids_and_shutdown_flushes() {
         .await
         .unwrap();
     assert!(output.status.success());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    stderr
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|_| panic!("not JSON: {l}")))
+        .collect()
+}
+
+/// The binary with no `tracing` section, export turned on by the environment alone: JSON
+/// access-log lines carry the request's trace and span ids, and SIGTERM flushes the spans
+/// still queued (the batch interval, 5 s by default, has not passed).
+#[tokio::test]
+async fn the_environment_alone_exports_logs_carry_ids_and_shutdown_flushes() {
+    let receiver = Receiver::start();
+    let app = upstream().start().await;
+    let trace = CALLER_TRACE.replace("4bf9", "6bf9");
+    let parent = traceparent(&trace, CALLER_SPAN, "01");
+    let endpoint = receiver.endpoint("http");
+    let (child, _, _dir, status) = binary(
+        config().upstream(&app.url()).shutdown_timeout("5s"),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_SERVICE_NAME", "from-env"),
+            ("OTEL_RESOURCE_ATTRIBUTES", "team=edge"),
+        ],
+        "/logged",
+        &[("traceparent", &parent)],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(receiver.all().is_empty(), "exported before the interval");
+    let lines = stop(child).await;
     // Exported at shutdown, before the process exited.
     let spans = receiver.trace(&trace, 2).await;
     let server = by_kind(&spans, SERVER, "GET")[0];
     assert_eq!(server["parent_span_id"], CALLER_SPAN);
     assert_eq!(server["resource"]["service.name"], "from-env");
     assert_eq!(server["resource"]["team"], "edge");
-    let stderr = String::from_utf8(output.stderr).unwrap();
-    let access: Value = stderr
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+    let access = lines
+        .iter()
         .find(|l| l["target"] == "tollgate::access")
-        .unwrap_or_else(|| panic!("no access line in\n{stderr}"));
+        .unwrap_or_else(|| panic!("no access line in {lines:#?}"));
     assert_eq!(access["trace_id"], trace.as_str(), "{access}");
     assert_eq!(access["span_id"], server["span_id"], "{access}");
+}
+
+/// Every line logged while a sampled request is handled carries its trace and span ids (in
+/// `span`), not only the access line: here the line a shadow limit logs for the request it
+/// would have refused. An unsampled request's lines carry none.
+#[tokio::test]
+async fn lines_logged_in_a_request_carry_its_ids() {
+    let receiver = Receiver::start();
+    let app = upstream().start().await;
+    let yaml = config()
+        .upstream(&app.url())
+        .route(
+            route("api")
+                .prefix("/api/")
+                .limit(limit::fixed_window(1, "1h").name("shadowed").shadow()),
+        )
+        .raw(&tracing_section(&receiver.endpoint("grpc"), "grpc", ""));
+    let trace = CALLER_TRACE.replace("4bf9", "9bf9");
+    let unsampled = CALLER_TRACE.replace("4bf9", "9bf8");
+    // The first request is within the limit, the second over it (forwarded: shadow), the
+    // third, unsampled, over it too.
+    let (child, port, _dir, status) = binary(yaml, &[], "/api/first", &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    for (path, parent) in [
+        ("/api/second", traceparent(&trace, CALLER_SPAN, "01")),
+        ("/api/third", traceparent(&unsampled, CALLER_SPAN, "00")),
+    ] {
+        let request = Request::get(format!("http://127.0.0.1:{port}{path}"))
+            .header("traceparent", parent)
+            .body(body(""))
+            .unwrap();
+        let response = http1_client().request(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+    }
+    let lines = stop(child).await;
+    let spans = receiver.trace(&trace, 2).await;
+    let server = by_kind(&spans, SERVER, "GET")[0];
+    let shadow: Vec<&Value> = lines
+        .iter()
+        .filter(|l| {
+            l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("shadow limit exceeded"))
+        })
+        .collect();
+    assert_eq!(shadow.len(), 2, "{lines:#?}");
+    assert_eq!(
+        shadow[0]["span"]["trace_id"],
+        trace.as_str(),
+        "{:#}",
+        shadow[0]
+    );
+    assert_eq!(
+        shadow[0]["span"]["span_id"], server["span_id"],
+        "{:#}",
+        shadow[0]
+    );
+    assert_eq!(shadow[1].get("span"), None, "unsampled: {:#}", shadow[1]);
+    let access: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["target"] == "tollgate::access")
+        .collect();
+    assert_eq!(access.len(), 3, "{lines:#?}");
+    assert_eq!(access[1]["trace_id"], trace.as_str());
+    assert_eq!(access[1]["span"]["trace_id"], trace.as_str());
+    assert_eq!(access[2].get("trace_id"), None, "{:#}", access[2]);
+}
+
+/// The server span and the upstream's client span end when the response body has gone out
+/// whole, not when its head did: an upstream that holds its body between two chunks has that
+/// time inside both spans.
+#[tokio::test]
+async fn the_spans_end_with_the_body_not_the_head() {
+    let receiver = Receiver::start();
+    let app = upstream().start().await;
+    let yaml = config()
+        .upstream(&app.url())
+        .raw(&tracing_section(&receiver.endpoint("grpc"), "grpc", ""))
+        .yaml();
+    let proxy = proxy(yaml).start().await;
+    let trace = CALLER_TRACE.replace("4bf9", "8bf9");
+    let request = Request::get(proxy.url("/hold"))
+        .header("traceparent", traceparent(&trace, CALLER_SPAN, "01"))
+        .body(body(""))
+        .unwrap();
+    let response = http1_client().request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut incoming = response.into_body();
+    let first = incoming
+        .frame()
+        .await
+        .unwrap()
+        .unwrap()
+        .into_data()
+        .unwrap();
+    assert_eq!(&first[..], b"first,");
+    // The first chunk is here: the rest comes once released, 300 ms on.
+    let held = Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held_for = held.elapsed();
+    app.release.notify_one();
+    let rest = incoming.collect().await.unwrap().to_bytes();
+    assert_eq!(&rest[..], b"last");
+
+    let spans = receiver.trace(&trace, 2).await;
+    let nanos = |s: &Value, field: &str| s[field].as_u64().unwrap();
+    let duration = |s: &Value| Duration::from_nanos(nanos(s, "end") - nanos(s, "start"));
+    let server = by_kind(&spans, SERVER, "GET")[0];
+    let client = by_kind(&spans, CLIENT, "GET")[0];
+    assert!(
+        duration(server) >= held_for && duration(client) >= held_for,
+        "server span {:?}, client span {:?}, body held {held_for:?}",
+        duration(server),
+        duration(client)
+    );
+    assert!(nanos(client, "end") <= nanos(server, "end"));
+    assert_eq!(server["attributes"]["http.response.status_code"], 200);
+    assert_eq!(server["attributes"].get("tollgate.client_closed"), None);
+    assert_eq!(client["attributes"]["http.response.status_code"], 200);
 }
 
 /// The Redis span times the store's call alone: a request that waits in the delay queue

@@ -5,8 +5,8 @@
 
 use super::validator::Validator;
 use crate::config::model::{
-    OtlpProtocol, Sampling, Secret, Traces, DEFAULT_SERVICE_NAME, DEFAULT_TRACES_BATCH,
-    DEFAULT_TRACES_INTERVAL, DEFAULT_TRACES_QUEUE, DEFAULT_TRACES_TIMEOUT,
+    OtlpProtocol, Propagators, Sampling, Secret, Traces, DEFAULT_SERVICE_NAME,
+    DEFAULT_TRACES_BATCH, DEFAULT_TRACES_INTERVAL, DEFAULT_TRACES_QUEUE, DEFAULT_TRACES_TIMEOUT,
 };
 use crate::config::raw::RawTracing;
 
@@ -20,6 +20,7 @@ const SERVICE_NAME: &str = "OTEL_SERVICE_NAME";
 const RESOURCE: &str = "OTEL_RESOURCE_ATTRIBUTES";
 const SAMPLER: &str = "OTEL_TRACES_SAMPLER";
 const SAMPLER_ARG: &str = "OTEL_TRACES_SAMPLER_ARG";
+const PROPAGATORS: &str = "OTEL_PROPAGATORS";
 
 /// The most spans a queue may hold: beyond this a burst costs memory, not insight.
 const MAX_QUEUE: u64 = 1_000_000;
@@ -49,6 +50,7 @@ pub(super) fn traces(v: &mut Validator, raw: Option<&RawTracing>) -> Option<Trac
         queue_size: None,
         batch_size: None,
         interval: None,
+        propagators: None,
     };
     let raw = raw.unwrap_or(&empty);
 
@@ -211,6 +213,39 @@ pub(super) fn traces(v: &mut Validator, raw: Option<&RawTracing>) -> Option<Trac
             ),
         );
     }
+    let propagators = match &raw.propagators {
+        Some(list) => {
+            let mut chosen = Propagators {
+                tracecontext: false,
+                b3: false,
+            };
+            for (i, name) in list.iter().enumerate() {
+                if !propagator(&mut chosen, name) {
+                    v.error(
+                        &format!("tracing.propagators[{i}]"),
+                        format!("`{name}` is not a propagator tollgate reads: use tracecontext or b3 (or none)"),
+                    );
+                }
+            }
+            chosen
+        }
+        None => match env(v, PROPAGATORS) {
+            None => Propagators::default(),
+            Some(text) => {
+                let mut chosen = Propagators {
+                    tracecontext: false,
+                    b3: false,
+                };
+                for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                    // W3C baggage goes through untouched in any case: nothing to read.
+                    if name != "baggage" && !propagator(&mut chosen, name) {
+                        v.error("tracing", format!("{PROPAGATORS}: `{name}` is not a propagator tollgate reads: use tracecontext, baggage, b3, b3multi or none"));
+                    }
+                }
+                chosen
+            }
+        },
+    };
     Some(Traces {
         endpoint,
         protocol,
@@ -222,7 +257,20 @@ pub(super) fn traces(v: &mut Validator, raw: Option<&RawTracing>) -> Option<Trac
         queue_size,
         batch_size,
         interval,
+        propagators,
     })
+}
+
+/// Adds the propagator `name` to `chosen`; false for a name tollgate does not read.
+fn propagator(chosen: &mut Propagators, name: &str) -> bool {
+    match name.trim() {
+        "tracecontext" => chosen.tracecontext = true,
+        // Either B3 form is read whichever is named; the caller's form is sent on.
+        "b3" | "b3multi" => chosen.b3 = true,
+        "none" => {}
+        _ => return false,
+    }
+    true
 }
 
 fn protocol(text: &str) -> Option<OtlpProtocol> {
