@@ -700,3 +700,81 @@ async fn the_redis_span_times_the_store_call_not_the_delay_queue() {
         assert_eq!(span["attributes"]["server.port"], i64::from(redis.port()));
     }
 }
+
+/// A caller without `traceparent` that sends B3, single (`b3`) or multiple (`X-B3-*`)
+/// headers, gets its trace continued, and the upstream gets `traceparent` and B3 in the
+/// caller's form, naming tollgate's client span (the caller's parent id dropped). With
+/// `propagators: [tracecontext]` B3 is not read: a new trace starts and B3 goes on untouched.
+#[tokio::test]
+async fn b3_callers_are_continued_and_answered_in_their_form() {
+    let receiver = Receiver::start();
+    let app = upstream().start().await;
+    let section = |extra: &str| tracing_section(&receiver.endpoint("grpc"), "grpc", extra);
+    let both = proxy(config().upstream(&app.url()).raw(&section("")).yaml())
+        .start()
+        .await;
+    let single_trace = CALLER_TRACE.replace("4bf9", "b3b3");
+    let multi_trace = CALLER_TRACE.replace("4bf9", "b3b4");
+    let single = format!("{single_trace}-{CALLER_SPAN}-1");
+    let multi = [
+        ("x-b3-traceid", multi_trace.as_str()),
+        ("x-b3-spanid", CALLER_SPAN),
+        ("x-b3-sampled", "1"),
+        ("x-b3-parentspanid", "1111111111111111"),
+    ];
+    let (status, single_echo) = send(&both, "/single", &[("b3", &single)]).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, multi_echo) = send(&both, "/multi", &multi).await;
+    assert_eq!(status, StatusCode::OK);
+
+    for (trace, echo, form) in [
+        (&single_trace, single_echo, "single"),
+        (&multi_trace, multi_echo, "multiple"),
+    ] {
+        let spans = receiver.trace(trace, 2).await;
+        let server = by_kind(&spans, SERVER, "GET")[0];
+        assert_eq!(server["parent_span_id"], CALLER_SPAN, "{form}: {server:#}");
+        let client = by_kind(&spans, CLIENT, "GET")[0];
+        let client_span = client["span_id"].as_str().unwrap();
+        let headers = &serde_json::from_str::<Value>(&echo).unwrap()["headers"];
+        assert_eq!(
+            headers["traceparent"][0],
+            traceparent(trace, client_span, "01"),
+            "{form}"
+        );
+        if form == "single" {
+            assert_eq!(headers["b3"][0], format!("{trace}-{client_span}-1"));
+            assert_eq!(headers.get("x-b3-traceid"), None, "{headers:#}");
+        } else {
+            assert_eq!(headers["x-b3-traceid"][0], trace.as_str());
+            assert_eq!(headers["x-b3-spanid"][0], client_span);
+            assert_eq!(headers["x-b3-sampled"][0], "1");
+            assert_eq!(headers.get("x-b3-parentspanid"), None, "{headers:#}");
+            assert_eq!(headers.get("b3"), None, "{headers:#}");
+        }
+    }
+
+    let only_w3c = proxy(
+        config()
+            .upstream(&app.url())
+            .raw(&section("  propagators: [tracecontext]\n"))
+            .yaml(),
+    )
+    .start()
+    .await;
+    let ignored = CALLER_TRACE.replace("4bf9", "b3b5");
+    let sent = format!("{ignored}-{CALLER_SPAN}-1");
+    let (status, echo) = send(&only_w3c, "/w3c-only", &[("b3", &sent)]).await;
+    assert_eq!(status, StatusCode::OK);
+    let headers = &serde_json::from_str::<Value>(&echo).unwrap()["headers"];
+    assert_eq!(headers["b3"][0], sent.as_str(), "untouched");
+    let root = headers["traceparent"][0].as_str().unwrap();
+    let root_trace = root.split('-').nth(1).unwrap();
+    assert_ne!(root_trace, ignored);
+    let spans = receiver.trace(root_trace, 2).await;
+    assert_eq!(by_kind(&spans, SERVER, "GET")[0]["parent_span_id"], "");
+    assert!(receiver
+        .all()
+        .iter()
+        .all(|s| s["trace_id"] != ignored.as_str()));
+}

@@ -148,25 +148,33 @@ impl RequestSpan {
 }
 
 /// The caller's context: `traceparent` first, then B3 (the single header over the multiple
-/// ones), each if `extraction` reads it; with the B3 form found, to send it on in.
+/// ones), each if `extraction` reads it; with the B3 form the caller sent, if any, to send B3
+/// on in (whichever context won: an upstream that reads B3 must not see the caller's).
 fn extract(headers: &HeaderMap, extraction: &Extraction) -> (Context, Option<b3::Form>) {
     let wanted = &extraction.propagators;
+    let form = match (
+        wanted.b3 && headers.contains_key("b3"),
+        wanted.b3 && headers.contains_key("x-b3-traceid"),
+    ) {
+        (true, true) => Some(b3::Form::Both),
+        (true, false) => Some(b3::Form::Single),
+        (false, true) => Some(b3::Form::Multiple),
+        (false, false) => None,
+    };
     if wanted.tracecontext && headers.contains_key("traceparent") {
         let cx = TraceContextPropagator::new()
             .extract_with_context(&Context::new(), &HeaderExtractor(headers));
         if cx.span().span_context().is_valid() {
-            return (cx, None);
+            return (cx, form);
         }
     }
-    let single = headers.contains_key("b3");
-    let multi = headers.contains_key("x-b3-traceid");
-    if !wanted.b3 || !(single || multi) {
+    if form.is_none() {
         return (Context::new(), None);
     }
     let cx = B3(b3::Form::Both).extract_with_context(&Context::new(), &HeaderExtractor(headers));
     let found = cx.span().span_context().clone();
     if !found.is_valid() {
-        return (Context::new(), None);
+        return (Context::new(), form);
     }
     // Only W3C's sampled bit goes on: a caller that deferred the decision is sampled as a
     // root request would be, by the ratio over its own trace id.
@@ -186,15 +194,7 @@ fn extract(headers: &HeaderMap, extraction: &Extraction) -> (Context, Option<b3:
         true,
         TraceState::default(),
     );
-    let encoding = match (single, multi) {
-        (true, true) => b3::Form::Both,
-        (true, false) => b3::Form::Single,
-        _ => b3::Form::Multiple,
-    };
-    (
-        Context::new().with_remote_span_context(context),
-        Some(encoding),
-    )
+    (Context::new().with_remote_span_context(context), form)
 }
 
 fn protocol_version(version: Version) -> &'static str {

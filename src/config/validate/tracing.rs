@@ -565,4 +565,39 @@ mod tests {
             "{err}"
         );
     }
+
+    /// Both forms by default; the file's list, else `OTEL_PROPAGATORS` (baggage is passed
+    /// through anyway, `b3multi` is B3); a name tollgate does not read is refused.
+    #[test]
+    fn propagators_from_the_file_or_the_environment() {
+        let env = |value: &'static str| {
+            [
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+                ("OTEL_PROPAGATORS", value),
+            ]
+        };
+        let read = |section: &str, env: &[(&str, &str)]| {
+            let p = traces(section, env).unwrap().unwrap().propagators;
+            (p.tracecontext, p.b3)
+        };
+        assert_eq!(read("tracing: {}\n", &[]), (true, true));
+        assert_eq!(read("tracing: { propagators: [b3] }\n", &[]), (false, true));
+        assert_eq!(read("", &env("tracecontext,baggage")), (true, false));
+        assert_eq!(read("", &env("b3multi")), (false, true));
+        assert_eq!(read("", &env("none")), (false, false));
+        assert_eq!(
+            read("tracing: { propagators: [tracecontext] }\n", &env("b3")),
+            (true, false)
+        );
+        let err = traces("tracing:\n  propagators: [tracecontext, jaeger]\n", &[]).unwrap_err();
+        assert!(
+            err.contains("t.yaml:4:31: tracing.propagators[1]: `jaeger` is not a propagator"),
+            "{err}"
+        );
+        let err = traces("", &env("xray")).unwrap_err();
+        assert!(
+            err.contains("OTEL_PROPAGATORS: `xray` is not a propagator"),
+            "{err}"
+        );
+    }
 }
