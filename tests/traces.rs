@@ -34,6 +34,11 @@ struct Receiver {
 
 impl Receiver {
     fn start() -> Receiver {
+        Receiver::answering_after(0.0)
+    }
+
+    /// A receiver that answers each export `delay` seconds after it arrived.
+    fn answering_after(delay: f64) -> Receiver {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
         let python = root.join("tests/clients/.venv-otlp/bin/python");
         assert!(
@@ -43,6 +48,7 @@ impl Receiver {
         );
         let mut child = Command::new(&python)
             .arg(root.join("tests/clients/otlp_receiver.py"))
+            .args(["--delay", &delay.to_string()])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -777,4 +783,87 @@ async fn b3_callers_are_continued_and_answered_in_their_form() {
         .all()
         .iter()
         .all(|s| s["trace_id"] != ignored.as_str()));
+}
+
+/// Export never slows a request: with a collector that takes 2 s to answer each export, and
+/// with one that refuses connections, every request is answered as without traces and no
+/// slower than the slowest request of the same run to a tollgate without traces, give or take
+/// half the collector's delay (an export a request waited for would add all of it). The slow
+/// collector's small queue fills: the spans it could not hold are counted as dropped, the
+/// others are exported, none lost uncounted.
+#[tokio::test]
+async fn a_slow_or_dead_collector_adds_no_latency_and_drops_are_counted() {
+    const DELAY: Duration = Duration::from_secs(2);
+    const ROUNDS: usize = 30;
+    let receiver = Receiver::answering_after(DELAY.as_secs_f64());
+    let app = upstream().start().await;
+    let refused = format!("http://127.0.0.1:{}", free_port());
+    let start = |section: String| {
+        let yaml = config()
+            .upstream(&app.url())
+            .admin("127.0.0.1:0")
+            .raw(&section)
+            .yaml();
+        proxy(yaml).start()
+    };
+    let off = start(String::new()).await;
+    let slow = start(tracing_section(
+        &receiver.endpoint("grpc"),
+        "grpc",
+        "  queue_size: 8\n  batch_size: 4\n",
+    ))
+    .await;
+    let dead = start(tracing_section(
+        &refused,
+        "http/protobuf",
+        "  timeout: 500ms\n",
+    ))
+    .await;
+    // Round robin, so that whatever else the machine does falls on all three alike.
+    let mut latencies: [Vec<Duration>; 3] = Default::default();
+    for i in 0..ROUNDS {
+        for (at, proxy) in [&off, &slow, &dead].into_iter().enumerate() {
+            let path = format!("/item/{i}");
+            let sent = Instant::now();
+            let (status, echo) = send(proxy, &path, &[]).await;
+            latencies[at].push(sent.elapsed());
+            assert_eq!(status, StatusCode::OK);
+            assert_eq!(serde_json::from_str::<Value>(&echo).unwrap()["uri"], path);
+        }
+    }
+    let off_max = *latencies[0].iter().max().unwrap();
+    for (name, measured) in [("slow", &latencies[1]), ("dead", &latencies[2])] {
+        let worst = *measured.iter().max().unwrap();
+        assert!(
+            worst < off_max + DELAY / 2,
+            "{name} collector: slowest request {worst:?}, without traces {off_max:?}"
+        );
+    }
+
+    // Every span (a server and an upstream span per request) is exported or counted.
+    let total = (2 * ROUNDS) as u64;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = metrics(&slow).await;
+        let exported = metric(&text, "tollgate_trace_spans_exported_total");
+        let full = metric(
+            &text,
+            "tollgate_trace_spans_dropped_total{reason=\"queue_full\"}",
+        );
+        let failed = metric(
+            &text,
+            "tollgate_trace_spans_dropped_total{reason=\"export_failed\"}",
+        );
+        if exported + full + failed == total {
+            assert!(full > 0, "the queue of 8 never filled: {exported} exported");
+            assert_eq!(failed, 0);
+            assert_eq!(receiver.all().len() as u64, exported);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "exported {exported}, queue_full {full}, export_failed {failed} of {total}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
