@@ -161,6 +161,23 @@ fn metric(text: &str, series: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {series} in\n{text}")) as u64
 }
 
+/// The spans `proxy` counted so far: (exported, dropped from a full queue, lost in a failed
+/// export).
+async fn span_counts(proxy: &ProxyHandle) -> (u64, u64, u64) {
+    let text = metrics(proxy).await;
+    let dropped = |reason: &str| {
+        metric(
+            &text,
+            &format!("tollgate_trace_spans_dropped_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    (
+        metric(&text, "tollgate_trace_spans_exported_total"),
+        dropped("queue_full"),
+        dropped("export_failed"),
+    )
+}
+
 /// Over gRPC and HTTP/protobuf: an admitted then a limited request of the caller's trace,
 /// each a server span whose parent is the caller's span, with a Redis span and (admitted) an
 /// upstream client span beneath it; the upstream's `traceparent` names that client span.
@@ -278,15 +295,8 @@ async fn spans_continue_the_callers_trace_with_the_decision_on_them() {
         // Counted once the receiver's answer is back (it prints before it answers).
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let text = metrics(&proxy).await;
-            assert_eq!(
-                metric(
-                    &text,
-                    "tollgate_trace_spans_dropped_total{reason=\"queue_full\"}"
-                ),
-                0
-            );
-            let exported = metric(&text, "tollgate_trace_spans_exported_total");
+            let (exported, full, _) = span_counts(&proxy).await;
+            assert_eq!(full, 0);
             if exported == 5 {
                 break;
             }
@@ -390,16 +400,8 @@ async fn a_dead_or_silent_collector_changes_no_answer_and_drops_are_counted() {
         // 30 requests, each a server and an upstream span: 60 spans, none exported.
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let text = metrics(&proxy).await;
-            let full = metric(
-                &text,
-                "tollgate_trace_spans_dropped_total{reason=\"queue_full\"}",
-            );
-            let failed = metric(
-                &text,
-                "tollgate_trace_spans_dropped_total{reason=\"export_failed\"}",
-            );
-            assert_eq!(metric(&text, "tollgate_trace_spans_exported_total"), 0);
+            let (exported, full, failed) = span_counts(&proxy).await;
+            assert_eq!(exported, 0);
             let settled = match protocol {
                 // Every batch fails at once: all 60 are counted as failed.
                 "grpc" => full + failed == 60 && failed > 0,
@@ -711,6 +713,7 @@ async fn the_redis_span_times_the_store_call_not_the_delay_queue() {
 /// headers, gets its trace continued, and the upstream gets `traceparent` and B3 in the
 /// caller's form, naming tollgate's client span (the caller's parent id dropped). With
 /// `propagators: [tracecontext]` B3 is not read: a new trace starts and B3 goes on untouched.
+/// `b3: 0` (no trace, says the caller) exports nothing and goes on as it came.
 #[tokio::test]
 async fn b3_callers_are_continued_and_answered_in_their_form() {
     let receiver = Receiver::start();
@@ -732,6 +735,12 @@ async fn b3_callers_are_continued_and_answered_in_their_form() {
     assert_eq!(status, StatusCode::OK);
     let (status, multi_echo) = send(&both, "/multi", &multi).await;
     assert_eq!(status, StatusCode::OK);
+    // `b3: 0`: the caller asks for no trace; its header goes on as it came.
+    let (status, denied_echo) = send(&both, "/denied", &[("b3", "0")]).await;
+    assert_eq!(status, StatusCode::OK);
+    let denied = &serde_json::from_str::<Value>(&denied_echo).unwrap()["headers"];
+    assert_eq!(denied["b3"][0], "0");
+    assert_eq!(denied.get("traceparent"), None, "{denied:#}");
 
     for (trace, echo, form) in [
         (&single_trace, single_echo, "single"),
@@ -783,6 +792,11 @@ async fn b3_callers_are_continued_and_answered_in_their_form() {
         .all()
         .iter()
         .all(|s| s["trace_id"] != ignored.as_str()));
+    // Nothing of the denied request either (its spans would be in by now).
+    assert!(receiver
+        .all()
+        .iter()
+        .all(|s| s["attributes"]["url.path"] != "/denied"));
 }
 
 /// Export never slows a request: with a collector that takes 2 s to answer each export, and
@@ -844,16 +858,7 @@ async fn a_slow_or_dead_collector_adds_no_latency_and_drops_are_counted() {
     let total = (2 * ROUNDS) as u64;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let text = metrics(&slow).await;
-        let exported = metric(&text, "tollgate_trace_spans_exported_total");
-        let full = metric(
-            &text,
-            "tollgate_trace_spans_dropped_total{reason=\"queue_full\"}",
-        );
-        let failed = metric(
-            &text,
-            "tollgate_trace_spans_dropped_total{reason=\"export_failed\"}",
-        );
+        let (exported, full, failed) = span_counts(&slow).await;
         if exported + full + failed == total {
             assert!(full > 0, "the queue of 8 never filled: {exported} exported");
             assert_eq!(failed, 0);

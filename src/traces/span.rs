@@ -33,7 +33,9 @@ use opentelemetry::trace::{
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_http::{HeaderExtractor, HeaderInjector};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{Sampler, SamplingDecision, SdkTracer, ShouldSample, Span};
+use opentelemetry_sdk::trace::{
+    IdGenerator, RandomIdGenerator, Sampler, SamplingDecision, SdkTracer, ShouldSample, Span,
+};
 
 use super::b3::{self, B3};
 
@@ -174,7 +176,25 @@ fn extract(headers: &HeaderMap, extraction: &Extraction) -> (Context, Option<b3:
     let cx = B3(b3::Form::Both).extract_with_context(&Context::new(), &HeaderExtractor(headers));
     let found = cx.span().span_context().clone();
     if !found.is_valid() {
-        return (Context::new(), form);
+        // `b3: 0` (or `X-B3-Sampled: 0`) without ids: the caller asks for no trace. A
+        // parent that is not sampled gives that (with ids of its own that go nowhere: an
+        // unsampled request sends its caller's headers on untouched).
+        let denied = headers.get("b3").is_some_and(|v| v.as_bytes() == b"0")
+            || headers
+                .get("x-b3-sampled")
+                .is_some_and(|v| v.as_bytes() == b"0");
+        if !denied {
+            return (Context::new(), form);
+        }
+        let ids = RandomIdGenerator::default();
+        let context = SpanContext::new(
+            ids.new_trace_id(),
+            ids.new_span_id(),
+            TraceFlags::default(),
+            true,
+            TraceState::default(),
+        );
+        return (Context::new().with_remote_span_context(context), form);
     }
     // Only W3C's sampled bit goes on: a caller that deferred the decision is sampled as a
     // root request would be, by the ratio over its own trace id.
