@@ -12,7 +12,10 @@
 # allowed-coalesce: the exact limit with store.redis.coalesce).
 # EXTRA_a, EXTRA_b, ... (YAML text, default none) are appended to that side's configuration at
 # the top level: one binary twice with a section added on one side measures what the section
-# costs, e.g. EXTRA_b='protect: { latency: 2x }' bench/ab.sh BIN BIN.
+# costs, e.g. EXTRA_b='protect: { latency: 2x }' bench/ab.sh BIN BIN. In it, @OTLP_SINK@ is
+# the URL of an OTLP/HTTP sink (nginx answering every export 200 at once: a collector that
+# costs the run nothing), e.g. the cost of traces at 1 %:
+#   EXTRA_b='tracing: { endpoint: "@OTLP_SINK@", sample_ratio: 0.01 }' bench/ab.sh BIN BIN
 # Prints per server and round: req/s, CPU µs per request (user+sys of the process and its
 # children from /proc, divided by the requests wrk completed) and its user and system parts,
 # Redis CPU µs per request, and context switches per request: voluntary (a thread slept for
@@ -43,6 +46,7 @@ REDIS_PORT=$(free_port)
 declare -A PORT PID
 for side in "${SIDES[@]}"; do PORT[$side]=$(free_port); done
 NG_PORT=$(free_port)
+SINK_PORT=$(free_port)
 upstream_conf "$T" "$UP_PORT"
 nginx_proxy_conf "$T" "$UP_PORT" <<EOF
   limit_req_zone \$http_x_user_id zone=allowed:16m rate=100000r/s;
@@ -50,6 +54,11 @@ nginx_proxy_conf "$T" "$UP_PORT" <<EOF
     listen 127.0.0.1:$NG_PORT;
     location /allowed/ { limit_req zone=allowed burst=100000 nodelay; proxy_pass http://up; }
     location / { proxy_pass http://up; }
+  }
+  server {
+    listen 127.0.0.1:$SINK_PORT;
+    client_max_body_size 64m;
+    location / { return 200; }
   }
 EOF
 sync_line=""
@@ -77,7 +86,7 @@ routes:
       - { algorithm: gcra, limit: 100000, period: 1s, burst: 100000$sync_line }
 EOF
   extra="EXTRA_$side"
-  [ -z "${!extra:-}" ] || printf '%s\n' "${!extra}" >>"$T/$side.yaml"
+  [ -z "${!extra:-}" ] || printf '%s\n' "${!extra//@OTLP_SINK@/http://127.0.0.1:$SINK_PORT}" >>"$T/$side.yaml"
 done
 nginx -p "$T" -c "$T/upstream.conf" -g 'daemon off;' >"$T/up.log" 2>&1 &
 UP_PID=$!

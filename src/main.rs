@@ -390,7 +390,13 @@ fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuar
         .with_writer(writer);
     match format {
         LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
+        // A traced request's lines carry its ids in `span` (the request's `tracing` span);
+        // there are no nested spans, so the list would only repeat it.
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_span_list(false)
+            .init(),
     }
     guard
 }

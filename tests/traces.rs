@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{Request, StatusCode};
+use http_body_util::BodyExt;
 use serde_json::Value;
 use support::*;
 
@@ -33,6 +34,11 @@ struct Receiver {
 
 impl Receiver {
     fn start() -> Receiver {
+        Receiver::answering_after(0.0)
+    }
+
+    /// A receiver that answers each export `delay` seconds after it arrived.
+    fn answering_after(delay: f64) -> Receiver {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
         let python = root.join("tests/clients/.venv-otlp/bin/python");
         assert!(
@@ -42,6 +48,7 @@ impl Receiver {
         );
         let mut child = Command::new(&python)
             .arg(root.join("tests/clients/otlp_receiver.py"))
+            .args(["--delay", &delay.to_string()])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -152,6 +159,23 @@ fn metric(text: &str, series: &str) -> u64 {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
         .unwrap_or_else(|| panic!("no {series} in\n{text}")) as u64
+}
+
+/// The spans `proxy` counted so far: (exported, dropped from a full queue, lost in a failed
+/// export).
+async fn span_counts(proxy: &ProxyHandle) -> (u64, u64, u64) {
+    let text = metrics(proxy).await;
+    let dropped = |reason: &str| {
+        metric(
+            &text,
+            &format!("tollgate_trace_spans_dropped_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    (
+        metric(&text, "tollgate_trace_spans_exported_total"),
+        dropped("queue_full"),
+        dropped("export_failed"),
+    )
 }
 
 /// Over gRPC and HTTP/protobuf: an admitted then a limited request of the caller's trace,
@@ -271,15 +295,8 @@ async fn spans_continue_the_callers_trace_with_the_decision_on_them() {
         // Counted once the receiver's answer is back (it prints before it answers).
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let text = metrics(&proxy).await;
-            assert_eq!(
-                metric(
-                    &text,
-                    "tollgate_trace_spans_dropped_total{reason=\"queue_full\"}"
-                ),
-                0
-            );
-            let exported = metric(&text, "tollgate_trace_spans_exported_total");
+            let (exported, full, _) = span_counts(&proxy).await;
+            assert_eq!(full, 0);
             if exported == 5 {
                 break;
             }
@@ -383,16 +400,8 @@ async fn a_dead_or_silent_collector_changes_no_answer_and_drops_are_counted() {
         // 30 requests, each a server and an upstream span: 60 spans, none exported.
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let text = metrics(&proxy).await;
-            let full = metric(
-                &text,
-                "tollgate_trace_spans_dropped_total{reason=\"queue_full\"}",
-            );
-            let failed = metric(
-                &text,
-                "tollgate_trace_spans_dropped_total{reason=\"export_failed\"}",
-            );
-            assert_eq!(metric(&text, "tollgate_trace_spans_exported_total"), 0);
+            let (exported, full, failed) = span_counts(&proxy).await;
+            assert_eq!(exported, 0);
             let settled = match protocol {
                 // Every batch fails at once: all 60 are counted as failed.
                 "grpc" => full + failed == 60 && failed > 0,
@@ -412,41 +421,35 @@ async fn a_dead_or_silent_collector_changes_no_answer_and_drops_are_counted() {
     }
 }
 
-/// The binary with no `tracing` section, export turned on by the environment alone: JSON
-/// access-log lines carry the request's trace and span ids, and SIGTERM flushes the spans
-/// still queued (the batch interval, 5 s by default, has not passed).
-#[tokio::test]
-async fn the_environment_alone_exports_logs_carry_ids_and_shutdown_flushes() {
-    let receiver = Receiver::start();
-    let app = upstream().start().await;
+/// tollgate's binary on a free port with `yaml` (its `listen` set here), JSON logs and `env`;
+/// returns once it answers, with the first answer's status to a GET of `path` with `headers`.
+async fn binary(
+    yaml: support::Config,
+    env: &[(&str, &str)],
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (Child, u16, tempfile::TempDir, StatusCode) {
     let port = free_port();
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tollgate.yaml");
-    let yaml = config()
-        .listen(&format!("127.0.0.1:{port}"))
-        .upstream(&app.url())
-        .shutdown_timeout("5s")
-        .yaml();
-    std::fs::write(&path, yaml).unwrap();
+    let file = dir.path().join("tollgate.yaml");
+    std::fs::write(&file, yaml.listen(&format!("127.0.0.1:{port}")).yaml()).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["--config", path.to_str().unwrap(), "--log-format", "json"])
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint("http"))
-        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
-        .env("OTEL_SERVICE_NAME", "from-env")
-        .env("OTEL_RESOURCE_ATTRIBUTES", "team=edge")
+        .args(["--config", file.to_str().unwrap(), "--log-format", "json"])
+        .envs(env.iter().copied())
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    let trace = CALLER_TRACE.replace("4bf9", "6bf9");
-    let url = format!("http://127.0.0.1:{port}/logged");
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {
-        let request = Request::get(&url)
-            .header("traceparent", traceparent(&trace, CALLER_SPAN, "01"))
-            .body(body(""))
-            .unwrap();
-        if let Ok(response) = http1_client().request(request).await {
+        let mut request = Request::get(format!("http://127.0.0.1:{port}{path}"));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        if let Ok(response) = http1_client()
+            .request(request.body(body("")).unwrap())
+            .await
+        {
             break response.status();
         }
         assert!(
@@ -455,8 +458,11 @@ async fn the_environment_alone_exports_logs_carry_ids_and_shutdown_flushes() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert_eq!(status, StatusCode::OK);
-    assert!(receiver.all().is_empty(), "exported before the interval");
+    (child, port, dir, status)
+}
+
+/// SIGTERM to `child`; its JSON log lines once it exited (successfully).
+async fn stop(child: Child) -> Vec<Value> {
     let pid = child.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])
@@ -467,20 +473,169 @@ async fn the_environment_alone_exports_logs_carry_ids_and_shutdown_flushes() {
         .await
         .unwrap();
     assert!(output.status.success());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    stderr
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|_| panic!("not JSON: {l}")))
+        .collect()
+}
+
+/// The binary with no `tracing` section, export turned on by the environment alone: JSON
+/// access-log lines carry the request's trace and span ids, and SIGTERM flushes the spans
+/// still queued (the batch interval, 5 s by default, has not passed).
+#[tokio::test]
+async fn the_environment_alone_exports_logs_carry_ids_and_shutdown_flushes() {
+    let receiver = Receiver::start();
+    let app = upstream().start().await;
+    let trace = CALLER_TRACE.replace("4bf9", "6bf9");
+    let parent = traceparent(&trace, CALLER_SPAN, "01");
+    let endpoint = receiver.endpoint("http");
+    let (child, _, _dir, status) = binary(
+        config().upstream(&app.url()).shutdown_timeout("5s"),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_SERVICE_NAME", "from-env"),
+            ("OTEL_RESOURCE_ATTRIBUTES", "team=edge"),
+        ],
+        "/logged",
+        &[("traceparent", &parent)],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(receiver.all().is_empty(), "exported before the interval");
+    let lines = stop(child).await;
     // Exported at shutdown, before the process exited.
     let spans = receiver.trace(&trace, 2).await;
     let server = by_kind(&spans, SERVER, "GET")[0];
     assert_eq!(server["parent_span_id"], CALLER_SPAN);
     assert_eq!(server["resource"]["service.name"], "from-env");
     assert_eq!(server["resource"]["team"], "edge");
-    let stderr = String::from_utf8(output.stderr).unwrap();
-    let access: Value = stderr
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+    let access = lines
+        .iter()
         .find(|l| l["target"] == "tollgate::access")
-        .unwrap_or_else(|| panic!("no access line in\n{stderr}"));
+        .unwrap_or_else(|| panic!("no access line in {lines:#?}"));
     assert_eq!(access["trace_id"], trace.as_str(), "{access}");
     assert_eq!(access["span_id"], server["span_id"], "{access}");
+}
+
+/// Every line logged while a sampled request is handled carries its trace and span ids (in
+/// `span`), not only the access line: here the line a shadow limit logs for the request it
+/// would have refused. An unsampled request's lines carry none.
+#[tokio::test]
+async fn lines_logged_in_a_request_carry_its_ids() {
+    let receiver = Receiver::start();
+    let app = upstream().start().await;
+    let yaml = config()
+        .upstream(&app.url())
+        .route(
+            route("api")
+                .prefix("/api/")
+                .limit(limit::fixed_window(1, "1h").name("shadowed").shadow()),
+        )
+        .raw(&tracing_section(&receiver.endpoint("grpc"), "grpc", ""));
+    let trace = CALLER_TRACE.replace("4bf9", "9bf9");
+    let unsampled = CALLER_TRACE.replace("4bf9", "9bf8");
+    // The first request is within the limit, the second over it (forwarded: shadow), the
+    // third, unsampled, over it too.
+    let (child, port, _dir, status) = binary(yaml, &[], "/api/first", &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    for (path, parent) in [
+        ("/api/second", traceparent(&trace, CALLER_SPAN, "01")),
+        ("/api/third", traceparent(&unsampled, CALLER_SPAN, "00")),
+    ] {
+        let request = Request::get(format!("http://127.0.0.1:{port}{path}"))
+            .header("traceparent", parent)
+            .body(body(""))
+            .unwrap();
+        let response = http1_client().request(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+    }
+    let lines = stop(child).await;
+    let spans = receiver.trace(&trace, 2).await;
+    let server = by_kind(&spans, SERVER, "GET")[0];
+    let shadow: Vec<&Value> = lines
+        .iter()
+        .filter(|l| {
+            l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("shadow limit exceeded"))
+        })
+        .collect();
+    assert_eq!(shadow.len(), 2, "{lines:#?}");
+    assert_eq!(
+        shadow[0]["span"]["trace_id"],
+        trace.as_str(),
+        "{:#}",
+        shadow[0]
+    );
+    assert_eq!(
+        shadow[0]["span"]["span_id"], server["span_id"],
+        "{:#}",
+        shadow[0]
+    );
+    assert_eq!(shadow[1].get("span"), None, "unsampled: {:#}", shadow[1]);
+    let access: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["target"] == "tollgate::access")
+        .collect();
+    assert_eq!(access.len(), 3, "{lines:#?}");
+    assert_eq!(access[1]["trace_id"], trace.as_str());
+    assert_eq!(access[1]["span"]["trace_id"], trace.as_str());
+    assert_eq!(access[2].get("trace_id"), None, "{:#}", access[2]);
+}
+
+/// The server span and the upstream's client span end when the response body has gone out
+/// whole, not when its head did: an upstream that holds its body between two chunks has that
+/// time inside both spans.
+#[tokio::test]
+async fn the_spans_end_with_the_body_not_the_head() {
+    let receiver = Receiver::start();
+    let app = upstream().start().await;
+    let yaml = config()
+        .upstream(&app.url())
+        .raw(&tracing_section(&receiver.endpoint("grpc"), "grpc", ""))
+        .yaml();
+    let proxy = proxy(yaml).start().await;
+    let trace = CALLER_TRACE.replace("4bf9", "8bf9");
+    let request = Request::get(proxy.url("/hold"))
+        .header("traceparent", traceparent(&trace, CALLER_SPAN, "01"))
+        .body(body(""))
+        .unwrap();
+    let response = http1_client().request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut incoming = response.into_body();
+    let first = incoming
+        .frame()
+        .await
+        .unwrap()
+        .unwrap()
+        .into_data()
+        .unwrap();
+    assert_eq!(&first[..], b"first,");
+    // The first chunk is here: the rest comes once released, 300 ms on.
+    let held = Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held_for = held.elapsed();
+    app.release.notify_one();
+    let rest = incoming.collect().await.unwrap().to_bytes();
+    assert_eq!(&rest[..], b"last");
+
+    let spans = receiver.trace(&trace, 2).await;
+    let nanos = |s: &Value, field: &str| s[field].as_u64().unwrap();
+    let duration = |s: &Value| Duration::from_nanos(nanos(s, "end") - nanos(s, "start"));
+    let server = by_kind(&spans, SERVER, "GET")[0];
+    let client = by_kind(&spans, CLIENT, "GET")[0];
+    assert!(
+        duration(server) >= held_for && duration(client) >= held_for,
+        "server span {:?}, client span {:?}, body held {held_for:?}",
+        duration(server),
+        duration(client)
+    );
+    assert!(nanos(client, "end") <= nanos(server, "end"));
+    assert_eq!(server["attributes"]["http.response.status_code"], 200);
+    assert_eq!(server["attributes"].get("tollgate.client_closed"), None);
+    assert_eq!(client["attributes"]["http.response.status_code"], 200);
 }
 
 /// The Redis span times the store's call alone: a request that waits in the delay queue
@@ -551,5 +706,169 @@ async fn the_redis_span_times_the_store_call_not_the_delay_queue() {
             end - start
         );
         assert_eq!(span["attributes"]["server.port"], i64::from(redis.port()));
+    }
+}
+
+/// A caller without `traceparent` that sends B3, single (`b3`) or multiple (`X-B3-*`)
+/// headers, gets its trace continued, and the upstream gets `traceparent` and B3 in the
+/// caller's form, naming tollgate's client span (the caller's parent id dropped). With
+/// `propagators: [tracecontext]` B3 is not read: a new trace starts and B3 goes on untouched.
+/// `b3: 0` (no trace, says the caller) exports nothing and goes on as it came.
+#[tokio::test]
+async fn b3_callers_are_continued_and_answered_in_their_form() {
+    let receiver = Receiver::start();
+    let app = upstream().start().await;
+    let section = |extra: &str| tracing_section(&receiver.endpoint("grpc"), "grpc", extra);
+    let both = proxy(config().upstream(&app.url()).raw(&section("")).yaml())
+        .start()
+        .await;
+    let single_trace = CALLER_TRACE.replace("4bf9", "b3b3");
+    let multi_trace = CALLER_TRACE.replace("4bf9", "b3b4");
+    let single = format!("{single_trace}-{CALLER_SPAN}-1");
+    let multi = [
+        ("x-b3-traceid", multi_trace.as_str()),
+        ("x-b3-spanid", CALLER_SPAN),
+        ("x-b3-sampled", "1"),
+        ("x-b3-parentspanid", "1111111111111111"),
+    ];
+    let (status, single_echo) = send(&both, "/single", &[("b3", &single)]).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, multi_echo) = send(&both, "/multi", &multi).await;
+    assert_eq!(status, StatusCode::OK);
+    // `b3: 0`: the caller asks for no trace; its header goes on as it came.
+    let (status, denied_echo) = send(&both, "/denied", &[("b3", "0")]).await;
+    assert_eq!(status, StatusCode::OK);
+    let denied = &serde_json::from_str::<Value>(&denied_echo).unwrap()["headers"];
+    assert_eq!(denied["b3"][0], "0");
+    assert_eq!(denied.get("traceparent"), None, "{denied:#}");
+
+    for (trace, echo, form) in [
+        (&single_trace, single_echo, "single"),
+        (&multi_trace, multi_echo, "multiple"),
+    ] {
+        let spans = receiver.trace(trace, 2).await;
+        let server = by_kind(&spans, SERVER, "GET")[0];
+        assert_eq!(server["parent_span_id"], CALLER_SPAN, "{form}: {server:#}");
+        let client = by_kind(&spans, CLIENT, "GET")[0];
+        let client_span = client["span_id"].as_str().unwrap();
+        let headers = &serde_json::from_str::<Value>(&echo).unwrap()["headers"];
+        assert_eq!(
+            headers["traceparent"][0],
+            traceparent(trace, client_span, "01"),
+            "{form}"
+        );
+        if form == "single" {
+            assert_eq!(headers["b3"][0], format!("{trace}-{client_span}-1"));
+            assert_eq!(headers.get("x-b3-traceid"), None, "{headers:#}");
+        } else {
+            assert_eq!(headers["x-b3-traceid"][0], trace.as_str());
+            assert_eq!(headers["x-b3-spanid"][0], client_span);
+            assert_eq!(headers["x-b3-sampled"][0], "1");
+            assert_eq!(headers.get("x-b3-parentspanid"), None, "{headers:#}");
+            assert_eq!(headers.get("b3"), None, "{headers:#}");
+        }
+    }
+
+    let only_w3c = proxy(
+        config()
+            .upstream(&app.url())
+            .raw(&section("  propagators: [tracecontext]\n"))
+            .yaml(),
+    )
+    .start()
+    .await;
+    let ignored = CALLER_TRACE.replace("4bf9", "b3b5");
+    let sent = format!("{ignored}-{CALLER_SPAN}-1");
+    let (status, echo) = send(&only_w3c, "/w3c-only", &[("b3", &sent)]).await;
+    assert_eq!(status, StatusCode::OK);
+    let headers = &serde_json::from_str::<Value>(&echo).unwrap()["headers"];
+    assert_eq!(headers["b3"][0], sent.as_str(), "untouched");
+    let root = headers["traceparent"][0].as_str().unwrap();
+    let root_trace = root.split('-').nth(1).unwrap();
+    assert_ne!(root_trace, ignored);
+    let spans = receiver.trace(root_trace, 2).await;
+    assert_eq!(by_kind(&spans, SERVER, "GET")[0]["parent_span_id"], "");
+    assert!(receiver
+        .all()
+        .iter()
+        .all(|s| s["trace_id"] != ignored.as_str()));
+    // Nothing of the denied request either (its spans would be in by now).
+    assert!(receiver
+        .all()
+        .iter()
+        .all(|s| s["attributes"]["url.path"] != "/denied"));
+}
+
+/// Export never slows a request: with a collector that takes 2 s to answer each export, and
+/// with one that refuses connections, every request is answered as without traces and no
+/// slower than the slowest request of the same run to a tollgate without traces, give or take
+/// half the collector's delay (an export a request waited for would add all of it). The slow
+/// collector's small queue fills: the spans it could not hold are counted as dropped, the
+/// others are exported, none lost uncounted.
+#[tokio::test]
+async fn a_slow_or_dead_collector_adds_no_latency_and_drops_are_counted() {
+    const DELAY: Duration = Duration::from_secs(2);
+    const ROUNDS: usize = 30;
+    let receiver = Receiver::answering_after(DELAY.as_secs_f64());
+    let app = upstream().start().await;
+    let refused = format!("http://127.0.0.1:{}", free_port());
+    let start = |section: String| {
+        let yaml = config()
+            .upstream(&app.url())
+            .admin("127.0.0.1:0")
+            .raw(&section)
+            .yaml();
+        proxy(yaml).start()
+    };
+    let off = start(String::new()).await;
+    let slow = start(tracing_section(
+        &receiver.endpoint("grpc"),
+        "grpc",
+        "  queue_size: 8\n  batch_size: 4\n",
+    ))
+    .await;
+    let dead = start(tracing_section(
+        &refused,
+        "http/protobuf",
+        "  timeout: 500ms\n",
+    ))
+    .await;
+    // Round robin, so that whatever else the machine does falls on all three alike.
+    let mut latencies: [Vec<Duration>; 3] = Default::default();
+    for i in 0..ROUNDS {
+        for (at, proxy) in [&off, &slow, &dead].into_iter().enumerate() {
+            let path = format!("/item/{i}");
+            let sent = Instant::now();
+            let (status, echo) = send(proxy, &path, &[]).await;
+            latencies[at].push(sent.elapsed());
+            assert_eq!(status, StatusCode::OK);
+            assert_eq!(serde_json::from_str::<Value>(&echo).unwrap()["uri"], path);
+        }
+    }
+    let off_max = *latencies[0].iter().max().unwrap();
+    for (name, measured) in [("slow", &latencies[1]), ("dead", &latencies[2])] {
+        let worst = *measured.iter().max().unwrap();
+        assert!(
+            worst < off_max + DELAY / 2,
+            "{name} collector: slowest request {worst:?}, without traces {off_max:?}"
+        );
+    }
+
+    // Every span (a server and an upstream span per request) is exported or counted.
+    let total = (2 * ROUNDS) as u64;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (exported, full, failed) = span_counts(&slow).await;
+        if exported + full + failed == total {
+            assert!(full > 0, "the queue of 8 never filled: {exported} exported");
+            assert_eq!(failed, 0);
+            assert_eq!(receiver.all().len() as u64, exported);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "exported {exported}, queue_full {full}, export_failed {failed} of {total}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -34,7 +34,7 @@ pub use model::{
 };
 pub use model::{LatencyTarget, Priority, Protect, ProtectMode};
 pub use model::{MatchCase, MethodOverride, DEFAULT_UPGRADES, METHOD_OVERRIDE_HEADERS};
-pub use model::{OtlpProtocol, Sampling, Traces};
+pub use model::{OtlpProtocol, Propagators, Sampling, Traces};
 use raw::RawConfig;
 
 /// Reads, substitutes, parses and validates the file at `path`.

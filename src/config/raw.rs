@@ -33,7 +33,7 @@ pub struct RawConfig {
 }
 
 /// `tracing: { enabled, endpoint, protocol, headers, service_name, resource, sample_ratio,
-/// timeout, queue_size, batch_size, interval }`: OTLP trace export.
+/// timeout, queue_size, batch_size, interval, propagators }`: OTLP trace export.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawTracing {
@@ -50,6 +50,7 @@ pub struct RawTracing {
     pub queue_size: Option<u64>,
     pub batch_size: Option<u64>,
     pub interval: Option<String>,
+    pub propagators: Option<Vec<String>>,
 }
 
 /// `protect: { mode, latency, max_wait, min_limit, max_limit }`.

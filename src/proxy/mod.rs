@@ -325,7 +325,41 @@ impl Proxy {
     /// served without being boxed (see `conn`). The stages are plain functions awaited in this
     /// one future: a nested async function would keep its own copy of the request in a
     /// future of its own, moved as it is built.
-    pub async fn handle<B>(self, request: Request<B>, conn: ConnInfo) -> Response<AnswerBody>
+    ///
+    /// With traces on, the request's spans start here, and a sampled request's future runs in
+    /// a `tracing` span carrying their ids, so that every line logged while it is handled
+    /// carries them (`Span::none()` otherwise: a check per poll).
+    pub fn handle<B>(
+        self,
+        request: Request<B>,
+        conn: ConnInfo,
+    ) -> tracing::instrument::Instrumented<impl std::future::Future<Output = Response<AnswerBody>>>
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<body::BoxError>,
+    {
+        let trace = self.inner.tracing.as_ref().map(|tracing| {
+            tracing.request(
+                request.method(),
+                request.uri().path(),
+                request.version(),
+                request.headers(),
+                conn.peer,
+            )
+        });
+        let log_span = trace
+            .as_ref()
+            .map_or_else(tracing::Span::none, |trace| trace.log_span());
+        tracing::Instrument::instrument(self.serve(request, conn, trace), log_span)
+    }
+
+    /// [`Proxy::handle`]'s future: `trace` holds the request's spans, with traces on.
+    async fn serve<B>(
+        self,
+        request: Request<B>,
+        conn: ConnInfo,
+        trace: Option<Box<crate::traces::RequestSpan>>,
+    ) -> Response<AnswerBody>
     where
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<body::BoxError>,
@@ -336,8 +370,8 @@ impl Proxy {
         // Written once when this future ends, however it ends (the client may leave).
         let mut record =
             RequestRecord::new(&self.inner.metrics, &parts, conn.peer, config.access_log);
-        if let Some(tracing) = &self.inner.tracing {
-            record.traced(tracing, &parts, runtime.trace_redis.as_ref());
+        if let Some(trace) = trace {
+            record.traced(trace, runtime.trace_redis.as_ref());
         }
         // One pass over the request's headers answers what the path asks of them.
         let found = headers::scan(&parts.headers);
@@ -840,10 +874,18 @@ fn answered(
     translate_for_grpc: bool,
 ) -> Response<AnswerBody> {
     record.answered(response.status());
-    if translate_for_grpc {
+    let response = if translate_for_grpc {
         crate::grpc::translate(response.map(boxed_answer), false).map(AnswerBody::Right)
     } else {
         response
+    };
+    // A sampled request's spans end with its body, not its head.
+    match record.spans_for_body(&response) {
+        None => response,
+        Some(spans) => response.map(|body| {
+            let ending = body::OnEnd::with_hook(body, crate::traces::EndSpans(Some(spans)));
+            AnswerBody::Right(body::boxed(ending))
+        }),
     }
 }
 

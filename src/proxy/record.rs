@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use http::request::Parts;
 use http::{Method, StatusCode, Uri};
+use opentelemetry::trace::{SpanId, TraceId};
 use tokio::time::Instant;
 
 use crate::config::Route;
@@ -26,7 +27,7 @@ use crate::error::{ProxyError, Side};
 use crate::limit::Cause;
 use crate::metrics::{Metrics, RouteMetrics};
 use crate::throttle::{AdmitReason, Denial, LimitOutcome, Limited};
-use crate::traces::{DecisionSpan, RequestSpan, StoreKind, Tracing};
+use crate::traces::{DecisionSpan, RequestSpan, StoreKind};
 
 /// The access log's status for a request whose client went away before it was answered.
 const CLIENT_CLOSED: u16 = 499;
@@ -231,8 +232,11 @@ pub struct RequestRecord<'a> {
     error: Option<ProxyError>,
     /// The status tollgate sent (before a gRPC translation); None while unanswered.
     status: Option<u16>,
-    /// The request's spans, with traces on (see `crate::traces`); None costs nothing.
+    /// The request's spans, with traces on (see `crate::traces`); None costs nothing. Taken by
+    /// the response body when they end with it.
     trace: Option<Box<RequestSpan>>,
+    /// The trace and server span ids of a sampled request, for the log lines.
+    ids: Option<(TraceId, SpanId)>,
     /// The Redis node a decision is sent to, for the trace.
     redis: Option<Arc<str>>,
 }
@@ -263,21 +267,32 @@ impl<'a> RequestRecord<'a> {
             error: None,
             status: None,
             trace: None,
+            ids: None,
             redis: None,
         }
     }
 
-    /// Traces this request (see `crate::traces`): its server span starts now, in the trace of
-    /// the caller's `traceparent`; `redis` is the node a Redis decision goes to.
-    pub fn traced(&mut self, tracing: &Tracing, parts: &Parts, redis: Option<&Arc<str>>) {
-        self.trace = Some(tracing.request(
-            &parts.method,
-            parts.uri.path(),
-            parts.version,
-            &parts.headers,
-            self.peer,
-        ));
+    /// Traces this request with `trace`, its spans (see `crate::traces`); `redis` is the node a
+    /// Redis decision goes to.
+    pub fn traced(&mut self, trace: Box<RequestSpan>, redis: Option<&Arc<str>>) {
+        self.ids = trace.ids();
+        self.trace = Some(trace);
         self.redis = redis.cloned();
+    }
+
+    /// The spans of a sampled request whose `response` has a body still to send: they end
+    /// with that body (see `crate::traces::EndSpans`), with the status already on them. None
+    /// keeps them here, to end with the record.
+    pub fn spans_for_body<B: http_body::Body>(
+        &mut self,
+        response: &http::Response<B>,
+    ) -> Option<Box<RequestSpan>> {
+        if response.body().is_end_stream() || !self.trace.as_ref()?.recording() {
+            return None;
+        }
+        let mut spans = self.trace.take()?;
+        spans.responded(self.status);
+        Some(spans)
     }
 
     /// Where the store writes its Redis call's time, when this request's trace records it:
@@ -393,11 +408,8 @@ impl<'a> RequestRecord<'a> {
     /// Writes the record to the metrics, `tracing` and the access log.
     fn write(&mut self) {
         // The log lines below carry the request's trace and span ids when it is sampled.
-        let ids = self.trace.as_ref().and_then(|trace| trace.ids());
-        let (trace_id, span_id) = match &ids {
-            Some((trace, span)) => (Some(trace.as_str()), Some(span.as_str())),
-            None => (None, None),
-        };
+        let trace_id = self.ids.map(|(trace, _)| tracing::field::display(trace));
+        let span_id = self.ids.map(|(_, span)| tracing::field::display(span));
         if let Some(trace) = self.trace.take() {
             trace.finish(self.status);
         }

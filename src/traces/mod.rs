@@ -10,9 +10,10 @@
 //! and the request path builds no span (the record holds `None`).
 //!
 //! `span.rs` is the per-request part: the server span, the decision's span or event, the
-//! upstream's client span and the `traceparent` it carries. `round_trip.rs` times the Redis
+//! upstream's client span and the `traceparent` (and B3, `b3.rs`) it carries. `round_trip.rs` times the Redis
 //! decision's call alone, for its span.
 
+mod b3;
 pub mod round_trip;
 mod span;
 
@@ -34,7 +35,7 @@ use opentelemetry_sdk::trace::{
 use opentelemetry_sdk::Resource;
 
 use crate::config::{OtlpProtocol, Traces};
-pub use span::{DecisionSpan, RequestSpan, StoreKind};
+pub use span::{BodyEnd, DecisionSpan, EndSpans, RequestSpan, StoreKind};
 
 /// A failed export is logged at most this often (with how many failed since the last line).
 const LOG_EVERY: Duration = Duration::from_secs(60);
@@ -74,6 +75,7 @@ impl fmt::Debug for Shared {
 pub struct Tracing {
     tracer: SdkTracer,
     provider: SdkTracerProvider,
+    extraction: span::Extraction,
     /// Dropped last: stops the export thread's runtime (after the provider's shutdown).
     _stop: tokio::sync::oneshot::Sender<()>,
 }
@@ -164,6 +166,10 @@ impl Tracing {
         Ok(Tracing {
             tracer,
             provider,
+            extraction: span::Extraction {
+                propagators: config.propagators,
+                ratio: config.sampling.ratio,
+            },
             _stop: stop_tx,
         })
     }
@@ -177,7 +183,7 @@ impl Tracing {
     }
 
     /// The server span of a request with these `headers`, in the trace their `traceparent`
-    /// names (a new one without it).
+    /// (or B3 headers) name (a new one without them).
     pub fn request(
         &self,
         method: &http::Method,
@@ -186,7 +192,15 @@ impl Tracing {
         headers: &http::HeaderMap,
         peer: std::net::SocketAddr,
     ) -> Box<RequestSpan> {
-        RequestSpan::start(&self.tracer, method, path, version, headers, peer)
+        RequestSpan::start(
+            &self.tracer,
+            method,
+            path,
+            version,
+            headers,
+            peer,
+            &self.extraction,
+        )
     }
 }
 

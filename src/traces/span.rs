@@ -8,8 +8,18 @@
 //! `tollgate.limit`, `tollgate.key_source`: the kind of source, never its value,
 //! `tollgate.retry_after`) are on the server span too, where a trace's list shows them.
 //!
+//! The caller's context is read from `traceparent` (W3C) or, without one, from B3 (`b3`, or
+//! `X-B3-TraceId`/`SpanId`/`Sampled`), as `tracing.propagators` allows; the upstream request
+//! carries `traceparent`, and B3 too in the form the caller sent it. A B3 caller that left the
+//! decision to us (no sampled flag) is sampled by the root ratio, on its own trace id.
+//!
+//! The server span and the upstream's client span end when the response body has gone out
+//! whole (or the client left mid-body, `tollgate.client_closed`), not when its head did: a
+//! slowly streamed body's time is in both.
+//!
 //! A request the sampler leaves out builds no attributes and no client span: its upstream
-//! request keeps the caller's `traceparent` (if any) untouched, as without tracing.
+//! request keeps the caller's `traceparent` or B3 headers (if any) untouched, as without
+//! tracing.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,11 +27,26 @@ use std::time::SystemTime;
 
 use http::{HeaderMap, Method, Version};
 use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
+use opentelemetry::trace::{
+    Span as _, SpanContext, SpanKind, Status, TraceContextExt, TraceFlags, TraceState, Tracer as _,
+};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_http::{HeaderExtractor, HeaderInjector};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{SdkTracer, Span};
+use opentelemetry_sdk::trace::{
+    IdGenerator, RandomIdGenerator, Sampler, SamplingDecision, SdkTracer, ShouldSample, Span,
+};
+
+use super::b3::{self, B3};
+
+use crate::config::Propagators;
+
+/// How the caller's context is read, and the root ratio a deferred B3 caller is sampled by.
+#[derive(Debug, Clone)]
+pub(super) struct Extraction {
+    pub propagators: Propagators,
+    pub ratio: f64,
+}
 
 /// Where a decision was made, as the trace tells it.
 #[derive(Debug, Clone)]
@@ -68,6 +93,19 @@ pub struct RequestSpan {
     /// The Redis decision call's start and end, written by the store (recording only).
     round_trip: Option<super::round_trip::RoundTrip>,
     client: Option<Span>,
+    /// The B3 form the caller sent its context in, injected upstream as well.
+    b3: Option<b3::Form>,
+}
+
+/// How a response's body ended, for the spans that end with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyEnd {
+    /// Sent whole.
+    Complete,
+    /// The client went away before the body's end.
+    ClientLeft,
+    /// The upstream's body failed mid-way.
+    Failed,
 }
 
 impl RequestSpan {
@@ -80,9 +118,9 @@ impl RequestSpan {
         version: Version,
         headers: &HeaderMap,
         peer: SocketAddr,
+        extraction: &Extraction,
     ) -> Box<RequestSpan> {
-        let parent = TraceContextPropagator::new()
-            .extract_with_context(&Context::new(), &HeaderExtractor(headers));
+        let (parent, b3) = extract(headers, extraction);
         let mut server = tracer
             .span_builder(method.as_str().to_owned())
             .with_kind(SpanKind::Server)
@@ -106,8 +144,77 @@ impl RequestSpan {
             method: method.clone(),
             round_trip: recording.then(Default::default),
             client: None,
+            b3,
         })
     }
+}
+
+/// The caller's context: `traceparent` first, then B3 (the single header over the multiple
+/// ones), each if `extraction` reads it; with the B3 form the caller sent, if any, to send B3
+/// on in (whichever context won: an upstream that reads B3 must not see the caller's).
+fn extract(headers: &HeaderMap, extraction: &Extraction) -> (Context, Option<b3::Form>) {
+    let wanted = &extraction.propagators;
+    let form = match (
+        wanted.b3 && headers.contains_key("b3"),
+        wanted.b3 && headers.contains_key("x-b3-traceid"),
+    ) {
+        (true, true) => Some(b3::Form::Both),
+        (true, false) => Some(b3::Form::Single),
+        (false, true) => Some(b3::Form::Multiple),
+        (false, false) => None,
+    };
+    if wanted.tracecontext && headers.contains_key("traceparent") {
+        let cx = TraceContextPropagator::new()
+            .extract_with_context(&Context::new(), &HeaderExtractor(headers));
+        if cx.span().span_context().is_valid() {
+            return (cx, form);
+        }
+    }
+    if form.is_none() {
+        return (Context::new(), None);
+    }
+    let cx = B3(b3::Form::Both).extract_with_context(&Context::new(), &HeaderExtractor(headers));
+    let found = cx.span().span_context().clone();
+    if !found.is_valid() {
+        // `b3: 0` (or `X-B3-Sampled: 0`) without ids: the caller asks for no trace. A
+        // parent that is not sampled gives that (with ids of its own that go nowhere: an
+        // unsampled request sends its caller's headers on untouched).
+        let denied = headers.get("b3").is_some_and(|v| v.as_bytes() == b"0")
+            || headers
+                .get("x-b3-sampled")
+                .is_some_and(|v| v.as_bytes() == b"0");
+        if !denied {
+            return (Context::new(), form);
+        }
+        let ids = RandomIdGenerator::default();
+        let context = SpanContext::new(
+            ids.new_trace_id(),
+            ids.new_span_id(),
+            TraceFlags::default(),
+            true,
+            TraceState::default(),
+        );
+        return (Context::new().with_remote_span_context(context), form);
+    }
+    // Only W3C's sampled bit goes on: a caller that deferred the decision is sampled as a
+    // root request would be, by the ratio over its own trace id.
+    let sampled = match found.trace_flags() & b3::DEFERRED == b3::DEFERRED {
+        false => found.is_sampled(),
+        true => matches!(
+            Sampler::TraceIdRatioBased(extraction.ratio)
+                .should_sample(None, found.trace_id(), "", &SpanKind::Server, &[], &[])
+                .decision,
+            SamplingDecision::RecordAndSample
+        ),
+    };
+    let context = SpanContext::new(
+        found.trace_id(),
+        found.span_id(),
+        TraceFlags::default().with_sampled(sampled),
+        true,
+        TraceState::default(),
+    );
+    (Context::new().with_remote_span_context(context), form)
 }
 
 fn protocol_version(version: Version) -> &'static str {
@@ -122,14 +229,31 @@ fn protocol_version(version: Version) -> &'static str {
 
 impl RequestSpan {
     /// The trace and span ids for log lines, when the request is sampled.
-    pub fn ids(&self) -> Option<(String, String)> {
+    pub fn ids(&self) -> Option<(opentelemetry::trace::TraceId, opentelemetry::trace::SpanId)> {
         let context = self.server.span_context();
-        context.is_sampled().then(|| {
-            (
-                context.trace_id().to_string(),
-                context.span_id().to_string(),
-            )
-        })
+        context
+            .is_sampled()
+            .then(|| (context.trace_id(), context.span_id()))
+    }
+
+    /// Whether the spans are recorded (sampled): only then do they wait for the body's end.
+    pub fn recording(&self) -> bool {
+        self.recording
+    }
+
+    /// A `tracing` span carrying the ids, for every line logged while the request is handled
+    /// (`Span::none()` for an unsampled request). At level ERROR, so that any filter that
+    /// lets a line through lets its ids through too.
+    pub fn log_span(&self) -> tracing::Span {
+        match self.ids() {
+            Some((trace_id, span_id)) => tracing::error_span!(
+                target: "tollgate::request",
+                "request",
+                trace_id = %trace_id,
+                span_id = %span_id
+            ),
+            None => tracing::Span::none(),
+        }
     }
 
     /// The route found (None: no route matched).
@@ -257,29 +381,37 @@ impl RequestSpan {
             .cx
             .with_remote_span_context(span.span_context().clone());
         TraceContextPropagator::new().inject_context(&cx, &mut HeaderInjector(headers));
+        if let Some(form) = self.b3 {
+            // The caller's own parent and flags would be stale beside the new ids.
+            headers.remove("x-b3-parentspanid");
+            headers.remove("x-b3-flags");
+            B3(form).inject_context(&cx, &mut HeaderInjector(headers));
+        }
         self.client = Some(span);
     }
 
-    /// The upstream answered with `status`, or did not (None).
+    /// The upstream answered with `status` (its client span goes on until the body's end),
+    /// or did not (None: the span ends now).
     pub fn forwarded(&mut self, status: Option<u16>) {
-        let Some(mut span) = self.client.take() else {
+        let Some(span) = self.client.as_mut() else {
             return;
         };
-        if self.recording {
-            match status {
-                Some(status) => {
-                    span.set_attribute(KeyValue::new(
-                        "http.response.status_code",
-                        i64::from(status),
-                    ));
-                    if status >= 400 {
-                        span.set_status(Status::error(status.to_string()));
-                    }
+        match status {
+            Some(status) => {
+                span.set_attribute(KeyValue::new(
+                    "http.response.status_code",
+                    i64::from(status),
+                ));
+                if status >= 400 {
+                    span.set_status(Status::error(status.to_string()));
                 }
-                None => span.set_status(Status::error("no response from the upstream")),
+            }
+            None => {
+                span.set_status(Status::error("no response from the upstream"));
+                span.end();
+                self.client = None;
             }
         }
-        span.end();
     }
 
     /// The request failed on the way (`side`: client, upstream or store).
@@ -295,8 +427,14 @@ impl RequestSpan {
         }
     }
 
-    /// The answer's status (None: the client left first, 499); the server span ends.
+    /// The answer's status (None: the client left first, 499); the spans end now.
     pub fn finish(mut self: Box<Self>, status: Option<u16>) {
+        self.responded(status);
+        self.end(BodyEnd::Complete);
+    }
+
+    /// The answer's status (None: the client left before the head, 499).
+    pub fn responded(&mut self, status: Option<u16>) {
         if self.recording {
             match status {
                 Some(status) => {
@@ -315,6 +453,56 @@ impl RequestSpan {
                     .set_attribute(KeyValue::new("tollgate.client_closed", true)),
             }
         }
+    }
+
+    /// The response's body ended `how`: the upstream's client span and the server span end.
+    pub fn end(mut self: Box<Self>, how: BodyEnd) {
+        if let Some(mut client) = self.client.take() {
+            if how == BodyEnd::Failed {
+                client.set_status(Status::error("the upstream's body failed"));
+            }
+            client.end();
+        }
+        match how {
+            BodyEnd::Complete => {}
+            BodyEnd::ClientLeft => self
+                .server
+                .set_attribute(KeyValue::new("tollgate.client_closed", true)),
+            BodyEnd::Failed => self.server.add_event(
+                "exception",
+                vec![
+                    KeyValue::new("exception.type", "upstream"),
+                    KeyValue::new("exception.message", "the response body failed mid-way"),
+                ],
+            ),
+        }
         self.server.end();
+    }
+}
+
+/// The hook of a response body that ends its request's spans when it ends (see
+/// `crate::body::OnEnd`): when its last frame is read, when it fails, or when it is dropped
+/// (the client left mid-body, unless the body was at its end).
+pub struct EndSpans(pub Option<Box<RequestSpan>>);
+
+impl<B: http_body::Body> crate::body::EndHook<B> for EndSpans {
+    type Error = B::Error;
+
+    fn end(&mut self, how: crate::body::End) {
+        if let Some(spans) = self.0.take() {
+            spans.end(match how {
+                crate::body::End::Stream => BodyEnd::Complete,
+                crate::body::End::Error => BodyEnd::Failed,
+            });
+        }
+    }
+
+    fn dropped(&mut self, inner: &B) {
+        if let Some(spans) = self.0.take() {
+            spans.end(match inner.is_end_stream() {
+                true => BodyEnd::Complete,
+                false => BodyEnd::ClientLeft,
+            });
+        }
     }
 }

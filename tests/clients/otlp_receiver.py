@@ -1,9 +1,10 @@
 """A real OTLP trace receiver for tests/traces.rs: gRPC (grpcio) and HTTP/protobuf (http.server)
 on two ports, each span written as one JSON line to stdout.
 
-    otlp_receiver.py
+    otlp_receiver.py [--delay SECONDS]
 
-Prints `ready GRPC_PORT HTTP_PORT` first (ports the system chose), then one line per span:
+With --delay, each export is answered that long after it arrived (its spans are printed
+first): a slow collector. Prints `ready GRPC_PORT HTTP_PORT` first (ports the system chose), then one line per span:
 {"via", "trace_id", "span_id", "parent_span_id", "name", "kind", "status", "start", "end",
 "attributes", "events", "resource"} (ids in lower-case hex, kind and status as the protocol's
 numbers, start and end in nanoseconds since the Unix epoch).
@@ -11,9 +12,11 @@ Needs grpcio, protobuf and opentelemetry-proto (.ci/run installs them into
 tests/clients/.venv-otlp).
 """
 
+import argparse
 import json
 import sys
 import threading
+import time
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -21,6 +24,7 @@ import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 lock = threading.Lock()
+delay = 0.0
 
 
 def value(any_value):
@@ -64,6 +68,7 @@ def dump(request, via):
 class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
     def Export(self, request, context):
         dump(request, "grpc")
+        time.sleep(delay)
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
@@ -78,6 +83,7 @@ class HttpReceiver(BaseHTTPRequestHandler):
         request = trace_service_pb2.ExportTraceServiceRequest()
         request.ParseFromString(body)
         dump(request, "http")
+        time.sleep(delay)
         reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")
@@ -90,6 +96,10 @@ class HttpReceiver(BaseHTTPRequestHandler):
 
 
 def main():
+    global delay
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--delay", type=float, default=0.0)
+    delay = parser.parse_args().delay
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceService(), server)
     grpc_port = server.add_insecure_port("127.0.0.1:0")

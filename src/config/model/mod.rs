@@ -33,7 +33,7 @@ pub use throttle::{
     DEFAULT_KEY_PREFIX, DEFAULT_MAX_KEYS_PER_ROUTE, DEFAULT_STORE_TIMEOUT,
 };
 pub use tracing::{
-    OtlpProtocol, Sampling, Traces, DEFAULT_SERVICE_NAME, DEFAULT_TRACES_BATCH,
+    OtlpProtocol, Propagators, Sampling, Traces, DEFAULT_SERVICE_NAME, DEFAULT_TRACES_BATCH,
     DEFAULT_TRACES_INTERVAL, DEFAULT_TRACES_QUEUE, DEFAULT_TRACES_TIMEOUT,
 };
 pub use usage::Usage;

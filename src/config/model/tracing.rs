@@ -34,6 +34,26 @@ pub struct Traces {
     pub batch_size: usize,
     /// The longest a span waits before its batch is sent.
     pub interval: Duration,
+    /// The forms of a caller's trace context that are read.
+    pub propagators: Propagators,
+}
+
+/// The forms of a caller's trace context tollgate reads (`tracing.propagators`,
+/// `OTEL_PROPAGATORS`): W3C `traceparent`/`tracestate` first, then B3 (`b3`, `X-B3-*`).
+/// `traceparent` is always sent upstream; B3 too, in the caller's form, when it came as B3.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Propagators {
+    pub tracecontext: bool,
+    pub b3: bool,
+}
+
+impl Default for Propagators {
+    fn default() -> Self {
+        Propagators {
+            tracecontext: true,
+            b3: true,
+        }
+    }
 }
 
 /// How the spans are sent.

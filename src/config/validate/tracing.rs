@@ -5,8 +5,8 @@
 
 use super::validator::Validator;
 use crate::config::model::{
-    OtlpProtocol, Sampling, Secret, Traces, DEFAULT_SERVICE_NAME, DEFAULT_TRACES_BATCH,
-    DEFAULT_TRACES_INTERVAL, DEFAULT_TRACES_QUEUE, DEFAULT_TRACES_TIMEOUT,
+    OtlpProtocol, Propagators, Sampling, Secret, Traces, DEFAULT_SERVICE_NAME,
+    DEFAULT_TRACES_BATCH, DEFAULT_TRACES_INTERVAL, DEFAULT_TRACES_QUEUE, DEFAULT_TRACES_TIMEOUT,
 };
 use crate::config::raw::RawTracing;
 
@@ -20,6 +20,7 @@ const SERVICE_NAME: &str = "OTEL_SERVICE_NAME";
 const RESOURCE: &str = "OTEL_RESOURCE_ATTRIBUTES";
 const SAMPLER: &str = "OTEL_TRACES_SAMPLER";
 const SAMPLER_ARG: &str = "OTEL_TRACES_SAMPLER_ARG";
+const PROPAGATORS: &str = "OTEL_PROPAGATORS";
 
 /// The most spans a queue may hold: beyond this a burst costs memory, not insight.
 const MAX_QUEUE: u64 = 1_000_000;
@@ -49,6 +50,7 @@ pub(super) fn traces(v: &mut Validator, raw: Option<&RawTracing>) -> Option<Trac
         queue_size: None,
         batch_size: None,
         interval: None,
+        propagators: None,
     };
     let raw = raw.unwrap_or(&empty);
 
@@ -211,6 +213,39 @@ pub(super) fn traces(v: &mut Validator, raw: Option<&RawTracing>) -> Option<Trac
             ),
         );
     }
+    let propagators = match &raw.propagators {
+        Some(list) => {
+            let mut chosen = Propagators {
+                tracecontext: false,
+                b3: false,
+            };
+            for (i, name) in list.iter().enumerate() {
+                if !propagator(&mut chosen, name) {
+                    v.error(
+                        &format!("tracing.propagators[{i}]"),
+                        format!("`{name}` is not a propagator tollgate reads: use tracecontext or b3 (or none)"),
+                    );
+                }
+            }
+            chosen
+        }
+        None => match env(v, PROPAGATORS) {
+            None => Propagators::default(),
+            Some(text) => {
+                let mut chosen = Propagators {
+                    tracecontext: false,
+                    b3: false,
+                };
+                for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                    // W3C baggage goes through untouched in any case: nothing to read.
+                    if name != "baggage" && !propagator(&mut chosen, name) {
+                        v.error("tracing", format!("{PROPAGATORS}: `{name}` is not a propagator tollgate reads: use tracecontext, baggage, b3, b3multi or none"));
+                    }
+                }
+                chosen
+            }
+        },
+    };
     Some(Traces {
         endpoint,
         protocol,
@@ -222,7 +257,20 @@ pub(super) fn traces(v: &mut Validator, raw: Option<&RawTracing>) -> Option<Trac
         queue_size,
         batch_size,
         interval,
+        propagators,
     })
+}
+
+/// Adds the propagator `name` to `chosen`; false for a name tollgate does not read.
+fn propagator(chosen: &mut Propagators, name: &str) -> bool {
+    match name.trim() {
+        "tracecontext" => chosen.tracecontext = true,
+        // Either B3 form is read whichever is named; the caller's form is sent on.
+        "b3" | "b3multi" => chosen.b3 = true,
+        "none" => {}
+        _ => return false,
+    }
+    true
 }
 
 fn protocol(text: &str) -> Option<OtlpProtocol> {
@@ -514,6 +562,41 @@ mod tests {
         assert!(
             err.contains("OTEL_EXPORTER_OTLP_HEADERS is not a list")
                 && !err.contains("secretvalue"),
+            "{err}"
+        );
+    }
+
+    /// Both forms by default; the file's list, else `OTEL_PROPAGATORS` (baggage is passed
+    /// through anyway, `b3multi` is B3); a name tollgate does not read is refused.
+    #[test]
+    fn propagators_from_the_file_or_the_environment() {
+        let env = |value: &'static str| {
+            [
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+                ("OTEL_PROPAGATORS", value),
+            ]
+        };
+        let read = |section: &str, env: &[(&str, &str)]| {
+            let p = traces(section, env).unwrap().unwrap().propagators;
+            (p.tracecontext, p.b3)
+        };
+        assert_eq!(read("tracing: {}\n", &[]), (true, true));
+        assert_eq!(read("tracing: { propagators: [b3] }\n", &[]), (false, true));
+        assert_eq!(read("", &env("tracecontext,baggage")), (true, false));
+        assert_eq!(read("", &env("b3multi")), (false, true));
+        assert_eq!(read("", &env("none")), (false, false));
+        assert_eq!(
+            read("tracing: { propagators: [tracecontext] }\n", &env("b3")),
+            (true, false)
+        );
+        let err = traces("tracing:\n  propagators: [tracecontext, jaeger]\n", &[]).unwrap_err();
+        assert!(
+            err.contains("t.yaml:4:31: tracing.propagators[1]: `jaeger` is not a propagator"),
+            "{err}"
+        );
+        let err = traces("", &env("xray")).unwrap_err();
+        assert!(
+            err.contains("OTEL_PROPAGATORS: `xray` is not a propagator"),
             "{err}"
         );
     }
