@@ -327,6 +327,42 @@ pub fn unknown_short_form(route: &str, form: &str, hashed_only: bool) -> String 
 mod tests {
     use super::*;
 
+    use crate::identity::key;
+
+    #[test]
+    fn items_keep_hashes_hashed_and_follow_each_kind_s_rule() {
+        let clear = Shown::default();
+        assert_eq!(
+            clear.item("header=alice"),
+            ("header".into(), "alice".into())
+        );
+        let bearer = format!("bearer{}", key::hashed_part(b"tok"));
+        assert_eq!(
+            clear.item(&bearer),
+            ("bearer".into(), key::display_hash(b"tok"))
+        );
+        assert_eq!(
+            clear.item("header=a|client_ip=10.0.0.1"),
+            ("header+client_ip".into(), "a|10.0.0.1".into())
+        );
+        assert_eq!(clear.item("*"), ("global".into(), "*".into()));
+        let mut shown = Shown::default();
+        shown.add("header", Display::Clear);
+        shown.add("header", Display::Digest);
+        shown.add("client_ip", Display::Clear);
+        assert_eq!(shown.rule(), Display::Digest);
+        // The same short form from the key as from the value.
+        assert_eq!(
+            shown.item("header=initech|client_ip=10.0.0.1"),
+            (
+                "header+client_ip".into(),
+                "sha256:4cdc1a4207f4|10.0.0.1".into()
+            )
+        );
+        assert_eq!(shown.value(b"initech"), "sha256:4cdc1a4207f4");
+        assert_eq!(shown.given(b"sha256:4cdc1a4207f4"), "sha256:4cdc1a4207f4");
+    }
+
     #[test]
     fn identity_parts_of_either_key_shape() {
         assert_eq!(
