@@ -374,7 +374,7 @@ mod tests {
             "header=a"
         );
         assert_eq!(
-            generic_identity_part("tg:{api~!override}:minute:header=a"),
+            generic_identity_part("tg:{api}:minute~!override:header=a"),
             "header=a"
         );
         assert_eq!(glob_escape("a*b[c]"), "a\\*b\\[c\\]");
