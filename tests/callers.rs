@@ -127,15 +127,20 @@ async fn limits_ok(file: &str, words: &str) -> String {
 /// A route keyed by an API key (a credential-named header: shown as its digest), with an
 /// hourly limit of 2 and a "monthly" quota of 5 (30 days).
 fn quota_config(up: &Upstream, redis: &RedisServer, prefix: &str) -> Config {
+    quota_config_on(
+        up,
+        store::redis(&redis.url())
+            .key_prefix(prefix)
+            .timeout("500ms")
+            .on_error("deny"),
+    )
+}
+
+fn quota_config_on(up: &Upstream, store: Store) -> Config {
     config()
         .upstream(&up.url())
         .admin("127.0.0.1:0")
-        .store(
-            store::redis(&redis.url())
-                .key_prefix(prefix)
-                .timeout("500ms")
-                .on_error("deny"),
-        )
+        .store(store)
         .identity("customer", [source::header("x-api-key")])
         .route(route("api").prefix("/").key("customer").limits([
             // GCRA: no window boundary for a slow run to cross.
@@ -316,6 +321,42 @@ async fn a_per_limit_override_leaves_the_monthly_quota_alone_and_a_dry_run_chang
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
     assert!(text.contains("one of hourly, monthly"), "{text}");
+}
+
+/// On a Cluster the keys of one decision must share a slot: an override of one limit counts
+/// on a key in the same hash tag as the limits it leaves alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_limit_override_works_on_a_cluster() {
+    let cluster = tokio::task::block_in_place(RedisCluster::start);
+    let up = upstream().start().await;
+    let store = store::cluster(cluster.urls())
+        .key_prefix("cqs:")
+        .timeout("2s")
+        .on_error("deny");
+    let proxy = start(&quota_config_on(&up, store)).await;
+    let (base, at) = (proxy_base(&proxy), admin_base(&proxy));
+    let acme = ("x-api-key", KEY);
+    until_status(&base, acme, StatusCode::OK, Duration::from_secs(10)).await;
+    assert_eq!(call(&base, "/api/x", acme).await, StatusCode::OK);
+    assert_eq!(
+        call(&base, "/api/x", acme).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let (status, done) = admin_json(
+        &at,
+        "POST",
+        &format!("/limits/override?route=api&identity={KEY}&limit=4&limit_name=hourly&for=1h"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    until_status(&base, acme, StatusCode::OK, FOLLOW_WITHIN).await;
+    let (_, state) = admin_json(
+        &at,
+        "GET",
+        &format!("/limits/state?route=api&identity={KEY}"),
+    )
+    .await;
+    assert_limits(&state, ["hourly true 4 2", "monthly false 5 1"]);
 }
 
 #[tokio::test]
