@@ -129,18 +129,23 @@ async fn limits_ok(file: &str, words: &str) -> String {
 fn quota_config(up: &Upstream, redis: &RedisServer, prefix: &str) -> Config {
     quota_config_on(
         up,
-        store::redis(&redis.url())
-            .key_prefix(prefix)
-            .timeout("500ms")
-            .on_error("deny"),
+        Some(
+            store::redis(&redis.url())
+                .key_prefix(prefix)
+                .timeout("500ms")
+                .on_error("deny"),
+        ),
     )
 }
 
-fn quota_config_on(up: &Upstream, store: Store) -> Config {
-    config()
-        .upstream(&up.url())
-        .admin("127.0.0.1:0")
-        .store(store)
+/// [`quota_config`] on `store` (None: the memory store).
+fn quota_config_on(up: &Upstream, store: Option<Store>) -> Config {
+    let config = config().upstream(&up.url()).admin("127.0.0.1:0");
+    let config = match store {
+        Some(store) => config.store(store),
+        None => config,
+    };
+    config
         .identity("customer", [source::header("x-api-key")])
         .route(route("api").prefix("/").key("customer").limits([
             // GCRA: no window boundary for a slow run to cross.
@@ -333,7 +338,7 @@ async fn a_per_limit_override_works_on_a_cluster() {
         .key_prefix("cqs:")
         .timeout("2s")
         .on_error("deny");
-    let proxy = start(&quota_config_on(&up, store)).await;
+    let proxy = start(&quota_config_on(&up, Some(store))).await;
     let (base, at) = (proxy_base(&proxy), admin_base(&proxy));
     let acme = ("x-api-key", KEY);
     until_status(&base, acme, StatusCode::OK, Duration::from_secs(10)).await;
@@ -357,6 +362,39 @@ async fn a_per_limit_override_works_on_a_cluster() {
     )
     .await;
     assert_limits(&state, ["hourly true 4 2", "monthly false 5 1"]);
+}
+
+/// A memory store keeps overrides in the process: the same per-limit override, listed there.
+#[tokio::test]
+async fn a_per_limit_override_in_memory_leaves_the_month_alone() {
+    let up = upstream().start().await;
+    let proxy = start(&quota_config_on(&up, None)).await;
+    let (base, at) = (proxy_base(&proxy), admin_base(&proxy));
+    let acme = ("x-api-key", KEY);
+    for want in [
+        StatusCode::OK,
+        StatusCode::OK,
+        StatusCode::TOO_MANY_REQUESTS,
+    ] {
+        assert_eq!(call(&base, "/api/x", acme).await, want);
+    }
+    let ask = format!("/limits/override?route=api&identity={KEY}&limit=4&limit_name=hourly&for=1h");
+    let (status, done) = admin_json(&at, "POST", &ask).await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    // Applied here at once.
+    assert_eq!(call(&base, "/api/x", acme).await, StatusCode::OK);
+    let state = format!("/limits/state?route=api&identity={KEY_SHORT}");
+    let (_, now) = admin_json(&at, "GET", &state).await;
+    assert_limits(&now, ["hourly true 4 2", "monthly false 5 1"]);
+    let (_, list) = admin_json(&at, "GET", "/limits/overrides").await;
+    assert_eq!(
+        rows(
+            &list,
+            "overrides",
+            &["identity", "limit_name", "limit", "set_by"]
+        ),
+        [format!("{KEY_SHORT} hourly 4 loopback")]
+    );
 }
 
 #[tokio::test]
