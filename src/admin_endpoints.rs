@@ -13,5 +13,6 @@ pub const ENDPOINTS: &[(&str, &[Method])] = &[
     ("/limits/reset", &[Method::POST]),
     ("/limits/override", &[Method::POST, Method::DELETE]),
     ("/limits/audit", &[Method::GET]),
+    ("/limits/overrides", &[Method::GET]),
     ("/protect", &[Method::GET]),
 ];

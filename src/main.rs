@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use tollgate::cli::{Cli, Command, ExplainArgs, LimitsArgs, LimitsCommand, LogFormat, RunArgs};
-use tollgate::cli::{HealthArgs, OverrideArgs, SuggestArgs, DEFAULT_HEALTH_URL};
+use tollgate::cli::{HealthArgs, OverrideArgs, OverridesArgs, SuggestArgs, DEFAULT_HEALTH_URL};
 use tollgate::config;
 use tollgate::server::Server;
 
@@ -26,9 +26,13 @@ fn main() -> ExitCode {
         Some(Command::Limits(LimitsCommand::Get(args))) => {
             limits(args, tollgate::limits_cli::Action::Get)
         }
-        Some(Command::Limits(LimitsCommand::Reset(args))) => {
-            limits(args, tollgate::limits_cli::Action::Reset)
-        }
+        Some(Command::Limits(LimitsCommand::Reset(args))) => limits(
+            args.target,
+            tollgate::limits_cli::Action::Reset {
+                limit_name: args.limit_name,
+            },
+        ),
+        Some(Command::Limits(LimitsCommand::Overrides(args))) => limits_overrides(args),
         Some(Command::Limits(LimitsCommand::Override(args))) => limits_override(args),
         Some(Command::Limits(LimitsCommand::Suggest(args))) => limits_suggest(args),
         Some(Command::Health(args)) => health(args),
@@ -123,7 +127,7 @@ fn limits(args: LimitsArgs, action: tollgate::limits_cli::Action) -> ExitCode {
     };
     let answer = runtime.block_on(tollgate::limits_cli::run(
         &config,
-        action,
+        action.clone(),
         &args.route,
         &args.identity,
         args.admin.as_deref(),
@@ -139,7 +143,7 @@ fn limits(args: LimitsArgs, action: tollgate::limits_cli::Action) -> ExitCode {
         println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
     } else if action == tollgate::limits_cli::Action::Get {
         print!("{}", tollgate::control::caller::state_text(&value));
-    } else if action == tollgate::limits_cli::Action::Reset {
+    } else if matches!(action, tollgate::limits_cli::Action::Reset { .. }) {
         print!("{}", tollgate::control::caller::reset_text(&value));
     } else {
         print!("{}", tollgate::control::overrides::override_text(&value));
@@ -147,15 +151,29 @@ fn limits(args: LimitsArgs, action: tollgate::limits_cli::Action) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// `tollgate limits overrides`: the overrides in force, as text or JSON.
+fn limits_overrides(args: OverridesArgs) -> ExitCode {
+    let (config, runtime) = match config_and_runtime(&args.config) {
+        Ok(both) => both,
+        Err(code) => return code,
+    };
+    let answer = runtime.block_on(tollgate::limits_cli::overrides(
+        &config,
+        args.admin.as_deref(),
+    ));
+    print_answer(
+        "overrides",
+        answer,
+        args.json,
+        tollgate::control::overrides::list_text,
+    )
+}
+
 /// `tollgate limits suggest`: the running instance's report, as text or JSON; exit 2 for a
 /// usage error (a bad window, no admin address), 1 when the instance cannot be asked.
 fn limits_suggest(args: SuggestArgs) -> ExitCode {
-    let config = match load_config(&args.config) {
-        Ok(config) => config,
-        Err(code) => return code,
-    };
-    let runtime = match new_runtime() {
-        Ok(rt) => rt,
+    let (config, runtime) = match config_and_runtime(&args.config) {
+        Ok(both) => both,
         Err(code) => return code,
     };
     let answer = runtime.block_on(tollgate::limits_cli::suggest(
@@ -164,8 +182,31 @@ fn limits_suggest(args: SuggestArgs) -> ExitCode {
         &args.window,
         args.local,
     ));
+    print_answer(
+        "suggest",
+        answer,
+        args.json,
+        tollgate::suggest::advice::text,
+    )
+}
+
+/// The configuration at `path` and a runtime to run a command in, or the exit code of why not.
+fn config_and_runtime(
+    path: &std::path::Path,
+) -> Result<(config::Config, tokio::runtime::Runtime), ExitCode> {
+    Ok((load_config(path)?, new_runtime()?))
+}
+
+/// A `tollgate limits COMMAND` answer printed as JSON or by `text`: exit 0; or its failure on
+/// stderr: exit 2 for a usage error, 1 otherwise.
+fn print_answer(
+    command: &str,
+    answer: Result<serde_json::Value, tollgate::limits_cli::Failure>,
+    json: bool,
+    text: fn(&serde_json::Value) -> String,
+) -> ExitCode {
     match answer {
-        Ok(value) if args.json => {
+        Ok(value) if json => {
             println!(
                 "{}",
                 serde_json::to_string_pretty(&value).unwrap_or_default()
@@ -173,11 +214,11 @@ fn limits_suggest(args: SuggestArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(value) => {
-            print!("{}", tollgate::suggest::advice::text(&value));
+            print!("{}", text(&value));
             ExitCode::SUCCESS
         }
         Err(failure) => {
-            eprintln!("tollgate limits suggest: {}", failure.message);
+            eprintln!("tollgate limits {command}: {}", failure.message);
             ExitCode::from(if failure.usage { 2 } else { 1 })
         }
     }
@@ -190,7 +231,9 @@ fn limits_override(args: OverrideArgs) -> ExitCode {
     use tollgate::limits_cli::Action;
     use tollgate::throttle::overrides::Adjust;
     let action = if args.delete {
-        Ok(Action::Unoverride)
+        Ok(Action::Unoverride {
+            limit_name: args.limit_name.clone(),
+        })
     } else {
         let adjust = match (&args.limit, &args.multiply) {
             (Some(n), _) => parse_limit(n).map(Adjust::Limit),
@@ -198,7 +241,18 @@ fn limits_override(args: OverrideArgs) -> ExitCode {
             (None, None) => Err("give --limit N or --multiply X".to_owned()),
         };
         let duration = parse_for(args.duration.as_deref().unwrap_or_default());
-        adjust.and_then(|adjust| duration.map(|duration| Action::Override { adjust, duration }))
+        let (limit_name, dry_run) = (args.limit_name.clone(), args.dry_run);
+        adjust.and_then(|adjust| {
+            duration.map(|duration| {
+                Action::Override(tollgate::control::overrides::Request {
+                    adjust,
+                    duration,
+                    limit_name,
+                    dry_run,
+                    who: tollgate::control::audit::Who::Cli,
+                })
+            })
+        })
     };
     match action {
         Ok(action) => limits(args.target, action),

@@ -20,6 +20,7 @@
 pub mod ambiguity;
 pub mod caller;
 pub mod client_ip;
+pub mod display;
 pub mod jwt;
 pub mod key;
 
@@ -30,6 +31,7 @@ use http::HeaderName;
 
 pub use ambiguity::Ambiguity;
 pub use client_ip::{client_ip, TrustedProxies};
+pub use display::Display;
 pub use jwt::{JwtConfigError, JwtVerifier, Refusal};
 
 /// One place an identity value can come from.
@@ -71,6 +73,20 @@ impl Source {
             Source::PathSegment(_) => "path_segment",
             Source::ClientIp => "client_ip",
             Source::Global => "global",
+        }
+    }
+
+    /// How values read from it are shown unless the identity's `display` says otherwise:
+    /// `digest` for credentials (bearer tokens; headers, query parameters and cookies whose
+    /// name says they hold one, [`display::is_credential_name`]), `clear` for the rest.
+    pub fn default_display(&self) -> Display {
+        match self {
+            Source::Header(name) if display::is_credential_name(name.as_str()) => Display::Digest,
+            Source::Query(name) | Source::Cookie(name) if display::is_credential_name(name) => {
+                Display::Digest
+            }
+            Source::Bearer => Display::Digest,
+            _ => Display::Clear,
         }
     }
 
@@ -169,6 +185,8 @@ pub struct Identity {
     pub sources: Vec<Source>,
     /// What a refused credential means (see the module docs).
     pub on_invalid: OnInvalid,
+    /// How its values are shown (`display`); None: by source ([`Display::default_for`]).
+    pub display: Option<Display>,
 }
 
 /// The result: which source answered and the value, already made safe for a store key.
@@ -399,6 +417,7 @@ pub fn builtin(name: &str) -> Option<Identity> {
         name: name.to_owned(),
         sources: vec![source],
         on_invalid: OnInvalid::default(),
+        display: None,
     })
 }
 
@@ -617,6 +636,7 @@ mod is_value_tests {
                 name: "x".into(),
                 sources: vec![source],
                 on_invalid: OnInvalid::default(),
+                display: None,
             }
             .identify(&parts, ip)
         };
@@ -643,6 +663,7 @@ mod is_value_tests {
             name: "x".into(),
             sources: vec![source],
             on_invalid: OnInvalid::default(),
+            display: None,
         };
         let header = one(Source::Header(http::HeaderName::from_static("x-user")));
         assert_eq!(
@@ -721,6 +742,7 @@ mod tests {
             name: "test".into(),
             sources: vec![source],
             on_invalid: OnInvalid::default(),
+            display: None,
         }
     }
 
@@ -915,6 +937,7 @@ mod tests {
                 Source::Header(HeaderName::from_static("x-user")),
             ],
             on_invalid: OnInvalid::ClientIp,
+            display: None,
         };
         let both = parts(
             "/",
@@ -998,6 +1021,7 @@ mod tests {
                 jwt(b"issuer-b"),
             ],
             on_invalid: OnInvalid::Reject,
+            display: None,
         };
         let forged = token(b"forger");
         let id = ident.seen(
@@ -1082,6 +1106,7 @@ mod tests {
                 Source::Query("user".into()),
             ],
             on_invalid: OnInvalid::default(),
+            display: None,
         };
         let all = parts("/?user=q", &[("x-api-key", b"k"), ("cookie", b"sid=c")]);
         let id = ident.seen(&all, peer());
@@ -1108,6 +1133,7 @@ mod tests {
             name: "empty".into(),
             sources: vec![],
             on_invalid: OnInvalid::default(),
+            display: None,
         };
         assert!(is_fallback(&empty.seen(&parts("/", &[]), peer())));
     }
@@ -1132,6 +1158,24 @@ mod tests {
         let other: IpAddr = "198.51.100.1".parse().unwrap();
         assert_eq!(global.seen(&parts("/x", &[]), other).key_part, "*");
         assert!(builtin("user").is_none());
+    }
+
+    #[test]
+    fn credentials_are_shown_as_digests_by_default() {
+        let header = |name: &'static str| Source::Header(HeaderName::from_static(name));
+        assert_eq!(header("x-api-key").default_display(), Display::Digest);
+        assert_eq!(header("x-user").default_display(), Display::Clear);
+        assert_eq!(Source::Bearer.default_display(), Display::Digest);
+        assert_eq!(
+            Source::Query("token".into()).default_display(),
+            Display::Digest
+        );
+        assert_eq!(
+            Source::Cookie("theme".into()).default_display(),
+            Display::Clear
+        );
+        assert_eq!(Source::ClientIp.default_display(), Display::Clear);
+        assert_eq!(Source::PathSegment(2).default_display(), Display::Clear);
     }
 
     #[test]
