@@ -25,7 +25,9 @@ fn console_config(up: &Upstream, redis: &RedisServer) -> Config {
     config()
         .upstream(&up.url())
         .admin_with_token("127.0.0.1:0", TOKEN_ENV)
-        .store(store::redis(&redis.url()))
+        // Generous: a Redis call slowed by the browsers beside it must not become a store
+        // error (which admits the request) and change the counts the tests read.
+        .store(store::redis(&redis.url()).timeout("2s"))
         .identity("user", [source::header("x-user")])
         .identity("apikey", [source::header("x-api-key")])
         .route(
@@ -207,8 +209,21 @@ async fn console_shows_the_fleet_top_offenders_and_a_blocked_caller() {
         );
     }
 
-    browser.type_into("#identity", "alice").await;
-    browser.click("#search").await;
+    // Recent denials: one line per caller and limit, with when it began and ended.
+    let denied = browser
+        .until_text("#denials tr.denial", "alice's denials", |t| {
+            t.starts_with("alice")
+        })
+        .await;
+    assert!(
+        denied.starts_with("alice header api per-user penalty box (block_for) 10 "),
+        "{denied}"
+    );
+
+    // A click on an offender shows their panel, and names them in the address.
+    browser
+        .click("#top tr.offender[data-identity=\"alice\"] a.identity")
+        .await;
     let blocked = browser
         .until_text(
             ".caller-route[data-route=\"api\"] .limit-state",
@@ -220,6 +235,8 @@ async fn console_shows_the_fleet_top_offenders_and_a_blocked_caller() {
         blocked.starts_with("per-user: BLOCKED until 20"),
         "{blocked}"
     );
+    let address = browser.client.current_url().await.unwrap();
+    assert_eq!(address.fragment(), Some("caller=alice"));
     assert!(blocked.contains("by per-user"), "{blocked}");
     browser
         .click(".caller-route[data-route=\"api\"] details summary")
@@ -236,6 +253,119 @@ async fn console_shows_the_fleet_top_offenders_and_a_blocked_caller() {
         "{explained}"
     );
     browser.screenshot("caller-blocked").await;
+    // Another caller in the address (a link followed, back or forward): looked up at once.
+    browser
+        .client
+        .execute("location.hash = '#caller=bob';", vec![])
+        .await
+        .expect("run a script");
+    browser
+        .until_text("#caller h3", "bob's panel", |t| t.starts_with("caller "))
+        .await;
+    let bob = browser
+        .until_text(
+            ".caller-route[data-route=\"api\"] .limit-state",
+            "bob blocked",
+            |t| t.contains("BLOCKED until"),
+        )
+        .await;
+    assert!(bob.starts_with("per-user: BLOCKED until 20"), "{bob}");
+    assert_eq!(
+        browser
+            .client
+            .find(fantoccini::Locator::Css("#identity"))
+            .await
+            .unwrap()
+            .prop("value")
+            .await
+            .unwrap(),
+        Some("bob".to_owned())
+    );
+    assert_no_browser_errors(&browser).await;
+    browser.close().await;
+}
+
+/// A person reads a route's chart: allowed requests above, refused ones below on a scale of
+/// their own (alice's 10 refusals are not flattened by the allowed ones, nor the reverse), the
+/// last minute's averages as its caption, and a sample's values where the pointer rests.
+#[tokio::test]
+async fn console_charts_show_allowed_and_refused_on_their_own_scales_with_hover_values() {
+    let fleet = flooded_fleet().await;
+    // The sample that counted alice's flood, as the JSON behind the page has it.
+    let started = Instant::now();
+    let (times, counts) = loop {
+        let (_, overview) = admin_json(&fleet.a, "/console/api/overview").await;
+        let history = &overview["history"];
+        let times: Vec<u64> = serde_json::from_value(history["times"].clone()).unwrap();
+        let counts: Vec<[f64; 3]> =
+            serde_json::from_value(history["routes"]["api"].clone()).unwrap();
+        if counts.last().is_some_and(|c| c[1] == 10.0) && counts[0][1] == 0.0 {
+            break (times, counts);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the flood was never sampled: {history}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let rates: Vec<[f64; 3]> = (1..counts.len())
+        .map(|i| {
+            let dt = ((times[i] - times[i - 1]) as f64 / 1000.0).max(0.001);
+            [0, 1, 2].map(|k| ((counts[i][k] - counts[i - 1][k]) / dt).max(0.0))
+        })
+        .collect();
+    let flood = (1..counts.len())
+        .find(|&i| counts[i][1] > counts[i - 1][1])
+        .unwrap();
+    let top = |k: usize| rates.iter().map(|r| r[k]).fold(1.0, f64::max).ceil();
+    let top_refused = top(1).max(top(2));
+
+    let browser = browser::launch("charts").await;
+    browser.goto(&console_url(&fleet.a)).await;
+    let chart = "#routes svg.chart[data-route=\"api\"]";
+    browser
+        .until_text(
+            &format!("{chart} text.chart-caption"),
+            "the last minute",
+            |t| t.starts_with("last minute: ") && t.ends_with(" shed/s"),
+        )
+        .await;
+    let notes = browser.texts(&format!("{chart} text.chart-note")).await;
+    for note in [
+        format!("allowed (top {top}/s)", top = top(0)),
+        format!("refused: limited, shed (top {top_refused}/s)"),
+        "last minute".to_owned(),
+    ] {
+        assert!(notes.contains(&note), "{note:?} not in {notes:?}");
+    }
+    browser
+        .hover(&format!("{chart} rect.hover[data-at=\"{}\"]", times[flood]))
+        .await;
+    let clock = &humantime::format_rfc3339_seconds(
+        std::time::UNIX_EPOCH + Duration::from_millis(times[flood]),
+    )
+    .to_string()[11..19];
+    let shown = |v: f64| {
+        let v = if v >= 10.0 {
+            v.round()
+        } else {
+            (v * 10.0).round() / 10.0
+        };
+        format!("{v}")
+    };
+    let r = rates[flood - 1];
+    let expected = format!(
+        "{clock} UTC: {} allowed/s · {} limited/s · {} shed/s",
+        shown(r[0]),
+        shown(r[1]),
+        shown(r[2])
+    );
+    browser
+        .until_text(&format!("{chart} text.chart-caption"), &expected, |t| {
+            t == expected
+        })
+        .await;
+    browser.screenshot("chart-hover").await;
     assert_no_browser_errors(&browser).await;
     browser.close().await;
 }
@@ -398,6 +528,66 @@ async fn console_loads_under_its_content_security_policy_without_browser_errors(
     browser.close().await;
 }
 
+/// The overload protection's panel names what it shows for a person ("in flight", "baseline
+/// latency"), never by the JSON's field names, with the values `GET /protect` answers.
+#[tokio::test]
+async fn console_protect_panel_names_its_fields_for_a_person() {
+    let redis = RedisServer::start();
+    let up = upstream().start().await;
+    let config = console_config(&up, &redis).set(
+        "protect",
+        serde_json::json!({ "mode": "shadow", "latency": "2x", "max_wait": "50ms", "min_limit": 4, "max_limit": 100 }),
+    );
+    let proxy = start(&config).await;
+    let (status, state) = admin_json(&proxy, "/protect").await;
+    assert_eq!(status, StatusCode::OK, "{state}");
+    let browser = browser::launch("protect").await;
+    browser.goto(&console_url(&proxy)).await;
+    browser
+        .until_text("#protect", "the protection's state", |t| !t.is_empty())
+        .await;
+    let labels = browser.texts("#protect dt").await;
+    assert_eq!(
+        labels,
+        [
+            "mode",
+            "limit",
+            "in flight",
+            "waiting",
+            "latency now",
+            "baseline latency",
+            "target",
+            "errors",
+            "state",
+            "last cut",
+            "settings",
+            "critical priority",
+            "high priority",
+            "normal priority",
+            "low priority"
+        ]
+    );
+    let values = browser.texts("#protect dd").await;
+    let shown = |label: &str| &values[labels.iter().position(|l| l == label).unwrap()];
+    assert_eq!(shown("mode"), "shadow");
+    assert_eq!(
+        shown("limit"),
+        &format!("{} requests at once", state["limit"])
+    );
+    assert_eq!(shown("in flight"), "0");
+    assert_eq!(shown("waiting"), "0");
+    assert_eq!(shown("baseline latency"), "—");
+    assert_eq!(shown("last cut"), "none");
+    assert_eq!(
+        shown("settings"),
+        "latency 2x, max wait 50 ms, limit 4 to 100"
+    );
+    assert_eq!(shown("high priority"), "0 admitted, 0 would have been shed");
+    browser.screenshot("protect").await;
+    assert_no_browser_errors(&browser).await;
+    browser.close().await;
+}
+
 /// Every request that changes state, tried without the token, is refused and changes
 /// nothing; the console's own endpoints only read (any other method: 405).
 #[tokio::test]
@@ -540,6 +730,31 @@ async fn console_json_endpoints() {
     let digest = newest["identity"].as_str().unwrap().to_owned();
     assert!(digest.starts_with("sha256:"), "{newest}");
     assert!(!text.contains("k_live_42"), "the API key is shown: {text}");
+    // Two callers refused in turn: one entry each, not one per refusal.
+    for name in ["erin", "frank"] {
+        for _ in 0..2 {
+            assert_eq!(user(a, name).await, StatusCode::OK);
+        }
+    }
+    for _ in 0..5 {
+        for name in ["erin", "frank"] {
+            assert_eq!(user(a, name).await, StatusCode::TOO_MANY_REQUESTS);
+        }
+    }
+    let (_, overview) = admin_json(a, "/console/api/overview").await;
+    let denials = overview["denials"].as_array().unwrap();
+    let lines: Vec<(&str, u64)> = denials
+        .iter()
+        .take(2)
+        .map(|d| {
+            (
+                d["identity"].as_str().unwrap(),
+                d["count"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(lines, [("frank", 5), ("erin", 5)], "{overview}");
+    assert!(denials[1]["first"].as_str() < denials[1]["last"].as_str());
     // alice's ten refusals in a row are one entry.
     let alice = overview["denials"]
         .as_array()
