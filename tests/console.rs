@@ -16,6 +16,9 @@ use support::*;
 
 const TOKEN_ENV: &str = "TOLLGATE_CONSOLE_TEST_TOKEN";
 const TOKEN: &str = "console-test-token";
+/// alice's (or bob's) row for the limit `per-user` in the caller's panel, route `api`.
+const API_PER_USER: &str =
+    ".caller-route[data-route=\"api\"] .limit-state[data-limit=\"per-user\"]";
 
 /// Route `api` on every path, by the `x-user` header: two requests an hour, and a caller
 /// refused once is blocked for ten minutes. `login` reads an API key from `x-api-key`.
@@ -225,19 +228,19 @@ async fn console_shows_the_fleet_top_offenders_and_a_blocked_caller() {
         .click("#top tr.offender[data-identity=\"alice\"] a.identity")
         .await;
     let blocked = browser
-        .until_text(
-            ".caller-route[data-route=\"api\"] .limit-state",
-            "alice blocked",
-            |t| t.contains("BLOCKED until"),
-        )
+        .until_text(API_PER_USER, "alice blocked", |t| t.contains("BLOCKED"))
         .await;
     assert!(
-        blocked.starts_with("per-user: BLOCKED until 20"),
+        blocked.starts_with("per-user BLOCKED 0 of 2 in "),
         "{blocked}"
     );
+    assert!(blocked.contains(" UTC ("), "{blocked}");
     let address = browser.client.current_url().await.unwrap();
     assert_eq!(address.fragment(), Some("caller=alice"));
-    assert!(blocked.contains("by per-user"), "{blocked}");
+    assert!(
+        blocked.contains("left, started by per-user) —"),
+        "{blocked}"
+    );
     browser
         .click(".caller-route[data-route=\"api\"] details summary")
         .await;
@@ -263,13 +266,9 @@ async fn console_shows_the_fleet_top_offenders_and_a_blocked_caller() {
         .until_text("#caller h3", "bob's panel", |t| t.starts_with("caller "))
         .await;
     let bob = browser
-        .until_text(
-            ".caller-route[data-route=\"api\"] .limit-state",
-            "bob blocked",
-            |t| t.contains("BLOCKED until"),
-        )
+        .until_text(API_PER_USER, "bob blocked", |t| t.contains("BLOCKED"))
         .await;
-    assert!(bob.starts_with("per-user: BLOCKED until 20"), "{bob}");
+    assert!(bob.starts_with("per-user BLOCKED 0 of 2 in "), "{bob}");
     assert_eq!(
         browser
             .client
@@ -380,11 +379,7 @@ async fn console_reset_is_refused_without_the_token_and_frees_the_caller_with_it
     browser.type_into("#identity", "alice").await;
     browser.click("#search").await;
     browser
-        .until_text(
-            ".caller-route[data-route=\"api\"] .limit-state",
-            "alice blocked",
-            |t| t.contains("BLOCKED until"),
-        )
+        .until_text(API_PER_USER, "alice blocked", |t| t.contains("BLOCKED"))
         .await;
 
     browser.click(".reset[data-route=\"api\"]").await;
@@ -415,13 +410,33 @@ async fn console_reset_is_refused_without_the_token_and_frees_the_caller_with_it
         })
         .await;
     browser
-        .until_text(
-            ".caller-route[data-route=\"api\"] .limit-state",
-            "alice free",
-            |t| t.starts_with("per-user: a request would pass, leaving 1 of 2"),
-        )
+        .until_text(API_PER_USER, "alice free", |t| {
+            t.starts_with("per-user a request would pass 1 of 2 after a request in ")
+        })
         .await;
     browser.screenshot("reset-done").await;
+    // The audit trail shows the reset at once, and its filter keeps the lines that match.
+    let entry = browser
+        .until_text(
+            "#audit tr.audit-entry",
+            "the reset in the audit trail",
+            |t| t.contains(" reset api alice "),
+        )
+        .await;
+    assert!(entry.contains(" token "), "{entry}");
+    browser.type_into("#audit-filter", "bob").await;
+    browser
+        .until_text("#audit-count", "no line about bob", |t| {
+            t == "(0 of the last 1 match)"
+        })
+        .await;
+    assert!(browser.texts("#audit tr.audit-entry").await.is_empty());
+    browser.type_into("#audit-filter", "ALICE").await;
+    browser
+        .until_text("#audit-count", "alice's line", |t| {
+            t == "(1 of the last 1 match)"
+        })
+        .await;
     // Free on both replicas: B forgets its remembered denial within its reset watch.
     let started = Instant::now();
     loop {

@@ -374,6 +374,49 @@ async function renderSuggest() {
     : `(last 24 h, this replica only${report.reason ? ": " + report.reason : ""})`;
 }
 
+// The audit trail (GET /limits/audit): every reset and override, whoever made it, newest
+// first; the filter keeps the lines that contain what it holds, in any column.
+const AUDIT_MS = 10000;
+let auditedAt = 0;
+let auditEntries = [];
+
+function parametersText(p) {
+  if (!p || typeof p !== "object") return "";
+  return Object.entries(p).filter(([, v]) => v !== null && v !== undefined).map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join(" ");
+}
+
+function renderAuditRows() {
+  const body = document.querySelector("#audit tbody");
+  clear(body);
+  const wanted = document.getElementById("audit-filter").value.trim().toLowerCase();
+  let shown = 0;
+  for (const e of auditEntries) {
+    const cells = [e.at.replace("T", " ").replace("Z", ""), e.action, e.route, e.identity, parametersText(e.parameters), e.who, e.replica];
+    if (wanted && !cells.join(" ").toLowerCase().includes(wanted)) continue;
+    shown++;
+    body.append(el("tr", { class: "audit-entry" },
+      el("td", { class: "small" }, cells[0]),
+      el("td", {}, cells[1]),
+      el("td", {}, cells[2]),
+      el("td", {}, callerLink(e.identity)),
+      el("td", { class: "small" }, cells[4]),
+      el("td", {}, cells[5]),
+      el("td", { class: "small muted" }, cells[6])));
+  }
+  document.getElementById("audit-count").textContent = wanted
+    ? `(${shown} of the last ${auditEntries.length} match)`
+    : `(the last ${auditEntries.length}, newest first)`;
+}
+
+async function renderAudit(now) {
+  if (!now && Date.now() - auditedAt < AUDIT_MS) return;
+  auditedAt = Date.now();
+  const answer = await getJson("/limits/audit?limit=100");
+  if (!answer.ok) return;
+  auditEntries = (answer.body.entries || []).slice().reverse();
+  renderAuditRows();
+}
+
 async function refresh() {
   try {
     const answer = await getJson("/console/api/overview");
@@ -394,27 +437,43 @@ async function refresh() {
   }
   renderProtect();
   renderSuggest().catch(() => {});
+  renderAudit(false).catch(() => {});
   if (lastCaller !== null) renderCaller(lastCaller, false);
 }
 
-function limitLine(l) {
+// A time `s` seconds from now, as the page shows times: HH:MM:SS UTC.
+function inSeconds(s) {
+  return `${clock(Date.now() + s * 1000)} UTC`;
+}
+
+// One limit of a caller on a route: a row of the panel's table.
+function limitRow(l, override) {
   const name = `${l.limit_name}${l.tier ? " (tier " + l.tier + ")" : ""}`;
-  if (l.error) return el("li", { class: "bad" }, `${name}: ${l.error}`);
-  if (l.unknown) return el("li", { class: "muted" }, `${name}: unknown (${l.unknown})`);
-  if (l.blocked) {
-    return el("li", { class: "limit-state blocked" },
-      el("strong", {}, `${name}: BLOCKED until ${l.blocked.until}`),
-      ` (${seconds(l.blocked.remaining_s)} left, by ${l.blocked.by})`);
-  }
-  const shared = l.shared_by_everyone ? " — shared by every caller" : "";
-  const over = l.overridden ? " — overridden" : "";
-  if (l.allowed) {
-    return el("li", { class: "limit-state ok" },
-      `${name}: a request would pass, leaving ${l.remaining} of ${l.limit}; full again in ${seconds(l.reset_after_seconds)}${shared}${over}`);
-  }
-  const retry = l.retry_after_seconds < 0 ? "never at this cost" : `retry in ${seconds(l.retry_after_seconds)}`;
-  return el("li", { class: "limit-state limited" },
-    el("strong", {}, `${name}: LIMITED`), ` — ${l.remaining} of ${l.limit} left, ${retry}${shared}${over}`);
+  const row = (kind, ...cells) => el("tr", { class: `limit-state ${kind}`, "data-limit": l.limit_name },
+    el("td", { class: "name" }, name), ...cells);
+  if (l.error) return row("bad", el("td", { colSpan: 5, class: "bad" }, l.error));
+  if (l.unknown) return row("unknown", el("td", { colSpan: 5, class: "muted" }, `unknown: ${l.unknown}`));
+  let now;
+  if (l.blocked) now = el("strong", {}, "BLOCKED");
+  else if (l.allowed) now = "a request would pass";
+  else now = el("strong", {}, `LIMITED, ${l.retry_after_seconds < 0 ? "never at this cost" : "retry in " + seconds(l.retry_after_seconds)}`);
+  const block = l.blocked
+    ? `until ${l.blocked.until.slice(11, 19)} UTC (${seconds(l.blocked.remaining_s)} left, started by ${l.blocked.by})`
+    : "—";
+  const shared = l.shared_by_everyone ? " (shared by every caller)" : "";
+  return row(l.blocked ? "blocked" : (l.allowed ? "ok" : "limited"),
+    el("td", { class: "now" }, now),
+    el("td", { class: "remaining" }, `${l.remaining} of ${l.limit}${l.allowed && !l.blocked ? " after a request" : ""}${shared}`),
+    el("td", { class: "reset" }, `in ${seconds(l.reset_after_seconds)} (${inSeconds(l.reset_after_seconds)})`),
+    el("td", { class: "block" }, block),
+    el("td", { class: "override" }, l.overridden ? (override || "overridden") : "—"));
+}
+
+// An override as the panel shows it: what it sets, until when.
+function overrideText(o) {
+  if (!o) return null;
+  const what = o.limit !== null && o.limit !== undefined ? `limit ${o.limit}` : `×${o.multiply}`;
+  return `${what} until ${o.until}`;
 }
 
 function message(text, kind) {
@@ -442,6 +501,7 @@ async function act(method, path, params, what) {
     message(`${what} failed: ${e.message}`, "refused");
   }
   if (lastCaller !== null) renderCaller(lastCaller, false);
+  renderAudit(true).catch(() => {});
 }
 
 function actionsFor(route, identity) {
@@ -475,15 +535,17 @@ function stateOf(state) {
     box.append(el("p", { class: "bad" }, state.error));
     return box;
   }
-  if (state.override) {
-    const o = state.override;
-    box.append(el("p", { class: "override-state" },
-      `override: ${o.limit !== null && o.limit !== undefined ? "limit " + o.limit : "×" + o.multiply} until ${o.until}`));
+  if (state.limits.length === 0) {
+    box.append(el("p", { class: "muted" }, "no limit applies to this value"));
+    return box;
   }
-  const list = el("ul", { class: "limits" });
-  for (const l of state.limits) list.append(limitLine(l));
-  if (state.limits.length === 0) list.append(el("li", { class: "muted" }, "no limit applies to this value"));
-  box.append(list);
+  const override = overrideText(state.override);
+  const table = el("table", { class: "limits" },
+    el("thead", {}, el("tr", {}, ...["limit", "now", "remaining", "full again", "block", "override"].map((h) => el("th", {}, h)))));
+  const body = el("tbody");
+  for (const l of state.limits) body.append(limitRow(l, override));
+  table.append(body);
+  box.append(table);
   return box;
 }
 
@@ -565,6 +627,7 @@ document.addEventListener("DOMContentLoaded", () => {
     if (!(event.target instanceof Element) || !event.target.closest("svg.chart")) hovered.clear();
   });
   window.addEventListener("hashchange", followAddress);
+  document.getElementById("audit-filter").addEventListener("input", renderAuditRows);
   followAddress();
   refresh();
   setInterval(refresh, REFRESH_MS);
