@@ -45,7 +45,6 @@ use crate::control::audit::{self, Who};
 use crate::control::caller::{self, CallerError};
 use crate::control::offenders::{self, View};
 use crate::control::overrides;
-use crate::identity::key;
 use crate::proxy::Proxy;
 use crate::throttle::overrides::Adjust;
 
@@ -251,6 +250,7 @@ async fn respond<B>(
         }
         "/limits/override" => (Method::POST, OVERRIDE_PARAMS),
         "/limits/audit" => (Method::GET, AUDIT_PARAMS),
+        "/limits/overrides" => (Method::GET, OVERRIDES_PARAMS),
         "/protect" => (Method::GET, PROTECT_PARAMS),
         _ => return health_response(request, health, proxy),
     };
@@ -267,6 +267,7 @@ async fn respond<B>(
         "/limits/override" if method == Method::DELETE => unoverride(request, proxy, caller).await,
         "/limits/override" => set_override(request, proxy, caller).await,
         "/limits/audit" => audit(request, proxy).await,
+        "/limits/overrides" => overrides_list(request, proxy).await,
         "/protect" => protect_state(request, proxy),
         _ => reset(request, proxy, caller).await,
     }
@@ -308,9 +309,19 @@ async fn protect_for_console(
 const TOP_PARAMS: &[&str] = &["k", "format", "scope"];
 const SUGGEST_PARAMS: &[&str] = &["window", "format", "scope"];
 const STATE_PARAMS: &[&str] = &["route", "identity", "format"];
-const RESET_PARAMS: &[&str] = &["route", "identity", "format"];
-const OVERRIDE_PARAMS: &[&str] = &["route", "identity", "limit", "multiply", "for", "format"];
-const UNOVERRIDE_PARAMS: &[&str] = &["route", "identity", "format"];
+const RESET_PARAMS: &[&str] = &["route", "identity", "limit_name", "format"];
+const OVERRIDE_PARAMS: &[&str] = &[
+    "route",
+    "identity",
+    "limit",
+    "multiply",
+    "for",
+    "limit_name",
+    "dry_run",
+    "format",
+];
+const UNOVERRIDE_PARAMS: &[&str] = &["route", "identity", "limit_name", "format"];
+const OVERRIDES_PARAMS: &[&str] = &["format"];
 const AUDIT_PARAMS: &[&str] = &["limit", "format"];
 const PROTECT_PARAMS: &[&str] = &["format"];
 
@@ -604,7 +615,12 @@ async fn top<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
         .routes
         .into_iter()
         .map(|(route, top)| {
-            let callers: Vec<Value> = top.into_iter().map(|o| o.to_json(shown(&o.item))).collect();
+            // Each caller as its route shows it: the short form the other endpoints show.
+            let shown = control.shown(&route);
+            let callers: Vec<Value> = top
+                .into_iter()
+                .map(|o| o.to_json(shown.item(&o.item)))
+                .collect();
             json!({ "route": route, "top": callers })
         })
         .collect();
@@ -657,14 +673,6 @@ async fn suggest<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> 
     json_response(StatusCode::OK, &body)
 }
 
-/// An identity part of a key (`header=alice`, or several joined by `|`) as logs show it:
-/// (source kinds, values).
-/// An offender's key as (sources, identity), nothing masked: the admin API is
-/// token-protected and shows what the store holds (hashes stay hashes).
-fn shown(item: &str) -> (String, String) {
-    console::shown::item(item, &[])
-}
-
 fn top_text(body: &Value) -> String {
     let over = match (body["scope"].as_str(), body["replicas"].as_u64()) {
         (Some("fleet"), Some(1)) => "the fleet (1 replica reporting)".to_owned(),
@@ -707,10 +715,13 @@ fn top_text(body: &Value) -> String {
     out
 }
 
-/// What `/limits/state` and `/limits/reset` are asked.
+/// What `/limits/state`, `/limits/reset` and `/limits/override` are asked.
 struct CallerQuery {
     route: String,
+    /// As given: the caller's value or its short form ([`crate::control::shown`]).
     identity: Vec<u8>,
+    /// The one limit to act on (`limit_name`); None: every limit.
+    limit_name: Option<String>,
     /// Answer in text rather than JSON.
     text: bool,
 }
@@ -725,6 +736,8 @@ fn caller_query<B>(request: &Request<B>) -> Result<CallerQuery, String> {
         (Some(route), Some(identity)) => Ok(CallerQuery {
             route: String::from_utf8_lossy(&route).into_owned(),
             identity,
+            limit_name: param(request, "limit_name")
+                .map(|name| String::from_utf8_lossy(&name).into_owned()),
             text,
         }),
         (route, _) => Err(format!(
@@ -737,53 +750,82 @@ fn caller_query<B>(request: &Request<B>) -> Result<CallerQuery, String> {
 fn caller_error(e: CallerError) -> Response<ProxyBody> {
     let status = match e {
         CallerError::UnknownRoute { .. } => StatusCode::NOT_FOUND,
-        CallerError::EmptyIdentity | CallerError::BadOverride(_) => StatusCode::BAD_REQUEST,
-        CallerError::NoOverride { .. } => StatusCode::NOT_FOUND,
+        CallerError::EmptyIdentity
+        | CallerError::BadOverride(_)
+        | CallerError::UnknownLimit { .. } => StatusCode::BAD_REQUEST,
+        CallerError::NoOverride { .. } | CallerError::UnknownShortForm { .. } => {
+            StatusCode::NOT_FOUND
+        }
         CallerError::TooManyOverrides { .. } => StatusCode::CONFLICT,
         CallerError::Store(_) | CallerError::NotConnected => StatusCode::SERVICE_UNAVAILABLE,
     };
     error(status, e.to_string())
 }
 
+/// The caller a query names, found from its short form when it gives one, and how its route
+/// shows it (for the log lines); or the answer that says why not.
+async fn named_caller(
+    control: &crate::control::Control,
+    query: &CallerQuery,
+) -> Result<(Vec<u8>, String), Response<ProxyBody>> {
+    let raw = control
+        .resolve(&query.route, &query.identity)
+        .await
+        .map_err(caller_error)?;
+    let shown = control.shown(&query.route).value(&raw);
+    Ok((raw, shown))
+}
+
 async fn state<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
-    let (route, identity, text) = match caller_query(request) {
-        Ok(query) => (query.route, query.identity, query.text),
+    let query = match caller_query(request) {
+        Ok(query) => query,
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
     };
-    match proxy.throttle_control().state(&route, &identity).await {
-        Ok(state) if text => text_response(StatusCode::OK, caller::state_text(&state)),
+    let control = proxy.throttle_control();
+    let (raw, _) = match named_caller(&control, &query).await {
+        Ok(found) => found,
+        Err(answer) => return answer,
+    };
+    match control.state(&query.route, &raw).await {
+        Ok(state) if query.text => text_response(StatusCode::OK, caller::state_text(&state)),
         Ok(state) => json_response(StatusCode::OK, &state),
         Err(e) => caller_error(e),
     }
 }
 
 async fn reset<B>(request: &Request<B>, proxy: &Proxy, caller: Caller) -> Response<ProxyBody> {
-    let (route, identity, text) = match caller_query(request) {
-        Ok(query) => (query.route, query.identity, query.text),
+    let query = match caller_query(request) {
+        Ok(query) => query,
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
     };
-    let shown = key::display_value(&identity);
+    let route = query.route.as_str();
+    let control = proxy.throttle_control();
     let token = proxy.config().admin_token.clone();
     if let Err(why) = authorize(request, token.as_ref(), caller.loopback) {
+        let shown = control.shown(route).given(&query.identity);
         tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action = "reset", route, identity = shown, result = "refused", why, "admin mutation refused");
         return error(StatusCode::FORBIDDEN, why);
     }
-    let control = proxy.throttle_control();
-    match control.reset(&route, &identity).await {
+    let (identity, shown) = match named_caller(&control, &query).await {
+        Ok(found) => found,
+        Err(answer) => return answer,
+    };
+    let limit_name = query.limit_name.as_deref();
+    match control.reset(route, &identity, limit_name).await {
         Ok(done) => {
-            tracing::info!(target: "tollgate::admin", peer = %caller.peer, action = "reset", route, identity = shown, result = "ok", deleted = done["deleted"].as_u64().unwrap_or(0), "admin mutation");
-            let parameters = json!({ "deleted": done["deleted"] });
+            tracing::info!(target: "tollgate::admin", peer = %caller.peer, action = "reset", route, identity = shown, limit_name, result = "ok", deleted = done["deleted"].as_u64().unwrap_or(0), "admin mutation");
+            let parameters = json!({ "limit_name": limit_name, "deleted": done["deleted"] });
             audit_action(
                 &control,
                 &caller,
                 token.is_some(),
                 "reset",
-                &route,
+                route,
                 &identity,
                 parameters,
             )
             .await;
-            if text {
+            if query.text {
                 return text_response(StatusCode::OK, caller::reset_text(&done));
             }
             json_response(StatusCode::OK, &done)
@@ -805,21 +847,25 @@ async fn audit_action(
     identity: &[u8],
     parameters: Value,
 ) {
-    let who = if with_token {
-        Who::Token
-    } else {
-        Who::Loopback
-    };
     if let Err(e) = control
-        .audit(who, action, route, identity, parameters)
+        .audit(who(with_token), action, route, identity, parameters)
         .await
     {
         tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action, route, cause = %e, "the audit trail could not be written");
     }
 }
 
-/// `limit` or `multiply` (exactly one) and `for`, or why not.
-fn override_params<B>(request: &Request<B>) -> Result<(Adjust, std::time::Duration), String> {
+/// Who a mutation is by, as the audit trail and the overrides list say.
+fn who(with_token: bool) -> Who {
+    if with_token {
+        Who::Token
+    } else {
+        Who::Loopback
+    }
+}
+
+/// `limit` or `multiply` (exactly one), `for` and `dry_run`, or why not.
+fn override_params<B>(request: &Request<B>) -> Result<(Adjust, std::time::Duration, bool), String> {
     let text = |name: &str| param(request, name).map(|v| String::from_utf8_lossy(&v).into_owned());
     let adjust = match (text("limit"), text("multiply")) {
         (Some(limit), None) => Adjust::Limit(overrides::parse_limit(&limit)?),
@@ -836,7 +882,12 @@ fn override_params<B>(request: &Request<B>) -> Result<(Adjust, std::time::Durati
         Some(duration) => overrides::parse_for(&duration)?,
         None => return Err("missing query parameter `for`: write &for=24h".to_owned()),
     };
-    Ok((adjust, duration))
+    let dry_run = match text("dry_run").as_deref() {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => return Err("`dry_run` must be `true` or `false`".to_owned()),
+    };
+    Ok((adjust, duration, dry_run))
 }
 
 async fn set_override<B>(
@@ -845,28 +896,45 @@ async fn set_override<B>(
     caller: Caller,
 ) -> Response<ProxyBody> {
     let parsed = caller_query(request).and_then(|query| {
-        override_params(request).map(|(adjust, duration)| (query, adjust, duration))
+        override_params(request)
+            .map(|(adjust, duration, dry_run)| (query, adjust, duration, dry_run))
     });
-    let (query, adjust, duration) = match parsed {
+    let (query, adjust, duration, dry_run) = match parsed {
         Ok(parsed) => parsed,
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
     };
     let route = query.route.as_str();
-    let shown = key::display_value(&query.identity);
+    let control = proxy.throttle_control();
     let token = proxy.config().admin_token.clone();
     if let Err(why) = authorize(request, token.as_ref(), caller.loopback) {
+        let shown = control.shown(route).given(&query.identity);
         tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action = "override", route, identity = shown, result = "refused", why, "admin mutation refused");
         return error(StatusCode::FORBIDDEN, why);
     }
-    let control = proxy.throttle_control();
-    match control
-        .set_override(route, &query.identity, adjust, duration)
-        .await
-    {
+    let (identity, shown) = match named_caller(&control, &query).await {
+        Ok(found) => found,
+        Err(answer) => return answer,
+    };
+    let asked = overrides::Request {
+        adjust,
+        duration,
+        limit_name: query.limit_name.clone(),
+        dry_run,
+        who: who(token.is_some()),
+    };
+    let limit_name = query.limit_name.as_deref();
+    match control.set_override(route, &identity, &asked).await {
+        Ok(done) if dry_run => {
+            if query.text {
+                return text_response(StatusCode::OK, overrides::override_text(&done));
+            }
+            json_response(StatusCode::OK, &done)
+        }
         Ok(done) => {
-            tracing::info!(target: "tollgate::admin", peer = %caller.peer, action = "override", route, identity = shown, result = "ok", until = done["override"]["until"].as_str().unwrap_or("?"), "admin mutation");
+            tracing::info!(target: "tollgate::admin", peer = %caller.peer, action = "override", route, identity = shown, limit_name, result = "ok", until = done["override"]["until"].as_str().unwrap_or("?"), "admin mutation");
             let o = &done["override"];
             let parameters = json!({
+                "limit_name": o["limit_name"],
                 "limit": o["limit"],
                 "multiply": o["multiply"],
                 "for": humantime::format_duration(duration).to_string(),
@@ -878,7 +946,7 @@ async fn set_override<B>(
                 token.is_some(),
                 "override",
                 route,
-                &query.identity,
+                &identity,
                 parameters,
             )
             .await;
@@ -900,24 +968,29 @@ async fn unoverride<B>(request: &Request<B>, proxy: &Proxy, caller: Caller) -> R
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
     };
     let route = query.route.as_str();
-    let shown = key::display_value(&query.identity);
+    let control = proxy.throttle_control();
     let token = proxy.config().admin_token.clone();
     if let Err(why) = authorize(request, token.as_ref(), caller.loopback) {
+        let shown = control.shown(route).given(&query.identity);
         tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action = "override_removed", route, identity = shown, result = "refused", why, "admin mutation refused");
         return error(StatusCode::FORBIDDEN, why);
     }
-    let control = proxy.throttle_control();
-    match control.remove_override(route, &query.identity).await {
+    let (identity, shown) = match named_caller(&control, &query).await {
+        Ok(found) => found,
+        Err(answer) => return answer,
+    };
+    let limit_name = query.limit_name.as_deref();
+    match control.remove_override(route, &identity, limit_name).await {
         Ok(done) => {
-            tracing::info!(target: "tollgate::admin", peer = %caller.peer, action = "override_removed", route, identity = shown, result = "ok", "admin mutation");
+            tracing::info!(target: "tollgate::admin", peer = %caller.peer, action = "override_removed", route, identity = shown, limit_name, result = "ok", "admin mutation");
             audit_action(
                 &control,
                 &caller,
                 token.is_some(),
                 "override_removed",
                 route,
-                &query.identity,
-                json!({}),
+                &identity,
+                json!({ "limit_name": limit_name, "removed": done["removed"] }),
             )
             .await;
             if query.text {
@@ -929,6 +1002,20 @@ async fn unoverride<B>(request: &Request<B>, proxy: &Proxy, caller: Caller) -> R
             tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action = "override_removed", route, identity = shown, result = "failed", cause = %e, "admin mutation failed");
             caller_error(e)
         }
+    }
+}
+
+/// `GET /limits/overrides`: every override in force, fleet-wide (see
+/// [`crate::control::overrides`]).
+async fn overrides_list<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
+    let text = match wants_text(request) {
+        Ok(text) => text,
+        Err(why) => return error(StatusCode::BAD_REQUEST, why),
+    };
+    match proxy.throttle_control().overrides_list().await {
+        Ok(list) if text => text_response(StatusCode::OK, overrides::list_text(&list)),
+        Ok(list) => json_response(StatusCode::OK, &list),
+        Err(e) => caller_error(e),
     }
 }
 
@@ -1179,21 +1266,6 @@ mod tests {
         assert!(!same_secret(b"abc", b"abcd"));
         assert!(!same_secret(b"", b"a"));
     }
-
-    #[test]
-    fn shown_identities_keep_hashes_hashed() {
-        assert_eq!(shown("header=alice"), ("header".into(), "alice".into()));
-        let (source, identity) = shown(&format!("bearer{}", key::hashed_part(b"tok")));
-        assert_eq!(
-            (source.as_str(), identity),
-            ("bearer", key::display_hash(b"tok"))
-        );
-        assert_eq!(
-            shown("header=a|client_ip=10.0.0.1"),
-            ("header+client_ip".into(), "a|10.0.0.1".into())
-        );
-    }
-
     #[test]
     fn protect_text_aligns_its_numbers_under_their_headings() {
         assert_eq!(

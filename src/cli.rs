@@ -39,12 +39,16 @@ pub enum Command {
 pub enum LimitsCommand {
     /// What is left of each limit for the caller on the route (consumes nothing).
     Get(LimitsArgs),
-    /// Give the caller its full quota back on every limit and tier of the route, on every
-    /// replica sharing the store.
-    Reset(LimitsArgs),
+    /// Give the caller its full quota back on every limit and tier of the route (or on the
+    /// limit `--limit-name` names), on every replica sharing the store.
+    Reset(ResetArgs),
     /// Give the caller a different limit on the route for a while (`--limit N` or
-    /// `--multiply X`, `--for 24h`), on every replica sharing the store; `--delete` ends it.
+    /// `--multiply X`, `--for 24h`; on one limit with `--limit-name`, else every limit scaled
+    /// in proportion), on every replica sharing the store; `--dry-run` shows what each limit
+    /// would become; `--delete` ends it.
     Override(OverrideArgs),
+    /// The temporary overrides in force, fleet-wide: who set them and when they end.
+    Overrides(OverridesArgs),
     /// What callers really send per route (peak per-minute and per-second rates), and the
     /// limits that would have refused at most 0.1 % and 1 % of them, with the YAML to set
     /// them; asked of a running instance's admin listener (GET /limits/suggest).
@@ -72,10 +76,40 @@ pub struct SuggestArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct ResetArgs {
+    #[command(flatten)]
+    pub target: LimitsArgs,
+    /// Reset only the limit of this name (default: every limit of the route).
+    #[arg(long, value_name = "NAME")]
+    pub limit_name: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct OverridesArgs {
+    /// The configuration file.
+    #[arg(long, short = 'c', env = "TOLLGATE_CONFIG")]
+    pub config: PathBuf,
+    /// A running instance's admin listener, e.g. http://10.0.0.5:9901 (default: the config's
+    /// `admin` address). Used when limits live in memory; with Redis the store is read directly.
+    #[arg(long)]
+    pub admin: Option<String>,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct OverrideArgs {
     #[command(flatten)]
     pub target: LimitsArgs,
-    /// The caller's limits become N units per period.
+    /// Change only the limit of this name (default: every limit, in proportion for --limit).
+    #[arg(long, value_name = "NAME")]
+    pub limit_name: Option<String>,
+    /// Show what each limit would become, change nothing.
+    #[arg(long, conflicts_with = "delete")]
+    pub dry_run: bool,
+    /// The limit named by --limit-name becomes N units per period; without a name, the
+    /// caller's shortest-period limit becomes N and the others are scaled as much.
     #[arg(long, value_name = "N", conflicts_with_all = ["multiply", "delete"], required_unless_present_any = ["multiply", "delete"])]
     pub limit: Option<String>,
     /// The caller's limits are multiplied by X (e.g. 10, or 0.5 to lower them).
@@ -102,7 +136,8 @@ pub struct LimitsArgs {
     /// The route's name.
     #[arg(long)]
     pub route: String,
-    /// The value the caller presents for the route's key: an API key, a user id, a client IP...
+    /// The value the caller presents for the route's key (an API key, a user id, a client
+    /// IP...), or its short form as tollgate shows it (`sha256:<12 hex>`).
     #[arg(long)]
     pub identity: String,
     /// A running instance's admin listener, e.g. http://10.0.0.5:9901 (default: the config's

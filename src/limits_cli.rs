@@ -1,5 +1,6 @@
-//! `tollgate limits get|reset|override`: one caller's state, its reset and a temporary override
-//! of its limits (`override --delete` ends one) from the command line; `tollgate limits
+//! `tollgate limits get|reset|override|overrides`: one caller's state, its reset and a
+//! temporary override of its limits (`override --delete` ends one), and the overrides in force,
+//! from the command line; a caller is named by its value or its short form (`sha256:...`); `tollgate limits
 //! suggest`: callers' peak rates and suggested limits, from a running instance ([`suggest`]).
 //!
 //! With a Redis store the command talks to Redis directly (the same keys, peek and reset as the
@@ -25,28 +26,41 @@ use crate::throttle::overrides::Adjust;
 /// How long the command waits for an admin listener.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Action {
     Get,
-    Reset,
-    /// Gives the caller `adjust` for `duration`.
+    /// Resets the caller's limits (the one named, or every one).
+    Reset {
+        limit_name: Option<String>,
+    },
+    /// Gives the caller `adjust` for `duration` (on the limit named, or on every one in
+    /// proportion); with `dry_run`, shows what each limit would become.
     Override {
         adjust: Adjust,
         duration: Duration,
+        limit_name: Option<String>,
+        dry_run: bool,
     },
-    /// Ends the caller's override.
-    Unoverride,
+    /// Ends the caller's override (of the limit named, or every one).
+    Unoverride {
+        limit_name: Option<String>,
+    },
 }
 
 impl Action {
     /// What the audit trail calls it (None: not a mutation).
-    fn audited(self) -> Option<&'static str> {
+    fn audited(&self) -> Option<&'static str> {
         match self {
-            Action::Get => None,
-            Action::Reset => Some("reset"),
+            Action::Get | Action::Override { dry_run: true, .. } => None,
+            Action::Reset { .. } => Some("reset"),
             Action::Override { .. } => Some("override"),
-            Action::Unoverride => Some("override_removed"),
+            Action::Unoverride { .. } => Some("override_removed"),
         }
+    }
+
+    /// Whether it changes anything (then the admin token goes with it).
+    fn mutates(&self) -> bool {
+        !matches!(self, Action::Get)
     }
 }
 
@@ -94,33 +108,51 @@ pub async fn run(
 ) -> Result<Value, Failure> {
     match (&config.throttle.store, admin) {
         (StoreConfig::Redis(redis), None) => {
-            let mut redis = redis.clone();
-            // A one-off command-line call: give a slow link more than the proxy's budget.
-            redis.timeout = redis.timeout.max(Duration::from_secs(2));
-            let store = crate::limit::redis_store::RedisStore::open(&redis)
-                .await
-                .map_err(|e| Failure::other(format!("cannot reach the store: {e}")))?;
-            let control =
-                Control::direct(config.throttle.clone(), crate::limit::Store::Redis(store));
-            let raw = identity.as_bytes();
-            let done = match action {
+            let control = direct(config, redis).await?;
+            // A short form (`sha256:...`) names the caller whose value it is.
+            let raw = &control.resolve(route, identity.as_bytes()).await?;
+            let done = match &action {
                 Action::Get => control.state(route, raw).await?,
-                Action::Reset => control.reset(route, raw).await?,
-                Action::Override { adjust, duration } => {
-                    control.set_override(route, raw, adjust, duration).await?
+                Action::Reset { limit_name } => {
+                    control.reset(route, raw, limit_name.as_deref()).await?
                 }
-                Action::Unoverride => control.remove_override(route, raw).await?,
+                Action::Override {
+                    adjust,
+                    duration,
+                    limit_name,
+                    dry_run,
+                } => {
+                    let asked = crate::control::overrides::Request {
+                        adjust: *adjust,
+                        duration: *duration,
+                        limit_name: limit_name.clone(),
+                        dry_run: *dry_run,
+                        who: Who::Cli,
+                    };
+                    control.set_override(route, raw, &asked).await?
+                }
+                Action::Unoverride { limit_name } => {
+                    control
+                        .remove_override(route, raw, limit_name.as_deref())
+                        .await?
+                }
             };
             if let Some(what) = action.audited() {
-                let parameters = match action {
+                let parameters = match &action {
                     Action::Override { duration, .. } => serde_json::json!({
+                        "limit_name": done["override"]["limit_name"],
                         "limit": done["override"]["limit"],
                         "multiply": done["override"]["multiply"],
-                        "for": humantime::format_duration(duration).to_string(),
+                        "for": humantime::format_duration(*duration).to_string(),
                         "until": done["override"]["until"],
                     }),
-                    Action::Reset => serde_json::json!({ "deleted": done["deleted"] }),
-                    _ => serde_json::json!({}),
+                    Action::Reset { limit_name } => {
+                        serde_json::json!({ "limit_name": limit_name, "deleted": done["deleted"] })
+                    }
+                    Action::Unoverride { limit_name } => {
+                        serde_json::json!({ "limit_name": limit_name, "removed": done["removed"] })
+                    }
+                    Action::Get => serde_json::json!({}),
                 };
                 control
                     .audit(Who::Cli, what, route, raw, parameters)
@@ -134,17 +166,7 @@ pub async fn run(
             Ok(done)
         }
         (_, admin) => {
-            let base = match admin {
-                Some(url) => url.trim_end_matches('/').to_owned(),
-                None => match config.admin {
-                    Some(address) => format!("http://{}", reachable(address)),
-                    None => {
-                        return Err(Failure::usage(
-                            "limits live in each instance's memory and the configuration has no `admin` listener: pass --admin URL",
-                        ))
-                    }
-                },
-            };
+            let base = admin_base(config, admin, "limits live in each instance's memory and the configuration has no `admin` listener: pass --admin URL")?;
             through_admin(config, action, &base, route, identity).await
         }
     }
@@ -172,24 +194,44 @@ async fn through_admin(
 ) -> Result<Value, Failure> {
     let (method, path) = match action {
         Action::Get => (http::Method::GET, "/limits/state"),
-        Action::Reset => (http::Method::POST, "/limits/reset"),
+        Action::Reset { .. } => (http::Method::POST, "/limits/reset"),
         Action::Override { .. } => (http::Method::POST, "/limits/override"),
-        Action::Unoverride => (http::Method::DELETE, "/limits/override"),
+        Action::Unoverride { .. } => (http::Method::DELETE, "/limits/override"),
     };
     let mut url = format!(
         "{base}{path}?route={}&identity={}",
         encode(route),
         encode(identity)
     );
-    if let Action::Override { adjust, duration } = action {
-        match adjust {
-            Adjust::Limit(n) => url.push_str(&format!("&limit={n}")),
-            Adjust::Multiply(f) => url.push_str(&format!("&multiply={f}")),
+    match &action {
+        Action::Override {
+            adjust,
+            duration,
+            limit_name,
+            dry_run,
+        } => {
+            match adjust {
+                Adjust::Limit(n) => url.push_str(&format!("&limit={n}")),
+                Adjust::Multiply(f) => url.push_str(&format!("&multiply={f}")),
+            }
+            url.push_str(&format!("&for={}ms", duration.as_millis()));
+            if let Some(name) = limit_name {
+                url.push_str(&format!("&limit_name={}", encode(name)));
+            }
+            if *dry_run {
+                url.push_str("&dry_run=true");
+            }
         }
-        url.push_str(&format!("&for={}ms", duration.as_millis()));
+        Action::Reset {
+            limit_name: Some(name),
+        }
+        | Action::Unoverride {
+            limit_name: Some(name),
+        } => url.push_str(&format!("&limit_name={}", encode(name))),
+        _ => {}
     }
     let mut request = http::Request::builder().method(method).uri(&url);
-    if let (Some(_), Some(token)) = (action.audited(), &config.admin_token) {
+    if let (true, Some(token)) = (action.mutates(), &config.admin_token) {
         request = request.header(http::header::AUTHORIZATION, format!("Bearer {}", token.0));
     }
     let request = request
@@ -237,6 +279,39 @@ async fn exchange_json(
         400 | 404 => Failure::usage(message),
         _ => Failure::other(message),
     })
+}
+
+/// `tollgate limits overrides`: the overrides in force, fleet-wide (`GET /limits/overrides`'s
+/// answer): read from Redis itself with a Redis store, else asked of an admin listener.
+pub async fn overrides(config: &Config, admin: Option<&str>) -> Result<Value, Failure> {
+    match (&config.throttle.store, admin) {
+        (StoreConfig::Redis(redis), None) => {
+            let control = direct(config, redis).await?;
+            Ok(control.overrides_list().await?)
+        }
+        (_, admin) => {
+            let base = admin_base(config, admin, "limits live in each instance's memory and the configuration has no `admin` listener: pass --admin URL")?;
+            let url = format!("{base}/limits/overrides?format=json");
+            let request = http::Request::get(&url)
+                .body(Empty::<bytes::Bytes>::new())
+                .map_err(|e| Failure::usage(format!("`{url}` is not a usable URL: {e}")))?;
+            exchange_json(request, &base).await
+        }
+    }
+}
+
+/// A handle on the store itself, for a command run against Redis.
+async fn direct(config: &Config, redis: &crate::config::RedisConfig) -> Result<Control, Failure> {
+    let mut redis = redis.clone();
+    // A one-off command-line call: give a slow link more than the proxy's budget.
+    redis.timeout = redis.timeout.max(Duration::from_secs(2));
+    let store = crate::limit::redis_store::RedisStore::open(&redis)
+        .await
+        .map_err(|e| Failure::other(format!("cannot reach the store: {e}")))?;
+    Ok(Control::direct(
+        config.throttle.clone(),
+        crate::limit::Store::Redis(store),
+    ))
 }
 
 /// `tollgate limits suggest`: the report of `GET /limits/suggest` from a running instance's

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use tollgate::cli::{Cli, Command, ExplainArgs, LimitsArgs, LimitsCommand, LogFormat, RunArgs};
-use tollgate::cli::{HealthArgs, OverrideArgs, SuggestArgs, DEFAULT_HEALTH_URL};
+use tollgate::cli::{HealthArgs, OverrideArgs, OverridesArgs, SuggestArgs, DEFAULT_HEALTH_URL};
 use tollgate::config;
 use tollgate::server::Server;
 
@@ -26,9 +26,13 @@ fn main() -> ExitCode {
         Some(Command::Limits(LimitsCommand::Get(args))) => {
             limits(args, tollgate::limits_cli::Action::Get)
         }
-        Some(Command::Limits(LimitsCommand::Reset(args))) => {
-            limits(args, tollgate::limits_cli::Action::Reset)
-        }
+        Some(Command::Limits(LimitsCommand::Reset(args))) => limits(
+            args.target,
+            tollgate::limits_cli::Action::Reset {
+                limit_name: args.limit_name,
+            },
+        ),
+        Some(Command::Limits(LimitsCommand::Overrides(args))) => limits_overrides(args),
         Some(Command::Limits(LimitsCommand::Override(args))) => limits_override(args),
         Some(Command::Limits(LimitsCommand::Suggest(args))) => limits_suggest(args),
         Some(Command::Health(args)) => health(args),
@@ -123,7 +127,7 @@ fn limits(args: LimitsArgs, action: tollgate::limits_cli::Action) -> ExitCode {
     };
     let answer = runtime.block_on(tollgate::limits_cli::run(
         &config,
-        action,
+        action.clone(),
         &args.route,
         &args.identity,
         args.admin.as_deref(),
@@ -139,12 +143,41 @@ fn limits(args: LimitsArgs, action: tollgate::limits_cli::Action) -> ExitCode {
         println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
     } else if action == tollgate::limits_cli::Action::Get {
         print!("{}", tollgate::control::caller::state_text(&value));
-    } else if action == tollgate::limits_cli::Action::Reset {
+    } else if matches!(action, tollgate::limits_cli::Action::Reset { .. }) {
         print!("{}", tollgate::control::caller::reset_text(&value));
     } else {
         print!("{}", tollgate::control::overrides::override_text(&value));
     }
     ExitCode::SUCCESS
+}
+
+/// `tollgate limits overrides`: the overrides in force, as text or JSON.
+fn limits_overrides(args: OverridesArgs) -> ExitCode {
+    let config = match load_config(&args.config) {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    let runtime = match new_runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    match runtime.block_on(tollgate::limits_cli::overrides(
+        &config,
+        args.admin.as_deref(),
+    )) {
+        Ok(value) if args.json => {
+            println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
+            ExitCode::SUCCESS
+        }
+        Ok(value) => {
+            print!("{}", tollgate::control::overrides::list_text(&value));
+            ExitCode::SUCCESS
+        }
+        Err(failure) => {
+            eprintln!("tollgate limits overrides: {}", failure.message);
+            ExitCode::from(if failure.usage { 2 } else { 1 })
+        }
+    }
 }
 
 /// `tollgate limits suggest`: the running instance's report, as text or JSON; exit 2 for a
@@ -190,7 +223,9 @@ fn limits_override(args: OverrideArgs) -> ExitCode {
     use tollgate::limits_cli::Action;
     use tollgate::throttle::overrides::Adjust;
     let action = if args.delete {
-        Ok(Action::Unoverride)
+        Ok(Action::Unoverride {
+            limit_name: args.limit_name.clone(),
+        })
     } else {
         let adjust = match (&args.limit, &args.multiply) {
             (Some(n), _) => parse_limit(n).map(Adjust::Limit),
@@ -198,7 +233,15 @@ fn limits_override(args: OverrideArgs) -> ExitCode {
             (None, None) => Err("give --limit N or --multiply X".to_owned()),
         };
         let duration = parse_for(args.duration.as_deref().unwrap_or_default());
-        adjust.and_then(|adjust| duration.map(|duration| Action::Override { adjust, duration }))
+        let (limit_name, dry_run) = (args.limit_name.clone(), args.dry_run);
+        adjust.and_then(|adjust| {
+            duration.map(|duration| Action::Override {
+                adjust,
+                duration,
+                limit_name,
+                dry_run,
+            })
+        })
     };
     match action {
         Ok(action) => limits(args.target, action),

@@ -55,6 +55,7 @@ fn proxy_then_identity_end_to_end() {
             Source::PathSegment(2),
         ],
         on_invalid: OnInvalid::default(),
+        display: None,
     };
     let auth = format!("Bearer {token}");
     let req = request(

@@ -195,11 +195,13 @@ pub struct RawClientIp {
 
 /// One way of telling who is calling. Written as `- header: X-User-Id`, `- client_ip`, ...
 /// (a one-key mapping or a bare name; serde_yaml's own enum form would need YAML tags).
-/// An identity: its list of sources, or `{ sources: [...], on_invalid: reject | client_ip }`.
+/// An identity: its list of sources, or `{ sources: [...], on_invalid: reject | client_ip,
+/// display: clear | digest | last4 }`.
 #[derive(Debug)]
 pub struct RawIdentity {
     pub sources: Vec<RawSource>,
     pub on_invalid: Option<String>,
+    pub display: Option<String>,
     /// Whether it was written as a mapping (its sources' paths then go through `sources`).
     pub mapping: bool,
 }
@@ -209,6 +211,7 @@ pub struct RawIdentity {
 struct RawIdentityFields {
     sources: Vec<RawSource>,
     on_invalid: Option<String>,
+    display: Option<String>,
 }
 
 impl<'de> Deserialize<'de> for RawIdentity {
@@ -219,7 +222,7 @@ impl<'de> Deserialize<'de> for RawIdentity {
             type Value = RawIdentity;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str(
-                    "a list of identity sources, or `{ sources: [...], on_invalid: reject }`",
+                    "a list of identity sources, or `{ sources: [...], on_invalid: reject, display: digest }`",
                 )
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<RawIdentity, A::Error> {
@@ -230,6 +233,7 @@ impl<'de> Deserialize<'de> for RawIdentity {
                 Ok(RawIdentity {
                     sources,
                     on_invalid: None,
+                    display: None,
                     mapping: false,
                 })
             }
@@ -240,6 +244,7 @@ impl<'de> Deserialize<'de> for RawIdentity {
                 Ok(RawIdentity {
                     sources: fields.sources,
                     on_invalid: fields.on_invalid,
+                    display: fields.display,
                     mapping: true,
                 })
             }

@@ -13,15 +13,7 @@
 use crate::config::{LimitSet, Route};
 use crate::identity::{key, Source};
 
-/// Whether a header, query parameter or cookie name says its value is a credential.
-pub fn is_credential_name(name: &str) -> bool {
-    let name = name.to_ascii_lowercase();
-    [
-        "key", "token", "secret", "auth", "session", "pass", "cred", "sign", "sid", "jwt",
-    ]
-    .iter()
-    .any(|word| name.contains(word))
-}
+pub use crate::identity::display::is_credential_name;
 
 /// Whether `source` reads a value that must not be shown as is.
 pub fn is_secret_source(source: &Source) -> bool {

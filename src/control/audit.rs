@@ -13,7 +13,6 @@ use std::sync::Mutex;
 use serde_json::{json, Value};
 
 use super::caller::{CallerError, Control};
-use crate::identity::key;
 use crate::limit::Store;
 
 /// About how many entries the trail keeps (Redis trims to at least this many).
@@ -51,7 +50,7 @@ impl Who {
 static MEMORY: Mutex<VecDeque<Value>> = Mutex::new(VecDeque::new());
 
 /// Names this process in the trail: the host (from `HOSTNAME`, as containers set it) and pid.
-fn replica() -> String {
+pub(super) fn replica() -> String {
     let host = std::env::var("HOSTNAME").unwrap_or_default();
     if host.is_empty() {
         format!("pid {}", std::process::id())
@@ -61,7 +60,8 @@ fn replica() -> String {
 }
 
 impl Control {
-    /// Writes one entry to the trail.
+    /// Writes one entry to the trail, the identity as `route` shows it
+    /// ([`super::shown::Shown`]).
     pub async fn audit(
         &self,
         who: Who,
@@ -75,7 +75,7 @@ impl Control {
             "who": who.as_str(),
             "action": action,
             "route": route,
-            "identity": key::display_value(raw),
+            "identity": self.shown(route).value(raw),
             "parameters": parameters,
             "replica": replica(),
         });

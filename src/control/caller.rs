@@ -28,7 +28,6 @@ use super::notify::{self, Topic};
 use super::offenders::Offenders;
 use crate::config::{Limit, LimitSet, Scope, StoreConfig, Throttle};
 use crate::identity::client_ip::key_value;
-use crate::identity::key;
 use crate::limit::algorithm::Verdict;
 use crate::limit::{Check, Store, StoreError};
 use crate::store::{Shared, Stores};
@@ -65,6 +64,18 @@ pub enum CallerError {
     TooManyOverrides { max: usize },
     #[error("the caller has no override in force on route `{route}`")]
     NoOverride { route: String },
+    #[error("route `{route}` has no limit named `{name}` for this caller: write limit_name as one of {known}")]
+    UnknownLimit {
+        route: String,
+        name: String,
+        known: String,
+    },
+    #[error("{}", super::shown::unknown_short_form(route, form, *hashed_only))]
+    UnknownShortForm {
+        route: String,
+        form: String,
+        hashed_only: bool,
+    },
 }
 
 /// What the operators' endpoints work on: the stores, the deny cache and the top-offenders
@@ -269,16 +280,16 @@ impl Control {
         }
     }
 
-    /// Per limit (and tier), what is left, read without consuming. JSON, as the admin
-    /// endpoint and `tollgate limits get --json` print it.
+    /// Per limit (and tier), what is left, read without consuming, and the overrides in
+    /// force. JSON, as the admin endpoint and `tollgate limits get --json` print it; the
+    /// caller's value and its keys as the route shows them.
     pub async fn state(&self, route: &str, raw: &[u8]) -> Result<Value, CallerError> {
         let mut limits = Vec::new();
         let targets = self.targets(route, raw)?;
-        // A temporary override in force changes the caller's own limits (not shared ones).
-        let adjust = self
-            .override_of(route, raw)
-            .await?
-            .map(|record| (record.json(), record.adjust()));
+        let shown = self.shown(route);
+        // Temporary overrides in force change the caller's own limits (not shared ones), per
+        // store key as the limit stage applies them.
+        let (records, table) = self.override_table(route, raw).await?;
         for target in targets {
             for (limit, candidates) in target.set.iter().zip(&target.keys) {
                 let store = self.store_for(limit)?;
@@ -291,19 +302,18 @@ impl Control {
                             "limit_name": limit.name,
                             "algorithm": limit.params.algorithm.name(),
                             "scope": "local",
-                            "key": store_key,
+                            "key": shown.key(target.set, store_key),
                             "unknown": "a local limit lives in each proxy's memory: ask an instance's admin listener (--admin URL)",
                         }));
                         continue;
                     }
-                    let overridden = adjust
-                        .as_ref()
-                        .and_then(|(_, a)| *a)
+                    let active = table
+                        .get(store_key.as_str())
+                        .filter(|a| a.key.is_some())
                         .filter(|_| !everyones(identity_part(target.set, store_key)));
+                    let overridden = active.map(|a| a.adjust);
                     // While overridden the caller counts on keys of its own.
-                    let instead = overridden.map(|_| {
-                        override_key(&self.throttle.key_prefix, &target.set.key_name, store_key)
-                    });
+                    let instead = active.and_then(|a| a.key.clone());
                     let store_key = instead.as_ref().unwrap_or(store_key);
                     let check = Check {
                         key: store_key,
@@ -320,21 +330,28 @@ impl Control {
                         0 => None,
                         _ => running_block(&store, store_key).await?,
                     };
-                    let identity = identity_part(target.set, store_key);
-                    let source = identity
-                        .split('|')
-                        .map(|part| crate::identity::shown_from_key_part(part).0)
-                        .collect::<Vec<_>>()
-                        .join("+");
+                    let (source, identity) = shown.item(identity_part(target.set, store_key));
+                    // The override that set this limit: one naming it, else one of them all.
+                    let by = overridden.and_then(|_| {
+                        records
+                            .iter()
+                            .rev()
+                            .find(|(r, _)| r["limit_name"] == limit.name.as_str())
+                            .or_else(|| records.iter().find(|(r, _)| r["limit_name"].is_null()))
+                            .map(|(r, _)| r.clone())
+                    });
                     let mut entry = json!({
                         "tier": target.tier,
                         "limit_name": limit.name,
                         "algorithm": limit.params.algorithm.name(),
                         "scope": if limit.scope == Scope::Local { "local" } else { "global" },
                         "source": source,
-                        "key": store_key,
-                        "shared_by_everyone": everyones(identity),
+                        "identity": identity,
+                        "key": shown.key(target.set, store_key),
+                        "shared_by_everyone": everyones(identity_part(target.set, store_key)),
                         "overridden": overridden.is_some(),
+                        "override": by,
+                        "configured_limit": limit.params.limit,
                         "allowed": v.allowed,
                         "limit": v.limit,
                         "remaining": v.remaining,
@@ -348,26 +365,59 @@ impl Control {
                             "by": limit.name,
                             "until": rfc3339(until),
                             "remaining_s": (until - now).max(0) as f64 / 1e6,
-                            "key": crate::limit::block_key(store_key),
+                            "key": crate::limit::block_key(&shown.key(target.set, store_key)),
                         });
                     }
                     limits.push(entry);
                 }
             }
         }
+        let overrides: Vec<Value> = records.into_iter().map(|(r, _)| r).collect();
         Ok(json!({
             "route": route,
-            "identity": key::display_value(raw),
+            "identity": shown.value(raw),
+            "display": shown.json(),
             "limits": limits,
-            "override": adjust.map(|(shown, _)| shown),
+            // The first override in force (of every limit when there is one), as before
+            // overrides of single limits; `overrides` lists them all.
+            "override": overrides.first(),
+            "overrides": overrides,
         }))
     }
 
-    /// Deletes the caller's state for every limit and tier, in memory and in Redis, and lifts
-    /// remembered denials (here at once, on the other replicas through the reset
-    /// generation). Returns what was done, as JSON.
-    pub async fn reset(&self, route: &str, raw: &[u8]) -> Result<Value, CallerError> {
-        let targets = self.targets(route, raw)?;
+    /// Deletes the caller's state for every limit and tier (or, with `limit_name`, for the
+    /// limits of that name only), in memory and in Redis, and lifts remembered denials (here
+    /// at once, on the other replicas through the reset generation). Returns what was done,
+    /// as JSON.
+    pub async fn reset(
+        &self,
+        route: &str,
+        raw: &[u8],
+        limit_name: Option<&str>,
+    ) -> Result<Value, CallerError> {
+        let mut targets = self.targets(route, raw)?;
+        if let Some(name) = limit_name {
+            let known: Vec<&str> = targets
+                .iter()
+                .flat_map(|t| t.set.iter().map(|l| l.name.as_str()))
+                .collect();
+            if !known.contains(&name) {
+                return Err(CallerError::UnknownLimit {
+                    route: route.to_owned(),
+                    name: name.to_owned(),
+                    known: known.join(", "),
+                });
+            }
+            // The other limits' keys are left out: an empty candidate list deletes nothing.
+            for target in &mut targets {
+                for (limit, keys) in target.set.iter().zip(target.keys.iter_mut()) {
+                    if limit.name != name {
+                        keys.clear();
+                    }
+                }
+            }
+        }
+        let shown = self.shown(route);
         // A counter every caller shares (a limit keyed `global`) is not this caller's state:
         // resetting it would reset everyone. It is left alone, and listed as kept.
         let (mut kept, mut all): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
@@ -447,11 +497,27 @@ impl Control {
         if let Some(denials) = &self.denials {
             denials.clear();
         }
+        // A key as the route shows it (a block marker: its limit's key, shown, and the suffix).
+        let shown_key = |k: &str| {
+            let (own, suffix) = match k.strip_suffix(crate::limit::BLOCK_SUFFIX) {
+                Some(own) => (own, crate::limit::BLOCK_SUFFIX),
+                None => (k, ""),
+            };
+            let set = targets
+                .iter()
+                .find(|t| t.keys.iter().flatten().any(|key| key == own))
+                .map(|t| t.set);
+            set.map_or_else(
+                || k.to_owned(),
+                |set| format!("{}{suffix}", shown.key(set, own)),
+            )
+        };
         Ok(json!({
             "route": route,
-            "identity": key::display_value(raw),
+            "identity": shown.value(raw),
+            "limit_name": limit_name,
             "reset": true,
-            "keys": all.iter().copied().chain(listed_markers.iter().map(String::as_str)).collect::<Vec<_>>(),
+            "keys": all.iter().copied().chain(listed_markers.iter().map(String::as_str)).map(shown_key).collect::<Vec<_>>(),
             "deleted": deleted,
             "kept_shared_by_everyone": kept,
         }))
@@ -511,14 +577,18 @@ pub fn state_text(state: &Value) -> String {
         state["route"].as_str().unwrap_or("?"),
         state["identity"].as_str().unwrap_or("?")
     );
-    if let Some(o) = state["override"].as_object() {
+    for o in state["overrides"].as_array().into_iter().flatten() {
         let how = match (o["limit"].as_u64(), o["multiply"].as_f64()) {
             (Some(n), _) => format!("limit {n}"),
             (_, Some(f)) => format!("limit x{f}"),
             _ => "?".to_owned(),
         };
         out.push_str(&format!(
-            "override  {how} until {} (in {})\n",
+            "override  {how} on {} until {} (in {})\n",
+            match o["limit_name"].as_str() {
+                Some(name) => format!("limit {name}"),
+                None => "every limit".to_owned(),
+            },
             o["until"].as_str().unwrap_or("?"),
             duration(o["expires_in_seconds"].as_f64().unwrap_or(0.0))
         ));
@@ -583,9 +653,13 @@ fn duration(seconds: f64) -> String {
 /// `reset`'s JSON as text.
 pub fn reset_text(reset: &Value) -> String {
     format!(
-        "reset     route {} identity {}: {} key(s) deleted\n",
+        "reset     route {} identity {}{}: {} key(s) deleted\n",
         reset["route"].as_str().unwrap_or("?"),
         reset["identity"].as_str().unwrap_or("?"),
+        reset["limit_name"]
+            .as_str()
+            .map(|n| format!(" limit {n}"))
+            .unwrap_or_default(),
         reset["deleted"]
     )
 }

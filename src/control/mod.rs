@@ -1,6 +1,7 @@
 //! Operator and background work around the limit stage, kept off the request path: one
 //! caller's state and reset across stores and replicas, and the deny cache's watch on resets
-//! ([`caller`]), temporary overrides of one caller's limits and their watch ([`overrides`]),
+//! ([`caller`]), temporary overrides of one caller's limits and their watch ([`overrides`]), how a
+//! caller's value is shown and found again by that form ([`shown`]),
 //! the announcement of those changes to every replica at once ([`notify`]),
 //! the audit trail of operator actions ([`audit`]), the top-offenders sketch ([`offenders`])
 //! with the last denials ([`denials`]),
@@ -15,6 +16,7 @@ pub mod fleet;
 pub mod notify;
 pub mod offenders;
 pub mod overrides;
+pub mod shown;
 pub mod sync;
 
 pub use caller::Control;

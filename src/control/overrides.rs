@@ -28,11 +28,11 @@ use serde_json::{json, Value};
 
 use super::caller::{everyones, identity_part, CallerError, Control};
 use super::notify::{self, Topic};
+use super::shown::Shown;
 use crate::config::{LimitSet, Throttle};
 use crate::identity::client_ip::key_value;
-use crate::identity::key;
 use crate::limit::redis_store::RedisStore;
-use crate::limit::{params_fit, Store, StoreError};
+use crate::limit::{params_fit, Params, Store, StoreError};
 use crate::store::{Shared, Stores};
 use crate::throttle::keys;
 use crate::throttle::overrides::{now_ms, override_key, Active, Adjust, Overrides};
@@ -70,6 +70,20 @@ pub struct Record {
     pub multiply: Option<f64>,
     /// When it ends, in milliseconds since the Unix epoch.
     pub until_ms: u64,
+    /// The one limit it changes; None: every limit of the caller's on the route (see
+    /// [`plan`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_name: Option<String>,
+    /// Who set it (`token`, `loopback`, `cli`: [`super::audit::Who`]); None in records
+    /// written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set_by: Option<String>,
+    /// When it was set, in milliseconds since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set_at_ms: Option<u64>,
+    /// The replica (host and pid) that set it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set_on: Option<String>,
 }
 
 impl Record {
@@ -82,26 +96,35 @@ impl Record {
     }
 
     fn field(&self) -> String {
-        field(&self.route, &self.identity)
+        field(&self.route, &self.identity, self.limit_name.as_deref())
     }
 
-    /// As the endpoints show it: the identity as logs show it, the end as RFC 3339 and as
-    /// seconds from now.
-    pub fn json(&self) -> Value {
+    /// As the endpoints show it: the identity as the route shows it ([`Shown`]), the end as
+    /// RFC 3339 and as seconds from now, who set it and when.
+    pub fn json(&self, shown: &Shown) -> Value {
         let left_ms = self.until_ms.saturating_sub(now_ms());
         json!({
             "route": self.route,
-            "identity": key::display_value(self.identity.as_bytes()),
+            "identity": shown.value(self.identity.as_bytes()),
+            "limit_name": self.limit_name,
             "limit": self.limit,
             "multiply": self.multiply,
             "until": rfc3339(self.until_ms),
             "expires_in_seconds": left_ms as f64 / 1000.0,
+            "set_by": self.set_by,
+            "set_at": self.set_at_ms.map(rfc3339),
+            "set_on": self.set_on,
         })
     }
 }
 
-fn field(route: &str, identity: &str) -> String {
-    format!("{route}\0{identity}")
+/// A record's field in the hash: `route` NUL `identity`, then NUL `limit_name` for an
+/// override of one limit (so a caller may have one per limit beside one for all).
+fn field(route: &str, identity: &str, limit_name: Option<&str>) -> String {
+    match limit_name {
+        Some(name) => format!("{route}\0{identity}\0{name}"),
+        None => format!("{route}\0{identity}"),
+    }
 }
 
 /// Milliseconds since the epoch as RFC 3339 (UTC, to the millisecond).
@@ -195,125 +218,276 @@ async fn load(store: &RedisStore, prefix: &str) -> Result<Vec<Record>, StoreErro
         .collect())
 }
 
-/// The sets a caller presenting `raw` is subject to on `route`: the route's own and every
-/// tier whose values include it.
-fn sets<'t>(throttle: &'t Throttle, route: &str, raw: &[u8]) -> Vec<&'t LimitSet> {
+/// What an override does to one of the caller's own limits (not those every caller shares).
+#[derive(Debug, Clone)]
+pub struct Planned {
+    /// The tier whose limit it is; None for the route's own.
+    pub tier: Option<String>,
+    pub limit_name: String,
+    /// The limit as configured.
+    pub before: Params,
+    /// How it is changed; None: left alone.
+    pub adjust: Option<Adjust>,
+    /// Whether its new value was worked out in proportion (`multiply`, or `limit` without a
+    /// limit name for every limit but the one it names) rather than given.
+    pub scaled: bool,
+    /// (usual key, key counted on while overridden), one per way the caller may be keyed.
+    pub keys: Vec<(String, String)>,
+}
+
+impl Planned {
+    /// As the override's answer lists it: `{tier, name, period, before, after, scaled}`.
+    pub fn json(&self) -> Value {
+        let after = self.adjust.map_or(self.before, |a| a.apply(self.before));
+        json!({
+            "tier": self.tier,
+            "name": self.limit_name,
+            "period": humantime::format_duration(Duration::from_micros(self.before.period_us.max(0) as u64)).to_string(),
+            "before": self.before.limit,
+            "after": after.limit,
+            "changed": self.adjust.is_some(),
+            "scaled": self.scaled,
+        })
+    }
+}
+
+/// The sets a caller presenting `raw` is subject to on `route`, with their tier's name: the
+/// route's own and every tier whose values include it.
+fn sets<'t>(
+    throttle: &'t Throttle,
+    route: &str,
+    raw: &[u8],
+) -> Vec<(Option<&'t str>, &'t LimitSet)> {
     let Some(found) = throttle.routes.iter().find(|r| r.name == route) else {
         return Vec::new();
     };
-    std::iter::once(&found.limits)
+    std::iter::once((None, &found.limits))
         .chain(
             found
                 .overrides
                 .iter()
                 .filter(|t| t.values.iter().any(|v| v.as_bytes() == raw))
-                .map(|t| &t.limits),
+                .map(|t| (Some(t.name.as_str()), &t.limits)),
         )
         .collect()
 }
 
-/// The store keys of `raw`'s own limits on `route` (not those every caller shares), with
-/// each limit's params, name, and the key counted on while overridden.
-fn caller_keys(
-    throttle: &Throttle,
-    route: &str,
-    raw: &[u8],
-) -> Vec<(String, crate::limit::Params, String, String)> {
-    let mut out = Vec::new();
+/// What `record` does to each of its caller's own limits, or why it cannot be applied (the
+/// endpoints answer 400 with it).
+///
+/// With a limit name, `limit` or `multiply` applies to the limits of that name (the route's
+/// and a tier's), the others are left alone. Without one, `multiply` scales every limit;
+/// `limit: N` is for the limit with the shortest period (the one a caller meets first; the
+/// first of them on a tie) and every other limit of its set is scaled in the same proportion
+/// (N / that limit's), so "100 a minute" on a route that also has a monthly quota raises the
+/// month as much, never turns it into 100 a month. A change that would leave a limit below 1
+/// is refused.
+pub fn plan(throttle: &Throttle, record: &Record) -> Result<Vec<Planned>, String> {
+    let Some(adjust) = record.adjust() else {
+        return Err("an override needs `limit` or `multiply`".to_owned());
+    };
+    let raw = record.identity.as_bytes();
     // An IPv6 address as its keys hold it (grouped by `client_ip.ipv6_prefix`).
     let keyed = key_value(raw, throttle.trusted_proxies.ipv6_prefix());
-    for set in sets(throttle, route, raw) {
+    let mut planned = Vec::new();
+    for (tier, set) in sets(throttle, &record.route, raw) {
+        let mut own: Vec<Planned> = Vec::new();
         for (limit, candidates) in
             set.iter()
                 .zip(keys::for_value(&throttle.key_prefix, set, &keyed))
         {
-            for k in candidates {
-                if !everyones(identity_part(set, &k)) {
+            let keys: Vec<(String, String)> = candidates
+                .into_iter()
+                .filter(|k| !everyones(identity_part(set, k)))
+                .map(|k| {
                     let instead = override_key(&throttle.key_prefix, &set.key_name, &k);
-                    out.push((k, limit.params, limit.name.clone(), instead));
+                    (k, instead)
+                })
+                .collect();
+            if keys.is_empty() {
+                continue;
+            }
+            own.push(Planned {
+                tier: tier.map(str::to_owned),
+                limit_name: limit.name.clone(),
+                before: limit.params,
+                adjust: None,
+                scaled: false,
+                keys,
+            });
+        }
+        match (&record.limit_name, adjust) {
+            (Some(name), _) => {
+                for p in own.iter_mut().filter(|p| &p.limit_name == name) {
+                    p.adjust = Some(adjust);
+                }
+            }
+            (None, Adjust::Multiply(_)) => {
+                for p in &mut own {
+                    p.adjust = Some(adjust);
+                    p.scaled = true;
+                }
+            }
+            (None, Adjust::Limit(n)) => {
+                let reference = own
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(i, p)| (p.before.period_us, *i))
+                    .map(|(i, p)| (i, p.before.limit.max(1)));
+                if let Some((at, reference)) = reference {
+                    let factor = n as f64 / reference as f64;
+                    for (i, p) in own.iter_mut().enumerate() {
+                        if i == at {
+                            p.adjust = Some(adjust);
+                        } else {
+                            p.adjust = Some(Adjust::Multiply(factor));
+                            p.scaled = true;
+                        }
+                    }
                 }
             }
         }
+        planned.extend(own);
     }
-    out
+    if planned.is_empty() {
+        return Err(format!(
+            "route `{}` has no limit of the caller's own to override (only limits every caller shares)",
+            record.route
+        ));
+    }
+    if let Some(name) = &record.limit_name {
+        if !planned.iter().any(|p| &p.limit_name == name) {
+            let mut names: Vec<&str> = planned.iter().map(|p| p.limit_name.as_str()).collect();
+            names.dedup();
+            return Err(format!(
+                "route `{}` has no limit named `{name}` of the caller's own: write limit_name as one of {}",
+                record.route,
+                names.join(", ")
+            ));
+        }
+    }
+    for p in &planned {
+        let Some(adjust) = p.adjust else { continue };
+        if let Adjust::Multiply(f) = adjust {
+            if (p.before.limit as f64) * f < 1.0 {
+                return Err(format!(
+                    "the override would make limit `{}` ({} per {}) less than 1 ({:.3}): ask for more, or name one limit (limit_name)",
+                    p.limit_name,
+                    p.before.limit,
+                    humantime::format_duration(Duration::from_micros(p.before.period_us.max(0) as u64)),
+                    p.before.limit as f64 * f
+                ));
+            }
+        }
+        if !params_fit(&adjust.apply(p.before)) {
+            return Err(format!(
+                "the override would take limit `{}` past what the store counts exactly: ask for less",
+                p.limit_name
+            ));
+        }
+    }
+    Ok(planned)
 }
 
-/// The table the limit stage reads, from the records in force.
+/// The table the limit stage reads, from the records in force. Overrides of every limit are
+/// laid down first, those of one limit over them: the one named wins on its limit.
 pub fn compile(throttle: &Throttle, records: &[Record]) -> HashMap<String, Active> {
     let now = now_ms();
     let mut table = HashMap::new();
-    for record in records.iter().filter(|r| r.until_ms > now) {
-        let Some(adjust) = record.adjust() else {
+    let mut in_force: Vec<&Record> = records.iter().filter(|r| r.until_ms > now).collect();
+    in_force.sort_by_key(|r| r.limit_name.is_some());
+    for record in in_force {
+        // A record the configuration no longer fits (a limit renamed) changes nothing.
+        let Ok(planned) = plan(throttle, record) else {
             continue;
         };
-        for (k, _, _, instead) in caller_keys(throttle, &record.route, record.identity.as_bytes()) {
-            let until_ms = record.until_ms;
-            table.insert(
-                k,
-                Active {
-                    adjust,
-                    until_ms,
-                    key: Some(instead.clone()),
-                },
-            );
-            table.insert(
-                instead,
-                Active {
-                    adjust,
-                    until_ms,
-                    key: None,
-                },
-            );
+        for p in planned {
+            let Some(adjust) = p.adjust else { continue };
+            for (k, instead) in p.keys {
+                let until_ms = record.until_ms;
+                table.insert(
+                    k,
+                    Active {
+                        adjust,
+                        until_ms,
+                        key: Some(instead.clone()),
+                    },
+                );
+                table.insert(
+                    instead,
+                    Active {
+                        adjust,
+                        until_ms,
+                        key: None,
+                    },
+                );
+            }
         }
     }
     table
 }
 
+/// What an operator asks of `POST /limits/override`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    pub adjust: Adjust,
+    pub duration: Duration,
+    /// The one limit to change; None: every limit (see [`plan`]).
+    pub limit_name: Option<String>,
+    /// Answer what would be done, change nothing.
+    pub dry_run: bool,
+    /// Who asks (kept with the override).
+    pub who: super::audit::Who,
+}
+
 impl Control {
-    /// Gives the caller `adjust` on `route` for `duration`, replacing any override it had
-    /// there. Returns the override as the endpoints show it.
+    /// Gives the caller `asked.adjust` on `route` for `asked.duration` (on one limit when
+    /// `asked.limit_name` names it), replacing any override it had there for the same limit
+    /// name. Returns the override as the endpoints show it, with what each of the caller's
+    /// limits becomes; with `dry_run`, the same and nothing changed.
     pub async fn set_override(
         &self,
         route: &str,
         raw: &[u8],
-        adjust: Adjust,
-        duration: Duration,
+        asked: &Request,
     ) -> Result<Value, CallerError> {
         self.targets(route, raw)?;
         let identity = std::str::from_utf8(raw).map_err(|_| {
             CallerError::BadOverride("the identity value must be UTF-8 text".into())
         })?;
-        let owned = caller_keys(&self.throttle, route, raw);
-        if owned.is_empty() {
-            return Err(CallerError::BadOverride(format!(
-                "route `{route}` has no limit of the caller's own to override (only limits every caller shares)"
-            )));
-        }
-        for (_, params, name, _) in &owned {
-            if !params_fit(&adjust.apply(*params)) {
-                return Err(CallerError::BadOverride(format!(
-                    "the override would take limit `{name}` past what the store counts exactly: ask for less"
-                )));
-            }
-        }
+        let now = now_ms();
         let record = Record {
             route: route.to_owned(),
             identity: identity.to_owned(),
-            limit: match adjust {
+            limit: match asked.adjust {
                 Adjust::Limit(n) => Some(n),
                 Adjust::Multiply(_) => None,
             },
-            multiply: match adjust {
+            multiply: match asked.adjust {
                 Adjust::Multiply(f) => Some(f),
                 Adjust::Limit(_) => None,
             },
-            until_ms: now_ms().saturating_add(duration.as_millis() as u64),
+            until_ms: now.saturating_add(asked.duration.as_millis() as u64),
+            limit_name: asked.limit_name.clone(),
+            set_by: Some(asked.who.as_str().to_owned()),
+            set_at_ms: Some(now),
+            set_on: Some(super::audit::replica()),
         };
+        let planned = plan(&self.throttle, &record).map_err(CallerError::BadOverride)?;
+        let shown = self.shown(route);
+        let answer = json!({
+            "override": record.json(&shown),
+            "dry_run": asked.dry_run,
+            "applied": !asked.dry_run,
+            "limits": planned.iter().map(Planned::json).collect::<Vec<_>>(),
+        });
+        if asked.dry_run {
+            return Ok(answer);
+        }
         let records = match self.redis_store()? {
             Some(redis) => {
                 let prefix = &self.throttle.key_prefix;
                 let mut records = load(&redis, prefix).await?;
-                let now = now_ms();
                 let expired: Vec<String> = records
                     .iter()
                     .filter(|r| r.until_ms <= now)
@@ -340,49 +514,69 @@ impl Control {
                     .command::<u64>(redis::cmd("INCR").arg(generation_key(prefix)))
                     .await?;
                 notify::publish(&redis, prefix, Topic::Overrides).await;
-                records.push(record.clone());
+                records.push(record);
                 records
             }
             None => {
                 let mut records = memory();
-                let now = now_ms();
                 records.retain(|r| r.until_ms > now && r.field() != record.field());
                 if records.len() >= MAX_OVERRIDES {
                     return Err(CallerError::TooManyOverrides { max: MAX_OVERRIDES });
                 }
-                records.push(record.clone());
+                records.push(record);
                 records.clone()
             }
         };
         self.apply_here(&records);
-        Ok(json!({ "override": record.json() }))
+        Ok(answer)
     }
 
-    /// Ends the caller's override on `route` now.
-    pub async fn remove_override(&self, route: &str, raw: &[u8]) -> Result<Value, CallerError> {
+    /// Ends the caller's overrides on `route` now: the one of `limit_name`, or, without a
+    /// name, every one (of all limits and of single limits).
+    pub async fn remove_override(
+        &self,
+        route: &str,
+        raw: &[u8],
+        limit_name: Option<&str>,
+    ) -> Result<Value, CallerError> {
         self.targets(route, raw)?;
-        let wanted = field(route, &String::from_utf8_lossy(raw));
+        let identity = String::from_utf8_lossy(raw);
+        let doomed = |r: &Record| {
+            r.route == route
+                && r.identity == identity
+                && (limit_name.is_none() || r.limit_name.as_deref() == limit_name)
+        };
         let (removed, records) = match self.redis_store()? {
             Some(redis) => {
                 let prefix = &self.throttle.key_prefix;
-                let removed = redis
-                    .command::<u64>(redis::cmd("HDEL").arg(hash_key(prefix)).arg(&wanted))
+                let fields: Vec<String> = load(&redis, prefix)
                     .await?
-                    > 0;
+                    .iter()
+                    .filter(|r| doomed(r))
+                    .map(Record::field)
+                    .collect();
+                let removed = match fields.is_empty() {
+                    true => 0,
+                    false => {
+                        redis
+                            .command::<u64>(redis::cmd("HDEL").arg(hash_key(prefix)).arg(&fields))
+                            .await?
+                    }
+                };
                 redis
                     .command::<u64>(redis::cmd("INCR").arg(generation_key(prefix)))
                     .await?;
                 notify::publish(&redis, prefix, Topic::Overrides).await;
-                (removed, load(&redis, prefix).await?)
+                (removed as usize, load(&redis, prefix).await?)
             }
             None => {
                 let mut records = memory();
                 let before = records.len();
-                records.retain(|r| r.field() != wanted);
-                (records.len() < before, records.clone())
+                records.retain(|r| !doomed(r));
+                (before - records.len(), records.clone())
             }
         };
-        if !removed {
+        if removed == 0 {
             return Err(CallerError::NoOverride {
                 route: route.to_owned(),
             });
@@ -390,31 +584,65 @@ impl Control {
         self.apply_here(&records);
         Ok(json!({
             "route": route,
-            "identity": key::display_value(raw),
-            "removed": true,
+            "identity": self.shown(route).value(raw),
+            "limit_name": limit_name,
+            "removed": removed,
         }))
     }
 
-    /// The caller's override on `route` in force now, if any.
-    pub async fn override_of(
+    /// The caller's overrides on `route` in force now (of every limit, then of single ones).
+    pub async fn overrides_of(&self, route: &str, raw: &[u8]) -> Result<Vec<Record>, CallerError> {
+        let identity = String::from_utf8_lossy(raw);
+        let mut records: Vec<Record> = self
+            .overrides_in_force()
+            .await?
+            .into_iter()
+            .filter(|r| r.route == route && r.identity == identity)
+            .collect();
+        records.sort_by_key(|r| r.limit_name.is_some());
+        Ok(records)
+    }
+
+    /// The caller's overrides on `route` in force now, as the endpoints show them, and the
+    /// table the limit stage builds of them (by store key).
+    #[allow(clippy::type_complexity)]
+    pub(super) async fn override_table(
         &self,
         route: &str,
         raw: &[u8],
-    ) -> Result<Option<Record>, CallerError> {
-        let wanted = field(route, &String::from_utf8_lossy(raw));
+    ) -> Result<(Vec<(Value, Record)>, HashMap<String, Active>), CallerError> {
+        let records = self.overrides_of(route, raw).await?;
+        let table = compile(&self.throttle, &records);
+        let shown = self.shown(route);
+        Ok((
+            records.into_iter().map(|r| (r.json(&shown), r)).collect(),
+            table,
+        ))
+    }
+
+    /// Every override in force now, fleet-wide (from Redis; this process's with a memory
+    /// store), soonest to end first.
+    pub async fn overrides_in_force(&self) -> Result<Vec<Record>, CallerError> {
         let now = now_ms();
-        let record = match self.redis_store()? {
-            Some(redis) => redis
-                .command::<Option<String>>(
-                    redis::cmd("HGET")
-                        .arg(hash_key(&self.throttle.key_prefix))
-                        .arg(&wanted),
-                )
-                .await?
-                .and_then(|value| serde_json::from_str::<Record>(&value).ok()),
-            None => memory().iter().find(|r| r.field() == wanted).cloned(),
+        let mut records = match self.redis_store()? {
+            Some(redis) => load(&redis, &self.throttle.key_prefix).await?,
+            None => memory().clone(),
         };
-        Ok(record.filter(|r| r.until_ms > now))
+        records.retain(|r| r.until_ms > now);
+        records.sort_by(|a, b| {
+            (a.until_ms, &a.route, &a.identity).cmp(&(b.until_ms, &b.route, &b.identity))
+        });
+        Ok(records)
+    }
+
+    /// `GET /limits/overrides`: every override in force, each as [`Record::json`] shows it.
+    pub async fn overrides_list(&self) -> Result<Value, CallerError> {
+        let records = self.overrides_in_force().await?;
+        let shown: Vec<Value> = records
+            .iter()
+            .map(|r| r.json(&self.shown(&r.route)))
+            .collect();
+        Ok(json!({ "overrides": shown }))
     }
 
     /// The connected Redis store, None for a memory store.
@@ -436,27 +664,91 @@ impl Control {
     }
 }
 
-/// An override's or its removal's JSON as text.
+/// An override's or its removal's JSON as text: the override, then what each limit becomes.
 pub fn override_text(done: &Value) -> String {
-    if done["removed"].as_bool() == Some(true) {
+    if done["removed"].as_u64().is_some() {
         return format!(
-            "override  route {} identity {}: removed\n",
+            "override  route {} identity {}{}: removed ({})\n",
             done["route"].as_str().unwrap_or("?"),
-            done["identity"].as_str().unwrap_or("?")
+            done["identity"].as_str().unwrap_or("?"),
+            done["limit_name"]
+                .as_str()
+                .map(|n| format!(" limit {n}"))
+                .unwrap_or_default(),
+            done["removed"]
         );
     }
     let o = &done["override"];
-    let how = match (o["limit"].as_u64(), o["multiply"].as_f64()) {
+    let mut out = format!(
+        "override  route {} identity {}{}: {} until {}{}\n",
+        o["route"].as_str().unwrap_or("?"),
+        o["identity"].as_str().unwrap_or("?"),
+        o["limit_name"]
+            .as_str()
+            .map(|n| format!(" limit {n}"))
+            .unwrap_or_default(),
+        how(o),
+        o["until"].as_str().unwrap_or("?"),
+        if done["dry_run"].as_bool() == Some(true) {
+            " (dry run: nothing changed)"
+        } else {
+            ""
+        }
+    );
+    for l in done["limits"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "  limit   {}{} per {}: {} -> {}{}\n",
+            l["name"].as_str().unwrap_or("?"),
+            l["tier"]
+                .as_str()
+                .map(|t| format!(" (tier {t})"))
+                .unwrap_or_default(),
+            l["period"].as_str().unwrap_or("?"),
+            l["before"],
+            l["after"],
+            match (l["changed"].as_bool(), l["scaled"].as_bool()) {
+                (Some(false), _) => " (unchanged)",
+                (_, Some(true)) => " (scaled)",
+                _ => "",
+            }
+        ));
+    }
+    out
+}
+
+/// `limit N` or `limit xF` of an override's JSON.
+pub fn how(o: &Value) -> String {
+    match (o["limit"].as_u64(), o["multiply"].as_f64()) {
         (Some(n), _) => format!("limit {n}"),
         (_, Some(f)) => format!("limit x{f}"),
         _ => "?".to_owned(),
-    };
-    format!(
-        "override  route {} identity {}: {how} until {}\n",
-        o["route"].as_str().unwrap_or("?"),
-        o["identity"].as_str().unwrap_or("?"),
-        o["until"].as_str().unwrap_or("?")
-    )
+    }
+}
+
+/// `GET /limits/overrides` as text, one line per override.
+pub fn list_text(list: &Value) -> String {
+    let overrides = list["overrides"].as_array().cloned().unwrap_or_default();
+    if overrides.is_empty() {
+        return "no overrides in force\n".to_owned();
+    }
+    let mut out = String::new();
+    for o in overrides {
+        out.push_str(&format!(
+            "route {} identity {} limit {}: {} until {} (in {}), set by {} at {} on {}\n",
+            o["route"].as_str().unwrap_or("?"),
+            o["identity"].as_str().unwrap_or("?"),
+            o["limit_name"].as_str().unwrap_or("(all)"),
+            how(&o),
+            o["until"].as_str().unwrap_or("?"),
+            humantime::format_duration(Duration::from_secs(
+                o["expires_in_seconds"].as_f64().unwrap_or(0.0).ceil() as u64
+            )),
+            o["set_by"].as_str().unwrap_or("?"),
+            o["set_at"].as_str().unwrap_or("?"),
+            o["set_on"].as_str().unwrap_or("?"),
+        ));
+    }
+    out
 }
 
 /// `for` as given: a duration from one second to [`MAX_FOR`].
@@ -519,6 +811,10 @@ mod tests {
             limit: None,
             multiply: Some(10.0),
             until_ms: 0,
+            limit_name: None,
+            set_by: None,
+            set_at_ms: None,
+            set_on: None,
         };
         let text = serde_json::to_string(&record).unwrap();
         assert_eq!(
@@ -526,6 +822,9 @@ mod tests {
             r#"{"route":"api","identity":"alice","multiply":10.0,"until_ms":0}"#
         );
         assert_eq!(serde_json::from_str::<Record>(&text).unwrap(), record);
-        assert_eq!(record.json()["until"], "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            record.json(&Shown::default())["until"],
+            "1970-01-01T00:00:00.000Z"
+        );
     }
 }

@@ -210,6 +210,7 @@ mod tests {
                 name: name.into(),
                 sources: vec![Source::Header(http::HeaderName::from_static(name))],
                 on_invalid: OnInvalid::default(),
+                display: None,
             })
         };
         let (user, team, org) = (by("x-user"), by("x-team"), by("x-org"));

@@ -20,6 +20,7 @@
 pub mod ambiguity;
 pub mod caller;
 pub mod client_ip;
+pub mod display;
 pub mod jwt;
 pub mod key;
 
@@ -30,6 +31,7 @@ use http::HeaderName;
 
 pub use ambiguity::Ambiguity;
 pub use client_ip::{client_ip, TrustedProxies};
+pub use display::Display;
 pub use jwt::{JwtConfigError, JwtVerifier, Refusal};
 
 /// One place an identity value can come from.
@@ -169,6 +171,8 @@ pub struct Identity {
     pub sources: Vec<Source>,
     /// What a refused credential means (see the module docs).
     pub on_invalid: OnInvalid,
+    /// How its values are shown (`display`); None: by source ([`Display::default_for`]).
+    pub display: Option<Display>,
 }
 
 /// The result: which source answered and the value, already made safe for a store key.
@@ -399,6 +403,7 @@ pub fn builtin(name: &str) -> Option<Identity> {
         name: name.to_owned(),
         sources: vec![source],
         on_invalid: OnInvalid::default(),
+        display: None,
     })
 }
 
@@ -617,6 +622,7 @@ mod is_value_tests {
                 name: "x".into(),
                 sources: vec![source],
                 on_invalid: OnInvalid::default(),
+                display: None,
             }
             .identify(&parts, ip)
         };
@@ -643,6 +649,7 @@ mod is_value_tests {
             name: "x".into(),
             sources: vec![source],
             on_invalid: OnInvalid::default(),
+            display: None,
         };
         let header = one(Source::Header(http::HeaderName::from_static("x-user")));
         assert_eq!(
@@ -721,6 +728,7 @@ mod tests {
             name: "test".into(),
             sources: vec![source],
             on_invalid: OnInvalid::default(),
+            display: None,
         }
     }
 
@@ -915,6 +923,7 @@ mod tests {
                 Source::Header(HeaderName::from_static("x-user")),
             ],
             on_invalid: OnInvalid::ClientIp,
+            display: None,
         };
         let both = parts(
             "/",
@@ -998,6 +1007,7 @@ mod tests {
                 jwt(b"issuer-b"),
             ],
             on_invalid: OnInvalid::Reject,
+            display: None,
         };
         let forged = token(b"forger");
         let id = ident.seen(
@@ -1082,6 +1092,7 @@ mod tests {
                 Source::Query("user".into()),
             ],
             on_invalid: OnInvalid::default(),
+            display: None,
         };
         let all = parts("/?user=q", &[("x-api-key", b"k"), ("cookie", b"sid=c")]);
         let id = ident.seen(&all, peer());
@@ -1108,6 +1119,7 @@ mod tests {
             name: "empty".into(),
             sources: vec![],
             on_invalid: OnInvalid::default(),
+            display: None,
         };
         assert!(is_fallback(&empty.seen(&parts("/", &[]), peer())));
     }

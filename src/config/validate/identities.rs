@@ -9,7 +9,7 @@ use super::validator::{is_plain_name, Validator};
 use crate::config::raw::{
     indexmap_free::OrderedMap, RawClientIp, RawIdentity, RawJwt, RawKey, RawSource,
 };
-use crate::identity::{self, Identity, JwtVerifier, OnInvalid, Source, TrustedProxies};
+use crate::identity::{self, Display, Identity, JwtVerifier, OnInvalid, Source, TrustedProxies};
 
 pub(super) fn trusted_proxies(v: &mut Validator, raw: Option<&RawClientIp>) -> TrustedProxies {
     let Some(raw) = raw else {
@@ -79,6 +79,7 @@ pub(super) fn identities(v: &mut Validator, raw: OrderedMap<RawIdentity>) -> Vec
             v.error(&sources_path, "needs at least one source (header, query, cookie, bearer, jwt, path_segment, client_ip)");
         }
         let on_invalid = on_invalid(v, &path, raw.on_invalid.as_deref(), &raw.sources);
+        let display = display(v, &path, raw.display.as_deref());
         let sources = raw
             .sources
             .into_iter()
@@ -89,6 +90,7 @@ pub(super) fn identities(v: &mut Validator, raw: OrderedMap<RawIdentity>) -> Vec
             name,
             sources,
             on_invalid,
+            display,
         }));
     }
     out
@@ -124,6 +126,22 @@ fn on_invalid(
         );
     }
     value
+}
+
+/// `display`: how the identity's values are shown (None: by source).
+fn display(v: &mut Validator, path: &str, raw: Option<&str>) -> Option<Display> {
+    let text = raw?;
+    let display = Display::parse(text);
+    if display.is_none() {
+        v.error(
+            &format!("{path}.display"),
+            format!(
+                "`{text}` is not a display: write {} (how the identity's values are shown in the admin API, the console and logs)",
+                Display::ALLOWED
+            ),
+        );
+    }
+    display
 }
 
 fn source(v: &mut Validator, path: &str, raw: RawSource) -> Option<Source> {
