@@ -753,9 +753,9 @@ fn caller_error(e: CallerError) -> Response<ProxyBody> {
         CallerError::EmptyIdentity
         | CallerError::BadOverride(_)
         | CallerError::UnknownLimit { .. } => StatusCode::BAD_REQUEST,
-        CallerError::NoOverride { .. } | CallerError::UnknownShortForm { .. } => {
-            StatusCode::NOT_FOUND
-        }
+        CallerError::NoOverride { .. }
+        | CallerError::UnknownShortForm { .. }
+        | CallerError::HashedShortForm { .. } => StatusCode::NOT_FOUND,
         CallerError::TooManyOverrides { .. } => StatusCode::CONFLICT,
         CallerError::Store(_) | CallerError::NotConnected => StatusCode::SERVICE_UNAVAILABLE,
     };

@@ -90,9 +90,11 @@ impl Failure {
 impl From<CallerError> for Failure {
     fn from(e: CallerError) -> Failure {
         match e {
-            CallerError::UnknownRoute { .. } | CallerError::EmptyIdentity => {
-                Failure::usage(e.to_string())
-            }
+            CallerError::UnknownRoute { .. }
+            | CallerError::EmptyIdentity
+            | CallerError::UnknownLimit { .. }
+            | CallerError::UnknownShortForm { .. }
+            | CallerError::HashedShortForm { .. } => Failure::usage(e.to_string()),
             _ => Failure::other(e.to_string()),
         }
     }

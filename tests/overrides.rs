@@ -197,7 +197,10 @@ async fn an_override_on_one_replica_is_applied_by_the_other_survives_a_restart_a
     ])
     .await;
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("override  limit x10 until "), "{out}");
+    assert!(
+        out.contains("override  limit x10 on every limit until "),
+        "{out}"
+    );
     assert!(out.contains("of 20 left"), "{out}");
     let (code, _, err) = run_tollgate(&[
         "limits",
@@ -410,7 +413,7 @@ async fn override_parameters_outside_what_is_allowed_get_400_naming_what_is() {
         ),
         (
             "route=api&identity=alice&multiply=5&for=1h&x=1",
-            "takes route, identity, limit, multiply, for, format",
+            "takes route, identity, limit, multiply, for, limit_name, dry_run, format",
         ),
         (
             "identity=alice&multiply=5&for=1h",

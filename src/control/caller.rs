@@ -70,12 +70,10 @@ pub enum CallerError {
         name: String,
         known: String,
     },
-    #[error("{}", super::shown::unknown_short_form(route, form, *hashed_only))]
-    UnknownShortForm {
-        route: String,
-        form: String,
-        hashed_only: bool,
-    },
+    #[error("`{form}` names a caller on route `{route}` whose value the store keeps only hashed (a bearer token, or a value longer than 64 bytes or with characters keys do not keep readable): name it by its value")]
+    HashedShortForm { route: String, form: String },
+    #[error("no caller on route `{route}` has the short form `{form}` (looked among the tiers' values, the overrides, the top offenders and the route's store keys): name it by its value")]
+    UnknownShortForm { route: String, form: String },
 }
 
 /// What the operators' endpoints work on: the stores, the deny cache and the top-offenders

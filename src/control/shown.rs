@@ -44,9 +44,7 @@ impl Shown {
                         if matches!(source, Source::Global) {
                             continue;
                         }
-                        let rule = identity
-                            .display
-                            .unwrap_or_else(|| Display::default_for(source));
+                        let rule = identity.display.unwrap_or_else(|| source.default_display());
                         shown.add(source.kind(), rule);
                     }
                 }
@@ -231,10 +229,13 @@ impl Control {
                 }
             }
         }
-        Err(CallerError::UnknownShortForm {
-            route: route.to_owned(),
-            form: String::from_utf8_lossy(given).into_owned(),
-            hashed_only,
+        let (route, form) = (
+            route.to_owned(),
+            String::from_utf8_lossy(given).into_owned(),
+        );
+        Err(match hashed_only {
+            true => CallerError::HashedShortForm { route, form },
+            false => CallerError::UnknownShortForm { route, form },
         })
     }
 
@@ -314,15 +315,6 @@ fn glob_escape(text: &str) -> String {
     out
 }
 
-/// What a lookup by short form says when it finds nobody.
-pub fn unknown_short_form(route: &str, form: &str, hashed_only: bool) -> String {
-    if hashed_only {
-        format!("`{form}` names a caller on route `{route}` whose value the store keeps only hashed (a bearer token, or a value longer than 64 bytes or with characters keys do not keep): name it by its value")
-    } else {
-        format!("no caller on route `{route}` has the short form `{form}` (looked among the tiers' values, the overrides, the top offenders and the route's store keys): name it by its value")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -374,7 +366,7 @@ mod tests {
             "header=a"
         );
         assert_eq!(
-            generic_identity_part("tg:{api~!override}:minute:header=a"),
+            generic_identity_part("tg:{api}:minute~!override:header=a"),
             "header=a"
         );
         assert_eq!(glob_escape("a*b[c]"), "a\\*b\\[c\\]");

@@ -15,11 +15,11 @@
 //!   tells apart two values that end alike. A shorter or unreadable value shows as its digest
 //!   (four characters of an eight-character value would give away half of it).
 //!
-//! Defaults, by source: credentials (bearer tokens, and headers, query parameters and cookies
+//! Defaults, by source (`Source::default_display`): credentials (bearer tokens, and headers, query parameters and cookies
 //! whose name says they hold one, [`is_credential_name`]) `digest`; everything else (client
 //! IPs, path segments, JWT claims, other headers and parameters) `clear`.
 
-use super::{key, Source};
+use super::key;
 
 /// Shortest readable value `last4` shows the end of; shorter ones show as their digest.
 pub const LAST4_MIN_LEN: usize = 8;
@@ -53,18 +53,6 @@ impl Display {
             Display::Clear => "clear",
             Display::Digest => "digest",
             Display::Last4 => "last4",
-        }
-    }
-
-    /// The default for values read from `source` (see the module docs).
-    pub fn default_for(source: &Source) -> Display {
-        match source {
-            Source::Header(name) if is_credential_name(name.as_str()) => Display::Digest,
-            Source::Query(name) | Source::Cookie(name) if is_credential_name(name) => {
-                Display::Digest
-            }
-            Source::Bearer => Display::Digest,
-            _ => Display::Clear,
         }
     }
 
@@ -193,27 +181,5 @@ mod tests {
         assert_eq!(Display::parse("hash"), None);
         assert_eq!(Display::Clear.stricter(Display::Digest), Display::Digest);
         assert_eq!(Display::Last4.stricter(Display::Clear), Display::Last4);
-    }
-
-    #[test]
-    fn defaults_by_source() {
-        use http::HeaderName;
-        let header = |name: &'static str| Source::Header(HeaderName::from_static(name));
-        assert_eq!(Display::default_for(&header("x-api-key")), Display::Digest);
-        assert_eq!(Display::default_for(&header("x-user")), Display::Clear);
-        assert_eq!(Display::default_for(&Source::Bearer), Display::Digest);
-        assert_eq!(
-            Display::default_for(&Source::Query("token".into())),
-            Display::Digest
-        );
-        assert_eq!(
-            Display::default_for(&Source::Cookie("theme".into())),
-            Display::Clear
-        );
-        assert_eq!(Display::default_for(&Source::ClientIp), Display::Clear);
-        assert_eq!(
-            Display::default_for(&Source::PathSegment(2)),
-            Display::Clear
-        );
     }
 }

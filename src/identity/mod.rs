@@ -76,6 +76,20 @@ impl Source {
         }
     }
 
+    /// How values read from it are shown unless the identity's `display` says otherwise:
+    /// `digest` for credentials (bearer tokens; headers, query parameters and cookies whose
+    /// name says they hold one, [`display::is_credential_name`]), `clear` for the rest.
+    pub fn default_display(&self) -> Display {
+        match self {
+            Source::Header(name) if display::is_credential_name(name.as_str()) => Display::Digest,
+            Source::Query(name) | Source::Cookie(name) if display::is_credential_name(name) => {
+                Display::Digest
+            }
+            Source::Bearer => Display::Digest,
+            _ => Display::Clear,
+        }
+    }
+
     /// Human description for logs and `explain` output, e.g. "header x-user-id".
     pub fn describe(&self) -> String {
         match self {
@@ -1144,6 +1158,24 @@ mod tests {
         let other: IpAddr = "198.51.100.1".parse().unwrap();
         assert_eq!(global.seen(&parts("/x", &[]), other).key_part, "*");
         assert!(builtin("user").is_none());
+    }
+
+    #[test]
+    fn credentials_are_shown_as_digests_by_default() {
+        let header = |name: &'static str| Source::Header(HeaderName::from_static(name));
+        assert_eq!(header("x-api-key").default_display(), Display::Digest);
+        assert_eq!(header("x-user").default_display(), Display::Clear);
+        assert_eq!(Source::Bearer.default_display(), Display::Digest);
+        assert_eq!(
+            Source::Query("token".into()).default_display(),
+            Display::Digest
+        );
+        assert_eq!(
+            Source::Cookie("theme".into()).default_display(),
+            Display::Clear
+        );
+        assert_eq!(Source::ClientIp.default_display(), Display::Clear);
+        assert_eq!(Source::PathSegment(2).default_display(), Display::Clear);
     }
 
     #[test]

@@ -171,8 +171,9 @@ pub fn identity_of<'k>(prefix: &str, set: &LimitSet, key: &'k str) -> Option<&'k
         Some(&rest[..end])
     } else {
         let first = set.first()?;
-        rest.strip_prefix("}:")?
-            .strip_prefix(first.name.as_str())?
+        let rest = rest.strip_prefix("}:")?.strip_prefix(first.name.as_str())?;
+        rest.strip_prefix(super::overrides::OVERRIDE_SUFFIX)
+            .unwrap_or(rest)
             .strip_prefix(':')
     }
 }

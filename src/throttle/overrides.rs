@@ -4,8 +4,9 @@
 //! The table maps a store key to how that limit is adjusted and until when: the keys are the
 //! very keys the stage builds for the caller (route limits and any tier whose values name it),
 //! so a request finds its override by the keys it already has, whatever identity kind named
-//! it. While overridden, the caller counts on keys of its own ([`override_key`]: the route's
-//! key name with `~!override` appended, a name no tier can have), starting fresh: what an
+//! it. While overridden, the caller counts on keys of its own ([`override_key`]: the limit's
+//! name with `~!override` appended, a name no limit can have, in the usual key's hash tag),
+//! starting fresh: what an
 //! algorithm stores is in units of its own limit and period (a GCRA's theoretical arrival
 //! time, a token bucket's tokens), so usage carried over under a changed limit would mean
 //! something else; and when the override ends, the caller is back on its usual keys with the
@@ -152,17 +153,25 @@ impl Overrides {
     }
 }
 
-/// What an overridden caller's keys add to the set's key name (no tier name can contain `!`).
+/// What an overridden caller's keys add to the limit's name (no limit name can contain `!`).
 pub const OVERRIDE_SUFFIX: &str = "~!override";
 
-/// The key a caller counts on while overridden, for `key`, one of `key_name`'s keys:
-/// `<prefix>{<key_name>~!override...` (same hash tag shape, so the same Cluster slot rules).
+/// The key a caller counts on while overridden, for `key`, one of `key_name`'s keys: the
+/// limit's name followed by [`OVERRIDE_SUFFIX`] (`<prefix>{<key_name>|<id>}:<limit>~!override`,
+/// `<prefix>{<key_name>}:<limit>~!override:<id>`). The hash tag is the usual key's, so one
+/// limit overridden beside others that are not (an override of one limit, a limit every
+/// caller shares) keeps a decision's keys in one Cluster slot.
 pub fn override_key(prefix: &str, key_name: &str, key: &str) -> String {
-    let head = prefix.len() + 1 + key_name.len();
+    // The tag closes at the first `}:` after the key name: identities hold no `}`.
+    let from = (prefix.len() + 1 + key_name.len()).min(key.len());
+    let limit_at = key[from..].find("}:").map_or(key.len(), |at| from + at + 2);
+    let end = key[limit_at..]
+        .find(':')
+        .map_or(key.len(), |at| limit_at + at);
     let mut out = String::with_capacity(key.len() + OVERRIDE_SUFFIX.len());
-    out.push_str(&key[..head.min(key.len())]);
+    out.push_str(&key[..end]);
     out.push_str(OVERRIDE_SUFFIX);
-    out.push_str(&key[head.min(key.len())..]);
+    out.push_str(&key[end..]);
     out
 }
 
@@ -252,7 +261,15 @@ mod tests {
         assert_eq!(checks[0].params.limit, 30);
         assert_eq!(
             override_key("tg:", "api", "tg:{api}:lim:header=a"),
-            "tg:{api~!override}:lim:header=a"
+            "tg:{api}:lim~!override:header=a"
+        );
+        assert_eq!(
+            override_key(
+                "tg:",
+                "api~gold",
+                "tg:{api~gold|header=a|client_ip=1.2.3.4}:lim"
+            ),
+            "tg:{api~gold|header=a|client_ip=1.2.3.4}:lim~!override"
         );
     }
 }

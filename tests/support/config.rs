@@ -260,6 +260,13 @@ impl Config {
         self
     }
 
+    /// An identity's `display` (`clear`, `digest` or `last4`); the identity is added with
+    /// [`Config::identity`].
+    pub fn display(mut self, identity: &str, display: &str) -> Self {
+        self.identities.2.push((identity.into(), display.into()));
+        self
+    }
+
     /// A route, after those already added (the first match wins).
     pub fn route(mut self, route: Route) -> Self {
         self.routes.push(route);
@@ -413,7 +420,11 @@ struct Response {
 
 /// Named identities in the order they were added.
 #[derive(Clone, Default)]
-struct Identities(Vec<(String, Vec<Source>)>, Vec<(String, String)>);
+struct Identities(
+    Vec<(String, Vec<Source>)>,
+    Vec<(String, String)>,
+    Vec<(String, String)>,
+);
 
 impl Identities {
     fn is_empty(&self) -> bool {
@@ -423,15 +434,23 @@ impl Identities {
 
 impl Serialize for Identities {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        // An identity with an `on_invalid` is written `{ sources, on_invalid }`.
+        // An identity with an `on_invalid` or a `display` is written in its map form.
         serializer.collect_map(self.0.iter().map(|(name, sources)| {
-            let on_invalid = self.1.iter().find(|(n, _)| n == name).map(|(_, o)| o);
-            let value = match on_invalid {
-                None => to_value(sources),
-                Some(on_invalid) => {
+            let setting = |list: &[(String, String)]| {
+                list.iter().find(|(n, _)| n == name).map(|(_, o)| o.clone())
+            };
+            let (on_invalid, display) = (setting(&self.1), setting(&self.2));
+            let value = match (on_invalid, display) {
+                (None, None) => to_value(sources),
+                (on_invalid, display) => {
                     let mut full = Mapping::new();
                     full.insert("sources".into(), to_value(sources));
-                    full.insert("on_invalid".into(), to_value(on_invalid));
+                    if let Some(on_invalid) = on_invalid {
+                        full.insert("on_invalid".into(), to_value(on_invalid));
+                    }
+                    if let Some(display) = display {
+                        full.insert("display".into(), to_value(display));
+                    }
                     Value::Mapping(full)
                 }
             };
