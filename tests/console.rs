@@ -382,6 +382,16 @@ async fn console_reset_is_refused_without_the_token_and_frees_the_caller_with_it
         .until_text(API_PER_USER, "alice blocked", |t| t.contains("BLOCKED"))
         .await;
 
+    // The console asks which limit: every one (the default of the API) is a choice to make.
+    browser.click(".reset[data-route=\"api\"]").await;
+    browser
+        .until_text("#message.refused", "the question", |t| {
+            t == "reset of api: choose which limit to reset"
+        })
+        .await;
+    browser
+        .select(".caller-route[data-route=\"api\"] select.reset-limit", "*")
+        .await;
     browser.click(".reset[data-route=\"api\"]").await;
     let refused = browser
         .until_text("#message.refused", "the refusal", |t| t.contains("refused"))
@@ -866,4 +876,304 @@ async fn console_json_endpoints() {
 /// `sha256:<first 12 hex digits>`, as the logs and explain show a hashed value.
 fn support_digest(value: &str) -> String {
     format!("sha256:{}", &sha256_hex(value.as_bytes())[..12])
+}
+
+/// Route `partner` reads a partner key from `x-partner-key`, a credential-named header its
+/// identity shows clear (`display: clear`), once an hour; `api` reads an API key from
+/// `x-api-key` (shown by its short form), 3 a minute and 1000 in 30 days.
+fn quota_config(up: &Upstream, redis: &RedisServer) -> Config {
+    // SAFETY (edition 2021: safe): every test of this file sets the same value.
+    std::env::set_var(TOKEN_ENV, TOKEN);
+    config()
+        .upstream(&up.url())
+        .admin_with_token("127.0.0.1:0", TOKEN_ENV)
+        .store(store::redis(&redis.url()).timeout("2s"))
+        .identity("partner", [source::header("x-partner-key")])
+        .display("partner", "clear")
+        .identity("customer", [source::header("x-api-key")])
+        .route(
+            route("partner")
+                .prefix("/partner")
+                .key("partner")
+                .limit(limit::sliding_log(1, "1h").name("per-hour")),
+        )
+        .route(
+            route("api")
+                .prefix("/")
+                .key("customer")
+                .limit(limit::sliding_log(3, "1m").name("per-minute"))
+                .limit(limit::fixed_window(1000, "30d").name("monthly")),
+        )
+}
+
+const API_KEY: &str = "k_live_42";
+
+/// Two replicas on one Redis: partner `p_1` refused once and the API key refused twice, on A.
+async fn quota_fleet() -> Fleet {
+    let redis = RedisServer::start();
+    let up = upstream().start().await;
+    let config = quota_config(&up, &redis);
+    let a = start(&config).await;
+    let b = start(&config).await;
+    for expected in [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS] {
+        assert_eq!(
+            call(&a, "x-partner-key", "p_1", "/partner/x").await,
+            expected
+        );
+    }
+    for i in 0..5 {
+        let expected = if i < 3 {
+            StatusCode::OK
+        } else {
+            StatusCode::TOO_MANY_REQUESTS
+        };
+        assert_eq!(
+            call(&a, "x-api-key", API_KEY, "/api/x").await,
+            expected,
+            "{i}"
+        );
+    }
+    Fleet {
+        _redis: redis,
+        _up: up,
+        a,
+        b,
+    }
+}
+
+/// The heading of the caller's panel, once it names `who`.
+async fn heading(browser: &Browser, who: &str) {
+    let wanted = format!("caller {who}");
+    browser
+        .until_text("#caller h3", &wanted, |t| t == wanted)
+        .await;
+}
+
+/// One form per caller everywhere: a partner key its identity shows clear is named so; an API
+/// key is its short form in the top offenders, the recent denials, `/limits/top` and the
+/// panel's heading, whether it is found by its value or by that short form.
+#[tokio::test]
+async fn console_names_callers_by_their_display_rule_and_finds_them_by_value_and_short_form() {
+    let fleet = quota_fleet().await;
+    let digest = support_digest(API_KEY);
+    // B lists A's denials once A has published them (every second).
+    for path in ["/limits/top", "/limits/top?format=text"] {
+        let started = Instant::now();
+        let text = loop {
+            let (status, text) = admin_get(&fleet.b, path).await;
+            assert_eq!(status, StatusCode::OK, "{text}");
+            if text.contains("p_1") || started.elapsed() > Duration::from_secs(10) {
+                break text;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(text.contains(&digest) && text.contains("p_1"), "{text}");
+        assert!(!text.contains(API_KEY), "{path} shows the API key: {text}");
+    }
+    let browser = browser::launch("display").await;
+    browser.goto(&console_url(&fleet.a)).await;
+    browser
+        .until_text("#top tr.offender", "the partner, clear", |t| {
+            t == "partner p_1 header 1 1"
+        })
+        .await;
+    let api = format!("api {digest} header 2 1");
+    browser
+        .until_text("#top tr.offender", "the API key's short form", |t| t == api)
+        .await;
+    let denied = format!("{digest} header api per-minute over limit 2 ");
+    browser
+        .until_text("#denials tr.denial", "the API key's denials", |t| {
+            t.starts_with(&denied)
+        })
+        .await;
+
+    // The partner, clicked: named as the list names them.
+    browser
+        .click("#top tr.offender[data-identity=\"p_1\"] a.identity")
+        .await;
+    heading(&browser, "p_1").await;
+    browser
+        .until_text(
+            ".caller-route[data-route=\"partner\"] .limit-state[data-limit=\"per-hour\"]",
+            "the partner limited",
+            |t| t.starts_with("per-hour LIMITED"),
+        )
+        .await;
+
+    // The API key, by its value: the heading shows its short form, as the lists do.
+    browser.type_into("#identity", API_KEY).await;
+    browser.click("#search").await;
+    heading(&browser, &digest).await;
+    let row = ".caller-route[data-route=\"api\"] .limit-state[data-limit=\"per-minute\"]";
+    browser
+        .until_text(row, "the API key limited", |t| {
+            t.starts_with("per-minute LIMITED, retry in ")
+        })
+        .await;
+    // Where the API key is read, and in the heading, it is its short form (the partner
+    // route would read it as a partner key, which that route shows clear).
+    for shown in ["#caller h3", ".caller-route[data-route=\"api\"]"] {
+        let text = browser.texts(shown).await.join("\n");
+        assert!(!text.contains(API_KEY), "{text}");
+    }
+
+    // ... and by the short form, clicked in the list.
+    browser
+        .click(&format!(
+            "#top tr.offender[data-identity=\"{digest}\"] a.identity"
+        ))
+        .await;
+    browser
+        .until_text(
+            &format!("#caller[data-for=\"{digest}\"] h3"),
+            "the lookup by short form",
+            |t| t == format!("caller {digest}"),
+        )
+        .await;
+    let address = browser.client.current_url().await.unwrap();
+    assert_eq!(
+        address.fragment(),
+        Some(format!("caller={}", digest.replace(':', "%3A")).as_str())
+    );
+    browser
+        .until_text(row, "the API key limited", |t| {
+            t.starts_with("per-minute LIMITED, retry in ")
+        })
+        .await;
+    let panel = browser.texts("#caller").await.join("\n");
+    assert!(!panel.contains(API_KEY), "{panel}");
+    browser.screenshot("short-form").await;
+    assert_no_browser_errors(&browser).await;
+    browser.close().await;
+}
+
+/// An override of one limit, as an operator makes it: the console shows what each limit will
+/// become (a dry run, which changes nothing), then applies it; the monthly quota keeps its
+/// limit and its usage, and both replicas list the override with who set it.
+#[tokio::test]
+async fn console_per_limit_override_leaves_the_monthly_quota_alone_and_both_replicas_list_it() {
+    let fleet = quota_fleet().await;
+    let digest = support_digest(API_KEY);
+    let state_path = format!("/limits/state?route=api&identity={digest}");
+    let monthly = |state: &Value| {
+        state["limits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["limit_name"] == "monthly")
+            .cloned()
+            .unwrap()
+    };
+    let (_, before) = admin_json(&fleet.a, &state_path).await;
+    let month_before = monthly(&before);
+
+    let browser = browser::launch("per-limit-override").await;
+    browser.goto(&console_url(&fleet.a)).await;
+    browser.type_into("#token", TOKEN).await;
+    browser
+        .click(&format!(
+            "#top tr.offender[data-identity=\"{digest}\"] a.identity"
+        ))
+        .await;
+    heading(&browser, &digest).await;
+    let route = ".caller-route[data-route=\"api\"]";
+    browser
+        .select(&format!("{route} select.override-limit"), "per-minute")
+        .await;
+    browser
+        .select(&format!("{route} select.override-how"), "limit")
+        .await;
+    browser
+        .type_into(&format!("{route} .override-amount"), "100")
+        .await;
+    browser
+        .type_into(&format!("{route} .override-for"), "1h")
+        .await;
+    browser.click(&format!("{route} button.preview")).await;
+    let preview = format!("{route} .preview-box tr.override-limit");
+    let minute = browser
+        .until_text(&preview, "the per-minute limit's preview", |t| {
+            t.starts_with("per-minute ")
+        })
+        .await;
+    assert!(minute.ends_with(" 3 100 as given"), "{minute}");
+    let month = browser
+        .until_text(&preview, "the monthly limit's preview", |t| {
+            t.starts_with("monthly ")
+        })
+        .await;
+    assert!(month.ends_with(" 1000 1000 unchanged"), "{month}");
+    browser.screenshot("preview").await;
+    // A preview changes nothing.
+    let (_, listed) = admin_json(&fleet.a, "/limits/overrides").await;
+    assert_eq!(listed["overrides"], Value::Array(vec![]), "{listed}");
+    assert_eq!(
+        call(&fleet.a, "x-api-key", API_KEY, "/api/x").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    browser.click(&format!("{route} button.override")).await;
+    browser
+        .until_text("#message.done", "the override applied", |t| {
+            t.starts_with("override of api: done, until 20")
+        })
+        .await;
+    let overridden = browser
+        .until_text(
+            &format!("{route} .limit-state[data-limit=\"per-minute\"] .override"),
+            "the per-minute limit overridden",
+            |t| t.starts_with("limit 100 on per-minute until "),
+        )
+        .await;
+    assert!(overridden.ends_with(" UTC"), "{overridden}");
+    assert_eq!(
+        browser
+            .texts(&format!(
+                "{route} .limit-state[data-limit=\"monthly\"] .override"
+            ))
+            .await,
+        ["—"]
+    );
+    // The month: the same limit, its usage kept.
+    let (_, after) = admin_json(&fleet.a, &state_path).await;
+    let month_after = monthly(&after);
+    assert_eq!(
+        (
+            &month_after["limit"],
+            &month_after["remaining"],
+            &month_after["overridden"]
+        ),
+        (
+            &month_before["limit"],
+            &month_before["remaining"],
+            &Value::Bool(false)
+        ),
+        "{after}"
+    );
+    assert_eq!(month_after["limit"], 1000);
+    // The caller passes again on the per-minute limit (counted afresh under the override).
+    assert_eq!(
+        call(&fleet.a, "x-api-key", API_KEY, "/api/x").await,
+        StatusCode::OK
+    );
+
+    // The overrides in force, on either replica's console.
+    let listed = format!("api {digest} per-minute limit 100 ");
+    for (replica, proxy) in [("a", &fleet.a), ("b", &fleet.b)] {
+        browser.goto(&console_url(proxy)).await;
+        let entry = browser
+            .until_text("#overrides tr.override-entry", "the override", |t| {
+                t.starts_with(&listed)
+            })
+            .await;
+        assert!(
+            entry.contains(" UTC (in 60 min) ") || entry.contains(" UTC (in 59 min) "),
+            "{entry}"
+        );
+        assert!(entry.contains(" token "), "{entry}");
+        browser.screenshot(&format!("overrides-{replica}")).await;
+    }
+    assert_no_browser_errors(&browser).await;
+    browser.close().await;
 }

@@ -14,6 +14,7 @@ use crate::config::{Limit, LimitSet, OnError, Route, Scope};
 use crate::control::offenders::{View, CAPACITY};
 use crate::control::Control;
 use crate::explain::{self, Explanation};
+use crate::identity::display::Display;
 use crate::identity::{key, Source};
 use crate::proxy::Proxy;
 
@@ -110,12 +111,12 @@ pub async fn overview(proxy: &Proxy, history: &History, loopback: bool) -> Value
                 .routes
                 .iter()
                 .map(|(route, callers)| {
-                    let secret = secret_kinds_of(throttle, route);
+                    let shown = control.shown(route);
                     json!({
                         "route": route,
                         "top": callers
                             .iter()
-                            .map(|o| o.to_json(shown::item(&o.item, &secret)))
+                            .map(|o| o.to_json(shown.item(&o.item)))
                             .collect::<Vec<_>>(),
                     })
                 })
@@ -136,8 +137,7 @@ pub async fn overview(proxy: &Proxy, history: &History, loopback: bool) -> Value
         .unwrap_or_default()
         .into_iter()
         .map(|d| {
-            let secret = secret_kinds_of(throttle, &d.route);
-            let (source, identity) = shown::item(&d.item, &secret);
+            let (source, identity) = control.shown(&d.route).item(&d.item);
             json!({
                 "first": rfc3339_ms(d.first),
                 "last": rfc3339_ms(d.last),
@@ -176,15 +176,6 @@ fn actions(proxy: &Proxy, loopback: bool) -> &'static str {
         (false, true) => "loopback",
         (false, false) => "off",
     }
-}
-
-fn secret_kinds_of(throttle: &crate::config::Throttle, route: &str) -> Vec<&'static str> {
-    throttle
-        .routes
-        .iter()
-        .find(|r| r.name == route)
-        .map(|r| shown::secret_kinds(r))
-        .unwrap_or_else(|| vec!["bearer", "header", "query", "cookie"])
 }
 
 async fn store(proxy: &Proxy, control: &Control) -> Value {
@@ -242,19 +233,41 @@ async fn store(proxy: &Proxy, control: &Control) -> Value {
     })
 }
 
-/// One caller (by the value it presents) on every route: its state, and what `explain` says
-/// for a request of theirs on that route.
-pub async fn caller(proxy: &Proxy, raw: &[u8]) -> Value {
+/// One caller (by the value it presents, or its short form) on every route: their state, and
+/// what `explain` says for a request of theirs on that route, each as the route shows callers
+/// ([`crate::control::shown`]). A short form is looked up on each route; a route where it names
+/// no caller it knows says so.
+///
+/// The heading names the caller as the lists (top offenders, recent denials) do: as the
+/// routes they are listed on show them (the strictest, if those routes differ), or, when no
+/// list names them, by the strictest rule of every route.
+pub async fn caller(proxy: &Proxy, given: &[u8]) -> Value {
     let config = proxy.config();
     let control = proxy.throttle_control();
+    let given_text = String::from_utf8_lossy(given);
+    let listed = listed_on(&control).await;
     let mut routes = Vec::new();
-    let mut masked_anywhere = false;
+    // Per route that found the caller: its rule, the caller as it shows them, whether a list
+    // names them there.
+    let mut forms: Vec<(Display, String, bool)> = Vec::new();
     for route in &config.throttle.routes {
-        let state = match control.state(&route.name, raw).await {
+        let shown = control.shown(&route.name);
+        let raw = match control.resolve(&route.name, given).await {
+            Ok(raw) => raw,
+            Err(e) => {
+                routes.push(json!({
+                    "route": route.name,
+                    "state": { "error": e.to_string() },
+                    "explain": null,
+                }));
+                continue;
+            }
+        };
+        let state = match control.state(&route.name, &raw).await {
             Ok(state) => state,
             Err(e) => json!({ "error": e.to_string() }),
         };
-        let (parts, peer, note) = request_of(route, raw);
+        let (parts, peer, note) = request_of(route, &raw);
         let mut explanation = explain::explain(&config, &parts, peer);
         live(&control, &mut explanation).await;
         let mut explained = explanation.json();
@@ -262,29 +275,70 @@ pub async fn caller(proxy: &Proxy, raw: &[u8]) -> Value {
         if let Some(note) = note {
             explained["note"] = json!(note);
         }
-        let entry = json!({
+        // The value as this route shows a value named by an operator: never clearer in the
+        // explanation than in the state beside it.
+        let form = shown.value(&raw);
+        if shown.rule() != Display::Clear {
+            explained = mask_value(explained, &raw, &form);
+        }
+        let on_a_list = listed
+            .iter()
+            .any(|(r, item)| *r == route.name && item_names(item, &raw));
+        forms.push((shown.rule(), form, on_a_list));
+        routes.push(json!({
             "route": route.name,
             "state": state,
             "explain": explained,
-        });
-        // On a route that reads a credential-named source (other than a bearer token, hashed
-        // anyway), the value may be that credential: shown as its digest there.
-        if shown::secret_kinds(route).len() > 1 {
-            masked_anywhere = true;
-            routes.push(mask_value(entry, raw));
-        } else {
-            routes.push(entry);
-        }
+        }));
     }
+    let anywhere = forms.iter().any(|(_, _, on_a_list)| *on_a_list);
+    let heading = forms
+        .into_iter()
+        .filter(|(_, _, on_a_list)| *on_a_list || !anywhere)
+        .max_by_key(|(rule, _, _)| *rule)
+        .map_or_else(|| given_text.into_owned(), |(_, form, _)| form);
     json!({
-        "identity": if masked_anywhere { key::display_hash(raw) } else { key::display_value(raw) },
+        "identity": heading,
         "routes": routes,
     })
 }
 
-/// Every string in `value` with `raw` replaced by its digest, but for the names the
-/// configuration gives (routes, limits, tiers...), which a value may happen to equal.
-fn mask_value(value: Value, raw: &[u8]) -> Value {
+/// (route, identity part of a store key) of every caller the page lists: the fleet's top
+/// offenders and this replica's recent denials.
+async fn listed_on(control: &Control) -> Vec<(String, String)> {
+    let Some(sketch) = control.offenders() else {
+        return Vec::new();
+    };
+    let top = sketch.top_of(TOP.min(CAPACITY), View::Fleet).await;
+    let mut listed: Vec<(String, String)> = top
+        .routes
+        .into_iter()
+        .flat_map(|(route, callers)| callers.into_iter().map(move |o| (route.clone(), o.item)))
+        .collect();
+    listed.extend(
+        sketch
+            .recent()
+            .list()
+            .into_iter()
+            .map(|d| (d.route, d.item)),
+    );
+    listed
+}
+
+/// Whether the identity part `item` (`header=alice`, several joined by `|`) holds `raw`, as
+/// is or hashed.
+fn item_names(item: &str, raw: &[u8]) -> bool {
+    let readable = String::from_utf8_lossy(raw);
+    let digest = key::display_hash(raw);
+    item.split('|').any(|part| {
+        let (_, value) = crate::identity::shown_from_key_part(part);
+        value == readable || value == digest
+    })
+}
+
+/// Every string in `value` with `raw` replaced by `form` (how it may be shown), but for the
+/// names the configuration gives (routes, limits, tiers...), which a value may happen to equal.
+fn mask_value(value: Value, raw: &[u8], form: &str) -> Value {
     const NAMES: &[&str] = &[
         "route",
         "limit_name",
@@ -295,17 +349,20 @@ fn mask_value(value: Value, raw: &[u8]) -> Value {
         "source",
     ];
     match value {
-        Value::String(s) => Value::String(shown::masked(&s, raw)),
-        Value::Array(items) => {
-            Value::Array(items.into_iter().map(|v| mask_value(v, raw)).collect())
-        }
+        Value::String(s) => Value::String(shown::masked(&s, raw, form)),
+        Value::Array(items) => Value::Array(
+            items
+                .into_iter()
+                .map(|v| mask_value(v, raw, form))
+                .collect(),
+        ),
         Value::Object(map) => Value::Object(
             map.into_iter()
                 .map(|(k, v)| {
                     let v = if NAMES.contains(&k.as_str()) {
                         v
                     } else {
-                        mask_value(v, raw)
+                        mask_value(v, raw, form)
                     };
                     (k, v)
                 })
@@ -459,8 +516,9 @@ pub async fn explain_request(
     let mut text = explanation.text();
     // Values read from a credential-named header, parameter or cookie: never shown as sent.
     for value in secret_values(&parts, &config.throttle) {
-        json = mask_value(json, &value);
-        text = shown::masked(&text, &value);
+        let form = key::display_hash(&value);
+        json = mask_value(json, &value, &form);
+        text = shown::masked(&text, &value, &form);
     }
     Ok((json, text))
 }

@@ -1,5 +1,6 @@
 //! The denials this replica answered lately, for the admin console's "recent denials": one
-//! entry per caller, limit and reason (when, route, tier, limit, caller, reason, how often),
+//! entry per caller, limit and reason (when, route, tier, limit, caller, reason, how often; a
+//! denial from the deny cache counts with the store's `over limit`),
 //! the most recently denied first, kept for [`WINDOW`] and at most [`CAPACITY`] entries.
 //!
 //! A flood is one caller denied thousands of times a second, and two floods interleave: a ring
@@ -54,6 +55,15 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// The reasons listed as one: a denial answered from the deny cache repeats the store's
+    /// `over limit`.
+    fn group(self) -> Reason {
+        match self {
+            Reason::DenyCache => Reason::OverLimit,
+            other => other,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::OverLimit => "over limit",
@@ -101,7 +111,7 @@ impl RecentDenials {
                 && entry.limit == limit.name
                 && entry.route == set.route
                 && entry.tier.as_deref() == tier
-                && entry.reason == reason
+                && entry.reason.group() == reason.group()
         };
         if let Some(at) = ring.iter().position(same) {
             // The newest already (a flood): counted in place; else moved to the front.
@@ -113,6 +123,10 @@ impl RecentDenials {
             .expect("a listed entry");
             entry.count += 1;
             entry.last = now;
+            // Once the store decided, the entry says so (the deny cache only repeats it).
+            if reason == Reason::OverLimit {
+                entry.reason = reason;
+            }
             ring.push_front(entry);
             return;
         }

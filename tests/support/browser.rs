@@ -243,6 +243,17 @@ impl Browser {
         }
     }
 
+    /// Chooses the option of value `value` in the `<select>` matching `css`.
+    pub async fn select(&self, css: &str, value: &str) {
+        self.client
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("no `{css}` to choose in: {e}"))
+            .select_by_value(value)
+            .await
+            .unwrap_or_else(|e| panic!("choose {value:?} in `{css}`: {e}"));
+    }
+
     pub async fn type_into(&self, css: &str, text: &str) {
         let element = self
             .client

@@ -417,6 +417,28 @@ async function renderAudit(now) {
   renderAuditRows();
 }
 
+// The overrides in force over the fleet (GET /limits/overrides), soonest to end first.
+async function renderOverrides() {
+  const answer = await getJson("/limits/overrides");
+  if (!answer.ok) return;
+  const list = answer.body.overrides || [];
+  const body = document.querySelector("#overrides tbody");
+  clear(body);
+  for (const o of list) {
+    const change = o.limit !== null && o.limit !== undefined ? `limit ${o.limit}` : `× ${o.multiply}`;
+    body.append(el("tr", { class: "override-entry", "data-route": o.route, "data-identity": o.identity },
+      el("td", {}, o.route),
+      el("td", {}, callerLink(o.identity)),
+      el("td", {}, o.limit_name || "every limit"),
+      el("td", {}, change),
+      el("td", {}, `${o.until.slice(11, 19)} UTC (in ${seconds(o.expires_in_seconds)})`),
+      el("td", {}, o.set_by),
+      el("td", { class: "small" }, o.set_at ? o.set_at.replace("T", " ").replace(/\.\d+Z$/, "") : "—"),
+      el("td", { class: "small muted" }, o.set_on || "—")));
+  }
+  document.getElementById("overrides-empty").hidden = list.length > 0;
+}
+
 async function refresh() {
   try {
     const answer = await getJson("/console/api/overview");
@@ -438,6 +460,7 @@ async function refresh() {
   renderProtect();
   renderSuggest().catch(() => {});
   renderAudit(false).catch(() => {});
+  renderOverrides().catch(() => {});
   if (lastCaller !== null) renderCaller(lastCaller, false);
 }
 
@@ -463,17 +486,18 @@ function limitRow(l, override) {
   const shared = l.shared_by_everyone ? " (shared by every caller)" : "";
   return row(l.blocked ? "blocked" : (l.allowed ? "ok" : "limited"),
     el("td", { class: "now" }, now),
-    el("td", { class: "remaining" }, `${l.remaining} of ${l.limit}${l.allowed && !l.blocked ? " after a request" : ""}${shared}`),
+    el("td", { class: "remaining" }, `${l.remaining} of ${l.limit}${l.allowed && !l.blocked ? " after a request" : ""}${l.overridden && l.configured_limit !== undefined && l.configured_limit !== l.limit ? ` (configured: ${l.configured_limit})` : ""}${shared}`),
     el("td", { class: "reset" }, `in ${seconds(l.reset_after_seconds)} (${inSeconds(l.reset_after_seconds)})`),
     el("td", { class: "block" }, block),
-    el("td", { class: "override" }, l.overridden ? (override || "overridden") : "—"));
+    el("td", { class: "override" }, l.overridden ? (overrideText(l.override) || override || "overridden") : "—"));
 }
 
 // An override as the panel shows it: what it sets, until when.
 function overrideText(o) {
   if (!o) return null;
   const what = o.limit !== null && o.limit !== undefined ? `limit ${o.limit}` : `×${o.multiply}`;
-  return `${what} until ${o.until}`;
+  const on = o.limit_name ? ` on ${o.limit_name}` : " on every limit";
+  return `${what}${on} until ${o.until.replace("T", " ").replace(/\.\d+Z$/, " UTC")}`;
 }
 
 function message(text, kind) {
@@ -482,16 +506,20 @@ function message(text, kind) {
   node.className = kind;
 }
 
-async function act(method, path, params, what) {
+// Calls the admin API with the page's token; says in the message line how it went. Returns
+// the answer's JSON when it succeeded, null otherwise.
+async function act(method, path, params, what, done) {
   const token = document.getElementById("token").value.trim();
   const headers = {};
   if (token) headers.Authorization = `Bearer ${token}`;
   const query = new URLSearchParams(params).toString();
+  let result = null;
   try {
     const response = await fetch(`${path}?${query}`, { method, headers, cache: "no-store", credentials: "omit" });
     const body = await response.json().catch(() => ({}));
     if (response.ok) {
-      message(`${what}: done`, "done");
+      message(done ? done(body) : `${what}: done`, "done");
+      result = body;
     } else if (response.status === 403) {
       message(`${what} refused (403): ${body.error || "not allowed"}`, "refused");
     } else {
@@ -500,39 +528,117 @@ async function act(method, path, params, what) {
   } catch (e) {
     message(`${what} failed: ${e.message}`, "refused");
   }
-  if (lastCaller !== null) renderCaller(lastCaller, false);
-  renderAudit(true).catch(() => {});
+  if (params.dry_run !== "true") {
+    if (lastCaller !== null) renderCaller(lastCaller, false);
+    renderAudit(true).catch(() => {});
+    renderOverrides().catch(() => {});
+  }
+  return result;
 }
 
-function actionsFor(route, identity) {
+// A choice of the route's limits: `every` names what no choice does, `ask` a first option
+// that is no choice (the operator must say which).
+function limitChoice(cls, names, every, ask) {
+  const select = el("select", { class: cls });
+  if (ask) select.append(el("option", { value: "" }, ask));
+  select.append(el("option", { value: "*" }, every));
+  for (const name of names) select.append(el("option", { value: name }, `limit ${name}`));
+  return select;
+}
+
+function withLimit(params, choice) {
+  if (choice !== "*" && choice !== "") params.limit_name = choice;
+  return params;
+}
+
+// What an override will make of each limit (its answer's `limits`), as a table.
+function overrideTable(limits) {
+  const table = el("table", { class: "override-preview" },
+    el("thead", {}, el("tr", {}, ...["limit", "period", "now", "will be", ""].map((h) => el("th", {}, h)))));
+  const body = el("tbody");
+  for (const l of limits) {
+    const note = !l.changed ? "unchanged" : (l.scaled ? "scaled in proportion" : "as given");
+    body.append(el("tr", { class: `override-limit ${l.changed ? "changed" : "unchanged"}`, "data-limit": l.name },
+      el("td", { class: "name" }, l.tier ? `${l.name} (tier ${l.tier})` : l.name),
+      el("td", {}, l.period),
+      el("td", {}, l.before),
+      el("td", { class: "after" }, l.after),
+      el("td", { class: "muted small" }, note)));
+  }
+  table.append(body);
+  return table;
+}
+
+function actionsFor(route, identity, names) {
   const box = el("div", { class: "actions" });
+  // Reset: the operator says which limit (every limit hands out a fresh month too).
+  const resetWhich = limitChoice("reset-limit", names, "every limit", "which limit?");
   const reset = el("button", { type: "button", class: "reset", "data-route": route }, "reset");
-  reset.addEventListener("click", () =>
-    act("POST", "/limits/reset", { route, identity }, `reset of ${route}`));
+  reset.addEventListener("click", () => {
+    if (resetWhich.value === "") {
+      message(`reset of ${route}: choose which limit to reset`, "refused");
+      return;
+    }
+    const which = resetWhich.value === "*" ? "" : ` (limit ${resetWhich.value})`;
+    act("POST", "/limits/reset", withLimit({ route, identity }, resetWhich.value), `reset of ${route}${which}`);
+  });
+  // Override: previewed (dry_run) before it is applied; any change asks for a new preview.
+  const which = limitChoice("override-limit", names, "every limit (in proportion)", null);
   const how = el("select", { class: "override-how" },
     el("option", { value: "multiply" }, "× multiply"), el("option", { value: "limit" }, "limit ="));
   const amount = el("input", { class: "override-amount", type: "text", size: 5, value: "10" });
   const duration = el("input", { class: "override-for", type: "text", size: 5, value: "1h" });
-  const override = el("button", { type: "button", class: "override", "data-route": route }, "override");
-  override.addEventListener("click", () => {
-    const params = { route, identity, for: duration.value };
-    params[how.value] = amount.value;
-    act("POST", "/limits/override", params, `override of ${route}`);
+  const preview = el("button", { type: "button", class: "preview", "data-route": route }, "preview");
+  const apply = el("button", { type: "button", class: "override", "data-route": route, disabled: true }, "apply");
+  const shown = el("div", { class: "preview-box", "data-route": route });
+  const params = () => {
+    const p = withLimit({ route, identity, for: duration.value.trim() }, which.value);
+    p[how.value] = amount.value.trim();
+    return p;
+  };
+  const stale = () => {
+    apply.disabled = true;
+    clear(shown);
+  };
+  for (const input of [which, how, amount, duration]) {
+    input.addEventListener("input", stale);
+    input.addEventListener("change", stale);
+  }
+  preview.addEventListener("click", async () => {
+    stale();
+    const p = params();
+    p.dry_run = "true";
+    const answer = await act("POST", "/limits/override", p, `preview of the override on ${route}`,
+      () => `preview of the override on ${route}: nothing changed yet; apply to make it so`);
+    if (answer && Array.isArray(answer.limits)) {
+      shown.append(el("p", { class: "small" }, `for ${duration.value.trim()}, each limit would become:`), overrideTable(answer.limits));
+      apply.disabled = false;
+    }
+  });
+  apply.addEventListener("click", async () => {
+    apply.disabled = true;
+    const answer = await act("POST", "/limits/override", params(), `override of ${route}`,
+      (body) => `override of ${route}: done, until ${body.override ? body.override.until : "?"}`);
+    clear(shown);
+    if (answer && Array.isArray(answer.limits)) shown.append(el("p", { class: "small" }, "applied:"), overrideTable(answer.limits));
   });
   const remove = el("button", { type: "button", class: "unoverride", "data-route": route }, "end override");
   remove.addEventListener("click", () =>
-    act("DELETE", "/limits/override", { route, identity }, `end of the override on ${route}`));
-  box.append(reset, " ", how, amount, " for ", duration, override, " ", remove);
+    act("DELETE", "/limits/override", withLimit({ route, identity }, which.value), `end of the override on ${route}`));
+  box.append(resetWhich, reset, el("span", { class: "sep" }, "|"), "override ", which, how, amount, " for ", duration, preview, apply, " ", remove);
   if (actions === "off") {
     box.append(el("span", { class: "muted small" }, " (actions are off: no admin token is configured and the listener is not loopback)"));
   }
-  return box;
+  const outer = el("div", {}, box, shown);
+  return outer;
 }
 
-function stateOf(state) {
+// A caller's state on a route; `known`: false where the caller could not be found (a short
+// form no value of that route has), which is no fault.
+function stateOf(state, known) {
   const box = el("div", { class: "state" });
   if (state.error) {
-    box.append(el("p", { class: "bad" }, state.error));
+    box.append(el("p", { class: known === false ? "muted" : "bad" }, state.error));
     return box;
   }
   if (state.limits.length === 0) {
@@ -568,22 +674,31 @@ async function renderCaller(identity, fresh) {
   const data = answer.body;
   if (fresh) {
     clear(target);
+    // Which lookup the panel shows (a new lookup of the same heading is told apart by it).
+    target.setAttribute("data-for", identity);
     target.append(el("h3", {}, `caller ${data.identity}`));
   }
   for (const route of data.routes) {
     const explained = route.explain;
-    const text = explained.text + (explained.note ? `\nnote: ${explained.note}\n` : "");
+    const text = explained ? explained.text + (explained.note ? `\nnote: ${explained.note}\n` : "") : null;
     let box = fresh ? null : target.querySelector(`.caller-route[data-route="${CSS.escape(route.route)}"]`);
     if (box) {
-      box.querySelector(".state").replaceWith(stateOf(route.state));
-      box.querySelector(".explain pre").textContent = text;
+      box.querySelector(".state").replaceWith(stateOf(route.state, explained !== null));
+      const pre = box.querySelector(".explain pre");
+      if (pre && text !== null) pre.textContent = text;
       continue;
     }
     box = el("div", { class: "caller-route", "data-route": route.route });
-    box.append(el("h4", {}, `route ${route.route}`), stateOf(route.state));
-    const details = el("details", { class: "explain" },
-      el("summary", {}, "explain a request of theirs"), el("pre", {}, text));
-    box.append(details, actionsFor(route.route, identity));
+    const here = route.state.identity && route.state.identity !== data.identity
+      ? el("span", { class: "muted small" }, ` (this route shows them as ${route.state.identity})`)
+      : null;
+    box.append(el("h4", {}, `route ${route.route}`, here), stateOf(route.state, explained !== null));
+    if (explained) {
+      const details = el("details", { class: "explain" },
+        el("summary", {}, "explain a request of theirs"), el("pre", {}, text));
+      const names = [...new Set((route.state.limits || []).map((l) => l.limit_name))];
+      box.append(details, actionsFor(route.route, identity, names));
+    }
     target.append(box);
   }
   if (fresh) message("", "");
