@@ -1195,3 +1195,63 @@ async fn console_per_limit_override_leaves_the_monthly_quota_alone_and_both_repl
     assert_no_browser_errors(&browser).await;
     browser.close().await;
 }
+
+/// docs/console.png: two replicas on one Redis, two API keys flooding them in turn for 45 s
+/// and a partner refused, one key overridden on its per-minute limit, the other looked up.
+/// Run by hand (`cargo test --test console -- --ignored docs_screenshot`), then copy
+/// target/console-screenshots/docs-console.png to docs/console.png.
+#[tokio::test]
+#[ignore = "makes docs/console.png: 45 s of traffic"]
+async fn docs_screenshot() {
+    let fleet = quota_fleet().await;
+    let bearer = format!("Bearer {TOKEN}");
+    let (status, _, text) = admin_request(
+        &fleet.a,
+        "POST",
+        "/limits/override?route=api&identity=k_test_7&limit_name=per-minute&limit=30&for=2h",
+        &[("authorization", &bearer)],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let started = Instant::now();
+    let mut refused = 0;
+    while started.elapsed() < Duration::from_secs(45) {
+        for (proxy, key) in [
+            (&fleet.a, API_KEY),
+            (&fleet.b, "k_test_7"),
+            (&fleet.b, API_KEY),
+        ] {
+            if call(proxy, "x-api-key", key, "/api/x").await == StatusCode::TOO_MANY_REQUESTS {
+                refused += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert!(refused > 0);
+    let browser = browser::launch("docs").await;
+    browser.client.set_window_size(1400, 2000).await.unwrap();
+    browser
+        .goto(&format!(
+            "{}#caller={}",
+            console_url(&fleet.a),
+            support_digest(API_KEY)
+        ))
+        .await;
+    browser
+        .until_text("#overrides tr.override-entry", "the override", |t| {
+            t.starts_with("api ")
+        })
+        .await;
+    browser
+        .until_text(API_KEY_ROW, "the looked-up key", |t| {
+            t.starts_with("per-minute")
+        })
+        .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    browser.screenshot("console").await;
+    assert_no_browser_errors(&browser).await;
+    browser.close().await;
+}
+
+const API_KEY_ROW: &str =
+    ".caller-route[data-route=\"api\"] .limit-state[data-limit=\"per-minute\"]";

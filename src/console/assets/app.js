@@ -637,8 +637,13 @@ function actionsFor(route, identity, names) {
 // form no value of that route has), which is no fault.
 function stateOf(state, known) {
   const box = el("div", { class: "state" });
+  if (state.error && known === false) {
+    // The API's reason (where it looked) on hover: the line itself says what matters.
+    box.append(el("p", { class: "muted", title: state.error }, "no caller of this route has this short form"));
+    return box;
+  }
   if (state.error) {
-    box.append(el("p", { class: known === false ? "muted" : "bad" }, state.error));
+    box.append(el("p", { class: "bad" }, state.error));
     return box;
   }
   if (state.limits.length === 0) {
