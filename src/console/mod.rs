@@ -12,9 +12,11 @@
 //! required so no script can inject markup). The page reads JSON endpoints served here
 //! (`/console/api/overview`, `/console/api/caller`, `/limits/explain`), open like every read
 //! of the admin listener; its actions call the admin API's own `POST /limits/reset` and
-//! `POST|DELETE /limits/override`, which need the admin token (or a loopback listener without
-//! one) and write the audit trail: the console adds no way to change anything. What it shows
-//! of identities is in [`shown`].
+//! `POST|DELETE /limits/override` (an override previewed first with `dry_run=true`), which
+//! need the admin token (or a loopback listener without one) and write the audit trail, and
+//! it reads `GET /limits/overrides` and `GET /limits/audit`: the console adds no way to change
+//! anything. Callers are named by the routes' display rule ([`crate::control::shown`]); the
+//! masking of credential values in a described request's explanation is in [`shown`].
 
 mod history;
 pub(crate) mod shown;
