@@ -21,6 +21,7 @@ use serde_json::Value;
 use crate::config::{Config, StoreConfig};
 use crate::control::audit::Who;
 use crate::control::caller::{CallerError, Control};
+use crate::control::overrides::Request as OverrideRequest;
 use crate::throttle::overrides::Adjust;
 
 /// How long the command waits for an admin listener.
@@ -34,13 +35,9 @@ pub enum Action {
         limit_name: Option<String>,
     },
     /// Gives the caller `adjust` for `duration` (on the limit named, or on every one in
-    /// proportion); with `dry_run`, shows what each limit would become.
-    Override {
-        adjust: Adjust,
-        duration: Duration,
-        limit_name: Option<String>,
-        dry_run: bool,
-    },
+    /// proportion); with `dry_run`, shows what each limit would become. (Through an admin
+    /// listener, the listener says who asked.)
+    Override(OverrideRequest),
     /// Ends the caller's override (of the limit named, or every one).
     Unoverride {
         limit_name: Option<String>,
@@ -51,9 +48,10 @@ impl Action {
     /// What the audit trail calls it (None: not a mutation).
     fn audited(&self) -> Option<&'static str> {
         match self {
-            Action::Get | Action::Override { dry_run: true, .. } => None,
+            Action::Get => None,
+            Action::Override(asked) if asked.dry_run => None,
             Action::Reset { .. } => Some("reset"),
-            Action::Override { .. } => Some("override"),
+            Action::Override(_) => Some("override"),
             Action::Unoverride { .. } => Some("override_removed"),
         }
     }
@@ -118,21 +116,7 @@ pub async fn run(
                 Action::Reset { limit_name } => {
                     control.reset(route, raw, limit_name.as_deref()).await?
                 }
-                Action::Override {
-                    adjust,
-                    duration,
-                    limit_name,
-                    dry_run,
-                } => {
-                    let asked = crate::control::overrides::Request {
-                        adjust: *adjust,
-                        duration: *duration,
-                        limit_name: limit_name.clone(),
-                        dry_run: *dry_run,
-                        who: Who::Cli,
-                    };
-                    control.set_override(route, raw, &asked).await?
-                }
+                Action::Override(asked) => control.set_override(route, raw, asked).await?,
                 Action::Unoverride { limit_name } => {
                     control
                         .remove_override(route, raw, limit_name.as_deref())
@@ -141,7 +125,7 @@ pub async fn run(
             };
             if let Some(what) = action.audited() {
                 let parameters = match &action {
-                    Action::Override { duration, .. } => serde_json::json!({
+                    Action::Override(OverrideRequest { duration, .. }) => serde_json::json!({
                         "limit_name": done["override"]["limit_name"],
                         "limit": done["override"]["limit"],
                         "multiply": done["override"]["multiply"],
@@ -197,7 +181,7 @@ async fn through_admin(
     let (method, path) = match action {
         Action::Get => (http::Method::GET, "/limits/state"),
         Action::Reset { .. } => (http::Method::POST, "/limits/reset"),
-        Action::Override { .. } => (http::Method::POST, "/limits/override"),
+        Action::Override(_) => (http::Method::POST, "/limits/override"),
         Action::Unoverride { .. } => (http::Method::DELETE, "/limits/override"),
     };
     let mut url = format!(
@@ -206,12 +190,13 @@ async fn through_admin(
         encode(identity)
     );
     match &action {
-        Action::Override {
+        Action::Override(OverrideRequest {
             adjust,
             duration,
             limit_name,
             dry_run,
-        } => {
+            ..
+        }) => {
             match adjust {
                 Adjust::Limit(n) => url.push_str(&format!("&limit={n}")),
                 Adjust::Multiply(f) => url.push_str(&format!("&multiply={f}")),

@@ -153,42 +153,27 @@ fn limits(args: LimitsArgs, action: tollgate::limits_cli::Action) -> ExitCode {
 
 /// `tollgate limits overrides`: the overrides in force, as text or JSON.
 fn limits_overrides(args: OverridesArgs) -> ExitCode {
-    let config = match load_config(&args.config) {
-        Ok(config) => config,
+    let (config, runtime) = match config_and_runtime(&args.config) {
+        Ok(both) => both,
         Err(code) => return code,
     };
-    let runtime = match new_runtime() {
-        Ok(rt) => rt,
-        Err(code) => return code,
-    };
-    match runtime.block_on(tollgate::limits_cli::overrides(
+    let answer = runtime.block_on(tollgate::limits_cli::overrides(
         &config,
         args.admin.as_deref(),
-    )) {
-        Ok(value) if args.json => {
-            println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
-            ExitCode::SUCCESS
-        }
-        Ok(value) => {
-            print!("{}", tollgate::control::overrides::list_text(&value));
-            ExitCode::SUCCESS
-        }
-        Err(failure) => {
-            eprintln!("tollgate limits overrides: {}", failure.message);
-            ExitCode::from(if failure.usage { 2 } else { 1 })
-        }
-    }
+    ));
+    print_answer(
+        "overrides",
+        answer,
+        args.json,
+        tollgate::control::overrides::list_text,
+    )
 }
 
 /// `tollgate limits suggest`: the running instance's report, as text or JSON; exit 2 for a
 /// usage error (a bad window, no admin address), 1 when the instance cannot be asked.
 fn limits_suggest(args: SuggestArgs) -> ExitCode {
-    let config = match load_config(&args.config) {
-        Ok(config) => config,
-        Err(code) => return code,
-    };
-    let runtime = match new_runtime() {
-        Ok(rt) => rt,
+    let (config, runtime) = match config_and_runtime(&args.config) {
+        Ok(both) => both,
         Err(code) => return code,
     };
     let answer = runtime.block_on(tollgate::limits_cli::suggest(
@@ -197,8 +182,31 @@ fn limits_suggest(args: SuggestArgs) -> ExitCode {
         &args.window,
         args.local,
     ));
+    print_answer(
+        "suggest",
+        answer,
+        args.json,
+        tollgate::suggest::advice::text,
+    )
+}
+
+/// The configuration at `path` and a runtime to run a command in, or the exit code of why not.
+fn config_and_runtime(
+    path: &std::path::Path,
+) -> Result<(config::Config, tokio::runtime::Runtime), ExitCode> {
+    Ok((load_config(path)?, new_runtime()?))
+}
+
+/// A `tollgate limits COMMAND` answer printed as JSON or by `text`: exit 0; or its failure on
+/// stderr: exit 2 for a usage error, 1 otherwise.
+fn print_answer(
+    command: &str,
+    answer: Result<serde_json::Value, tollgate::limits_cli::Failure>,
+    json: bool,
+    text: fn(&serde_json::Value) -> String,
+) -> ExitCode {
     match answer {
-        Ok(value) if args.json => {
+        Ok(value) if json => {
             println!(
                 "{}",
                 serde_json::to_string_pretty(&value).unwrap_or_default()
@@ -206,11 +214,11 @@ fn limits_suggest(args: SuggestArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(value) => {
-            print!("{}", tollgate::suggest::advice::text(&value));
+            print!("{}", text(&value));
             ExitCode::SUCCESS
         }
         Err(failure) => {
-            eprintln!("tollgate limits suggest: {}", failure.message);
+            eprintln!("tollgate limits {command}: {}", failure.message);
             ExitCode::from(if failure.usage { 2 } else { 1 })
         }
     }
@@ -235,11 +243,14 @@ fn limits_override(args: OverrideArgs) -> ExitCode {
         let duration = parse_for(args.duration.as_deref().unwrap_or_default());
         let (limit_name, dry_run) = (args.limit_name.clone(), args.dry_run);
         adjust.and_then(|adjust| {
-            duration.map(|duration| Action::Override {
-                adjust,
-                duration,
-                limit_name,
-                dry_run,
+            duration.map(|duration| {
+                Action::Override(tollgate::control::overrides::Request {
+                    adjust,
+                    duration,
+                    limit_name,
+                    dry_run,
+                    who: tollgate::control::audit::Who::Cli,
+                })
             })
         })
     };

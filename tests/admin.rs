@@ -757,7 +757,7 @@ async fn admin_parameters_outside_what_is_allowed_get_400_naming_what_is() {
         (
             "POST",
             "/limits/reset?route=api&identity=alice&all=1",
-            "unknown query parameter `all`: /limits/reset takes route, identity, format",
+            "unknown query parameter `all`: /limits/reset takes route, identity, limit_name, format",
         ),
         (
             "POST",

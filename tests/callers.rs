@@ -58,77 +58,89 @@ fn proxy_base(proxy: &ProxyHandle) -> String {
 
 /// Calls until `want` is answered, for at most `within`.
 async fn until_status(base: &str, header: (&str, &str), want: StatusCode, within: Duration) {
-    let started = Instant::now();
-    loop {
-        let got = call(base, "/api/x", header).await;
-        if got == want {
-            return;
+    let answered = tokio::time::timeout(within, async {
+        while call(base, "/api/x", header).await != want {
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        assert!(
-            started.elapsed() < within,
-            "still {got} after {within:?}, wanted {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
+    assert!(answered.is_ok(), "no {want} within {within:?}");
 }
 
-/// (limit name) -> (overridden, limit in force, remaining) of a state answer.
-fn limits_of(state: &Value) -> Vec<(String, bool, u64, u64)> {
-    state["limits"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{state}"))
-        .iter()
-        .map(|l| {
-            (
-                l["limit_name"].as_str().unwrap().to_owned(),
-                l["overridden"].as_bool().unwrap(),
-                l["limit"].as_u64().unwrap(),
-                l["remaining"].as_u64().unwrap(),
-            )
-        })
-        .collect()
+/// The fields `names` of each entry of `value[list]`, one line per entry, separated by spaces
+/// (strings without quotes): `hourly true 4 2`.
+fn rows(value: &Value, list: &str, names: &[&str]) -> Vec<String> {
+    let entries = value[list].as_array();
+    let entries = entries.unwrap_or_else(|| panic!("no {list} in {value}"));
+    let field = |e: &Value, n: &&str| match &e[*n] {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    };
+    let row = |e: &Value| {
+        names
+            .iter()
+            .map(|n| field(e, n))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    entries.iter().map(row).collect()
 }
 
-/// (name, before, after, changed, scaled) of each limit of an override's answer.
-fn planned(answer: &Value) -> Vec<(String, u64, u64, bool, bool)> {
-    answer["limits"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{answer}"))
-        .iter()
-        .map(|l| {
-            (
-                l["name"].as_str().unwrap().to_owned(),
-                l["before"].as_u64().unwrap(),
-                l["after"].as_u64().unwrap(),
-                l["changed"].as_bool().unwrap(),
-                l["scaled"].as_bool().unwrap(),
-            )
-        })
-        .collect()
+/// Each limit of a state: `name overridden limit-in-force remaining`.
+fn limits_of(state: &Value) -> Vec<String> {
+    rows(
+        state,
+        "limits",
+        &["limit_name", "overridden", "limit", "remaining"],
+    )
 }
 
-fn p(
-    name: &str,
-    before: u64,
-    after: u64,
-    changed: bool,
-    scaled: bool,
-) -> (String, u64, u64, bool, bool) {
-    (name.to_owned(), before, after, changed, scaled)
+/// Asserts [`limits_of`] a state.
+fn assert_limits(state: &Value, want: [&str; 2]) {
+    assert_eq!(limits_of(state), want, "{state}");
+}
+
+/// Each limit of an override's answer: `name before after changed scaled`.
+fn planned(answer: &Value) -> Vec<String> {
+    rows(
+        answer,
+        "limits",
+        &["name", "before", "after", "changed", "scaled"],
+    )
+}
+
+/// `tollgate limits WORDS... -c FILE` (WORDS split at spaces): exit code, stdout, stderr.
+async fn limits_cli(file: &str, words: &str) -> (i32, String, String) {
+    let mut args: Vec<&str> = vec!["limits"];
+    args.extend(words.split(' '));
+    args.extend(["-c", file]);
+    run_tollgate(&args).await
+}
+
+/// [`limits_cli`] that must succeed: its stdout.
+async fn limits_ok(file: &str, words: &str) -> String {
+    let (code, out, err) = limits_cli(file, words).await;
+    assert_eq!(code, 0, "limits {words}: {err}");
+    out
 }
 
 /// A route keyed by an API key (a credential-named header: shown as its digest), with an
 /// hourly limit of 2 and a "monthly" quota of 5 (30 days).
 fn quota_config(up: &Upstream, redis: &RedisServer, prefix: &str) -> Config {
+    quota_config_on(
+        up,
+        store::redis(&redis.url())
+            .key_prefix(prefix)
+            .timeout("500ms")
+            .on_error("deny"),
+    )
+}
+
+fn quota_config_on(up: &Upstream, store: Store) -> Config {
     config()
         .upstream(&up.url())
         .admin("127.0.0.1:0")
-        .store(
-            store::redis(&redis.url())
-                .key_prefix(prefix)
-                .timeout("500ms")
-                .on_error("deny"),
-        )
+        .store(store)
         .identity("customer", [source::header("x-api-key")])
         .route(route("api").prefix("/").key("customer").limits([
             // GCRA: no window boundary for a slow run to cross.
@@ -162,13 +174,7 @@ async fn a_per_limit_override_leaves_the_monthly_quota_alone_and_a_dry_run_chang
     );
     let state = format!("/limits/state?route=api&identity={KEY}");
     let (_, before) = admin_json(&ab, "GET", &state).await;
-    assert_eq!(
-        limits_of(&before),
-        [
-            ("hourly".into(), false, 2, 0),
-            ("monthly".into(), false, 5, 2)
-        ]
-    );
+    assert_limits(&before, ["hourly false 2 0", "monthly false 5 2"]);
 
     // A dry run answers what each limit would become and changes nothing, anywhere.
     let ask = format!("/limits/override?route=api&identity={KEY}&limit=4&limit_name=hourly&for=1h");
@@ -180,10 +186,7 @@ async fn a_per_limit_override_leaves_the_monthly_quota_alone_and_a_dry_run_chang
     );
     assert_eq!(
         planned(&dry),
-        [
-            p("hourly", 2, 4, true, false),
-            p("monthly", 5, 5, false, false)
-        ]
+        ["hourly 2 4 true false", "monthly 5 5 false false"]
     );
     for admin in [&aa, &ab] {
         let (_, list) = admin_json(admin, "GET", "/limits/overrides").await;
@@ -197,7 +200,7 @@ async fn a_per_limit_override_leaves_the_monthly_quota_alone_and_a_dry_run_chang
         StatusCode::TOO_MANY_REQUESTS
     );
     let (_, after_dry) = admin_json(&ab, "GET", &state).await;
-    assert_eq!(limits_of(&after_dry), limits_of(&before));
+    assert_eq!(limits_of(&after_dry), limits_of(&before), "{after_dry}");
 
     // Applied on one replica, followed by the other: the hourly limit becomes 4, counted
     // afresh; the month keeps its 5 and the 2 already used. (`remaining` is what a request
@@ -208,14 +211,7 @@ async fn a_per_limit_override_leaves_the_monthly_quota_alone_and_a_dry_run_chang
     assert_eq!(done["applied"], json!(true));
     until_status(&pb, acme, StatusCode::OK, FOLLOW_WITHIN).await;
     let (_, now) = admin_json(&ab, "GET", &state).await;
-    assert_eq!(
-        limits_of(&now),
-        [
-            ("hourly".into(), true, 4, 2),
-            ("monthly".into(), false, 5, 1)
-        ],
-        "{now}"
-    );
+    assert_limits(&now, ["hourly true 4 2", "monthly false 5 1"]);
     assert_eq!(now["limits"][0]["override"]["limit_name"], "hourly");
     assert!(now["limits"][1]["override"].is_null(), "{now}");
     // Two more, then the month is used up: refused although the hour has room.
@@ -226,14 +222,7 @@ async fn a_per_limit_override_leaves_the_monthly_quota_alone_and_a_dry_run_chang
         StatusCode::TOO_MANY_REQUESTS
     );
     let (_, spent) = admin_json(&aa, "GET", &state).await;
-    assert_eq!(
-        limits_of(&spent),
-        [
-            ("hourly".into(), true, 4, 0),
-            ("monthly".into(), false, 5, 0)
-        ],
-        "{spent}"
-    );
+    assert_limits(&spent, ["hourly true 4 0", "monthly false 5 0"]);
 
     // The list in force is the same on both replicas: one override, of one limit, with who
     // set it and when it ends, the caller by its short form.
@@ -292,10 +281,7 @@ async fn a_per_limit_override_leaves_the_monthly_quota_alone_and_a_dry_run_chang
     assert_eq!(status, StatusCode::OK, "{scaled}");
     assert_eq!(
         planned(&scaled),
-        [
-            p("hourly", 2, 20, true, false),
-            p("monthly", 5, 50, true, true)
-        ]
+        ["hourly 2 20 true false", "monthly 5 50 true true"]
     );
     // Nonsense is refused, naming what is allowed.
     for (query, says) in [
@@ -326,14 +312,7 @@ async fn a_per_limit_override_leaves_the_monthly_quota_alone_and_a_dry_run_chang
     assert_eq!(reset["identity"], KEY_SHORT);
     assert!(!reset.to_string().contains(KEY), "{reset}");
     let (_, state_now) = admin_json(&aa, "GET", &state).await;
-    assert_eq!(
-        limits_of(&state_now),
-        [
-            ("hourly".into(), true, 4, 3),
-            ("monthly".into(), false, 5, 0)
-        ],
-        "{state_now}"
-    );
+    assert_limits(&state_now, ["hourly true 4 3", "monthly false 5 0"]);
     let (status, text) = admin(
         &ab,
         "POST",
@@ -342,6 +321,42 @@ async fn a_per_limit_override_leaves_the_monthly_quota_alone_and_a_dry_run_chang
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
     assert!(text.contains("one of hourly, monthly"), "{text}");
+}
+
+/// On a Cluster the keys of one decision must share a slot: an override of one limit counts
+/// on a key in the same hash tag as the limits it leaves alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_limit_override_works_on_a_cluster() {
+    let cluster = tokio::task::block_in_place(RedisCluster::start);
+    let up = upstream().start().await;
+    let store = store::cluster(cluster.urls())
+        .key_prefix("cqs:")
+        .timeout("2s")
+        .on_error("deny");
+    let proxy = start(&quota_config_on(&up, store)).await;
+    let (base, at) = (proxy_base(&proxy), admin_base(&proxy));
+    let acme = ("x-api-key", KEY);
+    until_status(&base, acme, StatusCode::OK, Duration::from_secs(10)).await;
+    assert_eq!(call(&base, "/api/x", acme).await, StatusCode::OK);
+    assert_eq!(
+        call(&base, "/api/x", acme).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let (status, done) = admin_json(
+        &at,
+        "POST",
+        &format!("/limits/override?route=api&identity={KEY}&limit=4&limit_name=hourly&for=1h"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    until_status(&base, acme, StatusCode::OK, FOLLOW_WITHIN).await;
+    let (_, state) = admin_json(
+        &at,
+        "GET",
+        &format!("/limits/state?route=api&identity={KEY}"),
+    )
+    .await;
+    assert_limits(&state, ["hourly true 4 2", "monthly false 5 1"]);
 }
 
 #[tokio::test]
@@ -362,28 +377,21 @@ async fn the_cli_overrides_and_resets_one_limit_and_lists_the_overrides() {
     let dir = tempfile::tempdir().unwrap();
     let file = write_config(&dir, &yaml.clone().without_admin().yaml());
     let file = file.to_str().unwrap();
-    let limits = |extra: &[&'static str]| {
-        let mut args = vec!["limits"];
-        args.extend_from_slice(extra);
-        args.extend_from_slice(&["-c", file]);
-        args
-    };
-    let caller = ["--route", "api", "--identity", KEY];
+    let caller = format!("--route api --identity {KEY}");
 
     // Dry run: what each limit would become, nothing set.
-    let mut args = limits(&[
-        "override",
-        "--limit-name",
-        "hourly",
-        "--limit",
-        "4",
-        "--for",
-        "1h",
-        "--dry-run",
-    ]);
-    args.extend_from_slice(&caller);
-    let (code, out, err) = run_tollgate(&args).await;
-    assert_eq!(code, 0, "{err}");
+    let out = limits_ok(
+        file,
+        &format!("override --limit-name hourly --limit 4 --for 1h --dry-run {caller}"),
+    )
+    .await;
+    let first = out.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with(&format!(
+            "override  route api identity {KEY_SHORT} limit hourly: limit 4 until "
+        )) && first.ends_with(" (dry run: nothing changed)"),
+        "{out}"
+    );
     assert_eq!(
         out.lines().skip(1).collect::<Vec<_>>(),
         [
@@ -392,70 +400,37 @@ async fn the_cli_overrides_and_resets_one_limit_and_lists_the_overrides() {
         ],
         "{out}"
     );
-    assert!(
-        out.starts_with(&format!(
-            "override  route api identity {KEY_SHORT} limit hourly: limit 4 until "
-        )),
-        "{out}"
-    );
-    assert!(
-        out.lines()
-            .next()
-            .unwrap()
-            .ends_with(" (dry run: nothing changed)"),
-        "{out}"
-    );
-    let (code, out, err) = run_tollgate(&limits(&["overrides"])).await;
     assert_eq!(
-        (code, out.as_str()),
-        (0, "no overrides in force\n"),
-        "{err}"
+        limits_ok(file, "overrides").await,
+        "no overrides in force\n"
     );
 
     // Applied: the hour has 4 afresh, the month keeps its 3.
-    let mut args = limits(&[
-        "override",
-        "--limit-name",
-        "hourly",
-        "--limit",
-        "4",
-        "--for",
-        "1h",
-    ]);
-    args.extend_from_slice(&caller);
-    let (code, _, err) = run_tollgate(&args).await;
-    assert_eq!(code, 0, "{err}");
+    limits_ok(
+        file,
+        &format!("override --limit-name hourly --limit 4 --for 1h {caller}"),
+    )
+    .await;
     until_status(&base, acme, StatusCode::OK, FOLLOW_WITHIN).await;
-    let mut args = limits(&["get", "--json"]);
-    args.extend_from_slice(&["--route", "api", "--identity", KEY_SHORT]);
-    let (code, out, err) = run_tollgate(&args).await;
-    assert_eq!(code, 0, "{err}");
+    let out = limits_ok(
+        file,
+        &format!("get --json --route api --identity {KEY_SHORT}"),
+    )
+    .await;
     let state: Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(
-        limits_of(&state),
-        [
-            ("hourly".into(), true, 4, 2),
-            ("monthly".into(), false, 5, 1)
-        ],
-        "{state}"
-    );
-    let (code, out, err) = run_tollgate(&limits(&["overrides"])).await;
-    assert_eq!(code, 0, "{err}");
+    assert_limits(&state, ["hourly true 4 2", "monthly false 5 1"]);
+    let out = limits_ok(file, "overrides").await;
     assert!(
         out.starts_with(&format!(
             "route api identity {KEY_SHORT} limit hourly: limit 4 until "
-        )),
+        )) && out.contains(", set by cli at "),
         "{out}"
     );
-    assert!(out.contains(", set by cli at "), "{out}");
     let (_, list) = admin_json(&admin_at, "GET", "/limits/overrides").await;
     assert_eq!(list["overrides"][0]["set_by"], "cli", "{list}");
 
     // Reset of the month only: the hour keeps its use under the override.
-    let mut args = limits(&["reset", "--limit-name", "monthly"]);
-    args.extend_from_slice(&caller);
-    let (code, out, err) = run_tollgate(&args).await;
-    assert_eq!(code, 0, "{err}");
+    let out = limits_ok(file, &format!("reset --limit-name monthly {caller}")).await;
     assert!(
         out.starts_with(&format!(
             "reset     route api identity {KEY_SHORT} limit monthly: "
@@ -468,22 +443,21 @@ async fn the_cli_overrides_and_resets_one_limit_and_lists_the_overrides() {
         &format!("/limits/state?route=api&identity={KEY}"),
     )
     .await;
-    assert_eq!(
-        limits_of(&state),
-        [
-            ("hourly".into(), true, 4, 2),
-            ("monthly".into(), false, 5, 4)
-        ],
-        "{state}"
-    );
-    // The override of one limit ends by its name.
-    let mut args = limits(&["override", "--delete", "--limit-name", "hourly"]);
-    args.extend_from_slice(&caller);
-    let (code, out, err) = run_tollgate(&args).await;
-    assert_eq!(code, 0, "{err}");
+    assert_limits(&state, ["hourly true 4 2", "monthly false 5 4"]);
+    // The override of one limit ends by its name; an unknown name is a usage error.
+    let out = limits_ok(
+        file,
+        &format!("override --delete --limit-name hourly {caller}"),
+    )
+    .await;
     assert!(out.contains("limit hourly: removed (1)"), "{out}");
-    let (code, out, _) = run_tollgate(&limits(&["overrides"])).await;
-    assert_eq!((code, out.as_str()), (0, "no overrides in force\n"));
+    assert_eq!(
+        limits_ok(file, "overrides").await,
+        "no overrides in force\n"
+    );
+    let (code, _, err) = limits_cli(file, &format!("reset --limit-name daily {caller}")).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("one of hourly, monthly"), "{err}");
 }
 
 /// The routes of the display test: one keyed by an API key (default: digest), one by a user
@@ -649,18 +623,7 @@ async fn a_caller_is_shown_one_way_everywhere_and_found_by_value_and_short_form(
 
     // The CLI, straight to Redis: the same form, by value and by short form.
     for identity in [KEY, KEY_SHORT] {
-        let (code, out, err) = run_tollgate(&[
-            "limits",
-            "get",
-            "-c",
-            file,
-            "--route",
-            "keys",
-            "--identity",
-            identity,
-        ])
-        .await;
-        assert_eq!(code, 0, "{err}");
+        let out = limits_ok(file, &format!("get --route keys --identity {identity}")).await;
         assert!(
             out.starts_with(&format!("route     keys\nidentity  {KEY_SHORT}\n")),
             "{out}"
@@ -683,16 +646,7 @@ async fn a_caller_is_shown_one_way_everywhere_and_found_by_value_and_short_form(
     let (_, trail) = admin_json(&at, "GET", "/limits/audit").await;
     assert_eq!(trail["entries"][0]["identity"], KEY_SHORT, "{trail}");
 
-    let pid = child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let output = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
-        .await
-        .unwrap();
-    let log = String::from_utf8(output.stderr).unwrap();
+    let log = stop_for_stderr(child).await;
     let mutation: Value = log
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())

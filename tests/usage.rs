@@ -521,11 +521,12 @@ async fn usage_follows_the_override(admin: &ProxyHandle, proxy: &ProxyHandle) {
         (&json!(100), &json!(93))
     );
 
-    // A limit instead: 20 a minute and 20 an hour, on the same count (8 spent).
+    // A limit instead: 20 a minute (the shortest period) and the hour scaled as much (10 ->
+    // 40, never 20 an hour), on the same count (8 spent).
     override_on(admin, "POST", "alice", "&limit=20&for=30m").await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let last = admitted_fields(proxy).await;
-    assert_eq!(last.0, "\"calls\";q=20;w=60, \"hourly\";q=20;w=3600");
+    assert_eq!(last.0, "\"calls\";q=20;w=60, \"hourly\";q=40;w=3600");
     let answer = quota_agrees_with_responses(proxy, &last).await;
     let route = &answer["routes"][0];
     assert_eq!(route["override"]["limit"], 20, "{answer}");

@@ -605,6 +605,12 @@ pub fn state_text(state: &Value) -> String {
             ));
             continue;
         }
+        let tier = match (l["overridden"].as_bool(), l["configured_limit"].as_u64()) {
+            (Some(true), Some(configured)) => {
+                format!("{tier}, overridden (configured {configured})")
+            }
+            _ => tier,
+        };
         if let Some(block) = l.get("blocked").filter(|b| b.is_object()) {
             let left = block["remaining_s"].as_f64().unwrap_or(0.0).ceil();
             out.push_str(&format!(

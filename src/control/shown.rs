@@ -34,19 +34,22 @@ pub struct Shown {
 }
 
 impl Shown {
-    /// `route`'s rules (an unknown route shows values clear: it has no caller).
+    /// `route`'s rules. A route the configuration does not have (an override set before a
+    /// reload removed it) shows every value as its digest: nothing says it is not a secret.
     pub fn for_route(throttle: &Throttle, route: &str) -> Shown {
         let mut shown = Shown::default();
-        if let Some(found) = find_route(throttle, route) {
-            for set in sets(found) {
-                for identity in set.iter().flat_map(|limit| limit.key.iter()) {
-                    for source in &identity.sources {
-                        if matches!(source, Source::Global) {
-                            continue;
-                        }
-                        let rule = identity.display.unwrap_or_else(|| source.default_display());
-                        shown.add(source.kind(), rule);
+        let Some(found) = find_route(throttle, route) else {
+            shown.add("unknown route", Display::Digest);
+            return shown;
+        };
+        for set in sets(found) {
+            for identity in set.iter().flat_map(|limit| limit.key.iter()) {
+                for source in &identity.sources {
+                    if matches!(source, Source::Global) {
+                        continue;
                     }
+                    let rule = identity.display.unwrap_or_else(|| source.default_display());
+                    shown.add(source.kind(), rule);
                 }
             }
         }
@@ -136,7 +139,7 @@ impl Shown {
             .split('|')
             .map(|p| {
                 let (kind, value) = self.part(p);
-                if kind == "global" || p.contains('#') || value == p[kind.len() + 1..] {
+                if kind == "global" || p.contains('#') || p.get(kind.len() + 1..) == Some(&value) {
                     p.to_owned()
                 } else {
                     format!("{kind}={value}")
