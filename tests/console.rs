@@ -988,6 +988,28 @@ async fn console_names_callers_by_their_display_rule_and_finds_them_by_value_and
         assert!(text.contains(&digest) && text.contains("p_1"), "{text}");
         assert!(!text.contains(API_KEY), "{path} shows the API key: {text}");
     }
+    // `GET /limits/explain` quotes a request's values by the same rule.
+    for (url, header, shown) in [
+        (
+            "/partner/x",
+            "x-partner-key:p_1",
+            "partner = p_1 (from header x-partner-key)".to_owned(),
+        ),
+        (
+            "/api/x",
+            "x-api-key:k_live_42",
+            format!("customer = {digest} (from header x-api-key)"),
+        ),
+    ] {
+        let (status, text) = admin_get(
+            &fleet.a,
+            &format!("/limits/explain?url={url}&header={header}&format=text"),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        assert!(text.contains(&shown), "{shown:?} not in {text}");
+        assert!(!text.contains(API_KEY), "{text}");
+    }
     let browser = browser::launch("display").await;
     browser.goto(&console_url(&fleet.a)).await;
     browser

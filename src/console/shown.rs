@@ -3,22 +3,11 @@
 //! Callers in the lists, the states and the headings are shown by the routes' display rules
 //! ([`crate::control::shown`], one rule for every place that names a caller). An explanation
 //! of a described request (`GET /limits/explain`) quotes the values the request carries: a
-//! value from a source whose name says it holds a credential ([`is_credential_name`]) is
-//! replaced there by its digest ([`masked`]), the short form the lists show it by.
+//! value from a source whose display rule hides it (by default, one whose name says it holds
+//! a credential: [`crate::identity::display::is_credential_name`]) is replaced there by what
+//! the rule shows ([`masked`]), the form the lists show it by.
 
-use crate::identity::{key, Source};
-
-pub use crate::identity::display::is_credential_name;
-
-/// Whether `source` reads a value that must not be shown as is.
-pub fn is_secret_source(source: &Source) -> bool {
-    match source {
-        Source::Header(name) => is_credential_name(name.as_str()),
-        Source::Query(name) | Source::Cookie(name) => is_credential_name(name),
-        Source::Bearer => true,
-        Source::Jwt(_) | Source::PathSegment(_) | Source::ClientIp | Source::Global => false,
-    }
-}
+use crate::identity::key;
 
 /// `text` (a store key, an explanation's value) with every readable form of `raw` replaced by
 /// `form` (its digest, or what its display rule shows), when `raw` must not be shown.
@@ -34,8 +23,10 @@ pub fn masked(text: &str, raw: &[u8], form: &str) -> String {
 mod tests {
     use super::*;
 
+    /// The names whose values an explanation masks by default.
     #[test]
     fn credential_names() {
+        use crate::identity::display::is_credential_name;
         for name in [
             "X-Api-Key",
             "api_key",

@@ -500,7 +500,7 @@ pub fn rfc3339_ms(at: SystemTime) -> String {
 }
 
 /// `explain`'s JSON for a described request, with live state from this instance's stores when
-/// asked, every value of a credential-named source shown as its digest.
+/// asked, every value of a source whose display rule hides it shown as the rule shows it.
 pub async fn explain_request(
     proxy: &Proxy,
     described: &explain::Described,
@@ -514,48 +514,56 @@ pub async fn explain_request(
     }
     let mut json = explanation.json();
     let mut text = explanation.text();
-    // Values read from a credential-named header, parameter or cookie: never shown as sent.
-    for value in secret_values(&parts, &config.throttle) {
-        let form = key::display_hash(&value);
+    // Values read from a header, parameter or cookie whose display rule hides them (a
+    // credential's, by default): shown as the rule shows them, never as sent.
+    for (value, form) in secret_values(&parts, &config.throttle) {
         json = mask_value(json, &value, &form);
         text = shown::masked(&text, &value, &form);
     }
     Ok((json, text))
 }
 
-/// The values `parts` carries in sources whose names say they hold a credential.
-fn secret_values(parts: &http::request::Parts, throttle: &crate::config::Throttle) -> Vec<Vec<u8>> {
+/// The values `parts` carries in sources whose identity's display rule does not show them
+/// clear (by default, those whose names say they hold a credential), each with what the rule
+/// shows instead.
+fn secret_values(
+    parts: &http::request::Parts,
+    throttle: &crate::config::Throttle,
+) -> Vec<(Vec<u8>, String)> {
     let mut out = Vec::new();
-    let sources = throttle
+    let identities = throttle
         .routes
         .iter()
         .flat_map(|r| std::iter::once(&r.limits).chain(r.overrides.iter().map(|t| &t.limits)))
         .flat_map(|set| set.iter())
-        .flat_map(|limit| limit.key.iter())
-        .flat_map(|identity| identity.sources.iter());
-    for source in sources {
-        if !shown::is_secret_source(source) {
-            continue;
-        }
-        let value: Option<Vec<u8>> = match source {
-            Source::Header(name) => parts.headers.get(name).map(|v| v.as_bytes().to_vec()),
-            Source::Query(name) => parts
-                .uri
-                .query()
-                .and_then(|q| crate::identity::query_param(q, name)),
-            Source::Cookie(name) => parts
-                .headers
-                .get_all(http::header::COOKIE)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .flat_map(|v| v.split(';'))
-                .filter_map(|pair| pair.trim().split_once('='))
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.trim_matches('"').as_bytes().to_vec()),
-            _ => None,
-        };
-        if let Some(value) = value.filter(|v| !v.is_empty()) {
-            out.push(value);
+        .flat_map(|limit| limit.key.iter());
+    for identity in identities {
+        for source in &identity.sources {
+            let rule = identity.display.unwrap_or_else(|| source.default_display());
+            if rule == Display::Clear {
+                continue;
+            }
+            let value: Option<Vec<u8>> = match source {
+                Source::Header(name) => parts.headers.get(name).map(|v| v.as_bytes().to_vec()),
+                Source::Query(name) => parts
+                    .uri
+                    .query()
+                    .and_then(|q| crate::identity::query_param(q, name)),
+                Source::Cookie(name) => parts
+                    .headers
+                    .get_all(http::header::COOKIE)
+                    .iter()
+                    .filter_map(|v| v.to_str().ok())
+                    .flat_map(|v| v.split(';'))
+                    .filter_map(|pair| pair.trim().split_once('='))
+                    .find(|(n, _)| n == name)
+                    .map(|(_, v)| v.trim_matches('"').as_bytes().to_vec()),
+                _ => None,
+            };
+            if let Some(value) = value.filter(|v| !v.is_empty()) {
+                let form = rule.show(&value);
+                out.push((value, form));
+            }
         }
     }
     out
