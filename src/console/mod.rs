@@ -47,6 +47,7 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'
 pub struct Console {
     proxy: Proxy,
     history: Arc<history::History>,
+    resolved: view::Resolved,
 }
 
 impl Console {
@@ -56,7 +57,11 @@ impl Console {
         if tokio::runtime::Handle::try_current().is_ok() {
             tokio::spawn(history::run(proxy.clone(), history.clone(), stop));
         }
-        Console { proxy, history }
+        Console {
+            proxy,
+            history,
+            resolved: view::Resolved::default(),
+        }
     }
 
     /// The answer to a console request (the page, its files and JSON, `/limits/explain`), or
@@ -100,7 +105,10 @@ impl Console {
                 &view::overview(&self.proxy, &self.history, loopback).await,
             ),
             "/console/api/caller" => match param(request, "identity").filter(|v| !v.is_empty()) {
-                Some(raw) => json_answer(StatusCode::OK, &view::caller(&self.proxy, &raw).await),
+                Some(raw) => json_answer(
+                    StatusCode::OK,
+                    &view::caller(&self.proxy, &self.resolved, &raw).await,
+                ),
                 None => error(
                     StatusCode::BAD_REQUEST,
                     "missing query parameter `identity`: write ?identity=VALUE".into(),

@@ -3,8 +3,9 @@
 //! state on every route and `explain`'s answer for a request of theirs. Scripts may read it
 //! too (docs/operations.md, "The console").
 
+use std::collections::HashMap;
 use std::net::IpAddr;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 
@@ -241,7 +242,7 @@ async fn store(proxy: &Proxy, control: &Control) -> Value {
 /// The heading names the caller as the lists (top offenders, recent denials) do: as the
 /// routes they are listed on show them (the strictest, if those routes differ), or, when no
 /// list names them, by the strictest rule of every route.
-pub async fn caller(proxy: &Proxy, given: &[u8]) -> Value {
+pub async fn caller(proxy: &Proxy, resolved: &Resolved, given: &[u8]) -> Value {
     let config = proxy.config();
     let control = proxy.throttle_control();
     let given_text = String::from_utf8_lossy(given);
@@ -252,12 +253,23 @@ pub async fn caller(proxy: &Proxy, given: &[u8]) -> Value {
     let mut forms: Vec<(Display, String, bool)> = Vec::new();
     for route in &config.throttle.routes {
         let shown = control.shown(&route.name);
-        let raw = match control.resolve(&route.name, given).await {
+        let found = match resolved.get(&route.name, given) {
+            Some(found) => found,
+            None => {
+                let found = control
+                    .resolve(&route.name, given)
+                    .await
+                    .map_err(|e| e.to_string());
+                resolved.put(&route.name, given, found.clone());
+                found
+            }
+        };
+        let raw = match found {
             Ok(raw) => raw,
             Err(e) => {
                 routes.push(json!({
                     "route": route.name,
-                    "state": { "error": e.to_string() },
+                    "state": { "error": e },
                     "explain": null,
                 }));
                 continue;
@@ -301,6 +313,57 @@ pub async fn caller(proxy: &Proxy, given: &[u8]) -> Value {
         "identity": heading,
         "routes": routes,
     })
+}
+
+/// What a short form named on each route, remembered for [`Resolved::KEPT_FOR`]: the page
+/// asks again for its caller every refresh, and finding a short form may scan the route's
+/// store keys (`control::shown`), which a page left open must not repeat every 2 seconds.
+/// Values (not short forms) are not kept: they need no finding.
+#[derive(Debug, Default)]
+pub struct Resolved {
+    found: std::sync::Mutex<HashMap<(String, Vec<u8>), Finding>>,
+}
+
+/// The value a short form names on a route, or why none.
+type Found = Result<Vec<u8>, String>;
+/// A finding and when it was made.
+type Finding = (Instant, Found);
+
+impl Resolved {
+    /// How long a finding is used again (an override or a new key may change it).
+    pub const KEPT_FOR: Duration = Duration::from_secs(30);
+    /// Findings kept at most (all forgotten when more would be).
+    pub const MOST: usize = 256;
+
+    fn is_short_form(given: &[u8]) -> bool {
+        std::str::from_utf8(given)
+            .ok()
+            .and_then(crate::identity::display::digest_of_short_form)
+            .is_some()
+    }
+
+    /// What `given` named on `route` lately, if it is a short form and was looked up.
+    pub fn get(&self, route: &str, given: &[u8]) -> Option<Found> {
+        if !Self::is_short_form(given) {
+            return None;
+        }
+        let found = self.found.lock().unwrap_or_else(|e| e.into_inner());
+        found
+            .get(&(route.to_owned(), given.to_vec()))
+            .filter(|(at, _)| at.elapsed() < Self::KEPT_FOR)
+            .map(|(_, found)| found.clone())
+    }
+
+    pub fn put(&self, route: &str, given: &[u8], result: Found) {
+        if !Self::is_short_form(given) {
+            return;
+        }
+        let mut found = self.found.lock().unwrap_or_else(|e| e.into_inner());
+        if found.len() >= Self::MOST {
+            found.clear();
+        }
+        found.insert((route.to_owned(), given.to_vec()), (Instant::now(), result));
+    }
 }
 
 /// (route, identity part of a store key) of every caller the page lists: the fleet's top
@@ -567,4 +630,33 @@ fn secret_values(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_forms_found_are_kept_a_while_values_never() {
+        let resolved = Resolved::default();
+        let short = b"sha256:c1924e26c931";
+        assert_eq!(resolved.get("api", short), None);
+        resolved.put("api", short, Ok(b"k_live_42".to_vec()));
+        resolved.put("partner", short, Err("no caller".into()));
+        assert_eq!(resolved.get("api", short), Some(Ok(b"k_live_42".to_vec())));
+        assert_eq!(
+            resolved.get("partner", short),
+            Some(Err("no caller".into()))
+        );
+        assert_eq!(resolved.get("other", short), None);
+        // A value needs no finding: never kept.
+        resolved.put("api", b"alice", Ok(b"alice".to_vec()));
+        assert_eq!(resolved.get("api", b"alice"), None);
+        // Bounded: full, it starts afresh.
+        for i in 0..Resolved::MOST {
+            resolved.put(&format!("r{i}"), short, Ok(Vec::new()));
+        }
+        assert!(resolved.found.lock().unwrap().len() <= Resolved::MOST);
+        assert_eq!(resolved.get("api", short), None);
+    }
 }
