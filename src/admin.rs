@@ -641,16 +641,38 @@ fn protect_text(s: &crate::protect::Snapshot, latency_setting: &str) -> String {
         )),
     );
     let shed = if s.mode == crate::config::ProtectMode::Shadow {
-        "would have shed"
+        "would shed"
     } else {
         "shed"
     };
-    for priority in crate::config::Priority::ALL.into_iter().rev() {
+    out.push_str(&priority_table(s.admitted, s.shed, shed));
+    out
+}
+
+/// What was admitted and shed per priority, most important first, as a table whose numbers
+/// are right-aligned under their headings (the labels above take the same 10 columns).
+fn priority_table(admitted: [u64; 4], shed: [u64; 4], shed_heading: &str) -> String {
+    let priorities = crate::config::Priority::ALL.into_iter().rev();
+    let width = |heading: &str, counts: [u64; 4]| {
+        counts
+            .iter()
+            .map(|n| n.to_string().len())
+            .chain([heading.len()])
+            .max()
+            .unwrap_or(0)
+    };
+    let (a, d) = (width("admitted", admitted), width(shed_heading, shed));
+    let mut out = format!(
+        "{:<9} {:>a$}  {:>d$}\n",
+        "priority", "admitted", shed_heading
+    );
+    for priority in priorities {
+        let i = priority.index();
         out.push_str(&format!(
-            "{:<9} {} admitted, {} {shed}\n",
+            "{:<9} {:>a$}  {:>d$}\n",
             priority.as_str(),
-            s.admitted[priority.index()],
-            s.shed[priority.index()],
+            admitted[i],
+            shed[i]
         ));
     }
     out
@@ -1422,5 +1444,24 @@ mod tests {
         assert!(!same_secret(b"abc", b"abd"));
         assert!(!same_secret(b"abc", b"abcd"));
         assert!(!same_secret(b"", b"a"));
+    }
+    #[test]
+    fn protect_text_aligns_its_numbers_under_their_headings() {
+        assert_eq!(
+            priority_table([413, 0, 566, 0], [1971, 0, 10, 0], "shed"),
+            "priority  admitted  shed\n\
+             critical         0     0\n\
+             high           566    10\n\
+             normal           0     0\n\
+             low            413  1971\n"
+        );
+        assert_eq!(
+            priority_table([1, 0, 0, 123456789], [0; 4], "would shed"),
+            "priority   admitted  would shed\n\
+             critical  123456789           0\n\
+             high              0           0\n\
+             normal            0           0\n\
+             low               1           0\n"
+        );
     }
 }

@@ -12,9 +12,11 @@
 //! required so no script can inject markup). The page reads JSON endpoints served here
 //! (`/console/api/overview`, `/console/api/caller`, `/limits/explain`), open like every read
 //! of the admin listener; its actions call the admin API's own `POST /limits/reset` and
-//! `POST|DELETE /limits/override`, which need the admin token (or a loopback listener without
-//! one) and write the audit trail: the console adds no way to change anything. What it shows
-//! of identities is in [`shown`].
+//! `POST|DELETE /limits/override` (an override previewed first with `dry_run=true`), which
+//! need the admin token (or a loopback listener without one) and write the audit trail, and
+//! it reads `GET /limits/overrides` and `GET /limits/audit`: the console adds no way to change
+//! anything. Callers are named by the routes' display rule ([`crate::control::shown`]); the
+//! masking of credential values in a described request's explanation is in [`shown`].
 
 mod history;
 pub(crate) mod shown;
@@ -45,6 +47,7 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'
 pub struct Console {
     proxy: Proxy,
     history: Arc<history::History>,
+    resolved: view::Resolved,
 }
 
 impl Console {
@@ -54,7 +57,11 @@ impl Console {
         if tokio::runtime::Handle::try_current().is_ok() {
             tokio::spawn(history::run(proxy.clone(), history.clone(), stop));
         }
-        Console { proxy, history }
+        Console {
+            proxy,
+            history,
+            resolved: view::Resolved::default(),
+        }
     }
 
     /// The answer to a console request (the page, its files and JSON, `/limits/explain`), or
@@ -98,7 +105,10 @@ impl Console {
                 &view::overview(&self.proxy, &self.history, loopback).await,
             ),
             "/console/api/caller" => match param(request, "identity").filter(|v| !v.is_empty()) {
-                Some(raw) => json_answer(StatusCode::OK, &view::caller(&self.proxy, &raw).await),
+                Some(raw) => json_answer(
+                    StatusCode::OK,
+                    &view::caller(&self.proxy, &self.resolved, &raw).await,
+                ),
                 None => error(
                     StatusCode::BAD_REQUEST,
                     "missing query parameter `identity`: write ?identity=VALUE".into(),

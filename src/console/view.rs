@@ -3,8 +3,9 @@
 //! state on every route and `explain`'s answer for a request of theirs. Scripts may read it
 //! too (docs/operations.md, "The console").
 
+use std::collections::HashMap;
 use std::net::IpAddr;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 
@@ -14,6 +15,7 @@ use crate::config::{Limit, LimitSet, OnError, Route, Scope};
 use crate::control::offenders::{View, CAPACITY};
 use crate::control::Control;
 use crate::explain::{self, Explanation};
+use crate::identity::display::Display;
 use crate::identity::{key, Source};
 use crate::proxy::Proxy;
 
@@ -110,12 +112,12 @@ pub async fn overview(proxy: &Proxy, history: &History, loopback: bool) -> Value
                 .routes
                 .iter()
                 .map(|(route, callers)| {
-                    let secret = secret_kinds_of(throttle, route);
+                    let shown = control.shown(route);
                     json!({
                         "route": route,
                         "top": callers
                             .iter()
-                            .map(|o| o.to_json(shown::item(&o.item, &secret)))
+                            .map(|o| o.to_json(shown.item(&o.item)))
                             .collect::<Vec<_>>(),
                     })
                 })
@@ -136,8 +138,7 @@ pub async fn overview(proxy: &Proxy, history: &History, loopback: bool) -> Value
         .unwrap_or_default()
         .into_iter()
         .map(|d| {
-            let secret = secret_kinds_of(throttle, &d.route);
-            let (source, identity) = shown::item(&d.item, &secret);
+            let (source, identity) = control.shown(&d.route).item(&d.item);
             json!({
                 "first": rfc3339_ms(d.first),
                 "last": rfc3339_ms(d.last),
@@ -176,15 +177,6 @@ fn actions(proxy: &Proxy, loopback: bool) -> &'static str {
         (false, true) => "loopback",
         (false, false) => "off",
     }
-}
-
-fn secret_kinds_of(throttle: &crate::config::Throttle, route: &str) -> Vec<&'static str> {
-    throttle
-        .routes
-        .iter()
-        .find(|r| r.name == route)
-        .map(|r| shown::secret_kinds(r))
-        .unwrap_or_else(|| vec!["bearer", "header", "query", "cookie"])
 }
 
 async fn store(proxy: &Proxy, control: &Control) -> Value {
@@ -242,19 +234,52 @@ async fn store(proxy: &Proxy, control: &Control) -> Value {
     })
 }
 
-/// One caller (by the value it presents) on every route: its state, and what `explain` says
-/// for a request of theirs on that route.
-pub async fn caller(proxy: &Proxy, raw: &[u8]) -> Value {
+/// One caller (by the value it presents, or its short form) on every route: their state, and
+/// what `explain` says for a request of theirs on that route, each as the route shows callers
+/// ([`crate::control::shown`]). A short form is looked up on each route; a route where it names
+/// no caller it knows says so.
+///
+/// The heading names the caller as the lists (top offenders, recent denials) do: as the
+/// routes they are listed on show them (the strictest, if those routes differ), or, when no
+/// list names them, by the strictest rule of every route.
+pub async fn caller(proxy: &Proxy, resolved: &Resolved, given: &[u8]) -> Value {
     let config = proxy.config();
     let control = proxy.throttle_control();
+    let given_text = String::from_utf8_lossy(given);
+    let listed = listed_on(&control).await;
     let mut routes = Vec::new();
-    let mut masked_anywhere = false;
+    // Per route that found the caller: its rule, the caller as it shows them, whether a list
+    // names them there.
+    let mut forms: Vec<(Display, String, bool)> = Vec::new();
     for route in &config.throttle.routes {
-        let state = match control.state(&route.name, raw).await {
+        let shown = control.shown(&route.name);
+        let found = match resolved.get(&route.name, given) {
+            Some(found) => found,
+            None => {
+                let found = control
+                    .resolve(&route.name, given)
+                    .await
+                    .map_err(|e| e.to_string());
+                resolved.put(&route.name, given, found.clone());
+                found
+            }
+        };
+        let raw = match found {
+            Ok(raw) => raw,
+            Err(e) => {
+                routes.push(json!({
+                    "route": route.name,
+                    "state": { "error": e },
+                    "explain": null,
+                }));
+                continue;
+            }
+        };
+        let state = match control.state(&route.name, &raw).await {
             Ok(state) => state,
             Err(e) => json!({ "error": e.to_string() }),
         };
-        let (parts, peer, note) = request_of(route, raw);
+        let (parts, peer, note) = request_of(route, &raw);
         let mut explanation = explain::explain(&config, &parts, peer);
         live(&control, &mut explanation).await;
         let mut explained = explanation.json();
@@ -262,29 +287,121 @@ pub async fn caller(proxy: &Proxy, raw: &[u8]) -> Value {
         if let Some(note) = note {
             explained["note"] = json!(note);
         }
-        let entry = json!({
+        // The value as this route shows a value named by an operator: never clearer in the
+        // explanation than in the state beside it.
+        let form = shown.value(&raw);
+        if shown.rule() != Display::Clear {
+            explained = mask_value(explained, &raw, &form);
+        }
+        let on_a_list = listed
+            .iter()
+            .any(|(r, item)| *r == route.name && item_names(item, &raw));
+        forms.push((shown.rule(), form, on_a_list));
+        routes.push(json!({
             "route": route.name,
             "state": state,
             "explain": explained,
-        });
-        // On a route that reads a credential-named source (other than a bearer token, hashed
-        // anyway), the value may be that credential: shown as its digest there.
-        if shown::secret_kinds(route).len() > 1 {
-            masked_anywhere = true;
-            routes.push(mask_value(entry, raw));
-        } else {
-            routes.push(entry);
-        }
+        }));
     }
+    let anywhere = forms.iter().any(|(_, _, on_a_list)| *on_a_list);
+    let heading = forms
+        .into_iter()
+        .filter(|(_, _, on_a_list)| *on_a_list || !anywhere)
+        .max_by_key(|(rule, _, _)| *rule)
+        .map_or_else(|| given_text.into_owned(), |(_, form, _)| form);
     json!({
-        "identity": if masked_anywhere { key::display_hash(raw) } else { key::display_value(raw) },
+        "identity": heading,
         "routes": routes,
     })
 }
 
-/// Every string in `value` with `raw` replaced by its digest, but for the names the
-/// configuration gives (routes, limits, tiers...), which a value may happen to equal.
-fn mask_value(value: Value, raw: &[u8]) -> Value {
+/// What a short form named on each route, remembered for [`Resolved::KEPT_FOR`]: the page
+/// asks again for its caller every refresh, and finding a short form may scan the route's
+/// store keys (`control::shown`), which a page left open must not repeat every 2 seconds.
+/// Values (not short forms) are not kept: they need no finding.
+#[derive(Debug, Default)]
+pub struct Resolved {
+    found: std::sync::Mutex<HashMap<(String, Vec<u8>), Finding>>,
+}
+
+/// The value a short form names on a route, or why none.
+type Found = Result<Vec<u8>, String>;
+/// A finding and when it was made.
+type Finding = (Instant, Found);
+
+impl Resolved {
+    /// How long a finding is used again (an override or a new key may change it).
+    pub const KEPT_FOR: Duration = Duration::from_secs(30);
+    /// Findings kept at most (all forgotten when more would be).
+    pub const MOST: usize = 256;
+
+    fn is_short_form(given: &[u8]) -> bool {
+        std::str::from_utf8(given)
+            .ok()
+            .and_then(crate::identity::display::digest_of_short_form)
+            .is_some()
+    }
+
+    /// What `given` named on `route` lately, if it is a short form and was looked up.
+    pub fn get(&self, route: &str, given: &[u8]) -> Option<Found> {
+        if !Self::is_short_form(given) {
+            return None;
+        }
+        let found = self.found.lock().unwrap_or_else(|e| e.into_inner());
+        found
+            .get(&(route.to_owned(), given.to_vec()))
+            .filter(|(at, _)| at.elapsed() < Self::KEPT_FOR)
+            .map(|(_, found)| found.clone())
+    }
+
+    pub fn put(&self, route: &str, given: &[u8], result: Found) {
+        if !Self::is_short_form(given) {
+            return;
+        }
+        let mut found = self.found.lock().unwrap_or_else(|e| e.into_inner());
+        if found.len() >= Self::MOST {
+            found.clear();
+        }
+        found.insert((route.to_owned(), given.to_vec()), (Instant::now(), result));
+    }
+}
+
+/// (route, identity part of a store key) of every caller the page lists: the fleet's top
+/// offenders and this replica's recent denials.
+async fn listed_on(control: &Control) -> Vec<(String, String)> {
+    let Some(sketch) = control.offenders() else {
+        return Vec::new();
+    };
+    let top = sketch.top_of(TOP.min(CAPACITY), View::Fleet).await;
+    let mut listed: Vec<(String, String)> = top
+        .routes
+        .into_iter()
+        .flat_map(|(route, callers)| callers.into_iter().map(move |o| (route.clone(), o.item)))
+        .collect();
+    listed.extend(
+        sketch
+            .recent()
+            .list()
+            .into_iter()
+            .map(|d| (d.route, d.item)),
+    );
+    listed
+}
+
+/// Whether the identity part `item` (`header=alice`, several joined by `|`) holds `raw`, as
+/// is or hashed.
+fn item_names(item: &str, raw: &[u8]) -> bool {
+    let readable = String::from_utf8_lossy(raw);
+    let digest = key::display_hash(raw);
+    item.split('|').any(|part| {
+        let (_, value) = crate::identity::shown_from_key_part(part);
+        value == readable || value == digest
+    })
+}
+
+/// Every string in `value` with `raw` replaced by `form` (how it may be shown), but for the
+/// names the configuration gives (routes, limits, tiers...), which a value may happen to equal.
+fn mask_value(value: Value, raw: &[u8], form: &str) -> Value {
     const NAMES: &[&str] = &[
         "route",
         "limit_name",
@@ -295,17 +412,20 @@ fn mask_value(value: Value, raw: &[u8]) -> Value {
         "source",
     ];
     match value {
-        Value::String(s) => Value::String(shown::masked(&s, raw)),
-        Value::Array(items) => {
-            Value::Array(items.into_iter().map(|v| mask_value(v, raw)).collect())
-        }
+        Value::String(s) => Value::String(shown::masked(&s, raw, form)),
+        Value::Array(items) => Value::Array(
+            items
+                .into_iter()
+                .map(|v| mask_value(v, raw, form))
+                .collect(),
+        ),
         Value::Object(map) => Value::Object(
             map.into_iter()
                 .map(|(k, v)| {
                     let v = if NAMES.contains(&k.as_str()) {
                         v
                     } else {
-                        mask_value(v, raw)
+                        mask_value(v, raw, form)
                     };
                     (k, v)
                 })
@@ -443,7 +563,7 @@ pub fn rfc3339_ms(at: SystemTime) -> String {
 }
 
 /// `explain`'s JSON for a described request, with live state from this instance's stores when
-/// asked, every value of a credential-named source shown as its digest.
+/// asked, every value of a source whose display rule hides it shown as the rule shows it.
 pub async fn explain_request(
     proxy: &Proxy,
     described: &explain::Described,
@@ -457,48 +577,86 @@ pub async fn explain_request(
     }
     let mut json = explanation.json();
     let mut text = explanation.text();
-    // Values read from a credential-named header, parameter or cookie: never shown as sent.
-    for value in secret_values(&parts, &config.throttle) {
-        json = mask_value(json, &value);
-        text = shown::masked(&text, &value);
+    // Values read from a header, parameter or cookie whose display rule hides them (a
+    // credential's, by default): shown as the rule shows them, never as sent.
+    for (value, form) in secret_values(&parts, &config.throttle) {
+        json = mask_value(json, &value, &form);
+        text = shown::masked(&text, &value, &form);
     }
     Ok((json, text))
 }
 
-/// The values `parts` carries in sources whose names say they hold a credential.
-fn secret_values(parts: &http::request::Parts, throttle: &crate::config::Throttle) -> Vec<Vec<u8>> {
+/// The values `parts` carries in sources whose identity's display rule does not show them
+/// clear (by default, those whose names say they hold a credential), each with what the rule
+/// shows instead.
+fn secret_values(
+    parts: &http::request::Parts,
+    throttle: &crate::config::Throttle,
+) -> Vec<(Vec<u8>, String)> {
     let mut out = Vec::new();
-    let sources = throttle
+    let identities = throttle
         .routes
         .iter()
         .flat_map(|r| std::iter::once(&r.limits).chain(r.overrides.iter().map(|t| &t.limits)))
         .flat_map(|set| set.iter())
-        .flat_map(|limit| limit.key.iter())
-        .flat_map(|identity| identity.sources.iter());
-    for source in sources {
-        if !shown::is_secret_source(source) {
-            continue;
-        }
-        let value: Option<Vec<u8>> = match source {
-            Source::Header(name) => parts.headers.get(name).map(|v| v.as_bytes().to_vec()),
-            Source::Query(name) => parts
-                .uri
-                .query()
-                .and_then(|q| crate::identity::query_param(q, name)),
-            Source::Cookie(name) => parts
-                .headers
-                .get_all(http::header::COOKIE)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .flat_map(|v| v.split(';'))
-                .filter_map(|pair| pair.trim().split_once('='))
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.trim_matches('"').as_bytes().to_vec()),
-            _ => None,
-        };
-        if let Some(value) = value.filter(|v| !v.is_empty()) {
-            out.push(value);
+        .flat_map(|limit| limit.key.iter());
+    for identity in identities {
+        for source in &identity.sources {
+            let rule = identity.display.unwrap_or_else(|| source.default_display());
+            if rule == Display::Clear {
+                continue;
+            }
+            let value: Option<Vec<u8>> = match source {
+                Source::Header(name) => parts.headers.get(name).map(|v| v.as_bytes().to_vec()),
+                Source::Query(name) => parts
+                    .uri
+                    .query()
+                    .and_then(|q| crate::identity::query_param(q, name)),
+                Source::Cookie(name) => parts
+                    .headers
+                    .get_all(http::header::COOKIE)
+                    .iter()
+                    .filter_map(|v| v.to_str().ok())
+                    .flat_map(|v| v.split(';'))
+                    .filter_map(|pair| pair.trim().split_once('='))
+                    .find(|(n, _)| n == name)
+                    .map(|(_, v)| v.trim_matches('"').as_bytes().to_vec()),
+                _ => None,
+            };
+            if let Some(value) = value.filter(|v| !v.is_empty()) {
+                let form = rule.show(&value);
+                out.push((value, form));
+            }
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_forms_found_are_kept_a_while_values_never() {
+        let resolved = Resolved::default();
+        let short = b"sha256:c1924e26c931";
+        assert_eq!(resolved.get("api", short), None);
+        resolved.put("api", short, Ok(b"k_live_42".to_vec()));
+        resolved.put("partner", short, Err("no caller".into()));
+        assert_eq!(resolved.get("api", short), Some(Ok(b"k_live_42".to_vec())));
+        assert_eq!(
+            resolved.get("partner", short),
+            Some(Err("no caller".into()))
+        );
+        assert_eq!(resolved.get("other", short), None);
+        // A value needs no finding: never kept.
+        resolved.put("api", b"alice", Ok(b"alice".to_vec()));
+        assert_eq!(resolved.get("api", b"alice"), None);
+        // Bounded: full, it starts afresh.
+        for i in 0..Resolved::MOST {
+            resolved.put(&format!("r{i}"), short, Ok(Vec::new()));
+        }
+        assert!(resolved.found.lock().unwrap().len() <= Resolved::MOST);
+        assert_eq!(resolved.get("api", short), None);
+    }
 }

@@ -1,26 +1,33 @@
-//! The last denials this replica answered, for the admin console's "recent denials": a bounded
-//! ring of (when, route, tier, limit, caller, reason), newest first.
+//! The denials this replica answered lately, for the admin console's "recent denials": one
+//! entry per caller, limit and reason (when, route, tier, limit, caller, reason, how often; a
+//! denial from the deny cache counts with the store's `over limit`),
+//! the most recently denied first, kept for [`WINDOW`] and at most [`CAPACITY`] entries.
 //!
-//! A flood is one caller denied thousands of times a second: pushed one by one it would push
-//! every other denial out of the ring at once and allocate on every denied request. A denial
-//! of the same caller by the same limit as the newest entry therefore only counts on that
-//! entry (its `count` and `last` move), which costs a comparison and no allocation; the ring
-//! shows who was denied, in order, and how often in a row.
+//! A flood is one caller denied thousands of times a second, and two floods interleave: a ring
+//! of single denials would keep the last seconds only and allocate on every denied request.
+//! A denial therefore counts on its caller's entry (its `count` and `last` move, and it becomes
+//! the newest): the newest entry is compared first, which is what a flood hits, at the cost of
+//! one comparison and no allocation; another caller's entry is found by a scan of at most
+//! [`CAPACITY`] entries and moved to the front, still without allocating. Only a caller not
+//! yet listed allocates its entry, and pushes out the one denied longest ago when full.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use crate::config::LimitSet;
 use crate::throttle::{headers, keys, Denial, Limited};
 
-/// Entries the ring keeps.
-pub const CAPACITY: usize = 100;
+/// Entries kept: callers (by limit and reason) denied within [`WINDOW`].
+pub const CAPACITY: usize = 200;
 
-/// One run of denials of one caller by one limit.
+/// How long an entry is listed after its last denial.
+pub const WINDOW: Duration = Duration::from_secs(3600);
+
+/// The denials of one caller by one limit (for one reason), from the first to the last.
 #[derive(Debug, Clone)]
 pub struct Denied {
-    /// The first and the last denial of the run.
+    /// The first and the last denial.
     pub first: SystemTime,
     pub last: SystemTime,
     pub route: String,
@@ -48,6 +55,15 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// The reasons listed as one: a denial answered from the deny cache repeats the store's
+    /// `over limit`.
+    fn group(self) -> Reason {
+        match self {
+            Reason::DenyCache => Reason::OverLimit,
+            other => other,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::OverLimit => "over limit",
@@ -87,23 +103,32 @@ impl RecentDenials {
         } else {
             reason.unwrap_or(Reason::OverLimit)
         };
-        let tier = set
-            .key_name
-            .split_once('~')
-            .map(|(_, tier)| tier.to_owned());
+        let tier = set.key_name.split_once('~').map(|(_, tier)| tier);
         let now = SystemTime::now();
         let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(newest) = ring.front_mut() {
-            if newest.item == item
-                && newest.limit == limit.name
-                && newest.route == set.route
-                && newest.tier.as_deref() == tier.as_deref()
-                && newest.reason == reason
-            {
-                newest.count += 1;
-                newest.last = now;
-                return;
+        let same = |entry: &Denied| {
+            entry.item == item
+                && entry.limit == limit.name
+                && entry.route == set.route
+                && entry.tier.as_deref() == tier
+                && entry.reason.group() == reason.group()
+        };
+        if let Some(at) = ring.iter().position(same) {
+            // The newest already (a flood): counted in place; else moved to the front.
+            let mut entry = if at == 0 {
+                ring.pop_front()
+            } else {
+                ring.remove(at)
             }
+            .expect("a listed entry");
+            entry.count += 1;
+            entry.last = now;
+            // Once the store decided, the entry says so (the deny cache only repeats it).
+            if reason == Reason::OverLimit {
+                entry.reason = reason;
+            }
+            ring.push_front(entry);
+            return;
         }
         if ring.len() == CAPACITY {
             ring.pop_back();
@@ -112,7 +137,7 @@ impl RecentDenials {
             first: now,
             last: now,
             route: set.route.clone(),
-            tier,
+            tier: tier.map(str::to_owned),
             limit: limit.name.clone(),
             item: item.to_owned(),
             reason,
@@ -120,9 +145,15 @@ impl RecentDenials {
         });
     }
 
-    /// The entries, newest first.
+    /// The entries denied within [`WINDOW`], the most recently denied first.
     pub fn list(&self) -> Vec<Denied> {
+        let since = SystemTime::now()
+            .checked_sub(WINDOW)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
         let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
-        ring.iter().cloned().collect()
+        ring.iter()
+            .take_while(|d| d.last >= since)
+            .cloned()
+            .collect()
     }
 }

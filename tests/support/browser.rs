@@ -213,6 +213,47 @@ impl Browser {
             .unwrap_or_else(|e| panic!("click `{css}`: {e}"));
     }
 
+    /// Moves the pointer to the middle of the element matching `css`, as a person pointing at
+    /// it (retried while the page redraws the element between the find and the move).
+    pub async fn hover(&self, css: &str) {
+        use fantoccini::actions::{InputSource, MouseActions, PointerAction};
+        let started = Instant::now();
+        loop {
+            let moved = match self.client.find(Locator::Css(css)).await {
+                Ok(element) => {
+                    let pointer =
+                        MouseActions::new("mouse".into()).then(PointerAction::MoveToElement {
+                            element,
+                            duration: None,
+                            x: 0.0,
+                            y: 0.0,
+                        });
+                    self.client
+                        .perform_actions(pointer)
+                        .await
+                        .map_err(|e| e.to_string())
+                }
+                Err(e) => Err(e.to_string()),
+            };
+            match moved {
+                Ok(()) => return,
+                Err(e) if started.elapsed() > PATIENCE => panic!("cannot point at `{css}`: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+
+    /// Chooses the option of value `value` in the `<select>` matching `css`.
+    pub async fn select(&self, css: &str, value: &str) {
+        self.client
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("no `{css}` to choose in: {e}"))
+            .select_by_value(value)
+            .await
+            .unwrap_or_else(|e| panic!("choose {value:?} in `{css}`: {e}"));
+    }
+
     pub async fn type_into(&self, css: &str, text: &str) {
         let element = self
             .client

@@ -46,44 +46,110 @@ async function getJson(url) {
   return { status: response.status, ok: response.ok, body };
 }
 
-// Rates per second between consecutive cumulative samples: [[allowed, limited, shed], ...].
+// Rates per second between consecutive cumulative samples: [[allowed, limited, shed], ...],
+// the i-th ending at times[i + 1].
 function rates(times, counts) {
   const out = [];
   for (let i = 1; i < counts.length; i++) {
-    const dt = (times[i] - times[i - 1]) / 1000;
-    if (dt <= 0) continue;
+    const dt = Math.max(0.001, (times[i] - times[i - 1]) / 1000);
     out.push(counts[i].map((c, k) => Math.max(0, (c - counts[i - 1][k]) / dt)));
   }
   return out;
 }
 
-function chart(series) {
-  const width = 240, height = 48;
-  const root = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, class: "chart", role: "img" });
-  root.append(svg("rect", { x: 0, y: 0, width, height, class: "chart-bg" }));
+// A route's chart: allowed requests per second above, refused ones (limited, shed) below,
+// each on its own scale, so that a spike of one never flattens the other to the floor. The
+// last minute is shaded, and its averages are the chart's caption; hovering a sample shows
+// its values instead.
+const CHART = { width: 520, panel: 58, gap: 16, top: 16 };
+const SPAN_MS = 600000;
+const LAST_MINUTE_MS = 60000;
+const hovered = new Map();
+
+function rateText(r) {
+  const n = (v) => (v >= 10 ? Math.round(v) : Math.round(v * 10) / 10);
+  return `${n(r[0])} allowed/s · ${n(r[1])} limited/s · ${n(r[2])} shed/s`;
+}
+
+function clock(ms) {
+  return new Date(ms).toISOString().slice(11, 19);
+}
+
+function panel(root, y, points, picks, names, label) {
+  const { width, panel: height } = CHART;
+  const max = Math.max(1, ...points.flatMap((p) => picks.map((k) => p.r[k])));
+  const top = Math.ceil(max);
+  root.append(svg("line", { x1: 0, x2: width, y1: y + height, y2: y + height, class: "axis" }));
+  const note = svg("text", { x: 4, y: y + 10, class: "chart-note" });
+  note.textContent = `${label} (top ${top}/s)`;
+  root.append(note);
+  // The last minute drawn bolder: from the sample before it, so that the line is unbroken.
+  const first = Math.max(0, points.findIndex((p) => p.recent) - 1);
+  picks.forEach((k, i) => {
+    const line = points.map((p) => `${p.x.toFixed(1)},${(y + height - (p.r[k] / top) * (height - 4)).toFixed(1)}`);
+    root.append(svg("polyline", { points: line.join(" "), class: `line ${names[i]}`, fill: "none" }));
+    if (points.some((p) => p.recent)) {
+      root.append(svg("polyline", { points: line.slice(first).join(" "), class: `line recent ${names[i]}`, fill: "none" }));
+    }
+  });
+}
+
+function chart(route, times, series) {
+  const { width, panel: height, gap, top } = CHART;
+  const total = top + 2 * height + gap + 12;
+  const root = svg("svg", { width, height: total, viewBox: `0 0 ${width} ${total}`, class: "chart", role: "img", "data-route": route });
+  root.append(svg("rect", { x: 0, y: 0, width, height: total, class: "chart-bg" }));
+  const caption = svg("text", { x: width - 4, y: 12, class: "chart-caption", "text-anchor": "end" });
+  root.append(caption);
   if (series.length < 2) {
-    const t = svg("text", { x: 6, y: 28, class: "chart-note" });
-    t.textContent = "collecting…";
-    root.append(t);
+    caption.textContent = "collecting…";
     return root;
   }
-  const max = Math.max(1, ...series.flat());
-  const names = ["allowed", "limited", "shed"];
-  names.forEach((name, k) => {
-    const points = series.map((r, i) => {
-      const x = (i / (series.length - 1)) * (width - 2) + 1;
-      const y = height - 2 - (r[k] / max) * (height - 6);
-      return `${x.toFixed(1)},${y.toFixed(1)}`;
-    });
-    root.append(svg("polyline", { points: points.join(" "), class: `line ${name}`, fill: "none" }));
+  const end = times[times.length - 1];
+  const x = (t) => Math.max(0, ((t - (end - SPAN_MS)) / SPAN_MS) * (width - 2) + 1);
+  const points = series.map((r, i) => ({ t: times[i + 1], x: x(times[i + 1]), r, recent: times[i + 1] > end - LAST_MINUTE_MS }));
+  // The last minute, shaded and named.
+  const from = x(end - LAST_MINUTE_MS);
+  root.append(svg("rect", { x: from, y: top, width: width - from, height: 2 * height + gap, class: "last-minute" }));
+  const lm = svg("text", { x: width - 3, y: total - 2, class: "chart-note", "text-anchor": "end" });
+  lm.textContent = "last minute";
+  root.append(lm);
+  const ten = svg("text", { x: 2, y: total - 2, class: "chart-note" });
+  ten.textContent = "10 min ago";
+  root.append(ten);
+  panel(root, top, points, [0], ["allowed"], "allowed");
+  panel(root, top + height + gap, points, [1, 2], ["limited", "shed"], "refused: limited, shed");
+  const recent = points.filter((p) => p.recent);
+  const average = [0, 1, 2].map((k) => recent.reduce((a, p) => a + p.r[k], 0) / Math.max(1, recent.length));
+  const idle = `last minute: ${rateText(average)}`;
+  caption.textContent = idle;
+  // Hover: a column per sample shows its time and rates in the caption and a cursor line.
+  const cursor = svg("line", { x1: 0, x2: 0, y1: top, y2: top + 2 * height + gap, class: "cursor", visibility: "hidden" });
+  root.append(cursor);
+  const show = (p) => {
+    if (p) {
+      caption.textContent = `${clock(p.t)} UTC: ${rateText(p.r)}`;
+      cursor.setAttribute("x1", p.x);
+      cursor.setAttribute("x2", p.x);
+      cursor.setAttribute("visibility", "visible");
+    } else {
+      caption.textContent = idle;
+      cursor.setAttribute("visibility", "hidden");
+    }
+  };
+  points.forEach((p, i) => {
+    const left = i === 0 ? p.x - 4 : (points[i - 1].x + p.x) / 2;
+    const right = i === points.length - 1 ? width : (p.x + points[i + 1].x) / 2;
+    const column = svg("rect", { x: left, y: top, width: Math.max(1, right - left), height: 2 * height + gap, class: "hover", "data-at": p.t });
+    const title = svg("title");
+    title.textContent = `${clock(p.t)} UTC\n${rateText(p.r)}`;
+    column.append(title);
+    column.addEventListener("mouseenter", () => { hovered.set(route, p.t); show(p); });
+    root.append(column);
   });
-  const last = series[series.length - 1];
-  const label = svg("text", { x: width - 4, y: 11, class: "chart-note", "text-anchor": "end" });
-  label.textContent = `${last[0].toFixed(1)} / ${last[1].toFixed(1)} / ${last[2].toFixed(1)} per s (max ${max.toFixed(1)})`;
-  root.append(label);
-  const title = svg("title");
-  title.textContent = "allowed / limited / shed requests per second";
-  root.append(title);
+  root.addEventListener("mouseleave", () => { hovered.delete(route); show(null); });
+  // Redrawn every refresh: the sample under the pointer stays shown.
+  if (hovered.has(route)) show(points.find((p) => p.t === hovered.get(route)));
   return root;
 }
 
@@ -112,10 +178,25 @@ function renderRoutes(data) {
       el("td", {}, limits),
       el("td", { class: "priority" }, route.priority),
       el("td", { class: "mode" }, route.mode || "—"),
-      el("td", {}, chart(series))));
+      el("td", {}, chart(route.name, data.history.times, series))));
   }
   document.getElementById("routes-note").textContent =
     `(${data.routes.length}; sampled every ${data.sample_seconds} s)`;
+}
+
+// The page names the caller it shows in its address: #caller=VALUE (a value or its short form).
+function callerHash(identity) {
+  return `#caller=${encodeURIComponent(identity)}`;
+}
+
+// A caller as the lists show it, linking to their panel.
+function callerLink(identity) {
+  const link = el("a", { href: callerHash(identity), class: "identity", title: "show this caller" }, identity);
+  // The same address again fires no hashchange: look up again all the same.
+  link.addEventListener("click", () => {
+    if (location.hash === callerHash(identity)) lookUp(identity);
+  });
+  return link;
 }
 
 function renderTop(top) {
@@ -125,17 +206,7 @@ function renderTop(top) {
   for (const route of top.routes) {
     for (const caller of route.top) {
       rows++;
-      // A digest cannot be looked up: the search takes the value the caller sends.
-      const hashed = caller.identity.startsWith("sha256:");
-      const who = hashed
-        ? el("span", { class: "identity", title: "a digest: search by the value the caller sends" }, caller.identity)
-        : el("button", { type: "button", class: "link identity", title: "look this caller up" }, caller.identity);
-      if (!hashed) {
-        who.addEventListener("click", () => {
-          document.getElementById("identity").value = caller.identity;
-          lookUp(caller.identity);
-        });
-      }
+      const who = callerLink(caller.identity);
       body.append(el("tr", { class: "offender", "data-route": route.route, "data-identity": caller.identity },
         el("td", {}, route.route),
         el("td", {}, who, el("span", { class: "muted small" }, ` ${caller.source}`)),
@@ -165,7 +236,7 @@ function renderStore(store) {
     pairs.push(["Redis", store.up ? "up" : (store.connected ? "down" : "not connected"), store.up ? "good" : "bad"]);
     pairs.push(["round trip", store.rtt_ms === null ? "no answer" : `${store.rtt_ms.toFixed(2)} ms`]);
     pairs.push(["circuit breaker", store.breaker, store.breaker === "open" ? "bad" : "good"]);
-    pairs.push(["on_error", store.on_error]);
+    pairs.push(["if the store fails", { allow: "allow every request", deny: "refuse every request", local: "limit in memory here" }[store.on_error] || store.on_error]);
     if (store.cause) {
       pairs.push(["cause", store.cause, "bad"]);
     }
@@ -188,6 +259,39 @@ function renderStore(store) {
   dl(document.getElementById("store"), pairs);
 }
 
+function ms(v) {
+  return v === null || v === undefined ? "—" : `${v} ms`;
+}
+
+// GET /protect's reading in words: every field named for a person, not by its JSON name.
+function protectPairs(s) {
+  const pairs = [
+    ["mode", s.mode],
+    ["limit", `${s.limit} requests at once`],
+    ["in flight", String(s.in_flight)],
+    ["waiting", String(s.waiting)],
+    ["latency now", ms(s.latency_ms)],
+    ["baseline latency", ms(s.baseline_ms)],
+    ["target", ms(s.target_ms)],
+    ["errors", `${Math.round(s.error_share * 1000) / 10} % of the last window`],
+    ["state", `${s.state} (window ${s.windows})`],
+  ];
+  if (s.good_limit !== null && s.good_limit !== undefined) {
+    pairs.push(["served without a queue up to", String(s.good_limit)]);
+  }
+  if (s.paced) pairs.push(["paced", `at ${s.paced.level} for ${s.paced.windows_left} more windows`]);
+  const cut = s.last_cut;
+  pairs.push(["last cut", cut ? `${cut.from} → ${cut.to} by ${cut.cause}, ${seconds(cut.ago_ms / 1000)} ago` : "none"]);
+  if (s.settings) {
+    const t = s.settings;
+    pairs.push(["settings", `latency ${t.latency}, max wait ${ms(t.max_wait_ms)}, limit ${t.min_limit} to ${t.max_limit}`]);
+  }
+  for (const priority of ["critical", "high", "normal", "low"].filter((p) => p in (s.admitted || {}))) {
+    pairs.push([`${priority} priority`, `${s.admitted[priority]} admitted, ${(s.shed || {})[priority] ?? 0} ${s.mode === "shadow" ? "would have been shed" : "shed"}`]);
+  }
+  return pairs;
+}
+
 // The overload protection's panel, shown only while the admin listener has `GET /protect`.
 async function renderProtect() {
   const section = document.getElementById("protect-section");
@@ -198,34 +302,42 @@ async function renderProtect() {
       section.hidden = true;
       return;
     }
-    const pairs = Object.entries(state)
-      .filter(([, v]) => v === null || typeof v !== "object")
-      .map(([k, v]) => [k, v === null ? "—" : String(v)]);
-    dl(document.getElementById("protect"), pairs);
+    dl(document.getElementById("protect"), protectPairs(state));
     section.hidden = false;
   } catch (e) {
     section.hidden = true;
   }
 }
 
-function renderDenials(denials) {
+function when(rfc3339) {
+  return rfc3339.slice(11, 19);
+}
+
+function ago(rfc3339, now) {
+  const s = Math.max(0, (Date.parse(now) - Date.parse(rfc3339)) / 1000);
+  return s < 1 ? "now" : `${seconds(s)} ago`;
+}
+
+// One line per caller, limit and reason over the last hour, the most recently denied first.
+function renderDenials(denials, now) {
   const body = document.querySelector("#denials tbody");
   clear(body);
   const SHOWN = 30;
   for (const d of denials.slice(0, SHOWN)) {
-    body.append(el("tr", { class: "denial" },
-      el("td", { class: "small" }, d.last.replace("T", " ").replace("Z", "")),
+    body.append(el("tr", { class: "denial", "data-identity": d.identity },
+      el("td", {}, callerLink(d.identity), el("span", { class: "muted small" }, ` ${d.source}`)),
       el("td", {}, d.tier ? `${d.route} (tier ${d.tier})` : d.route),
       el("td", {}, d.limit),
-      el("td", {}, d.identity, el("span", { class: "muted small" }, ` ${d.source}`)),
       el("td", {}, d.reason),
-      el("td", {}, d.count)));
+      el("td", { class: "count" }, d.count),
+      el("td", { class: "small" }, when(d.first)),
+      el("td", { class: "small" }, `${when(d.last)} (${ago(d.last, now)})`)));
   }
   if (denials.length > SHOWN) {
-    body.append(el("tr", {}, el("td", { colSpan: 6, class: "muted" }, `and ${denials.length - SHOWN} earlier (GET /console/api/overview lists them all)`)));
+    body.append(el("tr", {}, el("td", { colSpan: 7, class: "muted" }, `and ${denials.length - SHOWN} more (GET /console/api/overview lists them all)`)));
   }
   if (denials.length === 0) {
-    body.append(el("tr", {}, el("td", { colSpan: 6, class: "muted" }, "no denials since this replica started")));
+    body.append(el("tr", {}, el("td", { colSpan: 7, class: "muted" }, "nobody was denied here in the last hour")));
   }
 }
 
@@ -262,6 +374,71 @@ async function renderSuggest() {
     : `(last 24 h, this replica only${report.reason ? ": " + report.reason : ""})`;
 }
 
+// The audit trail (GET /limits/audit): every reset and override, whoever made it, newest
+// first; the filter keeps the lines that contain what it holds, in any column.
+const AUDIT_MS = 10000;
+let auditedAt = 0;
+let auditEntries = [];
+
+function parametersText(p) {
+  if (!p || typeof p !== "object") return "";
+  return Object.entries(p).filter(([, v]) => v !== null && v !== undefined).map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join(" ");
+}
+
+function renderAuditRows() {
+  const body = document.querySelector("#audit tbody");
+  clear(body);
+  const wanted = document.getElementById("audit-filter").value.trim().toLowerCase();
+  let shown = 0;
+  for (const e of auditEntries) {
+    const cells = [e.at.replace("T", " ").replace("Z", ""), e.action, e.route, e.identity, parametersText(e.parameters), e.who, e.replica];
+    if (wanted && !cells.join(" ").toLowerCase().includes(wanted)) continue;
+    shown++;
+    body.append(el("tr", { class: "audit-entry" },
+      el("td", { class: "small" }, cells[0]),
+      el("td", {}, cells[1]),
+      el("td", {}, cells[2]),
+      el("td", {}, callerLink(e.identity)),
+      el("td", { class: "small" }, cells[4]),
+      el("td", {}, cells[5]),
+      el("td", { class: "small muted" }, cells[6])));
+  }
+  document.getElementById("audit-count").textContent = wanted
+    ? `(${shown} of the last ${auditEntries.length} match)`
+    : `(the last ${auditEntries.length}, newest first)`;
+}
+
+async function renderAudit(now) {
+  if (!now && Date.now() - auditedAt < AUDIT_MS) return;
+  auditedAt = Date.now();
+  const answer = await getJson("/limits/audit?limit=100");
+  if (!answer.ok) return;
+  auditEntries = (answer.body.entries || []).slice().reverse();
+  renderAuditRows();
+}
+
+// The overrides in force over the fleet (GET /limits/overrides), soonest to end first.
+async function renderOverrides() {
+  const answer = await getJson("/limits/overrides");
+  if (!answer.ok) return;
+  const list = answer.body.overrides || [];
+  const body = document.querySelector("#overrides tbody");
+  clear(body);
+  for (const o of list) {
+    const change = o.limit !== null && o.limit !== undefined ? `limit ${o.limit}` : `× ${o.multiply}`;
+    body.append(el("tr", { class: "override-entry", "data-route": o.route, "data-identity": o.identity },
+      el("td", {}, o.route),
+      el("td", {}, callerLink(o.identity)),
+      el("td", {}, o.limit_name || "every limit"),
+      el("td", {}, change),
+      el("td", {}, `${o.until.slice(11, 19)} UTC (in ${seconds(o.expires_in_seconds)})`),
+      el("td", {}, o.set_by),
+      el("td", { class: "small" }, o.set_at ? o.set_at.replace("T", " ").replace(/\.\d+Z$/, "") : "—"),
+      el("td", { class: "small muted" }, o.set_on || "—")));
+  }
+  document.getElementById("overrides-empty").hidden = list.length > 0;
+}
+
 async function refresh() {
   try {
     const answer = await getJson("/console/api/overview");
@@ -271,7 +448,7 @@ async function refresh() {
     renderRoutes(data);
     renderTop(data.top);
     renderStore(data.store);
-    renderDenials(data.denials);
+    renderDenials(data.denials, data.now);
     const status = document.getElementById("status");
     status.textContent = `updated ${data.now.replace("T", " ").replace("Z", " UTC")}`;
     status.className = "muted";
@@ -282,27 +459,45 @@ async function refresh() {
   }
   renderProtect();
   renderSuggest().catch(() => {});
+  renderAudit(false).catch(() => {});
+  renderOverrides().catch(() => {});
   if (lastCaller !== null) renderCaller(lastCaller, false);
 }
 
-function limitLine(l) {
+// A time `s` seconds from now, as the page shows times: HH:MM:SS UTC.
+function inSeconds(s) {
+  return `${clock(Date.now() + s * 1000)} UTC`;
+}
+
+// One limit of a caller on a route: a row of the panel's table.
+function limitRow(l, override) {
   const name = `${l.limit_name}${l.tier ? " (tier " + l.tier + ")" : ""}`;
-  if (l.error) return el("li", { class: "bad" }, `${name}: ${l.error}`);
-  if (l.unknown) return el("li", { class: "muted" }, `${name}: unknown (${l.unknown})`);
-  if (l.blocked) {
-    return el("li", { class: "limit-state blocked" },
-      el("strong", {}, `${name}: BLOCKED until ${l.blocked.until}`),
-      ` (${seconds(l.blocked.remaining_s)} left, by ${l.blocked.by})`);
-  }
-  const shared = l.shared_by_everyone ? " — shared by every caller" : "";
-  const over = l.overridden ? " — overridden" : "";
-  if (l.allowed) {
-    return el("li", { class: "limit-state ok" },
-      `${name}: a request would pass, leaving ${l.remaining} of ${l.limit}; full again in ${seconds(l.reset_after_seconds)}${shared}${over}`);
-  }
-  const retry = l.retry_after_seconds < 0 ? "never at this cost" : `retry in ${seconds(l.retry_after_seconds)}`;
-  return el("li", { class: "limit-state limited" },
-    el("strong", {}, `${name}: LIMITED`), ` — ${l.remaining} of ${l.limit} left, ${retry}${shared}${over}`);
+  const row = (kind, ...cells) => el("tr", { class: `limit-state ${kind}`, "data-limit": l.limit_name },
+    el("td", { class: "name" }, name), ...cells);
+  if (l.error) return row("bad", el("td", { colSpan: 5, class: "bad" }, l.error));
+  if (l.unknown) return row("unknown", el("td", { colSpan: 5, class: "muted" }, `unknown: ${l.unknown}`));
+  let now;
+  if (l.blocked) now = el("strong", {}, "BLOCKED");
+  else if (l.allowed) now = "a request would pass";
+  else now = el("strong", {}, `LIMITED, ${l.retry_after_seconds < 0 ? "never at this cost" : "retry in " + seconds(l.retry_after_seconds)}`);
+  const block = l.blocked
+    ? `until ${l.blocked.until.slice(11, 19)} UTC (${seconds(l.blocked.remaining_s)} left, started by ${l.blocked.by})`
+    : "—";
+  const shared = l.shared_by_everyone ? " (shared by every caller)" : "";
+  return row(l.blocked ? "blocked" : (l.allowed ? "ok" : "limited"),
+    el("td", { class: "now" }, now),
+    el("td", { class: "remaining" }, `${l.remaining} of ${l.limit}${l.allowed && !l.blocked ? " after a request" : ""}${l.overridden && l.configured_limit !== undefined && l.configured_limit !== l.limit ? ` (configured: ${l.configured_limit})` : ""}${shared}`),
+    el("td", { class: "reset" }, `in ${seconds(l.reset_after_seconds)} (${inSeconds(l.reset_after_seconds)})`),
+    el("td", { class: "block" }, block),
+    el("td", { class: "override" }, l.overridden ? (overrideText(l.override) || override || "overridden") : "—"));
+}
+
+// An override as the panel shows it: what it sets, until when.
+function overrideText(o) {
+  if (!o) return null;
+  const what = o.limit !== null && o.limit !== undefined ? `limit ${o.limit}` : `×${o.multiply}`;
+  const on = o.limit_name ? ` on ${o.limit_name}` : " on every limit";
+  return `${what}${on} until ${o.until.replace("T", " ").replace(/\.\d+Z$/, " UTC")}`;
 }
 
 function message(text, kind) {
@@ -311,16 +506,20 @@ function message(text, kind) {
   node.className = kind;
 }
 
-async function act(method, path, params, what) {
+// Calls the admin API with the page's token; says in the message line how it went. Returns
+// the answer's JSON when it succeeded, null otherwise.
+async function act(method, path, params, what, done) {
   const token = document.getElementById("token").value.trim();
   const headers = {};
   if (token) headers.Authorization = `Bearer ${token}`;
   const query = new URLSearchParams(params).toString();
+  let result = null;
   try {
     const response = await fetch(`${path}?${query}`, { method, headers, cache: "no-store", credentials: "omit" });
     const body = await response.json().catch(() => ({}));
     if (response.ok) {
-      message(`${what}: done`, "done");
+      message(done ? done(body) : `${what}: done`, "done");
+      result = body;
     } else if (response.status === 403) {
       message(`${what} refused (403): ${body.error || "not allowed"}`, "refused");
     } else {
@@ -329,49 +528,135 @@ async function act(method, path, params, what) {
   } catch (e) {
     message(`${what} failed: ${e.message}`, "refused");
   }
-  if (lastCaller !== null) renderCaller(lastCaller, false);
+  if (params.dry_run !== "true") {
+    if (lastCaller !== null) renderCaller(lastCaller, false);
+    renderAudit(true).catch(() => {});
+    renderOverrides().catch(() => {});
+  }
+  return result;
 }
 
-function actionsFor(route, identity) {
+// A choice of the route's limits: `every` names what no choice does, `ask` a first option
+// that is no choice (the operator must say which).
+function limitChoice(cls, names, every, ask) {
+  const select = el("select", { class: cls });
+  if (ask) select.append(el("option", { value: "" }, ask));
+  select.append(el("option", { value: "*" }, every));
+  for (const name of names) select.append(el("option", { value: name }, `limit ${name}`));
+  return select;
+}
+
+function withLimit(params, choice) {
+  if (choice !== "*" && choice !== "") params.limit_name = choice;
+  return params;
+}
+
+// What an override will make of each limit (its answer's `limits`), as a table.
+function overrideTable(limits) {
+  const table = el("table", { class: "override-preview" },
+    el("thead", {}, el("tr", {}, ...["limit", "period", "now", "will be", ""].map((h) => el("th", {}, h)))));
+  const body = el("tbody");
+  for (const l of limits) {
+    const note = !l.changed ? "unchanged" : (l.scaled ? "scaled in proportion" : "as given");
+    body.append(el("tr", { class: `override-limit ${l.changed ? "changed" : "unchanged"}`, "data-limit": l.name },
+      el("td", { class: "name" }, l.tier ? `${l.name} (tier ${l.tier})` : l.name),
+      el("td", {}, l.period),
+      el("td", {}, l.before),
+      el("td", { class: "after" }, l.after),
+      el("td", { class: "muted small" }, note)));
+  }
+  table.append(body);
+  return table;
+}
+
+function actionsFor(route, identity, names) {
   const box = el("div", { class: "actions" });
+  // Reset: the operator says which limit (every limit hands out a fresh month too).
+  const resetWhich = limitChoice("reset-limit", names, "every limit", "which limit?");
   const reset = el("button", { type: "button", class: "reset", "data-route": route }, "reset");
-  reset.addEventListener("click", () =>
-    act("POST", "/limits/reset", { route, identity }, `reset of ${route}`));
+  reset.addEventListener("click", () => {
+    if (resetWhich.value === "") {
+      message(`reset of ${route}: choose which limit to reset`, "refused");
+      return;
+    }
+    const which = resetWhich.value === "*" ? "" : ` (limit ${resetWhich.value})`;
+    act("POST", "/limits/reset", withLimit({ route, identity }, resetWhich.value), `reset of ${route}${which}`);
+  });
+  // Override: previewed (dry_run) before it is applied; any change asks for a new preview.
+  const which = limitChoice("override-limit", names, "every limit (in proportion)", null);
   const how = el("select", { class: "override-how" },
     el("option", { value: "multiply" }, "× multiply"), el("option", { value: "limit" }, "limit ="));
   const amount = el("input", { class: "override-amount", type: "text", size: 5, value: "10" });
   const duration = el("input", { class: "override-for", type: "text", size: 5, value: "1h" });
-  const override = el("button", { type: "button", class: "override", "data-route": route }, "override");
-  override.addEventListener("click", () => {
-    const params = { route, identity, for: duration.value };
-    params[how.value] = amount.value;
-    act("POST", "/limits/override", params, `override of ${route}`);
+  const preview = el("button", { type: "button", class: "preview", "data-route": route }, "preview");
+  const apply = el("button", { type: "button", class: "override", "data-route": route, disabled: true }, "apply");
+  const shown = el("div", { class: "preview-box", "data-route": route });
+  const params = () => {
+    const p = withLimit({ route, identity, for: duration.value.trim() }, which.value);
+    p[how.value] = amount.value.trim();
+    return p;
+  };
+  const stale = () => {
+    apply.disabled = true;
+    clear(shown);
+  };
+  for (const input of [which, how, amount, duration]) {
+    input.addEventListener("input", stale);
+    input.addEventListener("change", stale);
+  }
+  preview.addEventListener("click", async () => {
+    stale();
+    const p = params();
+    p.dry_run = "true";
+    const answer = await act("POST", "/limits/override", p, `preview of the override on ${route}`,
+      () => `preview of the override on ${route}: nothing changed yet; apply to make it so`);
+    if (answer && Array.isArray(answer.limits)) {
+      shown.append(el("p", { class: "small" }, `for ${duration.value.trim()}, each limit would become:`), overrideTable(answer.limits));
+      apply.disabled = false;
+    }
+  });
+  apply.addEventListener("click", async () => {
+    apply.disabled = true;
+    const answer = await act("POST", "/limits/override", params(), `override of ${route}`,
+      (body) => `override of ${route}: done, until ${body.override ? body.override.until : "?"}`);
+    clear(shown);
+    if (answer && Array.isArray(answer.limits)) shown.append(el("p", { class: "small" }, "applied:"), overrideTable(answer.limits));
   });
   const remove = el("button", { type: "button", class: "unoverride", "data-route": route }, "end override");
   remove.addEventListener("click", () =>
-    act("DELETE", "/limits/override", { route, identity }, `end of the override on ${route}`));
-  box.append(reset, " ", how, amount, " for ", duration, override, " ", remove);
+    act("DELETE", "/limits/override", withLimit({ route, identity }, which.value), `end of the override on ${route}`));
+  box.append(resetWhich, reset, el("span", { class: "sep" }, "|"), "override ", which, how, amount, " for ", duration, preview, apply, " ", remove);
   if (actions === "off") {
     box.append(el("span", { class: "muted small" }, " (actions are off: no admin token is configured and the listener is not loopback)"));
   }
-  return box;
+  const outer = el("div", {}, box, shown);
+  return outer;
 }
 
-function stateOf(state) {
+// A caller's state on a route; `known`: false where the caller could not be found (a short
+// form no value of that route has), which is no fault.
+function stateOf(state, known) {
   const box = el("div", { class: "state" });
+  if (state.error && known === false) {
+    // The API's reason (where it looked) on hover: the line itself says what matters.
+    box.append(el("p", { class: "muted", title: state.error }, "no caller of this route has this short form"));
+    return box;
+  }
   if (state.error) {
     box.append(el("p", { class: "bad" }, state.error));
     return box;
   }
-  if (state.override) {
-    const o = state.override;
-    box.append(el("p", { class: "override-state" },
-      `override: ${o.limit !== null && o.limit !== undefined ? "limit " + o.limit : "×" + o.multiply} until ${o.until}`));
+  if (state.limits.length === 0) {
+    box.append(el("p", { class: "muted" }, "no limit applies to this value"));
+    return box;
   }
-  const list = el("ul", { class: "limits" });
-  for (const l of state.limits) list.append(limitLine(l));
-  if (state.limits.length === 0) list.append(el("li", { class: "muted" }, "no limit applies to this value"));
-  box.append(list);
+  const override = overrideText(state.override);
+  const table = el("table", { class: "limits" },
+    el("thead", {}, el("tr", {}, ...["limit", "now", "remaining", "full again", "block", "override"].map((h) => el("th", {}, h)))));
+  const body = el("tbody");
+  for (const l of state.limits) body.append(limitRow(l, override));
+  table.append(body);
+  box.append(table);
   return box;
 }
 
@@ -394,22 +679,31 @@ async function renderCaller(identity, fresh) {
   const data = answer.body;
   if (fresh) {
     clear(target);
+    // Which lookup the panel shows (a new lookup of the same heading is told apart by it).
+    target.setAttribute("data-for", identity);
     target.append(el("h3", {}, `caller ${data.identity}`));
   }
   for (const route of data.routes) {
     const explained = route.explain;
-    const text = explained.text + (explained.note ? `\nnote: ${explained.note}\n` : "");
+    const text = explained ? explained.text + (explained.note ? `\nnote: ${explained.note}\n` : "") : null;
     let box = fresh ? null : target.querySelector(`.caller-route[data-route="${CSS.escape(route.route)}"]`);
     if (box) {
-      box.querySelector(".state").replaceWith(stateOf(route.state));
-      box.querySelector(".explain pre").textContent = text;
+      box.querySelector(".state").replaceWith(stateOf(route.state, explained !== null));
+      const pre = box.querySelector(".explain pre");
+      if (pre && text !== null) pre.textContent = text;
       continue;
     }
     box = el("div", { class: "caller-route", "data-route": route.route });
-    box.append(el("h4", {}, `route ${route.route}`), stateOf(route.state));
-    const details = el("details", { class: "explain" },
-      el("summary", {}, "explain a request of theirs"), el("pre", {}, text));
-    box.append(details, actionsFor(route.route, identity));
+    const here = route.state.identity && route.state.identity !== data.identity
+      ? el("span", { class: "muted small" }, ` (this route shows them as ${route.state.identity})`)
+      : null;
+    box.append(el("h4", {}, `route ${route.route}`, here), stateOf(route.state, explained !== null));
+    if (explained) {
+      const details = el("details", { class: "explain" },
+        el("summary", {}, "explain a request of theirs"), el("pre", {}, text));
+      const names = [...new Set((route.state.limits || []).map((l) => l.limit_name))];
+      box.append(details, actionsFor(route.route, identity, names));
+    }
     target.append(box);
   }
   if (fresh) message("", "");
@@ -421,18 +715,40 @@ function lookUp(identity) {
   renderCaller(identity, true);
 }
 
+// The caller the address names (#caller=VALUE), if any.
+function linkedCaller() {
+  return new URLSearchParams(location.hash.slice(1)).get("caller");
+}
+
+// Shows `identity`'s panel: through the address, so that back, forward and a shared link
+// show the same caller.
+function show(identity) {
+  if (location.hash === callerHash(identity)) lookUp(identity);
+  else location.hash = callerHash(identity);
+}
+
+function followAddress() {
+  const linked = linkedCaller();
+  if (linked && linked !== lastCaller) {
+    document.getElementById("identity").value = linked;
+    lookUp(linked);
+    document.getElementById("search-section").scrollIntoView();
+  }
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   document.getElementById("search-form").addEventListener("submit", (event) => {
     event.preventDefault();
     const identity = document.getElementById("identity").value.trim();
-    if (identity) lookUp(identity);
+    if (identity) show(identity);
   });
-  // A link may name a caller to look up: /console#caller=VALUE.
-  const linked = new URLSearchParams(location.hash.slice(1)).get("caller");
-  if (linked) {
-    document.getElementById("identity").value = linked;
-    lookUp(linked);
-  }
+  // A chart redrawn under a pointer that has left it shows no hovered sample.
+  document.addEventListener("mousemove", (event) => {
+    if (!(event.target instanceof Element) || !event.target.closest("svg.chart")) hovered.clear();
+  });
+  window.addEventListener("hashchange", followAddress);
+  document.getElementById("audit-filter").addEventListener("input", renderAuditRows);
+  followAddress();
   refresh();
   setInterval(refresh, REFRESH_MS);
 });
