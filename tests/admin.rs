@@ -67,18 +67,8 @@ async fn admin(
     path_and_query: &str,
     headers: &[(&str, &str)],
 ) -> (StatusCode, String) {
-    let mut request = Request::builder()
-        .method(method)
-        .uri(admin_url(proxy, path_and_query));
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = http1_client()
-        .request(request.body(body("")).unwrap())
-        .await
-        .unwrap();
-    let status = response.status();
-    (status, text(response).await)
+    let (status, _, text) = exchange(method, &admin_url(proxy, path_and_query), headers).await;
+    (status, text)
 }
 
 async fn admin_json(
@@ -888,7 +878,7 @@ async fn a_json_body_is_read_like_the_query_and_any_other_body_is_refused() {
         (json, r#"{"route": "api", "identity": "#, "the body is not valid JSON"),
         (json, r#"["api", "acme"]"#, "the JSON body must be an object of the parameters"),
         (json, r#"{"route": "api", "identity": {"v": 1}}"#, "`identity` in the JSON body must be a string, a number or a boolean"),
-        (json, r#"{"route": "api", "identity": "acme", "bogus": 1}"#, "unknown query parameter `bogus`: /limits/reset takes route, identity, format"),
+        (json, r#"{"route": "api", "identity": "acme", "bogus": 1}"#, "unknown query parameter `bogus`: /limits/reset takes route, identity, limit_name, format"),
     ] {
         let (status, _, answer) = send(&proxy, "POST", "/limits/reset", content_type, payload).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{payload}: {answer}");

@@ -787,7 +787,7 @@ fn check_lists_every_admin_endpoint_and_each_tiers_limits() {
     for line in [
         "admin     http://127.0.0.1:9901\n",
         "          GET /healthz, GET /readyz, GET /metrics (the platform's), GET /console (the operators' page)\n",
-        "          GET /limits/top, GET /limits/suggest, GET /limits/state, GET /limits/audit, GET /protect: open to whoever reaches the listener\n",
+        "          GET /limits/top, GET /limits/suggest, GET /limits/state, GET /limits/audit, GET /limits/overrides, GET /protect: open to whoever reaches the listener\n",
         "          POST /limits/reset, POST /limits/override, DELETE /limits/override: open (loopback listener, no token)\n",
         "  allow   1 client ip range, 1 value of customer: forwarded without limits\n",
         "  tier    gold for 2 values of customer, priority normal\n",

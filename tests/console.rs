@@ -101,19 +101,8 @@ async fn admin_request(
     path: &str,
     headers: &[(&str, &str)],
 ) -> (StatusCode, http::HeaderMap, String) {
-    let mut request = Request::builder().method(method).uri(format!(
-        "http://{}{path}",
-        proxy.admin.expect("admin listener")
-    ));
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = http1_client()
-        .request(request.body(body("")).unwrap())
-        .await
-        .unwrap();
-    let (status, headers) = (response.status(), response.headers().clone());
-    (status, headers, text(response).await)
+    let url = format!("http://{}{path}", proxy.admin.expect("admin listener"));
+    exchange(method, &url, headers).await
 }
 
 async fn admin_get(proxy: &ProxyHandle, path: &str) -> (StatusCode, String) {

@@ -44,16 +44,7 @@ async fn an_unreachable_upstream_is_logged_as_a_readable_cause() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(status, StatusCode::BAD_GATEWAY);
-    let pid = child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let output = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
-        .await
-        .unwrap();
-    let stderr = String::from_utf8(output.stderr).unwrap();
+    let stderr = stop_for_stderr(child).await;
     let failed: serde_json::Value = stderr
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())

@@ -362,16 +362,8 @@ async fn sighup_reloads_and_access_log_lines_are_json() {
         assert!(Instant::now() < deadline, "SIGHUP did not reload");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let output = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
-        .await
-        .unwrap();
-    assert!(output.status.success());
-    let stderr = String::from_utf8(output.stderr).unwrap();
+    let (status, stderr) = stop_with_status(child).await;
+    assert!(status.success(), "{stderr}");
     let lines: Vec<serde_json::Value> = stderr
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))

@@ -82,18 +82,9 @@ async fn admin(
     headers: &[(&str, &str)],
 ) -> (StatusCode, String) {
     let port = proxy.admin.expect("admin listener").port();
-    let mut request = Request::builder()
-        .method(method)
-        .uri(format!("http://127.0.0.1:{port}{path_and_query}"));
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = http1_client()
-        .request(request.body(body("")).unwrap())
-        .await
-        .unwrap();
-    let status = response.status();
-    (status, text(response).await)
+    let url = format!("http://127.0.0.1:{port}{path_and_query}");
+    let (status, _, text) = exchange(method, &url, headers).await;
+    (status, text)
 }
 
 async fn admin_json(

@@ -118,6 +118,25 @@ fn config_yaml(up: &Upstream, redis: &RedisServer, prefix: &str, limits: &str) -
     format!("{base}routes:\n  - name: api\n    match: {{ path_prefix: /api }}\n{indented}")
 }
 
+/// The fleet's report as both replicas merge it, once they agree (returned as `a` merges it).
+/// Each replica publishes its record and its callers' counts on its own tick, so right after
+/// the traffic one may read a view the other has not finished publishing; once both have,
+/// after the last request, the two views must be the same.
+async fn merged_alike(a: &ProxyHandle, b: &ProxyHandle, total: usize) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (of_a, of_b) = (merged(a, total).await, merged(b, total).await);
+        if of_a["routes"] == of_b["routes"] {
+            return of_a;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replicas' views differ:\n{of_a:#}\n{of_b:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// The fleet's report over the last hour as `replica` merges it, once it has `total` requests.
 async fn merged(replica: &ProxyHandle, total: usize) -> Value {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -150,34 +169,12 @@ async fn away_from_the_hour() {
 async fn two_replicas_report_callers_rates_and_the_suggestion_refuses_only_the_abusers() {
     let redis = RedisServer::start();
     let up = upstream().start().await;
-    away_from_the_hour().await;
-
-    // Learn: a shadow limit keys the route by API key and refuses nothing.
-    let learning = config_yaml(
-        &up,
-        &redis,
-        "learn:",
-        "limits:\n  - { algorithm: sliding_window, limit: 100000, period: 1m, key: apikey, shadow: true }\n",
-    );
-    let (a, b) = (
-        proxy(learning.clone()).start().await,
-        proxy(learning).start().await,
-    );
-    a.wait_ready().await;
-    b.wait_ready().await;
-    let refused = replay([&a, &b], Balance::Sticky).await;
-    assert!(
-        refused.values().all(|n| *n == 0),
-        "the shadow limit refused"
-    );
+    let (a, b) = learn(&up, &redis, Balance::Sticky).await;
 
     // Both replicas published (every 5 s) after the last request: each one's fleet view has
     // every caller and every request.
     let total: usize = traffic().iter().map(|(_, n)| n).sum();
-    let report = merged(&b, total).await;
-    let report_of_b = report.clone();
-    let report = merged(&a, total).await;
-    assert_eq!(report["routes"], report_of_b["routes"]);
+    let report = merged_alike(&a, &b, total).await;
     assert_eq!(report["scope"], "fleet");
     let api = &report["routes"][0];
     assert_eq!(api["route"], "api");
@@ -316,25 +313,10 @@ async fn two_replicas_report_callers_rates_and_the_suggestion_refuses_only_the_a
 async fn callers_spread_over_two_replicas_count_once_at_their_fleet_wide_rate() {
     let redis = RedisServer::start();
     let up = upstream().start().await;
-    away_from_the_hour().await;
-    let learning = config_yaml(
-        &up,
-        &redis,
-        "learn:",
-        "limits:\n  - { algorithm: sliding_window, limit: 100000, period: 1m, key: apikey, shadow: true }\n",
-    );
-    let (a, b) = (
-        proxy(learning.clone()).start().await,
-        proxy(learning).start().await,
-    );
-    a.wait_ready().await;
-    b.wait_ready().await;
-    let refused = replay([&a, &b], Balance::Spread).await;
-    assert!(refused.values().all(|n| *n == 0));
+    let (a, b) = learn(&up, &redis, Balance::Spread).await;
 
     let total: usize = traffic().iter().map(|(_, n)| n).sum();
-    let report = merged(&a, total).await;
-    assert_eq!(report["routes"], merged(&b, total).await["routes"]);
+    let report = merged_alike(&a, &b, total).await;
     let api = &report["routes"][0];
     assert_eq!(api["callers"], CALLERS + ABUSERS);
     assert_eq!(api["evicted"], 0);
@@ -377,6 +359,31 @@ async fn callers_spread_over_two_replicas_count_once_at_their_fleet_wide_rate() 
     // Applied and replayed the same way: the abusers are refused, the others are not.
     let applied = config_yaml(&up, &redis, "replay:", at_one["yaml"].as_str().unwrap());
     refuses_the_abusers_only(applied, Balance::Spread).await;
+}
+
+/// Learning: two replicas with a shadow limit keyed by API key, which refuses nothing, and
+/// the traffic replayed through them balanced as `balance` (away from the hour's turn, so that
+/// one hour holds it all).
+async fn learn(up: &Upstream, redis: &RedisServer, balance: Balance) -> (ProxyHandle, ProxyHandle) {
+    away_from_the_hour().await;
+    let learning = config_yaml(
+        up,
+        redis,
+        "learn:",
+        "limits:\n  - { algorithm: sliding_window, limit: 100000, period: 1m, key: apikey, shadow: true }\n",
+    );
+    let (a, b) = (
+        proxy(learning.clone()).start().await,
+        proxy(learning).start().await,
+    );
+    a.wait_ready().await;
+    b.wait_ready().await;
+    let refused = replay([&a, &b], balance).await;
+    assert!(
+        refused.values().all(|n| *n == 0),
+        "the shadow limit refused"
+    );
+    (a, b)
 }
 
 /// Two replicas running `applied`, the traffic replayed through them balanced as `balance`:

@@ -134,16 +134,8 @@ fn by_kind<'a>(spans: &'a [Value], kind: i64, name: &str) -> Vec<&'a Value> {
 }
 
 async fn send(proxy: &ProxyHandle, path: &str, headers: &[(&str, &str)]) -> (StatusCode, String) {
-    let mut request = Request::get(proxy.url(path));
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = http1_client()
-        .request(request.body(body("")).unwrap())
-        .await
-        .unwrap();
-    let status = response.status();
-    (status, text(response).await)
+    let (status, _, text) = exchange("GET", &proxy.url(path), headers).await;
+    (status, text)
 }
 
 async fn metrics(proxy: &ProxyHandle) -> String {
@@ -463,17 +455,8 @@ async fn binary(
 
 /// SIGTERM to `child`; its JSON log lines once it exited (successfully).
 async fn stop(child: Child) -> Vec<Value> {
-    let pid = child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let output = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
-        .await
-        .unwrap();
-    assert!(output.status.success());
-    let stderr = String::from_utf8(output.stderr).unwrap();
+    let (status, stderr) = stop_with_status(child).await;
+    assert!(status.success(), "{stderr}");
     stderr
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|_| panic!("not JSON: {l}")))

@@ -30,13 +30,21 @@ pub async fn run_tollgate(args: &[&str]) -> (i32, String, String) {
 /// Stops `child` (a tollgate started with its stderr piped) with SIGTERM, as an orchestrator
 /// does, and returns what it wrote to stderr (its log).
 pub async fn stop_for_stderr(child: std::process::Child) -> String {
+    stop_with_status(child).await.1
+}
+
+/// [`stop_for_stderr`], with how the process ended.
+pub async fn stop_with_status(child: std::process::Child) -> (std::process::ExitStatus, String) {
     let term = format!("kill -TERM {}", child.id());
     let sent = std::process::Command::new("sh")
         .args(["-c", &term])
         .status();
     assert!(sent.is_ok_and(|s| s.success()), "{term}");
-    let output = tokio::task::spawn_blocking(move || child.wait_with_output()).await;
-    String::from_utf8(output.unwrap().unwrap().stderr).unwrap()
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    (output.status, String::from_utf8(output.stderr).unwrap())
 }
 
 /// The tollgate binary serving a configuration in a process of its own, on free ports; killed

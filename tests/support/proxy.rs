@@ -121,3 +121,22 @@ pub async fn text(response: Response<hyper::body::Incoming>) -> String {
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     String::from_utf8(bytes.to_vec()).unwrap()
 }
+
+/// `method` to `url` with `headers` and an empty body over a fresh HTTP/1.1 client: the
+/// answer's status, headers and body as text.
+pub async fn exchange(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> (http::StatusCode, http::HeaderMap, String) {
+    let mut request = Request::builder().method(method).uri(url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = http1_client()
+        .request(request.body(body("")).unwrap())
+        .await
+        .unwrap();
+    let (status, headers) = (response.status(), response.headers().clone());
+    (status, headers, text(response).await)
+}
