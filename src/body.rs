@@ -73,6 +73,14 @@ pub trait EndHook<B: Body> {
     /// mid-stream). Runs before the inner body and the hook themselves are dropped.
     #[inline]
     fn dropped(&mut self, _inner: &B) {}
+
+    /// The `tracing` span the body's polls and its drop run in (a sampled request's, so that
+    /// lines logged while its body streams — a settlement that fails at the end — carry its
+    /// ids). None: whatever span the connection's task is in.
+    #[inline]
+    fn scope(&self) -> Option<&tracing::Span> {
+        None
+    }
 }
 
 pin_project_lite::pin_project! {
@@ -96,6 +104,8 @@ pin_project_lite::pin_project! {
     {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
+            let scope = this.hook.scope().cloned();
+            let _entered = scope.as_ref().map(tracing::Span::enter);
             this.hook.dropped(&this.inner);
         }
     }
@@ -122,6 +132,8 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<B::Data>, H::Error>>> {
         let mut this = self.project();
+        let scope = this.hook.scope().cloned();
+        let _entered = scope.as_ref().map(tracing::Span::enter);
         let polled = match this.inner.as_mut().poll_frame(cx) {
             Poll::Pending => return Poll::Pending,
             Poll::Ready(polled) => polled,

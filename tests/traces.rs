@@ -568,6 +568,66 @@ async fn lines_logged_in_a_request_carry_its_ids() {
     assert_eq!(access[2].get("trace_id"), None, "{:#}", access[2]);
 }
 
+/// A line logged while the body streams, after the head went out, carries the request's ids
+/// too: here the settlement of a response cost at the body's end, which fails because Redis
+/// froze while the body was held.
+#[tokio::test]
+async fn lines_logged_while_the_body_streams_carry_its_ids() {
+    let receiver = Receiver::start();
+    let app = upstream().start().await;
+    let redis = RedisServer::start();
+    let yaml = config()
+        .upstream(&app.url())
+        .store(store::redis(&redis.url()).timeout("200ms"))
+        .route(
+            route("llm").prefix("/respond").limit(
+                limit::token_bucket(100, "1m")
+                    .burst(100)
+                    .cost_from_response("X-Tokens-Used"),
+            ),
+        )
+        .raw(&tracing_section(&receiver.endpoint("grpc"), "grpc", ""));
+    let (child, port, _dir, _) = binary(yaml, &[], "/healthz-none", &[]).await;
+    let trace = CALLER_TRACE.replace("4bf9", "7bf9");
+    let request = Request::get(format!("http://127.0.0.1:{port}/respond?cost=20&hold=1"))
+        .header("traceparent", traceparent(&trace, CALLER_SPAN, "01"))
+        .body(body(""))
+        .unwrap();
+    let response = http1_client().request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut incoming = response.into_body();
+    let first = incoming
+        .frame()
+        .await
+        .unwrap()
+        .unwrap()
+        .into_data()
+        .unwrap();
+    assert_eq!(&first[..], b"status 200");
+    // The head and first chunk are out; the settlement runs at the body's end, against a
+    // frozen Redis.
+    redis.pause();
+    app.release.notify_one();
+    incoming.collect().await.unwrap();
+    redis.resume();
+    let lines = stop(child).await;
+    let failed: Vec<&Value> = lines
+        .iter()
+        .filter(|l| {
+            l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("could not settle a limit"))
+        })
+        .collect();
+    assert_eq!(failed.len(), 1, "{lines:#?}");
+    assert_eq!(
+        failed[0]["span"]["trace_id"],
+        trace.as_str(),
+        "{:#}",
+        failed[0]
+    );
+}
+
 /// The server span and the upstream's client span end when the response body has gone out
 /// whole, not when its head did: an upstream that holds its body between two chunks has that
 /// time inside both spans.

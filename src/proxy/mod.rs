@@ -883,7 +883,7 @@ fn answered(
     match record.spans_for_body(&response) {
         None => response,
         Some(spans) => response.map(|body| {
-            let ending = body::OnEnd::with_hook(body, crate::traces::EndSpans(Some(spans)));
+            let ending = body::OnEnd::with_hook(body, crate::traces::EndSpans::new(spans));
             AnswerBody::Right(body::boxed(ending))
         }),
     }

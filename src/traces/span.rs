@@ -483,13 +483,31 @@ impl RequestSpan {
 /// The hook of a response body that ends its request's spans when it ends (see
 /// `crate::body::OnEnd`): when its last frame is read, when it fails, or when it is dropped
 /// (the client left mid-body, unless the body was at its end).
-pub struct EndSpans(pub Option<Box<RequestSpan>>);
+pub struct EndSpans {
+    spans: Option<Box<RequestSpan>>,
+    /// The request's log span: lines logged while the body streams carry its ids.
+    log: tracing::Span,
+}
+
+impl EndSpans {
+    pub fn new(spans: Box<RequestSpan>) -> Self {
+        let log = spans.log_span();
+        EndSpans {
+            spans: Some(spans),
+            log,
+        }
+    }
+}
 
 impl<B: http_body::Body> crate::body::EndHook<B> for EndSpans {
     type Error = B::Error;
 
+    fn scope(&self) -> Option<&tracing::Span> {
+        Some(&self.log)
+    }
+
     fn end(&mut self, how: crate::body::End) {
-        if let Some(spans) = self.0.take() {
+        if let Some(spans) = self.spans.take() {
             spans.end(match how {
                 crate::body::End::Stream => BodyEnd::Complete,
                 crate::body::End::Error => BodyEnd::Failed,
@@ -498,7 +516,7 @@ impl<B: http_body::Body> crate::body::EndHook<B> for EndSpans {
     }
 
     fn dropped(&mut self, inner: &B) {
-        if let Some(spans) = self.0.take() {
+        if let Some(spans) = self.spans.take() {
             spans.end(match inner.is_end_stream() {
                 true => BodyEnd::Complete,
                 false => BodyEnd::ClientLeft,
