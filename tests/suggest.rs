@@ -183,20 +183,7 @@ async fn two_replicas_report_callers_rates_and_the_suggestion_refuses_only_the_a
     assert_eq!(api["evicted"], 0);
     assert_eq!(api["refused"]["callers"], 0);
     assert_eq!(api["refused"]["shadow_callers"], 0);
-    for (name, q) in [
-        ("p50", 0.5),
-        ("p90", 0.9),
-        ("p99", 0.99),
-        ("p99.9", 0.999),
-        ("max", 1.0),
-    ] {
-        let reported = api["per_minute"][name].as_f64().unwrap();
-        let truth = truth(q);
-        assert!(
-            truth <= reported && reported <= truth * (1.0 + ERROR),
-            "{name}: reported {reported}, truth {truth}"
-        );
-    }
+    per_minute_percentiles_are_within_the_error(api);
     // A caller's second can hold no more than its minute.
     assert!(api["per_second"]["max"].as_f64() <= api["per_minute"]["max"].as_f64());
     assert!(api["per_second"]["p50"].as_f64().unwrap() >= 1.0);
@@ -320,20 +307,7 @@ async fn callers_spread_over_two_replicas_count_once_at_their_fleet_wide_rate() 
     let api = &report["routes"][0];
     assert_eq!(api["callers"], CALLERS + ABUSERS);
     assert_eq!(api["evicted"], 0);
-    for (name, q) in [
-        ("p50", 0.5),
-        ("p90", 0.9),
-        ("p99", 0.99),
-        ("p99.9", 0.999),
-        ("max", 1.0),
-    ] {
-        let reported = api["per_minute"][name].as_f64().unwrap();
-        let truth = truth(q);
-        assert!(
-            truth <= reported && reported <= truth * (1.0 + ERROR),
-            "{name}: reported {reported}, truth {truth}"
-        );
-    }
+    per_minute_percentiles_are_within_the_error(api);
     assert!(api["per_second"]["max"].as_f64() <= api["per_minute"]["max"].as_f64());
 
     // Each replica alone saw every caller at about half its rate.
@@ -359,6 +333,25 @@ async fn callers_spread_over_two_replicas_count_once_at_their_fleet_wide_rate() 
     // Applied and replayed the same way: the abusers are refused, the others are not.
     let applied = config_yaml(&up, &redis, "replay:", at_one["yaml"].as_str().unwrap());
     refuses_the_abusers_only(applied, Balance::Spread).await;
+}
+
+/// The route's reported per-minute percentiles lie between the truth and the truth plus the
+/// histogram's relative error.
+fn per_minute_percentiles_are_within_the_error(api: &Value) {
+    for (name, q) in [
+        ("p50", 0.5),
+        ("p90", 0.9),
+        ("p99", 0.99),
+        ("p99.9", 0.999),
+        ("max", 1.0),
+    ] {
+        let reported = api["per_minute"][name].as_f64().unwrap();
+        let truth = truth(q);
+        assert!(
+            truth <= reported && reported <= truth * (1.0 + ERROR),
+            "{name}: reported {reported}, truth {truth}"
+        );
+    }
 }
 
 /// Learning: two replicas with a shadow limit keyed by API key, which refuses nothing, and

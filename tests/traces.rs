@@ -453,6 +453,35 @@ async fn binary(
     (child, port, dir, status)
 }
 
+/// A sampled GET of `url` in `trace` answered 200 whose first body chunk is `first`; the rest
+/// of the body, still to come.
+async fn first_chunk_of_sampled(url: &str, trace: &str, first: &[u8]) -> hyper::body::Incoming {
+    let request = Request::get(url)
+        .header("traceparent", traceparent(trace, CALLER_SPAN, "01"))
+        .body(body(""))
+        .unwrap();
+    let response = http1_client().request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut incoming = response.into_body();
+    let chunk = incoming
+        .frame()
+        .await
+        .unwrap()
+        .unwrap()
+        .into_data()
+        .unwrap();
+    assert_eq!(&chunk[..], first);
+    incoming
+}
+
+/// The log lines whose message starts with `start`.
+fn lines_starting<'a>(lines: &'a [Value], start: &str) -> Vec<&'a Value> {
+    lines
+        .iter()
+        .filter(|l| l["message"].as_str().is_some_and(|m| m.starts_with(start)))
+        .collect()
+}
+
 /// SIGTERM to `child`; its JSON log lines once it exited (successfully).
 async fn stop(child: Child) -> Vec<Value> {
     let (status, stderr) = stop_with_status(child).await;
@@ -537,14 +566,7 @@ async fn lines_logged_in_a_request_carry_its_ids() {
     let lines = stop(child).await;
     let spans = receiver.trace(&trace, 2).await;
     let server = by_kind(&spans, SERVER, "GET")[0];
-    let shadow: Vec<&Value> = lines
-        .iter()
-        .filter(|l| {
-            l["message"]
-                .as_str()
-                .is_some_and(|m| m.starts_with("shadow limit exceeded"))
-        })
-        .collect();
+    let shadow = lines_starting(&lines, "shadow limit exceeded");
     assert_eq!(shadow.len(), 2, "{lines:#?}");
     assert_eq!(
         shadow[0]["span"]["trace_id"],
@@ -589,21 +611,8 @@ async fn lines_logged_while_the_body_streams_carry_its_ids() {
         .raw(&tracing_section(&receiver.endpoint("grpc"), "grpc", ""));
     let (child, port, _dir, _) = binary(yaml, &[], "/healthz-none", &[]).await;
     let trace = CALLER_TRACE.replace("4bf9", "7bf9");
-    let request = Request::get(format!("http://127.0.0.1:{port}/respond?cost=20&hold=1"))
-        .header("traceparent", traceparent(&trace, CALLER_SPAN, "01"))
-        .body(body(""))
-        .unwrap();
-    let response = http1_client().request(request).await.unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    let mut incoming = response.into_body();
-    let first = incoming
-        .frame()
-        .await
-        .unwrap()
-        .unwrap()
-        .into_data()
-        .unwrap();
-    assert_eq!(&first[..], b"status 200");
+    let url = format!("http://127.0.0.1:{port}/respond?cost=20&hold=1");
+    let mut incoming = first_chunk_of_sampled(&url, &trace, b"status 200").await;
     // The head and first chunk are out; the settlement runs at the body's end, against a
     // frozen Redis.
     redis.pause();
@@ -611,14 +620,7 @@ async fn lines_logged_while_the_body_streams_carry_its_ids() {
     incoming.collect().await.unwrap();
     redis.resume();
     let lines = stop(child).await;
-    let failed: Vec<&Value> = lines
-        .iter()
-        .filter(|l| {
-            l["message"]
-                .as_str()
-                .is_some_and(|m| m.starts_with("could not settle a limit"))
-        })
-        .collect();
+    let failed = lines_starting(&lines, "could not settle a limit");
     assert_eq!(failed.len(), 1, "{lines:#?}");
     assert_eq!(
         failed[0]["span"]["trace_id"],
@@ -641,21 +643,7 @@ async fn the_spans_end_with_the_body_not_the_head() {
         .yaml();
     let proxy = proxy(yaml).start().await;
     let trace = CALLER_TRACE.replace("4bf9", "8bf9");
-    let request = Request::get(proxy.url("/hold"))
-        .header("traceparent", traceparent(&trace, CALLER_SPAN, "01"))
-        .body(body(""))
-        .unwrap();
-    let response = http1_client().request(request).await.unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    let mut incoming = response.into_body();
-    let first = incoming
-        .frame()
-        .await
-        .unwrap()
-        .unwrap()
-        .into_data()
-        .unwrap();
-    assert_eq!(&first[..], b"first,");
+    let mut incoming = first_chunk_of_sampled(&proxy.url("/hold"), &trace, b"first,").await;
     // The first chunk is here: the rest comes once released, 300 ms on.
     let held = Instant::now();
     tokio::time::sleep(Duration::from_millis(300)).await;
