@@ -612,7 +612,7 @@ async fn lines_logged_while_the_body_streams_carry_its_ids() {
     let (child, port, _dir, _) = binary(yaml, &[], "/healthz-none", &[]).await;
     let trace = CALLER_TRACE.replace("4bf9", "7bf9");
     let url = format!("http://127.0.0.1:{port}/respond?cost=20&hold=1");
-    let mut incoming = first_chunk_of_sampled(&url, &trace, b"status 200").await;
+    let incoming = first_chunk_of_sampled(&url, &trace, b"status 200").await;
     // The head and first chunk are out; the settlement runs at the body's end, against a
     // frozen Redis.
     redis.pause();
@@ -643,7 +643,7 @@ async fn the_spans_end_with_the_body_not_the_head() {
         .yaml();
     let proxy = proxy(yaml).start().await;
     let trace = CALLER_TRACE.replace("4bf9", "8bf9");
-    let mut incoming = first_chunk_of_sampled(&proxy.url("/hold"), &trace, b"first,").await;
+    let incoming = first_chunk_of_sampled(&proxy.url("/hold"), &trace, b"first,").await;
     // The first chunk is here: the rest comes once released, 300 ms on.
     let held = Instant::now();
     tokio::time::sleep(Duration::from_millis(300)).await;
