@@ -203,14 +203,29 @@ impl Browser {
         }
     }
 
+    /// Clicks the element matching `css`, found again if the page redrew it between the find
+    /// and the click (a stale element: the console refreshes its tables every few seconds, and
+    /// on a busy machine that window is wide).
     pub async fn click(&self, css: &str) {
-        self.client
-            .find(Locator::Css(css))
-            .await
-            .unwrap_or_else(|e| panic!("no `{css}` to click: {e}"))
-            .click()
-            .await
-            .unwrap_or_else(|e| panic!("click `{css}`: {e}"));
+        let started = Instant::now();
+        loop {
+            let clicked = self
+                .client
+                .find(Locator::Css(css))
+                .await
+                .unwrap_or_else(|e| panic!("no `{css}` to click: {e}"))
+                .click()
+                .await;
+            match clicked {
+                Ok(()) => return,
+                Err(e)
+                    if e.to_string().contains("stale element") && started.elapsed() < PATIENCE =>
+                {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                Err(e) => panic!("click `{css}`: {e}"),
+            }
+        }
     }
 
     /// Moves the pointer to the middle of the element matching `css`, as a person pointing at
