@@ -217,7 +217,11 @@ impl Live {
 pub struct RouteRecord {
     capacity: usize,
     live: Vec<Live>,
-    index: HashMap<u64, usize>,
+    /// Caller hash → its counter in `live`. The keys are already hashes, but of callers'
+    /// values with a seed every replica shares, so the table hashes them again with a seed
+    /// of its own process (a caller cannot aim at its buckets); foldhash, not SipHash: this
+    /// runs on every request of a limited route.
+    index: HashMap<u64, usize, foldhash::fast::RandomState>,
     /// Clock hour number (since the Unix epoch) → its folded callers.
     hours: BTreeMap<u32, Hour>,
     /// xorshift state for eviction samples.
@@ -231,7 +235,7 @@ impl RouteRecord {
         RouteRecord {
             capacity: capacity.max(1),
             live: Vec::new(),
-            index: HashMap::new(),
+            index: HashMap::default(),
             hours: BTreeMap::new(),
             rng: 0x9e37_79b9_7f4a_7c15,
             pending: Vec::new(),
