@@ -45,16 +45,8 @@ async fn send(
     path: &str,
     user: Option<&str>,
 ) -> (StatusCode, http::HeaderMap, String) {
-    let mut request = Request::builder().method(method).uri(proxy.url(path));
-    if let Some(user) = user {
-        request = request.header("x-user", user);
-    }
-    let response = http1_client()
-        .request(request.body(body("")).unwrap())
-        .await
-        .unwrap();
-    let (status, headers) = (response.status(), response.headers().clone());
-    (status, headers, text(response).await)
+    let user: Vec<(&str, &str)> = user.map(|user| ("x-user", user)).into_iter().collect();
+    support::exchange(method, &proxy.url(path), &user).await
 }
 
 /// `/_quota` as `user`: its JSON.
