@@ -74,7 +74,6 @@ impl RecordedDecision {
             }) => RecordedDecision::LimitedByFallback,
             LimitOutcome::Limited(_) => RecordedDecision::Limited,
             LimitOutcome::StoreUnavailable { .. } => RecordedDecision::StoreError,
-            LimitOutcome::Rejected { .. } => RecordedDecision::Rejected,
         }
     }
 
@@ -193,7 +192,6 @@ fn trace_decision<'o>(outcome: &'o LimitOutcome<'_>, redis: Option<&Arc<str>>) -
             });
             span.store_failed = true;
         }
-        LimitOutcome::Rejected { .. } => span.decision = "rejected",
     }
     span
 }
@@ -352,13 +350,25 @@ impl<'a> RequestRecord<'a> {
 
     /// Refused before routing: a request shape no app should see, or CONNECT (see `shape`).
     pub fn rejected(&mut self) {
+        self.rejected_by("-");
+    }
+
+    /// Refused by an identity before any limit (see `stages::identify`): counted where the
+    /// limit stage's outcome is, with the kind of source that refused.
+    pub fn identify_refused(&mut self, refusal: crate::identity::Refusal) {
+        self.limit_time = Some(self.started.elapsed());
+        self.identity = refusal.source_kind();
+        self.rejected_by(self.identity);
+    }
+
+    fn rejected_by(&mut self, key_source: &'static str) {
         self.decision = Some(RecordedDecision::Rejected);
         if let Some(trace) = &mut self.trace {
             trace.decided(DecisionSpan {
                 decision: "rejected",
                 detail: "rejected",
                 limit: None,
-                key_source: "-",
+                key_source,
                 retry_after: None,
                 store: StoreKind::None,
                 store_failed: false,

@@ -8,6 +8,7 @@ use http::request::Parts;
 
 use crate::answers::Answer;
 use crate::identity::{self, caller::Caller};
+use crate::proxy::record::RequestRecord;
 use crate::proxy::runtime::Runtime;
 use crate::routing::Routed;
 
@@ -22,12 +23,14 @@ pub fn identify<'r>(
         .counting_refusals_in(&runtime.route_metrics[routed.index].refusals)
 }
 
-/// The answer to a caller `refusal` refused.
-pub fn refused(refusal: identity::Refusal) -> Answer<'static> {
-    match refusal {
+/// The identify stage's refusal of a caller (`refusal`, found as the limit stage keyed it),
+/// recorded, and its answer: 401, or 400 for a request an identity cannot read one way.
+pub fn refuse(refusal: identity::Refusal, record: &mut RequestRecord<'_>) -> Box<Answer<'static>> {
+    record.identify_refused(refusal);
+    Box::new(match refusal {
         // Not a refused token: a request the identity cannot read one way, malformed (400)
         // like the shapes refused before routing.
         identity::Refusal::Ambiguous(what) => Answer::Malformed(what.detail()),
         refusal => Answer::Unauthorized(refusal),
-    }
+    })
 }

@@ -38,7 +38,10 @@ pub async fn limit<'a>(
         false => Box::pin(limit_also(runtime, routes.also, parts, peer, record)).await?,
     };
     let caller = identify::identify(runtime, parts, peer, routed);
-    let limiting = runtime.limits.limit(routed.route, caller);
+    let limiting = match runtime.limits.limit(routed.route, caller) {
+        Ok(limiting) => limiting,
+        Err(refusal) => return Err(identify::refuse(refusal, record)),
+    };
     // A recorded trace times the store's call (its Redis span); boxed, as the rarer case
     // whose future would otherwise size every request's.
     let outcome = match record.round_trip() {
@@ -69,14 +72,19 @@ async fn limit_also<'a>(
     let mut held = Holdings::default();
     for other in also {
         let caller = identify::identify(runtime, parts, peer, other);
-        let limiting = runtime.limits.limit(other.route, caller);
-        let outcome = match record.round_trip() {
-            Some(clock) => crate::traces::round_trip::timed(clock, limiting).await,
-            None => limiting.await,
+        let decided = match runtime.limits.limit(other.route, caller) {
+            Ok(limiting) => {
+                let outcome = match record.round_trip() {
+                    Some(clock) => crate::traces::round_trip::timed(clock, limiting).await,
+                    None => limiting.await,
+                };
+                record.decided(&outcome);
+                record.store_cause(|| runtime.limits.stores().cause());
+                admitted_or_refused(runtime, outcome, other)
+            }
+            Err(refusal) => Err(identify::refuse(refusal, record)),
         };
-        record.decided(&outcome);
-        record.store_cause(|| runtime.limits.stores().cause());
-        match admitted_or_refused(runtime, outcome, other) {
+        match decided {
             Ok(mut admitted) => held.join(Holdings::take_from(&mut admitted)),
             Err(refused) => {
                 record.routed(Some(other.route), runtime.route_metrics(Some(other)));
@@ -109,7 +117,6 @@ fn admitted_or_refused<'a>(
             Err(Box::new(Answer::Limited(&throttle.response, limited)))
         }
         LimitOutcome::StoreUnavailable { .. } => Err(Box::new(Answer::StoreUnavailable)),
-        LimitOutcome::Rejected { refusal } => Err(Box::new(identify::refused(refusal))),
     }
 }
 
