@@ -2,7 +2,10 @@
 //! limited, the store is down under `on_error: deny`, the request is refused, the upstream
 //! cannot be reached or does not answer in time), the HTTP response it would have sent becomes
 //! a gRPC *trailers-only* response: HTTP 200, `content-type: application/grpc`, `grpc-status`
-//! and `grpc-message` in the one HEADERS frame, and no body.
+//! and `grpc-message` in the one HEADERS frame, and no body. `answers` renders those answers
+//! and asks this module to translate them; `grpc-message` is a limited call's problem
+//! `detail`, and for every other answer the line a `text/plain` client reads
+//! (`STATUS Title: detail`).
 //!
 //! Why: a gRPC client reads its outcome from `grpc-status`. Given a bare HTTP 429 it falls
 //! back to the spec's HTTP→gRPC table (grpc/doc/http-grpc-status-mapping.md), which turns 429
