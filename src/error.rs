@@ -1,13 +1,13 @@
 //! Errors on the request path, each knowing its side ([`Side`]: client, upstream, store) and
-//! mapping to exactly one status. They are turned into responses (with a short plain body and
+//! mapping to exactly one status. They are turned into responses (rendered by `answers`, with
 //! a log line naming the cause), never into a dropped connection. [`chain`] is how every log
 //! line spells a cause: the error and its sources as one readable sentence.
 
 use std::time::Duration;
 
-use http::{header, HeaderValue, Response, StatusCode};
+use http::StatusCode;
 
-use crate::body::{full, BoxError, ProxyBody};
+use crate::body::BoxError;
 
 /// Who is at fault for an error: what logs and metrics tell apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,48 +81,6 @@ impl ProxyError {
             ProxyError::StoreUnavailable => Side::Store,
         }
     }
-
-    /// A short plain-text answer. Causes stay in the log: they can name internal hosts.
-    pub fn into_response(self) -> Response<ProxyBody> {
-        self.response()
-    }
-
-    /// [`ProxyError::into_response`], keeping the error (for the request's record, which logs
-    /// its cause).
-    pub fn response(&self) -> Response<ProxyBody> {
-        let status = self.status();
-        let text = match self {
-            ProxyError::BadRequest(why) => format!("400 Bad Request: {why}\n"),
-            ProxyError::BodyTooLarge { limit } => {
-                format!("413 Payload Too Large: the request body is limited to {limit} bytes\n")
-            }
-            ProxyError::UpstreamConnect(_) => {
-                "502 Bad Gateway: the upstream is unreachable\n".into()
-            }
-            ProxyError::Upstream(_) => "502 Bad Gateway: the upstream failed\n".into(),
-            ProxyError::UpstreamTimeout(_) => {
-                "504 Gateway Timeout: the upstream did not answer in time\n".into()
-            }
-            ProxyError::StoreUnavailable => {
-                "503 Service Unavailable: rate limiting is unavailable, try again shortly\n".into()
-            }
-        };
-        let mut response = Response::new(full(text));
-        *response.status_mut() = status;
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
-        if matches!(self, ProxyError::StoreUnavailable) {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        if matches!(self, ProxyError::BodyTooLarge { .. }) {
-            // The rest of the body was not read: the connection cannot be reused.
-            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
-        }
-        response
-    }
 }
 
 /// An error and its sources as one sentence, joined with ": " (`upstream unreachable: client
@@ -164,35 +122,6 @@ impl std::fmt::Debug for Chain<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn each_error_maps_to_one_status() {
-        let cases: Vec<(ProxyError, u16, &str)> = vec![
-            (ProxyError::BadRequest("x"), 400, "client"),
-            (ProxyError::BodyTooLarge { limit: 1 }, 413, "client"),
-            (
-                ProxyError::UpstreamConnect("refused".into()),
-                502,
-                "upstream",
-            ),
-            (ProxyError::Upstream("reset".into()), 502, "upstream"),
-            (
-                ProxyError::UpstreamTimeout(Duration::from_secs(1)),
-                504,
-                "upstream",
-            ),
-            (ProxyError::StoreUnavailable, 503, "store"),
-        ];
-        for (error, status, side) in cases {
-            assert_eq!(error.side().as_str(), side);
-            let response = error.into_response();
-            assert_eq!(response.status().as_u16(), status);
-            assert_eq!(
-                response.headers()["content-type"],
-                "text/plain; charset=utf-8"
-            );
-        }
-    }
 
     /// An error with a message and an optional source, as the tests build chains.
     #[derive(Debug)]

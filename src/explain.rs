@@ -44,7 +44,7 @@ pub struct Explanation {
     /// The priority `protect` gives the request; None without a `protect` section.
     pub priority: Option<crate::config::Priority>,
     /// Refused before routing for its shape ([`crate::proxy::shape`]): nothing else runs.
-    pub refused: Option<crate::proxy::shape::Refusal>,
+    pub refused: Option<crate::proxy::shape::ShapeRefusal>,
     /// The `usage` path: answered by tollgate, never routed or forwarded.
     pub usage: bool,
 }

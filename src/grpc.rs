@@ -2,7 +2,10 @@
 //! limited, the store is down under `on_error: deny`, the request is refused, the upstream
 //! cannot be reached or does not answer in time), the HTTP response it would have sent becomes
 //! a gRPC *trailers-only* response: HTTP 200, `content-type: application/grpc`, `grpc-status`
-//! and `grpc-message` in the one HEADERS frame, and no body.
+//! and `grpc-message` in the one HEADERS frame, and no body. `answers` renders those answers
+//! and asks this module to translate them; `grpc-message` is a limited call's problem
+//! `detail`, and for every other answer the line a `text/plain` client reads
+//! (`STATUS Title: detail`).
 //!
 //! Why: a gRPC client reads its outcome from `grpc-status`. Given a bare HTTP 429 it falls
 //! back to the spec's HTTP→gRPC table (grpc/doc/http-grpc-status-mapping.md), which turns 429
@@ -118,7 +121,7 @@ pub fn encode_message(message: &str) -> String {
 }
 
 /// The trailers-only gRPC answer for tollgate's own response with `status`, `headers` and
-/// body `text` (a problem+json document for a limited request, plain text otherwise).
+/// body `text` (a problem+json document, or a line of plain text).
 pub fn trailers_only(
     status: StatusCode,
     headers: &HeaderMap,
@@ -178,19 +181,29 @@ fn ready_text(body: &mut ProxyBody) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// The human-readable part: the problem's `detail` for a denial, the plain-text answer
-/// otherwise, or the status's reason when neither is there.
+/// The human-readable part: a denial's problem `detail`; for tollgate's other answers the line
+/// a `text/plain` client reads (`STATUS Title: detail`, from the problem document or the text
+/// itself); the status and its reason when neither is there.
 fn message(status: StatusCode, text: &str, limited: bool) -> String {
-    // A problem document (a denial, a shed request) says it in its `detail`.
-    let problem = || {
-        serde_json::from_str::<serde_json::Value>(text)
-            .ok()
-            .and_then(|problem| problem.get("detail")?.as_str().map(str::to_owned))
+    let problem = serde_json::from_str::<serde_json::Value>(text).ok();
+    let field = |name: &str| {
+        problem
+            .as_ref()
+            .and_then(|problem| problem.get(name)?.as_str().map(str::to_owned))
     };
     let detail = if limited {
-        problem()
+        field("detail")
+    } else if problem.is_some() {
+        field("detail").map(|detail| {
+            let title = field("title");
+            let title = title
+                .as_deref()
+                .or(status.canonical_reason())
+                .unwrap_or("error");
+            format!("{} {title}: {detail}", status.as_u16())
+        })
     } else {
-        problem().or_else(|| Some(text.trim().to_owned()).filter(|t| !t.is_empty()))
+        Some(text.trim().to_owned()).filter(|t| !t.is_empty())
     };
     detail.unwrap_or_else(|| {
         let reason = if limited {
@@ -216,8 +229,6 @@ fn retry_after_secs(headers: &HeaderMap) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::ProxyError;
-    use std::time::Duration;
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -347,54 +358,5 @@ mod tests {
         let (status, message, pushback) = grpc_headers(&response);
         assert_eq!((status, message), ("8", "429 Too Many Requests"));
         assert_eq!(pushback, Some("-1"));
-    }
-
-    /// Every error tollgate answers with, as its real response, through the translation.
-    #[test]
-    fn own_errors_become_their_grpc_status_with_their_text() {
-        let cases: Vec<(ProxyError, &str, &str, Option<&str>)> = vec![
-            (
-                ProxyError::StoreUnavailable,
-                "14",
-                "503 Service Unavailable: rate limiting is unavailable, try again shortly",
-                Some("1000"),
-            ),
-            (
-                ProxyError::BadRequest("the request target must be a path"),
-                "13",
-                "400 Bad Request: the request target must be a path",
-                None,
-            ),
-            (
-                ProxyError::BodyTooLarge { limit: 10 },
-                "8",
-                "413 Payload Too Large: the request body is limited to 10 bytes",
-                None,
-            ),
-            (
-                ProxyError::UpstreamConnect("refused".into()),
-                "14",
-                "502 Bad Gateway: the upstream is unreachable",
-                None,
-            ),
-            (
-                ProxyError::Upstream("reset".into()),
-                "14",
-                "502 Bad Gateway: the upstream failed",
-                None,
-            ),
-            (
-                ProxyError::UpstreamTimeout(Duration::from_secs(1)),
-                "4",
-                "504 Gateway Timeout: the upstream did not answer in time",
-                None,
-            ),
-        ];
-        for (error, code, text, pushback) in cases {
-            let translated = translate(error.into_response(), false);
-            assert_eq!(grpc_headers(&translated), (code, text, pushback), "{text}");
-            // `Connection: close` (413) is HTTP/1's; HTTP/2 refuses it.
-            assert!(translated.headers().get("connection").is_none());
-        }
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod admin_endpoints;
+pub mod answers;
 pub mod body;
 pub mod cli;
 pub mod config;

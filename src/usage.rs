@@ -23,19 +23,20 @@
 //! IPv6 /48), kept in each replica's memory in a bounded table ([`OwnRate`]), so that it
 //! cannot be used to hammer the store, and a flood cannot lock other callers out of it. Keyed
 //! by address rather than by identity: identities are whatever the client sends, an address
-//! is not.
+//! is not. Its refusals (405, 429, 503) are rendered by `answers`, as tollgate's other
+//! answers.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
-use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::request::Parts;
-use http::{Method, Response, StatusCode};
+use http::{Method, Response};
 use serde_json::{json, Map, Value};
 
+use crate::answers::{Answer, Form};
 use crate::body::{self, ProxyBody};
 use crate::config::{Limit, LimitSet, Scope, StoreConfig, Throttle};
 use crate::identity::caller::{self, Caller};
@@ -251,50 +252,35 @@ fn masked(ip: IpAddr, v4: u32, v6: u32) -> IpAddr {
 }
 
 /// Answers a request to the usage path: 405 for a method other than GET or HEAD, 429 past
-/// the endpoint's own rate, 503 when the shared store cannot be read, otherwise the caller's
-/// usage as JSON.
+/// the endpoint's own rate, 503 when the shared store cannot be read (those three rendered by
+/// `answers` in `form`), otherwise the caller's usage as JSON.
 pub async fn answer(
     stage: &LimitStage,
     request: &Parts,
     peer: IpAddr,
     own: &OwnRate,
+    form: Form,
 ) -> Response<ProxyBody> {
     let head = request.method == Method::HEAD;
     if request.method != Method::GET && !head {
-        let mut response = problem(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "the usage endpoint answers GET and HEAD",
-        );
-        response
-            .headers_mut()
-            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
-        return response;
+        return Answer::UsageMethod.render(form).1;
     }
     let throttle = stage.config();
     let mut caller = caller::identify(request, peer, &throttle.trusted_proxies);
     if let Err(wait) = own.admit(caller.ip, Instant::now()) {
-        let seconds = limit_headers::retry_after_secs(wait.as_micros() as i64);
-        let mut response = problem(
-            StatusCode::TOO_MANY_REQUESTS,
-            &format!(
-                "the usage endpoint answers at most {OWN_LIMIT} requests per {}s from one client: retry after {seconds}s",
-                OWN_WINDOW.as_secs()
-            ),
-        );
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-        return response;
+        let busy = Answer::UsageBusy {
+            limit: OWN_LIMIT,
+            window_secs: OWN_WINDOW.as_secs(),
+            retry_secs: limit_headers::retry_after_secs(wait.as_micros() as i64),
+        };
+        return busy.render(form).1;
     }
     let routes = match usage(stage, &mut caller).await {
         Ok(routes) => routes,
         Err(error) => {
             // The store's own failures are logged where they happen; this is one more reader.
             tracing::debug!(%error, "the usage endpoint could not read the store");
-            return problem(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "rate limiting state is unavailable, try again shortly",
-            );
+            return Answer::UsageUnreadable.render(form).1;
         }
     };
     let body = serde_json::to_vec(&json!({ "routes": routes })).expect("JSON values serialize");
@@ -303,19 +289,17 @@ pub async fn answer(
     } else {
         body::full(body)
     };
-    answer_json(StatusCode::OK, "application/json", body)
+    answer_json(body)
 }
 
-/// tollgate's own JSON answer: never cached (it is one caller's state at one moment).
-fn answer_json(
-    status: StatusCode,
-    content_type: &'static str,
-    body: ProxyBody,
-) -> Response<ProxyBody> {
+/// The caller's usage: never cached (it is one caller's state at one moment).
+fn answer_json(body: ProxyBody) -> Response<ProxyBody> {
     let mut response = Response::new(body);
-    *response.status_mut() = status;
     let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
 }
@@ -585,20 +569,6 @@ fn shared_by_everyone(limit: &Limit) -> bool {
         .key
         .iter()
         .all(|i| i.sources.iter().all(|s| matches!(s, Source::Global)))
-}
-
-/// An RFC 9457 problem answer of tollgate's own.
-fn problem(status: StatusCode, detail: &str) -> Response<ProxyBody> {
-    let body = json!({
-        "type": "about:blank",
-        "title": status.canonical_reason().unwrap_or("Error"),
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    let body = body::full(Bytes::from(
-        serde_json::to_vec(&body).expect("JSON values serialize"),
-    ));
-    answer_json(status, "application/problem+json", body)
 }
 
 #[cfg(test)]

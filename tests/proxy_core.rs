@@ -234,6 +234,25 @@ async fn unreachable_upstream_is_502_with_a_short_body() {
     let response = http1_client().request(get(&proxy.url("/"))).await.unwrap();
     assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
     assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+    assert_eq!(
+        text(response).await,
+        r#"{"detail":"the upstream is unreachable","status":502,"title":"Bad Gateway","type":"about:blank"}"#
+    );
+    // A client that asks for text, and for no JSON, reads the same answer as one line.
+    let mut request = get(&proxy.url("/"));
+    request
+        .headers_mut()
+        .insert("accept", "text/plain".parse().unwrap());
+    let response = http1_client().request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        response.headers()["content-type"],
+        "text/plain; charset=utf-8"
+    );
+    assert_eq!(
         text(response).await,
         "502 Bad Gateway: the upstream is unreachable\n"
     );
@@ -258,7 +277,7 @@ async fn slow_upstream_is_504_after_the_timeout() {
     );
     assert_eq!(
         text(response).await,
-        "504 Gateway Timeout: the upstream did not answer in time\n"
+        r#"{"detail":"the upstream did not answer in time","status":504,"title":"Gateway Timeout","type":"about:blank"}"#
     );
     // The proxy serves on.
     let response = http1_client()

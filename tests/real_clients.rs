@@ -293,7 +293,7 @@ async fn python_http_client_uploads_over_the_limit_get_their_413_every_time() {
         let body = out["results"][0]["body"].as_str().unwrap();
         assert_eq!(
             body,
-            "413 Payload Too Large: the request body is limited to 1048576 bytes\n"
+            r#"{"detail":"the request body is limited to 1048576 bytes","status":413,"title":"Payload Too Large","type":"about:blank"}"#
         );
     }
     assert_eq!(

@@ -77,6 +77,15 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// The kind of source that refused, as logs name sources: a `jwt` source refuses a token;
+    /// an ambiguity names the source that met it.
+    pub fn source_kind(self) -> &'static str {
+        match self {
+            Refusal::Ambiguous(what) => what.source_kind(),
+            _ => "jwt",
+        }
+    }
+
     /// As logs, metrics and the 401's `error_description` name it.
     pub fn as_str(self) -> &'static str {
         match self {

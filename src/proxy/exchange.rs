@@ -4,7 +4,7 @@
 //! hyper drops a request's future when its client leaves; dropped with it, the upstream
 //! exchange would give back a `concurrency` slot while the app is still working, and leave a
 //! `count_statuses` / `cost_from_response` request unsettled (an attacker who hangs up would
-//! get unlimited side effects). So a request that holds anything ([`Held`]: concurrency leases,
+//! get unlimited side effects). So a request that holds anything ([`Holdings`]: concurrency leases,
 //! a settlement, a guard to keep until the app answers) is sent through [`exchange`]:
 //!
 //! - The exchange is polled in the request's own future, as any other (no task, no channel,
@@ -47,7 +47,7 @@ pub type Answered = Result<Response<UpstreamBody>, ProxyError>;
 
 /// What a request holds until the app has answered it.
 #[derive(Default)]
-pub struct Held {
+pub struct Holdings {
     /// Concurrency slots: held until the response body ends.
     pub leases: Option<Box<LeaseGuard>>,
     /// Units to settle on the answer (`count_statuses`, `cost_from_response`).
@@ -63,10 +63,10 @@ pub trait UntilHead: Send {
     fn answered(self: Box<Self>, answered: &Answered);
 }
 
-impl Held {
+impl Holdings {
     /// Takes what `admitted` holds until the app answers (its leases and settlement).
-    pub fn take_from(admitted: &mut Admitted<'_>) -> Held {
-        Held {
+    pub fn take_from(admitted: &mut Admitted<'_>) -> Holdings {
+        Holdings {
             leases: admitted.leases.take(),
             settlement: admitted.settlement.take(),
             until_head: None,
@@ -79,8 +79,8 @@ impl Held {
 
     /// Holds what `other` holds for its limits too (a request counted on more than one
     /// route: see `routing::routes_of`).
-    pub fn join(&mut self, other: Held) {
-        let Held {
+    pub fn join(&mut self, other: Holdings) {
+        let Holdings {
             leases,
             settlement,
             until_head,
@@ -111,15 +111,15 @@ pub fn outcome_of(answered: &Answered) -> Outcome {
 /// (see the module docs); a response body it gets is read for at most `drain_for`.
 pub fn exchange<'t, F>(
     sending: F,
-    held: Held,
+    held: Holdings,
     orphans: &'t TaskTracker,
     drain_for: Duration,
-) -> impl Future<Output = (Answered, Held)> + 't
+) -> impl Future<Output = (Answered, Holdings)> + 't
 where
     F: Future<Output = Answered> + Send + 'static,
 {
     if held.is_empty() {
-        return Either::Left(sending.map(|answered| (answered, Held::default())));
+        return Either::Left(sending.map(|answered| (answered, Holdings::default())));
     }
     Either::Right(Holding {
         sending: Some(Box::pin(sending)),
@@ -133,13 +133,13 @@ where
 struct Holding<'t, F: Future<Output = Answered> + Send + 'static> {
     /// Boxed, so that it can move into a task of its own while it runs.
     sending: Option<Pin<Box<F>>>,
-    held: Option<Held>,
+    held: Option<Holdings>,
     orphans: &'t TaskTracker,
     drain_for: Duration,
 }
 
 impl<F: Future<Output = Answered> + Send + 'static> Future for Holding<'_, F> {
-    type Output = (Answered, Held);
+    type Output = (Answered, Holdings);
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
@@ -172,12 +172,12 @@ impl<F: Future<Output = Answered> + Send + 'static> Drop for Holding<'_, F> {
 
 /// The rest of an exchange whose client left before the answer: waits for it, settles on it,
 /// and holds the leases (and a `cost_from_response` settlement) until its body has been read.
-async fn orphaned<F>(sending: Pin<Box<F>>, held: Held, drain_for: Duration)
+async fn orphaned<F>(sending: Pin<Box<F>>, held: Holdings, drain_for: Duration)
 where
     F: Future<Output = Answered> + Send + 'static,
 {
     let answered = sending.await;
-    let Held {
+    let Holdings {
         leases,
         settlement,
         until_head,
@@ -322,10 +322,10 @@ mod tests {
         (guard.clone(), Box::new(Watched(guard)))
     }
 
-    fn held_until_head(guard: Box<dyn UntilHead>) -> Held {
-        Held {
+    fn held_until_head(guard: Box<dyn UntilHead>) -> Holdings {
+        Holdings {
             until_head: Some(guard),
-            ..Held::default()
+            ..Holdings::default()
         }
     }
 

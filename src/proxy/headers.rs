@@ -61,10 +61,21 @@ pub struct Found {
     forwarded: u8,
     /// Whether a Content-Type line is present (gRPC is told by it).
     pub content_type: bool,
+    /// What the `Accept` lines ask of tollgate's own answers (see `answers`).
+    pub accept: crate::answers::Accept,
     /// The first Host line.
     pub host: Option<HeaderValue>,
     /// How many Host lines there are (2 means two or more).
     pub host_lines: u8,
+}
+
+impl Found {
+    /// How tollgate's own answers are put to the request with `headers`: gRPC to a gRPC call
+    /// (see `grpc`), else as its `Accept` lines ask (see `answers`).
+    pub fn answer_form(&self, headers: &HeaderMap) -> crate::answers::Form {
+        let grpc = self.content_type && crate::grpc::is_grpc(headers);
+        crate::answers::Form::of(grpc, self.accept)
+    }
 }
 
 const CONNECTION_BIT: u8 = 1 << 0;
@@ -90,6 +101,9 @@ pub fn scan(headers: &HeaderMap) -> Found {
             continue;
         } else if *name == header::TE {
             found.te = true;
+            continue;
+        } else if *name == header::ACCEPT {
+            found.accept.read(value.as_bytes());
             continue;
         } else if *name == header::CONNECTION {
             found.connection_names |= value.to_str().is_ok_and(names_headers);

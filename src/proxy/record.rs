@@ -35,7 +35,7 @@ const CLIENT_CLOSED: u16 = 499;
 /// The decision a request is counted under, worked out once from the limit stage's outcome:
 /// the access log's `decision` and the counters that go up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
+pub enum RecordedDecision {
     /// Forwarded within its limits, or no route matched.
     Allowed,
     /// Forwarded unlimited: on an allow-list.
@@ -57,56 +57,57 @@ pub enum Decision {
     ShadowShed,
 }
 
-impl Decision {
+impl RecordedDecision {
     /// The decision of a routed request.
-    pub fn of(outcome: &LimitOutcome<'_>) -> Decision {
+    pub fn of(outcome: &LimitOutcome<'_>) -> RecordedDecision {
         match outcome {
             LimitOutcome::Admitted(admitted) => match admitted.reason {
-                AdmitReason::Decided => Decision::Allowed,
-                AdmitReason::Exempt => Decision::Exempt,
-                AdmitReason::ShadowLimited => Decision::ShadowLimited,
-                AdmitReason::StoreError | AdmitReason::LocalFallback => Decision::StoreError,
+                AdmitReason::Decided => RecordedDecision::Allowed,
+                AdmitReason::Exempt => RecordedDecision::Exempt,
+                AdmitReason::ShadowLimited => RecordedDecision::ShadowLimited,
+                AdmitReason::StoreError | AdmitReason::LocalFallback => {
+                    RecordedDecision::StoreError
+                }
             },
             LimitOutcome::Limited(Limited {
                 by_fallback: true, ..
-            }) => Decision::LimitedByFallback,
-            LimitOutcome::Limited(_) => Decision::Limited,
-            LimitOutcome::StoreUnavailable { .. } => Decision::StoreError,
-            LimitOutcome::Rejected { .. } => Decision::Rejected,
+            }) => RecordedDecision::LimitedByFallback,
+            LimitOutcome::Limited(_) => RecordedDecision::Limited,
+            LimitOutcome::StoreUnavailable { .. } => RecordedDecision::StoreError,
         }
     }
 
     /// The access log's `decision` field.
     pub fn as_str(self) -> &'static str {
         match self {
-            Decision::Allowed => "allowed",
-            Decision::Exempt => "exempt",
-            Decision::ShadowLimited => "shadow_limited",
-            Decision::StoreError => "store_error",
-            Decision::Limited | Decision::LimitedByFallback => "limited",
-            Decision::Rejected => "rejected",
-            Decision::Shed => "shed",
-            Decision::ShadowShed => "shadow_shed",
+            RecordedDecision::Allowed => "allowed",
+            RecordedDecision::Exempt => "exempt",
+            RecordedDecision::ShadowLimited => "shadow_limited",
+            RecordedDecision::StoreError => "store_error",
+            RecordedDecision::Limited | RecordedDecision::LimitedByFallback => "limited",
+            RecordedDecision::Rejected => "rejected",
+            RecordedDecision::Shed => "shed",
+            RecordedDecision::ShadowShed => "shadow_shed",
         }
     }
 
     /// Store errors count twice: once in total (by `cause`) and once on the route they hit.
     fn count(self, global: &Metrics, route: &RouteMetrics, cause: Cause) {
         match self {
-            Decision::Allowed | Decision::Exempt => route.allowed.increment(1),
-            Decision::ShadowLimited => route.shadow_limited.increment(1),
-            Decision::StoreError => {
+            RecordedDecision::Allowed | RecordedDecision::Exempt => route.allowed.increment(1),
+            RecordedDecision::ShadowLimited => route.shadow_limited.increment(1),
+            RecordedDecision::StoreError => {
                 global.store_errors.increment(cause, 1);
                 route.store_error.increment(1);
             }
-            Decision::Limited => route.limited.increment(1),
-            Decision::Shed => route.shed.increment(1),
-            Decision::ShadowShed => route.shadow_shed.increment(1),
-            Decision::LimitedByFallback => {
+            RecordedDecision::Limited => route.limited.increment(1),
+            RecordedDecision::Shed => route.shed.increment(1),
+            RecordedDecision::ShadowShed => route.shadow_shed.increment(1),
+            RecordedDecision::LimitedByFallback => {
                 global.store_errors.increment(cause, 1);
                 route.limited.increment(1);
             }
-            Decision::Rejected => route.rejected.increment(1),
+            RecordedDecision::Rejected => route.rejected.increment(1),
         }
     }
 }
@@ -116,7 +117,7 @@ impl Decision {
 /// when `redis` holds the store's node and the set has a global limit that is not
 /// local-first).
 fn trace_decision<'o>(outcome: &'o LimitOutcome<'_>, redis: Option<&Arc<str>>) -> DecisionSpan<'o> {
-    let detail = Decision::of(outcome).as_str();
+    let detail = RecordedDecision::of(outcome).as_str();
     let key_source = outcome.identity();
     let on_redis = |set: &crate::config::LimitSet| {
         let global = set.limits.iter().filter(|l| l.scope == Scope::Global);
@@ -191,7 +192,6 @@ fn trace_decision<'o>(outcome: &'o LimitOutcome<'_>, redis: Option<&Arc<str>>) -
             });
             span.store_failed = true;
         }
-        LimitOutcome::Rejected { .. } => span.decision = "rejected",
     }
     span
 }
@@ -222,7 +222,7 @@ pub struct RequestRecord<'a> {
     /// The kind of source that identified the caller ("-" when nothing did).
     identity: &'static str,
     /// None until decided (a request whose client left while it was being limited).
-    decision: Option<Decision>,
+    decision: Option<RecordedDecision>,
     /// Why the store failed, for a request it failed (counted under `other` unless told).
     store_cause: Cause,
     /// How long routing, identifying and limiting took, for a routed request.
@@ -323,7 +323,7 @@ impl<'a> RequestRecord<'a> {
             trace.routed(route.map(|r| r.name.as_str()));
         }
         if route.is_none() {
-            self.decision = Some(Decision::Allowed);
+            self.decision = Some(RecordedDecision::Allowed);
         }
     }
 
@@ -331,7 +331,7 @@ impl<'a> RequestRecord<'a> {
     pub fn decided(&mut self, outcome: &LimitOutcome<'_>) {
         self.limit_time = Some(self.started.elapsed());
         self.identity = outcome.identity();
-        self.decision = Some(Decision::of(outcome));
+        self.decision = Some(RecordedDecision::of(outcome));
         if let Some(trace) = &mut self.trace {
             trace.decided(trace_decision(outcome, self.redis.as_ref()));
         }
@@ -342,7 +342,7 @@ impl<'a> RequestRecord<'a> {
     pub fn store_cause(&mut self, cause: impl FnOnce() -> Option<Cause>) {
         if matches!(
             self.decision,
-            Some(Decision::StoreError | Decision::LimitedByFallback)
+            Some(RecordedDecision::StoreError | RecordedDecision::LimitedByFallback)
         ) {
             self.store_cause = cause().unwrap_or(Cause::Other);
         }
@@ -350,13 +350,25 @@ impl<'a> RequestRecord<'a> {
 
     /// Refused before routing: a request shape no app should see, or CONNECT (see `shape`).
     pub fn rejected(&mut self) {
-        self.decision = Some(Decision::Rejected);
+        self.rejected_by("-");
+    }
+
+    /// Refused by an identity before any limit (see `stages::identify`): counted where the
+    /// limit stage's outcome is, with the kind of source that refused.
+    pub fn identify_refused(&mut self, refusal: crate::identity::Refusal) {
+        self.limit_time = Some(self.started.elapsed());
+        self.identity = refusal.source_kind();
+        self.rejected_by(self.identity);
+    }
+
+    fn rejected_by(&mut self, key_source: &'static str) {
+        self.decision = Some(RecordedDecision::Rejected);
         if let Some(trace) = &mut self.trace {
             trace.decided(DecisionSpan {
                 decision: "rejected",
                 detail: "rejected",
                 limit: None,
-                key_source: "-",
+                key_source,
                 retry_after: None,
                 store: StoreKind::None,
                 store_failed: false,
@@ -370,9 +382,9 @@ impl<'a> RequestRecord<'a> {
             trace.shed(shadow);
         }
         self.decision = Some(if shadow {
-            Decision::ShadowShed
+            RecordedDecision::ShadowShed
         } else {
-            Decision::Shed
+            RecordedDecision::Shed
         });
     }
 
@@ -387,9 +399,14 @@ impl<'a> RequestRecord<'a> {
         }
     }
 
-    /// The request failed on the way: `error` is kept for the log, its answer returned.
-    pub fn failed(&mut self, error: ProxyError) -> http::Response<crate::body::ProxyBody> {
-        let response = error.response();
+    /// The request failed on the way: `error` is kept for the log, its answer (in `form`, see
+    /// `answers`) returned.
+    pub fn failed(
+        &mut self,
+        error: ProxyError,
+        form: crate::answers::Form,
+    ) -> http::Response<crate::body::ProxyBody> {
+        let (_, response) = crate::answers::Answer::Failed(&error).render(form);
         if let Some(trace) = &mut self.trace {
             trace.failed(
                 error.side().as_str(),
@@ -464,7 +481,7 @@ impl<'a> RequestRecord<'a> {
                 path = %self.uri.path(),
                 route,
                 identity = self.identity,
-                decision = self.decision.map_or("-", Decision::as_str),
+                decision = self.decision.map_or("-", RecordedDecision::as_str),
                 status,
                 upstream_ms,
                 total_ms,
@@ -556,7 +573,7 @@ mod tests {
         let parts = http::Request::get("/x").body(()).unwrap().into_parts().0;
         let peer: SocketAddr = "192.0.2.1:5000".parse().unwrap();
         for (outcome, decision, counter, store_errors) in cases {
-            let counted = Decision::of(&outcome);
+            let counted = RecordedDecision::of(&outcome);
             assert_eq!(counted.as_str(), decision, "{counted:?}");
             let metrics = Metrics::new();
             let route = metrics.route("api");
@@ -599,7 +616,10 @@ mod tests {
             record.routed(None, &route);
             record.shed(shadow);
             let expected = if shadow { "shadow_shed" } else { "shed" };
-            assert_eq!(record.decision.map(Decision::as_str), Some(expected));
+            assert_eq!(
+                record.decision.map(RecordedDecision::as_str),
+                Some(expected)
+            );
         }
         let text = metrics.render();
         for line in [
@@ -621,7 +641,10 @@ mod tests {
             RequestRecord::new(&metrics, &parts, "192.0.2.1:1".parse().unwrap(), false);
         record.routed(None, &unrouted);
         record.rejected();
-        assert_eq!(record.decision.map(Decision::as_str), Some("rejected"));
+        assert_eq!(
+            record.decision.map(RecordedDecision::as_str),
+            Some("rejected")
+        );
         drop(record);
         let text = metrics.render();
         assert!(

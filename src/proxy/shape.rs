@@ -10,26 +10,23 @@
 //!   than tollgate's host matching does (RFC 9112 §3.2 asks for 400);
 //! - `CONNECT`: tollgate is a reverse proxy, not a tunnel to anywhere; 405 with `Allow`.
 //!
-//! Each is answered with an `application/problem+json` body, like tollgate's other 4xx.
+//! Each is answered by `answers`, as every answer tollgate makes itself (a problem document
+//! unless the client asked for text).
 
-use http::header::{self, HeaderValue};
 use http::request::Parts;
-use http::{Method, Response, StatusCode};
+use http::{Method, StatusCode};
 
 use super::headers::Found;
-use crate::body::{self, ProxyBody};
+use crate::answers::Answer;
 
 /// The standard methods (RFC 9110 §9 and PATCH), as they must be spelled.
 const STANDARD_METHODS: [&str; 9] = [
     "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
 ];
 
-/// What tollgate forwards: every method but CONNECT.
-const ALLOW: &str = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, TRACE";
-
 /// Why a request is refused before routing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum ShapeRefusal {
     /// 400, with the reason the client is told.
     Malformed(&'static str),
     /// 405: CONNECT.
@@ -38,10 +35,10 @@ pub enum Refusal {
 
 /// The refusal `request`'s shape calls for, if any (`found` is [`super::headers::scan`]'s pass
 /// over its headers).
-pub fn check(request: &Parts, found: &Found) -> Option<Refusal> {
+pub fn check(request: &Parts, found: &Found) -> Option<ShapeRefusal> {
     let method = &request.method;
     if *method == Method::CONNECT {
-        return Some(Refusal::Connect);
+        return Some(ShapeRefusal::Connect);
     }
     // The standard methods are upper case: a token without a lower-case letter is either one of
     // them or no spelling of one (the common case, decided without comparing names).
@@ -52,21 +49,23 @@ pub fn check(request: &Parts, found: &Found) -> Option<Refusal> {
             .iter()
             .any(|m| m.eq_ignore_ascii_case(name))
     {
-        return Some(Refusal::Malformed(
+        return Some(ShapeRefusal::Malformed(
             "the method must be spelled in upper case",
         ));
     }
     if found.host_lines > 1 {
-        return Some(Refusal::Malformed("the request has more than one Host"));
+        return Some(ShapeRefusal::Malformed(
+            "the request has more than one Host",
+        ));
     }
     if let Some(host) = &found.host {
         if let Some(why) = bad_host(host.as_bytes()) {
-            return Some(Refusal::Malformed(why));
+            return Some(ShapeRefusal::Malformed(why));
         }
     }
     if let Some(authority) = request.uri.authority() {
         if let Some(why) = bad_host(authority.as_str().as_bytes()) {
-            return Some(Refusal::Malformed(why));
+            return Some(ShapeRefusal::Malformed(why));
         }
     }
     None
@@ -78,54 +77,37 @@ fn bad_host(host: &[u8]) -> Option<&'static str> {
     crate::routing::host_name(host).err()
 }
 
-impl Refusal {
+impl ShapeRefusal {
     pub fn status(self) -> StatusCode {
         match self {
-            Refusal::Malformed(_) => StatusCode::BAD_REQUEST,
-            Refusal::Connect => StatusCode::METHOD_NOT_ALLOWED,
+            ShapeRefusal::Malformed(_) => StatusCode::BAD_REQUEST,
+            ShapeRefusal::Connect => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
 
     /// What the client is told (the problem's `detail`; `tollgate explain` says it too).
     pub fn detail(self) -> &'static str {
         match self {
-            Refusal::Malformed(why) => why,
-            Refusal::Connect => "CONNECT is not forwarded: this is a reverse proxy",
+            ShapeRefusal::Malformed(why) => why,
+            ShapeRefusal::Connect => crate::answers::CONNECT_REFUSED,
         }
     }
 
-    /// The answer: an RFC 9457 problem; a 405 names the methods tollgate forwards in `Allow`.
-    pub fn response(self) -> Response<ProxyBody> {
-        let status = self.status();
-        let detail = self.detail();
-        let body = serde_json::json!({
-            "type": "about:blank",
-            "title": status.canonical_reason().unwrap_or("Error"),
-            "status": status.as_u16(),
-            "detail": detail,
-        });
-        let body = serde_json::to_vec(&body).expect("JSON values serialize");
-        let mut response = Response::new(body::full(body));
-        *response.status_mut() = status;
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        if self == Refusal::Connect {
-            headers.insert(header::ALLOW, HeaderValue::from_static(ALLOW));
+    /// The answer (see `answers`); a 405 names the methods tollgate forwards in `Allow`.
+    pub fn answer(self) -> Answer<'static> {
+        match self {
+            ShapeRefusal::Malformed(why) => Answer::Malformed(why),
+            ShapeRefusal::Connect => Answer::ConnectRefused,
         }
-        response
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::Request;
+    use http::{HeaderValue, Request};
 
-    fn refusal(request: http::request::Builder) -> Option<Refusal> {
+    fn refusal(request: http::request::Builder) -> Option<ShapeRefusal> {
         let (parts, ()) = request.body(()).unwrap().into_parts();
         let found = super::super::headers::scan(&parts.headers);
         check(&parts, &found)
@@ -136,7 +118,7 @@ mod tests {
         for method in ["post", "Get", "pOST", "delete", "patch"] {
             let request = Request::builder().method(method).uri("/");
             assert!(
-                matches!(refusal(request), Some(Refusal::Malformed(_))),
+                matches!(refusal(request), Some(ShapeRefusal::Malformed(_))),
                 "{method}"
             );
         }
@@ -145,7 +127,7 @@ mod tests {
             assert_eq!(refusal(request), None, "{method}");
         }
         let connect = Request::builder().method("CONNECT").uri("example.com:443");
-        assert_eq!(refusal(connect), Some(Refusal::Connect));
+        assert_eq!(refusal(connect), Some(ShapeRefusal::Connect));
     }
 
     #[test]
@@ -159,7 +141,7 @@ mod tests {
                 .uri("/")
                 .header("host", HeaderValue::from_bytes(host).unwrap());
             assert!(
-                matches!(refusal(request), Some(Refusal::Malformed(_))),
+                matches!(refusal(request), Some(ShapeRefusal::Malformed(_))),
                 "{host:?}"
             );
         }
@@ -167,9 +149,12 @@ mod tests {
             .uri("/")
             .header("host", "a.example")
             .header("host", "b.example");
-        assert!(matches!(refusal(two), Some(Refusal::Malformed(_))));
+        assert!(matches!(refusal(two), Some(ShapeRefusal::Malformed(_))));
         let authority = Request::builder().uri("http://x@api.example.com/login");
-        assert!(matches!(refusal(authority), Some(Refusal::Malformed(_))));
+        assert!(matches!(
+            refusal(authority),
+            Some(ShapeRefusal::Malformed(_))
+        ));
         // Issue 38: a name for a port, several colons, characters no host name has.
         for host in [
             "api.example.com:abc",
@@ -180,12 +165,15 @@ mod tests {
         ] {
             let request = Request::builder().uri("/").header("host", host);
             assert!(
-                matches!(refusal(request), Some(Refusal::Malformed(_))),
+                matches!(refusal(request), Some(ShapeRefusal::Malformed(_))),
                 "{host}"
             );
         }
         let authority = Request::builder().uri("http://api.example.com:abc/h");
-        assert!(matches!(refusal(authority), Some(Refusal::Malformed(_))));
+        assert!(matches!(
+            refusal(authority),
+            Some(ShapeRefusal::Malformed(_))
+        ));
         for fine in [
             "api.example.com",
             "api.example.com:8443",
@@ -196,19 +184,5 @@ mod tests {
             let request = Request::builder().uri("/").header("host", fine);
             assert_eq!(refusal(request), None, "{fine}");
         }
-    }
-
-    #[test]
-    fn refusals_are_problems_and_connect_names_what_is_allowed() {
-        let response = Refusal::Connect.response();
-        assert_eq!(response.status(), 405);
-        assert_eq!(response.headers()["allow"], ALLOW);
-        assert_eq!(
-            response.headers()["content-type"],
-            "application/problem+json"
-        );
-        let response = Refusal::Malformed("x").response();
-        assert_eq!(response.status(), 400);
-        assert!(response.headers().get("allow").is_none());
     }
 }

@@ -64,9 +64,6 @@ pub enum LimitOutcome<'a> {
     Limited(Limited<'a>),
     /// The store failed and `on_error: deny` refuses the request (503).
     StoreUnavailable { identity: &'static str },
-    /// The caller's credential was refused by an identity whose `on_invalid` is `reject`
-    /// (401): nothing was decided or taken.
-    Rejected { refusal: Refusal },
 }
 
 /// An admitted request: what the response owes its limits.
@@ -127,10 +124,6 @@ impl LimitOutcome<'_> {
             LimitOutcome::Admitted(Admitted { identity, .. })
             | LimitOutcome::Limited(Limited { identity, .. })
             | LimitOutcome::StoreUnavailable { identity } => identity,
-            LimitOutcome::Rejected {
-                refusal: Refusal::Ambiguous(what),
-            } => what.source_kind(),
-            LimitOutcome::Rejected { .. } => "jwt",
         }
     }
 }
@@ -206,7 +199,9 @@ impl LimitStage {
 
     /// The limit stage: decides for `caller` on `route`. An allow-listed caller is admitted
     /// without a decision; a caller the deny cache knows to be over a limit is refused without
-    /// asking the store.
+    /// asking the store. `Err`: an identity refused the caller (a credential refused by an
+    /// identity whose `on_invalid` is `reject`, or a request it cannot read one way), found
+    /// while the keys were built: nothing is decided or taken.
     ///
     /// The caller is consumed before the returned future is built: its memo of identities is
     /// not needed past the keys, and the future (part of every routed request's) does not
@@ -215,23 +210,20 @@ impl LimitStage {
         &'a self,
         route: &'a Route,
         mut caller: Caller<'_>,
-    ) -> impl std::future::Future<Output = LimitOutcome<'a>> + 'a {
+    ) -> Result<impl std::future::Future<Output = LimitOutcome<'a>> + 'a, Refusal> {
         let applied = tiers::applied(&self.config, route, &mut caller);
-        let rejected = caller.rejected();
-        self.limit_applied(route, applied, rejected)
+        match caller.rejected() {
+            Some(refusal) => Err(refusal),
+            None => Ok(self.limit_applied(route, applied)),
+        }
     }
 
     /// [`LimitStage::limit`] once the limits that apply are known and keyed.
-    /// `rejected`: why the caller is refused before any limit (see [`LimitOutcome::Rejected`]).
     async fn limit_applied<'a>(
         &self,
         route: &'a Route,
         applied: tiers::Applied<'a>,
-        rejected: Option<Refusal>,
     ) -> LimitOutcome<'a> {
-        if let Some(refusal) = rejected {
-            return LimitOutcome::Rejected { refusal };
-        }
         let (set, mut keys, identity) = match applied {
             tiers::Applied::Exempt => {
                 return LimitOutcome::Admitted(Admitted {

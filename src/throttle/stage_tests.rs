@@ -49,7 +49,8 @@ async fn limit<'a>(
     user: Option<&str>,
 ) -> LimitOutcome<'a> {
     let parts = request(user);
-    stage.limit(route, Caller::new(&parts, IP)).await
+    let limiting = stage.limit(route, Caller::new(&parts, IP));
+    limiting.expect("no identity refuses the caller").await
 }
 
 fn admitted(outcome: LimitOutcome<'_>) -> Admitted<'_> {
