@@ -94,15 +94,24 @@ pub async fn overview(proxy: &Proxy, history: &History, loopback: bool) -> Value
 
     let samples = history.samples();
     let mut series = serde_json::Map::new();
+    // What the protection in shadow mode would have shed, per route: beside the refusals,
+    // since nothing was refused.
+    let mut would_shed = serde_json::Map::new();
     for route in &throttle.routes {
-        let counts: Vec<Value> = samples
+        let counts = samples
             .iter()
-            .map(|s| {
-                let c = s.routes.get(&route.name).copied().unwrap_or_default();
-                json!([c.allowed, c.limited, c.shed])
-            })
-            .collect();
-        series.insert(route.name.clone(), Value::Array(counts));
+            .map(|s| s.routes.get(&route.name).copied().unwrap_or_default());
+        series.insert(
+            route.name.clone(),
+            counts
+                .clone()
+                .map(|c| json!([c.allowed, c.limited, c.shed]))
+                .collect(),
+        );
+        would_shed.insert(
+            route.name.clone(),
+            counts.map(|c| json!(c.shadow_shed)).collect(),
+        );
     }
 
     let top = match control.offenders() {
@@ -162,6 +171,7 @@ pub async fn overview(proxy: &Proxy, history: &History, loopback: bool) -> Value
             "times": samples.iter().map(|s| s.at_ms).collect::<Vec<_>>(),
             "rtt_ms": samples.iter().map(|s| s.rtt_ms).collect::<Vec<_>>(),
             "routes": series,
+            "would_shed": would_shed,
         },
         "store": store(proxy, &control).await,
         "top": top,
@@ -181,15 +191,7 @@ fn actions(proxy: &Proxy, loopback: bool) -> &'static str {
 
 async fn store(proxy: &Proxy, control: &Control) -> Value {
     let health = proxy.store_health();
-    let text = proxy.metrics().render();
-    let sum = |name: &str, wanted: Option<(&str, &str)>| -> f64 {
-        history::series(&text, name)
-            .filter(|(labels, _)| {
-                wanted.is_none_or(|(l, v)| history::label(labels, l).as_deref() == Some(v))
-            })
-            .map(|(_, value)| value)
-            .sum()
-    };
+    let counts = proxy.metrics().store_counts();
     let throttle = &proxy.config().throttle;
     let local_first = throttle
         .routes
@@ -223,13 +225,13 @@ async fn store(proxy: &Proxy, control: &Control) -> Value {
         },
         "ready": proxy.store_ready(),
         "cause": health.cause.map(|c| c.describe()),
-        "store_errors": sum("tollgate_store_errors_total", None),
+        "store_errors": counts.store_errors as f64,
         "persistence": persistence,
         "local_first": local_first.then(|| json!({
-            "rounds_ok": sum("tollgate_sync_rounds_total", Some(("result", "ok"))),
-            "rounds_failed": sum("tollgate_sync_rounds_total", Some(("result", "error"))),
-            "drift": sum("tollgate_sync_drift_total", None),
-            "replicas": sum("tollgate_sync_replicas", None),
+            "rounds_ok": counts.sync_rounds_ok as f64,
+            "rounds_failed": counts.sync_rounds_failed as f64,
+            "drift": counts.sync_drift as f64,
+            "replicas": counts.sync_replicas,
         })),
     })
 }
