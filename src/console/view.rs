@@ -92,28 +92,6 @@ pub async fn overview(proxy: &Proxy, history: &History, loopback: bool) -> Value
     let control = proxy.throttle_control();
     let routes: Vec<Value> = throttle.routes.iter().map(|r| route_json(r)).collect();
 
-    let samples = history.samples();
-    let mut series = serde_json::Map::new();
-    // What the protection in shadow mode would have shed, per route: beside the refusals,
-    // since nothing was refused.
-    let mut would_shed = serde_json::Map::new();
-    for route in &throttle.routes {
-        let counts = samples
-            .iter()
-            .map(|s| s.routes.get(&route.name).copied().unwrap_or_default());
-        series.insert(
-            route.name.clone(),
-            counts
-                .clone()
-                .map(|c| json!([c.allowed, c.limited, c.shed]))
-                .collect(),
-        );
-        would_shed.insert(
-            route.name.clone(),
-            counts.map(|c| json!(c.shadow_shed)).collect(),
-        );
-    }
-
     let top = match control.offenders() {
         Some(sketch) => {
             let top = sketch.top_of(TOP.min(CAPACITY), View::Fleet).await;
@@ -167,15 +145,41 @@ pub async fn overview(proxy: &Proxy, history: &History, loopback: bool) -> Value
         "sample_seconds": history::SAMPLE_EVERY.as_secs(),
         "actions": actions(proxy, loopback),
         "routes": routes,
-        "history": {
-            "times": samples.iter().map(|s| s.at_ms).collect::<Vec<_>>(),
-            "rtt_ms": samples.iter().map(|s| s.rtt_ms).collect::<Vec<_>>(),
-            "routes": series,
-            "would_shed": would_shed,
-        },
+        "history": history_json(throttle, &history.samples()),
         "store": store(proxy, &control).await,
         "top": top,
         "denials": denials,
+    })
+}
+
+/// The samples behind the charts: their times and the store's round trips, and per route the
+/// cumulative counts of each sample.
+fn history_json(throttle: &crate::config::Throttle, samples: &[history::Sample]) -> Value {
+    let mut series = serde_json::Map::new();
+    // What the protection in shadow mode would have shed, per route: beside the refusals,
+    // since nothing was refused.
+    let mut would_shed = serde_json::Map::new();
+    for route in &throttle.routes {
+        let counts = samples
+            .iter()
+            .map(|s| s.routes.get(&route.name).copied().unwrap_or_default());
+        series.insert(
+            route.name.clone(),
+            counts
+                .clone()
+                .map(|c| json!([c.allowed, c.limited, c.shed]))
+                .collect(),
+        );
+        would_shed.insert(
+            route.name.clone(),
+            counts.map(|c| json!(c.shadow_shed)).collect(),
+        );
+    }
+    json!({
+        "times": samples.iter().map(|s| s.at_ms).collect::<Vec<_>>(),
+        "rtt_ms": samples.iter().map(|s| s.rtt_ms).collect::<Vec<_>>(),
+        "routes": series,
+        "would_shed": would_shed,
     })
 }
 
@@ -529,21 +533,23 @@ fn request_of(route: &Route, raw: &[u8]) -> (http::request::Parts, IpAddr, Optio
     };
     match explain::request_parts(&described) {
         Ok(parts) => (parts, peer, note),
-        Err(why) => {
-            let fallback = explain::request_parts(&explain::Described {
-                method: "GET".into(),
-                url: "/".into(),
-                headers: Vec::new(),
-                peer,
-            })
-            .expect("a plain request");
-            (
-                fallback,
-                peer,
-                Some(format!("the value cannot be put in a request: {why}")),
-            )
-        }
+        Err(why) => (
+            plain_request(peer),
+            peer,
+            Some(format!("the value cannot be put in a request: {why}")),
+        ),
     }
+}
+
+/// `GET /` from `peer`: what is explained when the value cannot be put in a request.
+fn plain_request(peer: IpAddr) -> http::request::Parts {
+    explain::request_parts(&explain::Described {
+        method: "GET".into(),
+        url: "/".into(),
+        headers: Vec::new(),
+        peer,
+    })
+    .expect("a plain request")
 }
 
 /// Percent-encodes everything but unreserved characters.
