@@ -231,6 +231,13 @@ impl Readable {
             .collect()
     }
 
+    /// The value of gauge `name` (a family of one series), 0 before it is registered.
+    fn gauge_value(&self, name: &str) -> f64 {
+        self.family(name)
+            .first()
+            .map_or(0.0, |(_, bits)| f64::from_bits(*bits))
+    }
+
     /// The sum of family `name`'s series (those with label `wanted`, if given).
     fn sum(&self, name: &str, wanted: Option<(&str, &str)>) -> u64 {
         self.family(name)
@@ -687,7 +694,7 @@ impl Metrics {
             sync_rounds_failed: readable
                 .sum("tollgate_sync_rounds_total", Some(("result", "error"))),
             sync_drift: readable.sum("tollgate_sync_drift_total", None),
-            sync_replicas: f64::from_bits(readable.sum("tollgate_sync_replicas", None)),
+            sync_replicas: readable.gauge_value("tollgate_sync_replicas"),
         }
     }
 
@@ -1032,6 +1039,43 @@ mod tests {
                 problems.iter().any(|p| p.contains(why)),
                 "{bad:?}: {problems:?}, wanted {why:?}"
             );
+        }
+    }
+
+    #[test]
+    fn counts_read_back_are_those_exported_and_kept_over_a_reload() {
+        let metrics = Metrics::new();
+        metrics.route("api").limited.increment(2);
+        // A reload registers the route again: same counts.
+        metrics.route("api").limited.increment(1);
+        metrics.store_errors.increment(Cause::ALL[0], 4);
+        let throttle = crate::config::parse(
+            std::path::Path::new("t.yaml"),
+            "listen: 127.0.0.1:0\nupstream: { url: \"http://a:1\" }\n",
+            |_| None,
+        )
+        .unwrap()
+        .throttle;
+        let sync = metrics.sync(&throttle);
+        sync.rounds_ok.increment(5);
+        sync.replicas.set(3.0);
+        assert_eq!(metrics.requests()["api"].limited, 3);
+        let counts = metrics.store_counts();
+        assert_eq!(
+            (
+                counts.store_errors,
+                counts.sync_rounds_ok,
+                counts.sync_replicas
+            ),
+            (4, 5, 3.0)
+        );
+        let text = metrics.render();
+        for line in [
+            "tollgate_requests_total{route=\"api\",decision=\"limited\"} 3",
+            "tollgate_sync_rounds_total{result=\"ok\"} 5",
+            "tollgate_sync_replicas 3",
+        ] {
+            assert!(text.contains(line), "{line} not in {text}");
         }
     }
 }
