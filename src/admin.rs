@@ -42,8 +42,9 @@ use crate::admin_endpoints::ENDPOINTS;
 use crate::body::{full, ProxyBody};
 use crate::config::Secret;
 use crate::console::{self, Console};
+use crate::control::answers::{to_json, AuditParameters};
 use crate::control::audit::{self, Who};
-use crate::control::caller::{self, CallerError};
+use crate::control::caller::CallerError;
 use crate::control::offenders::{self, View};
 use crate::control::overrides;
 use crate::proxy::Proxy;
@@ -129,17 +130,17 @@ pub async fn serve(
             let proxy = proxy.clone();
             let console = console.clone();
             async move {
-                let caller = Caller { peer, loopback };
+                let client = AdminClient { peer, loopback };
                 if let Err(why) = check_host(&request, &proxy.config().admin_hosts) {
-                    tracing::warn!(target: "tollgate::admin", peer = %caller.peer, path = request.uri().path(), result = "refused", why, "admin request for another host refused");
+                    tracing::warn!(target: "tollgate::admin", peer = %client.peer, path = request.uri().path(), result = "refused", why, "admin request for another host refused");
                     return Ok::<_, Infallible>(error(StatusCode::MISDIRECTED_REQUEST, why));
                 }
                 if let Some(refused) = console::refuse_foreign_origin(&request) {
-                    tracing::warn!(target: "tollgate::admin", peer = %caller.peer, path = request.uri().path(), result = "refused", why = "a browser page from another origin", "admin mutation refused");
+                    tracing::warn!(target: "tollgate::admin", peer = %client.peer, path = request.uri().path(), result = "refused", why = "a browser page from another origin", "admin mutation refused");
                     return Ok::<_, Infallible>(refused);
                 }
                 if request.uri().path() == console::PROTECT_PATH {
-                    return Ok::<_, Infallible>(protect_for_console(&health, &proxy, caller).await);
+                    return Ok::<_, Infallible>(protect_for_console(&proxy));
                 }
                 if let Some(answer) = console.respond(&request, loopback).await {
                     return Ok::<_, Infallible>(answer);
@@ -148,7 +149,7 @@ pub async fn serve(
                     Ok(request) => request,
                     Err(refused) => return Ok::<_, Infallible>(refused),
                 };
-                Ok::<_, Infallible>(respond(&request, &health, &proxy, caller).await)
+                Ok::<_, Infallible>(respond(&request, &health, &proxy, client).await)
             }
         });
         tokio::spawn(async move {
@@ -230,9 +231,9 @@ fn host_answered(authority: &[u8], hosts: &[crate::config::AdminHost]) -> bool {
     hosts.iter().any(|entry| entry.matches(&name, port))
 }
 
-/// Who is calling the admin listener.
+/// Who is calling the admin listener (not a limited caller: see `identity::caller`).
 #[derive(Clone, Copy)]
-struct Caller {
+struct AdminClient {
     peer: SocketAddr,
     /// The listener is on a loopback address.
     loopback: bool,
@@ -242,7 +243,7 @@ async fn respond<B>(
     request: &Request<B>,
     health: &Health,
     proxy: &Proxy,
-    caller: Caller,
+    client: AdminClient,
 ) -> Response<ProxyBody> {
     let path = request.uri().path();
     let Some(methods) = ENDPOINTS
@@ -274,12 +275,12 @@ async fn respond<B>(
         "/limits/top" => top(request, proxy).await,
         "/limits/suggest" => suggest(request, proxy).await,
         "/limits/state" => state(request, proxy).await,
-        "/limits/override" if method == Method::DELETE => unoverride(request, proxy, caller).await,
-        "/limits/override" => set_override(request, proxy, caller).await,
+        "/limits/override" if method == Method::DELETE => unoverride(request, proxy, client).await,
+        "/limits/override" => set_override(request, proxy, client).await,
         "/limits/audit" => audit(request, proxy).await,
         "/limits/overrides" => overrides_list(request, proxy).await,
         "/protect" => protect_state(request, proxy),
-        _ => reset(request, proxy, caller).await,
+        _ => reset(request, proxy, client).await,
     }
 }
 
@@ -287,26 +288,12 @@ async fn respond<B>(
 /// `{"available": true, "state": ...}`, or `{"available": false}` while this listener has no
 /// such endpoint, so that the page never asks a path that answers 404 (a browser logs that as
 /// an error).
-async fn protect_for_console(
-    health: &Health,
-    proxy: &Proxy,
-    caller: Caller,
-) -> Response<ProxyBody> {
-    use http_body_util::BodyExt;
-    let probe = Request::get("/protect")
-        .header(ACCEPT, "application/json")
-        .body(())
-        .expect("a plain request");
-    let answer = respond(&probe, health, proxy, caller).await;
-    let state = match answer.status() {
-        StatusCode::OK => match answer.into_body().collect().await {
-            Ok(body) => serde_json::from_slice::<Value>(&body.to_bytes()).ok(),
-            Err(_) => None,
-        },
-        _ => None,
-    };
-    let value = match state {
-        Some(state) => json!({ "available": true, "state": state }),
+fn protect_for_console(proxy: &Proxy) -> Response<ProxyBody> {
+    let value = match proxy.protector() {
+        Some(protector) => {
+            let s = protector.snapshot();
+            json!({ "available": true, "state": protect_json(&s, &latency_setting(&s)) })
+        }
         None => json!({ "available": false }),
     };
     console::json_answer(StatusCode::OK, &value)
@@ -539,14 +526,19 @@ fn protect_state<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> 
         );
     };
     let s = protector.snapshot();
-    let latency_setting = match s.settings.latency {
-        crate::config::LatencyTarget::Multiple(m) => format!("{m}x"),
-        crate::config::LatencyTarget::Absolute(d) => humantime::format_duration(d).to_string(),
-    };
+    let latency_setting = latency_setting(&s);
     if text {
         text_response(StatusCode::OK, protect_text(&s, &latency_setting))
     } else {
         json_response(StatusCode::OK, &protect_json(&s, &latency_setting))
+    }
+}
+
+/// The latency target as configured: `3x` (of the baseline) or a duration.
+fn latency_setting(s: &crate::protect::Snapshot) -> String {
+    match s.settings.latency {
+        crate::config::LatencyTarget::Multiple(m) => format!("{m}x"),
+        crate::config::LatencyTarget::Absolute(d) => humantime::format_duration(d).to_string(),
     }
 }
 
@@ -899,13 +891,13 @@ async fn state<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
         Err(answer) => return answer,
     };
     match control.state(&query.route, &raw).await {
-        Ok(state) if query.text => text_response(StatusCode::OK, caller::state_text(&state)),
-        Ok(state) => json_response(StatusCode::OK, &state),
+        Ok(state) if query.text => text_response(StatusCode::OK, state.text()),
+        Ok(state) => json_response(StatusCode::OK, &to_json(&state)),
         Err(e) => caller_error(e),
     }
 }
 
-async fn reset<B>(request: &Request<B>, proxy: &Proxy, caller: Caller) -> Response<ProxyBody> {
+async fn reset<B>(request: &Request<B>, proxy: &Proxy, client: AdminClient) -> Response<ProxyBody> {
     let query = match caller_query(request) {
         Ok(query) => query,
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
@@ -913,9 +905,9 @@ async fn reset<B>(request: &Request<B>, proxy: &Proxy, caller: Caller) -> Respon
     let route = query.route.as_str();
     let control = proxy.throttle_control();
     let token = proxy.config().admin_token.clone();
-    if let Err(why) = authorize(request, token.as_ref(), caller.loopback) {
+    if let Err(why) = authorize(request, token.as_ref(), client.loopback) {
         let shown = control.shown(route).given(&query.identity);
-        tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action = "reset", route, identity = shown, result = "refused", why, "admin mutation refused");
+        tracing::warn!(target: "tollgate::admin", peer = %client.peer, action = "reset", route, identity = shown, result = "refused", why, "admin mutation refused");
         return error(StatusCode::FORBIDDEN, why);
     }
     let (identity, shown) = match named_caller(&control, &query).await {
@@ -925,11 +917,14 @@ async fn reset<B>(request: &Request<B>, proxy: &Proxy, caller: Caller) -> Respon
     let limit_name = query.limit_name.as_deref();
     match control.reset(route, &identity, limit_name).await {
         Ok(done) => {
-            tracing::info!(target: "tollgate::admin", peer = %caller.peer, action = "reset", route, identity = shown, limit_name, result = "ok", deleted = done["deleted"].as_u64().unwrap_or(0), "admin mutation");
-            let parameters = json!({ "limit_name": limit_name, "deleted": done["deleted"] });
+            tracing::info!(target: "tollgate::admin", peer = %client.peer, action = "reset", route, identity = shown, limit_name, result = "ok", deleted = done.deleted, "admin mutation");
+            let parameters = AuditParameters::Reset {
+                limit_name: done.limit_name.clone(),
+                deleted: done.deleted,
+            };
             audit_action(
                 &control,
-                &caller,
+                &client,
                 token.is_some(),
                 "reset",
                 route,
@@ -938,12 +933,12 @@ async fn reset<B>(request: &Request<B>, proxy: &Proxy, caller: Caller) -> Respon
             )
             .await;
             if query.text {
-                return text_response(StatusCode::OK, caller::reset_text(&done));
+                return text_response(StatusCode::OK, done.text());
             }
-            json_response(StatusCode::OK, &done)
+            json_response(StatusCode::OK, &to_json(&done))
         }
         Err(e) => {
-            tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action = "reset", route, identity = shown, result = "failed", cause = %crate::error::chain(&e), "admin mutation failed");
+            tracing::warn!(target: "tollgate::admin", peer = %client.peer, action = "reset", route, identity = shown, result = "failed", cause = %crate::error::chain(&e), "admin mutation failed");
             caller_error(e)
         }
     }
@@ -952,18 +947,18 @@ async fn reset<B>(request: &Request<B>, proxy: &Proxy, caller: Caller) -> Respon
 /// Writes an admin mutation to the audit trail; a failure to is logged, the mutation stands.
 async fn audit_action(
     control: &crate::control::Control,
-    caller: &Caller,
+    client: &AdminClient,
     with_token: bool,
     action: &str,
     route: &str,
     identity: &[u8],
-    parameters: Value,
+    parameters: AuditParameters,
 ) {
     if let Err(e) = control
         .audit(who(with_token), action, route, identity, parameters)
         .await
     {
-        tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action, route, cause = %e, "the audit trail could not be written");
+        tracing::warn!(target: "tollgate::admin", peer = %client.peer, action, route, cause = %e, "the audit trail could not be written");
     }
 }
 
@@ -1005,7 +1000,7 @@ fn override_params<B>(request: &Request<B>) -> Result<(Adjust, std::time::Durati
 async fn set_override<B>(
     request: &Request<B>,
     proxy: &Proxy,
-    caller: Caller,
+    client: AdminClient,
 ) -> Response<ProxyBody> {
     let parsed = caller_query(request).and_then(|query| {
         override_params(request)
@@ -1023,9 +1018,9 @@ async fn set_override<B>(
     let route = query.route.as_str();
     let control = proxy.throttle_control();
     let token = proxy.config().admin_token.clone();
-    if let Err(why) = authorize(request, token.as_ref(), caller.loopback) {
+    if let Err(why) = authorize(request, token.as_ref(), client.loopback) {
         let shown = control.shown(route).given(&query.identity);
-        tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action = "override", route, identity = shown, result = "refused", why, "admin mutation refused");
+        tracing::warn!(target: "tollgate::admin", peer = %client.peer, action = "override", route, identity = shown, result = "refused", why, "admin mutation refused");
         return error(StatusCode::FORBIDDEN, why);
     }
     let (identity, shown) = match named_caller(&control, &query).await {
@@ -1043,23 +1038,16 @@ async fn set_override<B>(
     match control.set_override(route, &identity, &asked).await {
         Ok(done) if dry_run => {
             if query.text {
-                return text_response(StatusCode::OK, overrides::override_text(&done));
+                return text_response(StatusCode::OK, done.text());
             }
-            json_response(StatusCode::OK, &done)
+            json_response(StatusCode::OK, &to_json(&done))
         }
         Ok(done) => {
-            tracing::info!(target: "tollgate::admin", peer = %caller.peer, action = "override", route, identity = shown, limit_name, result = "ok", until = done["override"]["until"].as_str().unwrap_or("?"), "admin mutation");
-            let o = &done["override"];
-            let parameters = json!({
-                "limit_name": o["limit_name"],
-                "limit": o["limit"],
-                "multiply": o["multiply"],
-                "for": humantime::format_duration(duration).to_string(),
-                "until": o["until"],
-            });
+            tracing::info!(target: "tollgate::admin", peer = %client.peer, action = "override", route, identity = shown, limit_name, result = "ok", until = done.set.until, "admin mutation");
+            let parameters = done.audit_parameters(duration);
             audit_action(
                 &control,
-                &caller,
+                &client,
                 token.is_some(),
                 "override",
                 route,
@@ -1068,18 +1056,22 @@ async fn set_override<B>(
             )
             .await;
             if query.text {
-                return text_response(StatusCode::OK, overrides::override_text(&done));
+                return text_response(StatusCode::OK, done.text());
             }
-            json_response(StatusCode::OK, &done)
+            json_response(StatusCode::OK, &to_json(&done))
         }
         Err(e) => {
-            tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action = "override", route, identity = shown, result = "failed", cause = %e, "admin mutation failed");
+            tracing::warn!(target: "tollgate::admin", peer = %client.peer, action = "override", route, identity = shown, result = "failed", cause = %e, "admin mutation failed");
             caller_error(e)
         }
     }
 }
 
-async fn unoverride<B>(request: &Request<B>, proxy: &Proxy, caller: Caller) -> Response<ProxyBody> {
+async fn unoverride<B>(
+    request: &Request<B>,
+    proxy: &Proxy,
+    client: AdminClient,
+) -> Response<ProxyBody> {
     let query = match caller_query(request) {
         Ok(query) => query,
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
@@ -1087,9 +1079,9 @@ async fn unoverride<B>(request: &Request<B>, proxy: &Proxy, caller: Caller) -> R
     let route = query.route.as_str();
     let control = proxy.throttle_control();
     let token = proxy.config().admin_token.clone();
-    if let Err(why) = authorize(request, token.as_ref(), caller.loopback) {
+    if let Err(why) = authorize(request, token.as_ref(), client.loopback) {
         let shown = control.shown(route).given(&query.identity);
-        tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action = "override_removed", route, identity = shown, result = "refused", why, "admin mutation refused");
+        tracing::warn!(target: "tollgate::admin", peer = %client.peer, action = "override_removed", route, identity = shown, result = "refused", why, "admin mutation refused");
         return error(StatusCode::FORBIDDEN, why);
     }
     let (identity, shown) = match named_caller(&control, &query).await {
@@ -1099,24 +1091,27 @@ async fn unoverride<B>(request: &Request<B>, proxy: &Proxy, caller: Caller) -> R
     let limit_name = query.limit_name.as_deref();
     match control.remove_override(route, &identity, limit_name).await {
         Ok(done) => {
-            tracing::info!(target: "tollgate::admin", peer = %caller.peer, action = "override_removed", route, identity = shown, limit_name, result = "ok", "admin mutation");
+            tracing::info!(target: "tollgate::admin", peer = %client.peer, action = "override_removed", route, identity = shown, limit_name, result = "ok", "admin mutation");
             audit_action(
                 &control,
-                &caller,
+                &client,
                 token.is_some(),
                 "override_removed",
                 route,
                 &identity,
-                json!({ "limit_name": limit_name, "removed": done["removed"] }),
+                AuditParameters::Removed {
+                    limit_name: done.limit_name.clone(),
+                    removed: done.removed,
+                },
             )
             .await;
             if query.text {
-                return text_response(StatusCode::OK, overrides::override_text(&done));
+                return text_response(StatusCode::OK, done.text());
             }
-            json_response(StatusCode::OK, &done)
+            json_response(StatusCode::OK, &to_json(&done))
         }
         Err(e) => {
-            tracing::warn!(target: "tollgate::admin", peer = %caller.peer, action = "override_removed", route, identity = shown, result = "failed", cause = %e, "admin mutation failed");
+            tracing::warn!(target: "tollgate::admin", peer = %client.peer, action = "override_removed", route, identity = shown, result = "failed", cause = %e, "admin mutation failed");
             caller_error(e)
         }
     }
@@ -1130,8 +1125,8 @@ async fn overrides_list<B>(request: &Request<B>, proxy: &Proxy) -> Response<Prox
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
     };
     match proxy.throttle_control().overrides_list().await {
-        Ok(list) if text => text_response(StatusCode::OK, overrides::list_text(&list)),
-        Ok(list) => json_response(StatusCode::OK, &list),
+        Ok(list) if text => text_response(StatusCode::OK, list.text()),
+        Ok(list) => json_response(StatusCode::OK, &to_json(&list)),
         Err(e) => caller_error(e),
     }
 }
@@ -1160,8 +1155,8 @@ async fn audit<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
     };
     match proxy.throttle_control().audit_trail(count).await {
-        Ok(entries) if text => text_response(StatusCode::OK, audit::trail_text(&entries)),
-        Ok(entries) => json_response(StatusCode::OK, &json!({ "entries": entries })),
+        Ok(trail) if text => text_response(StatusCode::OK, trail.text()),
+        Ok(trail) => json_response(StatusCode::OK, &to_json(&trail)),
         Err(e) => caller_error(e),
     }
 }

@@ -245,39 +245,46 @@ impl Explanation {
             out.push_str(&format!("tier      {tier}\n"));
         }
         for l in &self.limits {
+            out.push_str(&self.limit_text(l));
+        }
+        out
+    }
+
+    /// One limit's lines: its identities and key, and its state when read live.
+    fn limit_text(&self, l: &LimitExplained) -> String {
+        let mut out = String::new();
+        out.push_str(&format!(
+            "limit     {} ({} {})\n",
+            l.limit.name,
+            l.limit.params.algorithm.name(),
+            crate::summary::limit(&l.limit)
+        ));
+        for (name, source, value) in &l.identities {
+            out.push_str(&format!("  identity  {name} = {value} (from {source})\n"));
+        }
+        out.push_str(&format!("  key       {}\n", l.key));
+        if l.live.is_none() && self.live_requested && l.limit.scope == Scope::Local {
+            out.push_str("  now       unknown: a local limit lives in each proxy's memory\n");
+        }
+        if let Some(v) = &l.live {
             out.push_str(&format!(
-                "limit     {} ({} {})\n",
-                l.limit.name,
-                l.limit.params.algorithm.name(),
-                crate::summary::limit(&l.limit)
+                "  now       {} {} of {} left, full again in {}{}\n",
+                if v.allowed {
+                    "would pass:"
+                } else {
+                    "would be LIMITED:"
+                },
+                v.remaining,
+                v.limit,
+                secs(v.reset_after_us),
+                if v.allowed {
+                    String::new()
+                } else if v.retry_after_us < 0 {
+                    ", and can never pass at this cost".to_owned()
+                } else {
+                    format!(", retry after {}", secs(v.retry_after_us))
+                }
             ));
-            for (name, source, value) in &l.identities {
-                out.push_str(&format!("  identity  {name} = {value} (from {source})\n"));
-            }
-            out.push_str(&format!("  key       {}\n", l.key));
-            if l.live.is_none() && self.live_requested && l.limit.scope == Scope::Local {
-                out.push_str("  now       unknown: a local limit lives in each proxy's memory\n");
-            }
-            if let Some(v) = &l.live {
-                out.push_str(&format!(
-                    "  now       {} {} of {} left, full again in {}{}\n",
-                    if v.allowed {
-                        "would pass:"
-                    } else {
-                        "would be LIMITED:"
-                    },
-                    v.remaining,
-                    v.limit,
-                    secs(v.reset_after_us),
-                    if v.allowed {
-                        String::new()
-                    } else if v.retry_after_us < 0 {
-                        ", and can never pass at this cost".to_owned()
-                    } else {
-                        format!(", retry after {}", secs(v.retry_after_us))
-                    }
-                ));
-            }
         }
         out
     }

@@ -16,9 +16,13 @@ use std::time::Duration;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::config::{Config, StoreConfig};
+use crate::control::answers::{
+    to_json, AuditParameters, CallerState, OverrideDone, OverrideRemoved, OverridesList, ResetDone,
+};
 use crate::control::audit::Who;
 use crate::control::caller::{CallerError, Control};
 use crate::control::overrides::Request as OverrideRequest;
@@ -62,6 +66,55 @@ impl Action {
     }
 }
 
+/// What an action answers: the admin endpoint's answer, typed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    State(CallerState),
+    Reset(ResetDone),
+    Override(OverrideDone),
+    Removed(OverrideRemoved),
+}
+
+impl Answer {
+    /// As the admin endpoint answers it (`--json`).
+    pub fn json(&self) -> Value {
+        match self {
+            Answer::State(a) => to_json(a),
+            Answer::Reset(a) => to_json(a),
+            Answer::Override(a) => to_json(a),
+            Answer::Removed(a) => to_json(a),
+        }
+    }
+
+    /// As the admin endpoint's `format=text` shows it.
+    pub fn text(&self) -> String {
+        match self {
+            Answer::State(a) => a.text(),
+            Answer::Reset(a) => a.text(),
+            Answer::Override(a) => a.text(),
+            Answer::Removed(a) => a.text(),
+        }
+    }
+
+    /// What the audit trail keeps of it, for an action that changed something.
+    fn audit_parameters(&self, action: &Action) -> Option<AuditParameters> {
+        match (self, action) {
+            (Answer::Override(done), Action::Override(asked)) if !asked.dry_run => {
+                Some(done.audit_parameters(asked.duration))
+            }
+            (Answer::Reset(done), _) => Some(AuditParameters::Reset {
+                limit_name: done.limit_name.clone(),
+                deleted: done.deleted,
+            }),
+            (Answer::Removed(done), _) => Some(AuditParameters::Removed {
+                limit_name: done.limit_name.clone(),
+                removed: done.removed,
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// Why the command failed; `usage` errors (an unknown route, a bad argument) exit 2, the rest 1.
 #[derive(Debug)]
 pub struct Failure {
@@ -98,23 +151,23 @@ impl From<CallerError> for Failure {
     }
 }
 
-/// Runs the action and returns its JSON answer (the admin endpoint's, byte for byte in content).
+/// Runs the action and returns its answer (the admin endpoint's, byte for byte in content).
 pub async fn run(
     config: &Config,
     action: Action,
     route: &str,
     identity: &str,
     admin: Option<&str>,
-) -> Result<Value, Failure> {
+) -> Result<Answer, Failure> {
     match (&config.throttle.store, admin) {
         (StoreConfig::Redis(redis), None) => {
             let control = direct(config, redis).await?;
             // A short form (`sha256:...`) names the caller whose value it is.
             let raw = &control.resolve(route, identity.as_bytes()).await?;
             let done = match &action {
-                Action::Get => control.state(route, raw).await?,
+                Action::Get => Answer::State(control.state(route, raw).await?),
                 Action::Reset { limit_name } => {
-                    control.reset(route, raw, limit_name.as_deref()).await?
+                    Answer::Reset(control.reset(route, raw, limit_name.as_deref()).await?)
                 }
                 Action::Override(asked) => {
                     let limit_name = asked.limit_name.as_deref();
@@ -125,31 +178,17 @@ pub async fn run(
                         limit_name,
                     )
                     .map_err(Failure::usage)?;
-                    control.set_override(route, raw, asked).await?
+                    Answer::Override(control.set_override(route, raw, asked).await?)
                 }
-                Action::Unoverride { limit_name } => {
+                Action::Unoverride { limit_name } => Answer::Removed(
                     control
                         .remove_override(route, raw, limit_name.as_deref())
-                        .await?
-                }
+                        .await?,
+                ),
             };
-            if let Some(what) = action.audited() {
-                let parameters = match &action {
-                    Action::Override(OverrideRequest { duration, .. }) => serde_json::json!({
-                        "limit_name": done["override"]["limit_name"],
-                        "limit": done["override"]["limit"],
-                        "multiply": done["override"]["multiply"],
-                        "for": humantime::format_duration(*duration).to_string(),
-                        "until": done["override"]["until"],
-                    }),
-                    Action::Reset { limit_name } => {
-                        serde_json::json!({ "limit_name": limit_name, "deleted": done["deleted"] })
-                    }
-                    Action::Unoverride { limit_name } => {
-                        serde_json::json!({ "limit_name": limit_name, "removed": done["removed"] })
-                    }
-                    Action::Get => serde_json::json!({}),
-                };
+            if let (Some(what), Some(parameters)) =
+                (action.audited(), done.audit_parameters(&action))
+            {
                 control
                     .audit(Who::Cli, what, route, raw, parameters)
                     .await
@@ -187,7 +226,7 @@ async fn through_admin(
     base: &str,
     route: &str,
     identity: &str,
-) -> Result<Value, Failure> {
+) -> Result<Answer, Failure> {
     let (method, path) = match action {
         Action::Get => (http::Method::GET, "/limits/state"),
         Action::Reset { .. } => (http::Method::POST, "/limits/reset"),
@@ -234,7 +273,25 @@ async fn through_admin(
     let request = request
         .body(Empty::<bytes::Bytes>::new())
         .map_err(|e| Failure::usage(format!("`{url}` is not a usable URL: {e}")))?;
-    exchange_json(request, base).await
+    Ok(match action {
+        Action::Get => Answer::State(exchange(request, base).await?),
+        Action::Reset { .. } => Answer::Reset(exchange(request, base).await?),
+        Action::Override(_) => Answer::Override(exchange(request, base).await?),
+        Action::Unoverride { .. } => Answer::Removed(exchange(request, base).await?),
+    })
+}
+
+/// [`exchange_json`]'s answer read as the typed answer it is.
+async fn exchange<T: DeserializeOwned>(
+    request: http::Request<Empty<bytes::Bytes>>,
+    base: &str,
+) -> Result<T, Failure> {
+    let value = exchange_json(request, base).await?;
+    serde_json::from_value(value).map_err(|e| {
+        Failure::other(format!(
+            "{base} answered with JSON this version does not read: {e}"
+        ))
+    })
 }
 
 /// Sends `request` to the admin listener at `base` and returns its JSON answer, or the failure
@@ -280,7 +337,7 @@ async fn exchange_json(
 
 /// `tollgate limits overrides`: the overrides in force, fleet-wide (`GET /limits/overrides`'s
 /// answer): read from Redis itself with a Redis store, else asked of an admin listener.
-pub async fn overrides(config: &Config, admin: Option<&str>) -> Result<Value, Failure> {
+pub async fn overrides(config: &Config, admin: Option<&str>) -> Result<OverridesList, Failure> {
     match (&config.throttle.store, admin) {
         (StoreConfig::Redis(redis), None) => {
             let control = direct(config, redis).await?;
@@ -292,7 +349,7 @@ pub async fn overrides(config: &Config, admin: Option<&str>) -> Result<Value, Fa
             let request = http::Request::get(&url)
                 .body(Empty::<bytes::Bytes>::new())
                 .map_err(|e| Failure::usage(format!("`{url}` is not a usable URL: {e}")))?;
-            exchange_json(request, &base).await
+            exchange(request, &base).await
         }
     }
 }

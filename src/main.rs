@@ -132,21 +132,20 @@ fn limits(args: LimitsArgs, action: tollgate::limits_cli::Action) -> ExitCode {
         &args.identity,
         args.admin.as_deref(),
     ));
-    let value = match answer {
-        Ok(value) => value,
+    let answer = match answer {
+        Ok(answer) => answer,
         Err(failure) => {
             eprintln!("tollgate limits: {}", failure.message);
             return ExitCode::from(if failure.usage { 2 } else { 1 });
         }
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
-    } else if action == tollgate::limits_cli::Action::Get {
-        print!("{}", tollgate::control::caller::state_text(&value));
-    } else if matches!(action, tollgate::limits_cli::Action::Reset { .. }) {
-        print!("{}", tollgate::control::caller::reset_text(&value));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&answer.json()).expect("JSON")
+        );
     } else {
-        print!("{}", tollgate::control::overrides::override_text(&value));
+        print!("{}", answer.text());
     }
     ExitCode::SUCCESS
 }
@@ -165,7 +164,7 @@ fn limits_overrides(args: OverridesArgs) -> ExitCode {
         "overrides",
         answer,
         args.json,
-        tollgate::control::overrides::list_text,
+        tollgate::control::answers::OverridesList::text,
     )
 }
 
@@ -199,14 +198,16 @@ fn config_and_runtime(
 
 /// A `tollgate limits COMMAND` answer printed as JSON or by `text`: exit 0; or its failure on
 /// stderr: exit 2 for a usage error, 1 otherwise.
-fn print_answer(
+fn print_answer<T: serde::Serialize>(
     command: &str,
-    answer: Result<serde_json::Value, tollgate::limits_cli::Failure>,
+    answer: Result<T, tollgate::limits_cli::Failure>,
     json: bool,
-    text: fn(&serde_json::Value) -> String,
+    text: fn(&T) -> String,
 ) -> ExitCode {
     match answer {
         Ok(value) if json => {
+            // Through `Value`, keys in name order, as the admin endpoint prints it.
+            let value = tollgate::control::answers::to_json(&value);
             println!(
                 "{}",
                 serde_json::to_string_pretty(&value).unwrap_or_default()

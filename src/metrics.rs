@@ -13,7 +13,9 @@
 //! `process_*` family (CPU, memory, file descriptors, start time: read from the OS at each
 //! scrape by `metrics-process`).
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use metrics::{
     Counter, Gauge, Histogram, Key, KeyName, Label, Level, Metadata, Recorder, SharedString,
@@ -158,6 +160,123 @@ pub struct Metrics {
     lingering_closes: [Counter; 5],
     reload_ok: Counter,
     reload_failed: Counter,
+    /// The series this process reads back ([`Metrics::requests`], [`Metrics::store_counts`]).
+    readable: Readable,
+}
+
+/// Series whose values the process reads back (the console's charts and store panel), typed,
+/// without rendering: each is counted in an atomic of its own, which its handle increments
+/// exactly as it would the recorder's (one atomic add behind the same dynamic call), and is
+/// copied into the recorder's series, registered with it, at each rendering.
+#[derive(Default)]
+struct Readable(Mutex<Vec<(Key, Arc<AtomicU64>, Exported)>>);
+
+/// The recorder's series a readable one is copied into.
+enum Exported {
+    Counter(Counter),
+    /// The readable atomic holds the gauge's `f64` bits.
+    Gauge(Gauge),
+}
+
+impl Readable {
+    /// The atomic of series `key` (the same one again for a key registered before: a reload
+    /// that keeps a route keeps its counts), registering the recorder's with `export`.
+    fn value(&self, key: Key, export: impl FnOnce(&Key) -> Exported) -> Arc<AtomicU64> {
+        let mut series = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, value, _)) = series.iter().find(|(k, ..)| *k == key) {
+            return value.clone();
+        }
+        let exported = export(&key);
+        let value = Arc::new(AtomicU64::new(0));
+        series.push((key, value.clone(), exported));
+        value
+    }
+
+    fn counter(&self, recorder: &PrometheusRecorder, key: Key) -> Counter {
+        Counter::from_arc(self.value(key, |key| {
+            Exported::Counter(recorder.register_counter(key, &METADATA))
+        }))
+    }
+
+    fn gauge(&self, recorder: &PrometheusRecorder, key: Key) -> Gauge {
+        Gauge::from_arc(self.value(key, |key| {
+            Exported::Gauge(recorder.register_gauge(key, &METADATA))
+        }))
+    }
+
+    /// Copies every value into the recorder's series (before a rendering).
+    fn export(&self) {
+        let series = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for (_, value, exported) in series.iter() {
+            let value = value.load(Ordering::Acquire);
+            match exported {
+                Exported::Counter(counter) => counter.absolute(value),
+                Exported::Gauge(gauge) => gauge.set(f64::from_bits(value)),
+            }
+        }
+    }
+
+    /// `(labels, value)` of every series of family `name` (a gauge's value as its bits).
+    fn family(&self, name: &str) -> Vec<(Vec<Label>, u64)> {
+        let series = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        series
+            .iter()
+            .filter(|(key, ..)| key.name() == name)
+            .map(|(key, value, _)| {
+                (
+                    key.labels().cloned().collect(),
+                    value.load(Ordering::Acquire),
+                )
+            })
+            .collect()
+    }
+
+    /// The value of gauge `name` (a family of one series), 0 before it is registered.
+    fn gauge_value(&self, name: &str) -> f64 {
+        self.family(name)
+            .first()
+            .map_or(0.0, |(_, bits)| f64::from_bits(*bits))
+    }
+
+    /// The sum of family `name`'s series (those with label `wanted`, if given).
+    fn sum(&self, name: &str, wanted: Option<(&str, &str)>) -> u64 {
+        self.family(name)
+            .into_iter()
+            .filter(|(labels, _)| wanted.is_none_or(|w| label_is(labels, w)))
+            .map(|(_, value)| value)
+            .sum()
+    }
+}
+
+/// Whether `labels` has label `name` with `value`.
+fn label_is(labels: &[Label], (name, value): (&str, &str)) -> bool {
+    labels.iter().any(|l| l.key() == name && l.value() == value)
+}
+
+/// One route's requests by decision, as counted (`tollgate_requests_total{route}`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RequestCounts {
+    pub allowed: u64,
+    pub limited: u64,
+    pub shadow_limited: u64,
+    pub shed: u64,
+    /// What `protect` in shadow mode would have shed (forwarded all the same).
+    pub shadow_shed: u64,
+    pub store_error: u64,
+    pub rejected: u64,
+}
+
+/// The store's errors and the local-first rounds, as counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StoreCounts {
+    /// `tollgate_store_errors_total`, every cause.
+    pub store_errors: u64,
+    pub sync_rounds_ok: u64,
+    pub sync_rounds_failed: u64,
+    /// `tollgate_sync_drift_total`, every route.
+    pub sync_drift: u64,
+    /// `tollgate_sync_replicas`.
+    pub sync_replicas: f64,
 }
 
 /// `tollgate_store_errors_total{cause}`: one series per [`Cause`], all registered at start (so
@@ -270,10 +389,14 @@ impl Metrics {
             "tollgate_config_reloads_total",
             vec![Label::new("result", "error")],
         );
+        let readable = Readable::default();
         let store_errors = StoreErrors(Cause::ALL.map(|cause| {
-            counter(
-                "tollgate_store_errors_total",
-                vec![Label::new("cause", cause.as_str())],
+            readable.counter(
+                &recorder,
+                Key::from_parts(
+                    "tollgate_store_errors_total",
+                    vec![Label::new("cause", cause.as_str())],
+                ),
             )
         }));
         let limit_check_duration = recorder.register_histogram(
@@ -313,6 +436,7 @@ impl Metrics {
             lingering_closes,
             reload_ok,
             reload_failed,
+            readable,
         });
         if tokio::runtime::Handle::try_current().is_ok() {
             tokio::spawn(upkeep(Arc::downgrade(&metrics)));
@@ -333,15 +457,15 @@ impl Metrics {
     /// keeps its counts).
     pub fn route(&self, route: &str) -> RouteMetrics {
         let requests = |decision: &'static str| {
-            self.recorder.register_counter(
-                &Key::from_parts(
+            self.readable.counter(
+                &self.recorder,
+                Key::from_parts(
                     "tollgate_requests_total",
                     vec![
                         Label::new("route", route.to_owned()),
                         Label::new("decision", decision),
                     ],
                 ),
-                &METADATA,
             )
         };
         let refused = |on_invalid: &'static str| {
@@ -400,17 +524,23 @@ impl Metrics {
     /// and shown under the route's name.
     pub fn sync(&self, throttle: &crate::config::Throttle) -> crate::control::sync::SyncMetrics {
         let rounds = |result: &'static str| {
-            self.recorder.register_counter(
-                &Key::from_parts(
+            self.readable.counter(
+                &self.recorder,
+                Key::from_parts(
                     "tollgate_sync_rounds_total",
                     vec![Label::new("result", result)],
                 ),
-                &METADATA,
             )
         };
         let mut drift = std::collections::HashMap::new();
         for route in &throttle.routes {
-            let counter = self.route_counter("tollgate_sync_drift_total", &route.name);
+            let counter = self.readable.counter(
+                &self.recorder,
+                Key::from_parts(
+                    "tollgate_sync_drift_total",
+                    vec![Label::new("route", route.name.clone())],
+                ),
+            );
             drift.insert(route.limits.key_name.clone(), counter.clone());
             for tier in &route.overrides {
                 drift.insert(tier.limits.key_name.clone(), counter.clone());
@@ -426,9 +556,10 @@ impl Metrics {
                 &Key::from_static_name("tollgate_sync_round_seconds"),
                 &METADATA,
             ),
-            replicas: self
-                .recorder
-                .register_gauge(&Key::from_static_name("tollgate_sync_replicas"), &METADATA),
+            replicas: self.readable.gauge(
+                &self.recorder,
+                Key::from_static_name("tollgate_sync_replicas"),
+            ),
             late_rounds: self.recorder.register_counter(
                 &Key::from_static_name("tollgate_local_first_late_rounds_total"),
                 &METADATA,
@@ -528,8 +659,48 @@ impl Metrics {
         }
     }
 
+    /// Per route, its requests by decision as counted now (the console's charts): read, not
+    /// rendered.
+    pub fn requests(&self) -> BTreeMap<String, RequestCounts> {
+        let mut routes: BTreeMap<String, RequestCounts> = BTreeMap::new();
+        for (labels, value) in self.readable.family("tollgate_requests_total") {
+            let of = |name: &str| labels.iter().find(|l| l.key() == name).map(Label::value);
+            let (Some(route), Some(decision)) = (of("route"), of("decision")) else {
+                continue;
+            };
+            let counts = routes.entry(route.to_owned()).or_default();
+            let counted = match decision {
+                "allowed" => &mut counts.allowed,
+                "limited" => &mut counts.limited,
+                "shadow_limited" => &mut counts.shadow_limited,
+                "shed" => &mut counts.shed,
+                "shadow_shed" => &mut counts.shadow_shed,
+                "store_error" => &mut counts.store_error,
+                "rejected" => &mut counts.rejected,
+                _ => continue,
+            };
+            *counted += value;
+        }
+        routes
+    }
+
+    /// The store's errors and the local-first rounds as counted now (the console's store
+    /// panel): read, not rendered.
+    pub fn store_counts(&self) -> StoreCounts {
+        let readable = &self.readable;
+        StoreCounts {
+            store_errors: readable.sum("tollgate_store_errors_total", None),
+            sync_rounds_ok: readable.sum("tollgate_sync_rounds_total", Some(("result", "ok"))),
+            sync_rounds_failed: readable
+                .sum("tollgate_sync_rounds_total", Some(("result", "error"))),
+            sync_drift: readable.sum("tollgate_sync_drift_total", None),
+            sync_replicas: readable.gauge_value("tollgate_sync_replicas"),
+        }
+    }
+
     /// The Prometheus text exposition: the recorder's families, then the process's.
     pub fn render(&self) -> String {
+        self.readable.export();
         self.handle.run_upkeep();
         let mut text = self.handle.render();
         render_process(&mut text, &metrics_process::collector::collect());
@@ -868,6 +1039,43 @@ mod tests {
                 problems.iter().any(|p| p.contains(why)),
                 "{bad:?}: {problems:?}, wanted {why:?}"
             );
+        }
+    }
+
+    #[test]
+    fn counts_read_back_are_those_exported_and_kept_over_a_reload() {
+        let metrics = Metrics::new();
+        metrics.route("api").limited.increment(2);
+        // A reload registers the route again: same counts.
+        metrics.route("api").limited.increment(1);
+        metrics.store_errors.increment(Cause::ALL[0], 4);
+        let throttle = crate::config::parse(
+            std::path::Path::new("t.yaml"),
+            "listen: 127.0.0.1:0\nupstream: { url: \"http://a:1\" }\n",
+            |_| None,
+        )
+        .unwrap()
+        .throttle;
+        let sync = metrics.sync(&throttle);
+        sync.rounds_ok.increment(5);
+        sync.replicas.set(3.0);
+        assert_eq!(metrics.requests()["api"].limited, 3);
+        let counts = metrics.store_counts();
+        assert_eq!(
+            (
+                counts.store_errors,
+                counts.sync_rounds_ok,
+                counts.sync_replicas
+            ),
+            (4, 5, 3.0)
+        );
+        let text = metrics.render();
+        for line in [
+            "tollgate_requests_total{route=\"api\",decision=\"limited\"} 3",
+            "tollgate_sync_rounds_total{result=\"ok\"} 5",
+            "tollgate_sync_replicas 3",
+        ] {
+            assert!(text.contains(line), "{line} not in {text}");
         }
     }
 }

@@ -19,40 +19,7 @@ pub fn check(config: &Config) -> String {
         let _ = writeln!(out, "listen    {scheme}://{}", l.address);
     }
     if let Some(admin) = config.admin {
-        let _ = writeln!(out, "admin     http://{admin}");
-        let _ = writeln!(
-            out,
-            "          GET /healthz, GET /readyz, GET /metrics (the platform's), GET /console (the operators' page)"
-        );
-        // The operator endpoints as the listener routes them (`/protect` only with its section).
-        let endpoints = crate::admin_endpoints::ENDPOINTS
-            .iter()
-            .filter(|(path, _)| *path != "/protect" || config.protect.is_some());
-        let (reads, changes): (Vec<_>, Vec<_>) = endpoints
-            .flat_map(|(path, methods)| methods.iter().map(move |m| format!("{m} {path}")))
-            .partition(|endpoint| endpoint.starts_with("GET "));
-        let _ = writeln!(
-            out,
-            "          {}: open to whoever reaches the listener",
-            reads.join(", ")
-        );
-        let mutations = if config.admin_token.is_some() {
-            "need the bearer token from admin.token_env"
-        } else if admin.ip().is_loopback() {
-            "open (loopback listener, no token)"
-        } else {
-            "refused (no admin.token_env, and the listener is not loopback)"
-        };
-        let _ = writeln!(out, "          {}: {mutations}", changes.join(", "));
-        let names: Vec<String> = config.admin_hosts.iter().map(|h| h.to_string()).collect();
-        let names = match names.is_empty() {
-            true => String::new(),
-            false => format!(", {}", names.join(", ")),
-        };
-        let _ = writeln!(
-            out,
-            "          answers Host: IP addresses, localhost{names} (any other: 421)"
-        );
+        write_admin(&mut out, config, admin);
     }
     let _ = writeln!(
         out,
@@ -117,6 +84,45 @@ pub fn check(config: &Config) -> String {
         write_route(&mut out, route, config.protect.is_some());
     }
     out
+}
+
+/// The admin listener's lines: its address, its endpoints with who may call them, and the
+/// hosts it answers.
+fn write_admin(out: &mut String, config: &Config, admin: std::net::SocketAddr) {
+    let _ = writeln!(out, "admin     http://{admin}");
+    let _ = writeln!(
+        out,
+        "          GET /healthz, GET /readyz, GET /metrics (the platform's), GET /console (the operators' page)"
+    );
+    // The operator endpoints as the listener routes them (`/protect` only with its section).
+    let endpoints = crate::admin_endpoints::ENDPOINTS
+        .iter()
+        .filter(|(path, _)| *path != "/protect" || config.protect.is_some());
+    let (reads, changes): (Vec<_>, Vec<_>) = endpoints
+        .flat_map(|(path, methods)| methods.iter().map(move |m| format!("{m} {path}")))
+        .partition(|endpoint| endpoint.starts_with("GET "));
+    let _ = writeln!(
+        out,
+        "          {}: open to whoever reaches the listener",
+        reads.join(", ")
+    );
+    let mutations = if config.admin_token.is_some() {
+        "need the bearer token from admin.token_env"
+    } else if admin.ip().is_loopback() {
+        "open (loopback listener, no token)"
+    } else {
+        "refused (no admin.token_env, and the listener is not loopback)"
+    };
+    let _ = writeln!(out, "          {}: {mutations}", changes.join(", "));
+    let names: Vec<String> = config.admin_hosts.iter().map(|h| h.to_string()).collect();
+    let names = match names.is_empty() {
+        true => String::new(),
+        false => format!(", {}", names.join(", ")),
+    };
+    let _ = writeln!(
+        out,
+        "          answers Host: IP addresses, localhost{names} (any other: 421)"
+    );
 }
 
 /// A route's line, then one line per limit and per tier; with `protect`, each says its

@@ -1,16 +1,13 @@
-//! The console's charts: every [`SAMPLE_EVERY`] a sampler reads the per-route request counters
-//! (the same series `/metrics` serves) and the store's round-trip time, and keeps the last
-//! [`KEPT`] samples, so that a page opened in an incident has the last minutes at once.
-//!
-//! The counters are read back from the Prometheus rendering rather than from the handles the
-//! request path increments: the handles only count up, and the rendering is what every other
-//! reader of the metrics sees. A decision the metrics gain later (`shed`, from the overload
-//! protection) appears here by its `decision` label without a change.
+//! The console's charts: every [`SAMPLE_EVERY`] a sampler reads the per-route request counts
+//! (what `tollgate_requests_total` exports, read from [`crate::metrics::Metrics::requests`]
+//! without rendering) and the store's round-trip time, and keeps the last [`KEPT`] samples, so
+//! that a page opened in an incident has the last minutes at once.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
+use crate::metrics::RequestCounts;
 use crate::proxy::Proxy;
 
 /// How often the sampler reads the counters.
@@ -25,8 +22,10 @@ pub struct Counts {
     pub allowed: f64,
     /// Refused by a limit.
     pub limited: f64,
-    /// Refused to protect the app (`shed`), when the metrics have that decision.
+    /// Refused to protect the app (`shed`).
     pub shed: f64,
+    /// What the protection in shadow mode would have shed (forwarded all the same).
+    pub shadow_shed: f64,
     /// Decided with the store failing.
     pub store_error: f64,
 }
@@ -63,7 +62,12 @@ impl History {
 
 /// Reads the counters and the store's round trip now.
 pub async fn sample(proxy: &Proxy) -> Sample {
-    let routes = route_counts(&proxy.metrics().render());
+    let routes = proxy
+        .metrics()
+        .requests()
+        .into_iter()
+        .map(|(route, counts)| (route, Counts::from(counts)))
+        .collect();
     let rtt_ms = match proxy.throttle_control().ping().await {
         Some(Ok(took)) => Some(took.as_secs_f64() * 1000.0),
         _ => None,
@@ -98,70 +102,15 @@ pub async fn run(
     }
 }
 
-/// Per route, the counts of `tollgate_requests_total` in a Prometheus text rendering.
-pub fn route_counts(text: &str) -> BTreeMap<String, Counts> {
-    let mut routes: BTreeMap<String, Counts> = BTreeMap::new();
-    for (labels, value) in series(text, "tollgate_requests_total") {
-        let (Some(route), Some(decision)) = (label(labels, "route"), label(labels, "decision"))
-        else {
-            continue;
-        };
-        let counts = routes.entry(route).or_default();
-        match decision.as_str() {
-            "allowed" | "shadow_limited" => counts.allowed += value,
-            "limited" => counts.limited += value,
-            "shed" => counts.shed += value,
-            "store_error" => counts.store_error += value,
-            _ => {}
+impl From<RequestCounts> for Counts {
+    fn from(c: RequestCounts) -> Counts {
+        Counts {
+            allowed: (c.allowed + c.shadow_limited) as f64,
+            limited: c.limited as f64,
+            shed: c.shed as f64,
+            shadow_shed: c.shadow_shed as f64,
+            store_error: c.store_error as f64,
         }
-    }
-    routes
-}
-
-/// `(labels, value)` of every sample line of metric `name` (`name{labels} value`).
-pub fn series<'t>(text: &'t str, name: &'t str) -> impl Iterator<Item = (&'t str, f64)> + 't {
-    text.lines().filter_map(move |line| {
-        let rest = line.strip_prefix(name)?;
-        let (labels, value) = match rest.strip_prefix('{') {
-            Some(rest) => {
-                let end = rest.rfind('}')?;
-                (&rest[..end], rest[end + 1..].trim())
-            }
-            None if rest.starts_with(' ') => ("", rest.trim()),
-            None => return None,
-        };
-        let value = value.split_whitespace().next()?.parse().ok()?;
-        Some((labels, value))
-    })
-}
-
-/// The value of label `name` in `a="x",b="y"` (with the exposition format's escapes).
-pub fn label(labels: &str, name: &str) -> Option<String> {
-    let mut rest = labels;
-    loop {
-        let (key, after) = rest.split_once("=\"")?;
-        let mut value = String::new();
-        let mut chars = after.char_indices();
-        let mut end = None;
-        while let Some((i, c)) = chars.next() {
-            match c {
-                '\\' => match chars.next() {
-                    Some((_, 'n')) => value.push('\n'),
-                    Some((_, other)) => value.push(other),
-                    None => return None,
-                },
-                '"' => {
-                    end = Some(i);
-                    break;
-                }
-                c => value.push(c),
-            }
-        }
-        let end = end?;
-        if key.trim_start_matches(',').trim() == name {
-            return Some(value);
-        }
-        rest = &after[end + 1..];
     }
 }
 
@@ -170,33 +119,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn counts_per_route_from_the_rendering() {
-        let text = "\
-# TYPE tollgate_requests_total counter
-tollgate_requests_total{route=\"api\",decision=\"allowed\"} 3
-tollgate_requests_total{route=\"api\",decision=\"shadow_limited\"} 2
-tollgate_requests_total{route=\"api\",decision=\"limited\"} 7
-tollgate_requests_total{route=\"api\",decision=\"shed\"} 1
-tollgate_requests_total{route=\"a\\\"b\",decision=\"limited\"} 4
-tollgate_requests_total_other{route=\"api\",decision=\"limited\"} 100
-tollgate_store_errors_total 3
-";
-        let counts = route_counts(text);
+    fn counts_per_route_as_counted() {
+        let metrics = crate::metrics::Metrics::new();
+        let api = metrics.route("api");
+        api.allowed.increment(3);
+        api.shadow_limited.increment(2);
+        api.limited.increment(7);
+        api.shed.increment(1);
+        api.shadow_shed.increment(4);
+        metrics.route("a\"b").limited.increment(4);
+        let counts: BTreeMap<String, Counts> = metrics
+            .requests()
+            .into_iter()
+            .map(|(route, c)| (route, Counts::from(c)))
+            .collect();
         assert_eq!(
             counts["api"],
             Counts {
                 allowed: 5.0,
                 limited: 7.0,
                 shed: 1.0,
+                shadow_shed: 4.0,
                 store_error: 0.0
             }
         );
         assert_eq!(counts["a\"b"].limited, 4.0);
         assert_eq!(counts.len(), 2);
-        assert_eq!(
-            series(text, "tollgate_store_errors_total").collect::<Vec<_>>(),
-            vec![("", 3.0)]
-        );
+        // What is read is what the exposition shows.
+        assert!(metrics
+            .render()
+            .contains("tollgate_requests_total{route=\"api\",decision=\"shadow_shed\"} 4"));
     }
 
     #[test]

@@ -92,19 +92,6 @@ pub async fn overview(proxy: &Proxy, history: &History, loopback: bool) -> Value
     let control = proxy.throttle_control();
     let routes: Vec<Value> = throttle.routes.iter().map(|r| route_json(r)).collect();
 
-    let samples = history.samples();
-    let mut series = serde_json::Map::new();
-    for route in &throttle.routes {
-        let counts: Vec<Value> = samples
-            .iter()
-            .map(|s| {
-                let c = s.routes.get(&route.name).copied().unwrap_or_default();
-                json!([c.allowed, c.limited, c.shed])
-            })
-            .collect();
-        series.insert(route.name.clone(), Value::Array(counts));
-    }
-
     let top = match control.offenders() {
         Some(sketch) => {
             let top = sketch.top_of(TOP.min(CAPACITY), View::Fleet).await;
@@ -158,14 +145,41 @@ pub async fn overview(proxy: &Proxy, history: &History, loopback: bool) -> Value
         "sample_seconds": history::SAMPLE_EVERY.as_secs(),
         "actions": actions(proxy, loopback),
         "routes": routes,
-        "history": {
-            "times": samples.iter().map(|s| s.at_ms).collect::<Vec<_>>(),
-            "rtt_ms": samples.iter().map(|s| s.rtt_ms).collect::<Vec<_>>(),
-            "routes": series,
-        },
+        "history": history_json(throttle, &history.samples()),
         "store": store(proxy, &control).await,
         "top": top,
         "denials": denials,
+    })
+}
+
+/// The samples behind the charts: their times and the store's round trips, and per route the
+/// cumulative counts of each sample.
+fn history_json(throttle: &crate::config::Throttle, samples: &[history::Sample]) -> Value {
+    let mut series = serde_json::Map::new();
+    // What the protection in shadow mode would have shed, per route: beside the refusals,
+    // since nothing was refused.
+    let mut would_shed = serde_json::Map::new();
+    for route in &throttle.routes {
+        let counts = samples
+            .iter()
+            .map(|s| s.routes.get(&route.name).copied().unwrap_or_default());
+        series.insert(
+            route.name.clone(),
+            counts
+                .clone()
+                .map(|c| json!([c.allowed, c.limited, c.shed]))
+                .collect(),
+        );
+        would_shed.insert(
+            route.name.clone(),
+            counts.map(|c| json!(c.shadow_shed)).collect(),
+        );
+    }
+    json!({
+        "times": samples.iter().map(|s| s.at_ms).collect::<Vec<_>>(),
+        "rtt_ms": samples.iter().map(|s| s.rtt_ms).collect::<Vec<_>>(),
+        "routes": series,
+        "would_shed": would_shed,
     })
 }
 
@@ -181,15 +195,7 @@ fn actions(proxy: &Proxy, loopback: bool) -> &'static str {
 
 async fn store(proxy: &Proxy, control: &Control) -> Value {
     let health = proxy.store_health();
-    let text = proxy.metrics().render();
-    let sum = |name: &str, wanted: Option<(&str, &str)>| -> f64 {
-        history::series(&text, name)
-            .filter(|(labels, _)| {
-                wanted.is_none_or(|(l, v)| history::label(labels, l).as_deref() == Some(v))
-            })
-            .map(|(_, value)| value)
-            .sum()
-    };
+    let counts = proxy.metrics().store_counts();
     let throttle = &proxy.config().throttle;
     let local_first = throttle
         .routes
@@ -223,13 +229,13 @@ async fn store(proxy: &Proxy, control: &Control) -> Value {
         },
         "ready": proxy.store_ready(),
         "cause": health.cause.map(|c| c.describe()),
-        "store_errors": sum("tollgate_store_errors_total", None),
+        "store_errors": counts.store_errors as f64,
         "persistence": persistence,
         "local_first": local_first.then(|| json!({
-            "rounds_ok": sum("tollgate_sync_rounds_total", Some(("result", "ok"))),
-            "rounds_failed": sum("tollgate_sync_rounds_total", Some(("result", "error"))),
-            "drift": sum("tollgate_sync_drift_total", None),
-            "replicas": sum("tollgate_sync_replicas", None),
+            "rounds_ok": counts.sync_rounds_ok as f64,
+            "rounds_failed": counts.sync_rounds_failed as f64,
+            "drift": counts.sync_drift as f64,
+            "replicas": counts.sync_replicas,
         })),
     })
 }
@@ -276,7 +282,7 @@ pub async fn caller(proxy: &Proxy, resolved: &Resolved, given: &[u8]) -> Value {
             }
         };
         let state = match control.state(&route.name, &raw).await {
-            Ok(state) => state,
+            Ok(state) => crate::control::answers::to_json(&state),
             Err(e) => json!({ "error": e.to_string() }),
         };
         let (parts, peer, note) = request_of(route, &raw);
@@ -527,21 +533,23 @@ fn request_of(route: &Route, raw: &[u8]) -> (http::request::Parts, IpAddr, Optio
     };
     match explain::request_parts(&described) {
         Ok(parts) => (parts, peer, note),
-        Err(why) => {
-            let fallback = explain::request_parts(&explain::Described {
-                method: "GET".into(),
-                url: "/".into(),
-                headers: Vec::new(),
-                peer,
-            })
-            .expect("a plain request");
-            (
-                fallback,
-                peer,
-                Some(format!("the value cannot be put in a request: {why}")),
-            )
-        }
+        Err(why) => (
+            plain_request(peer),
+            peer,
+            Some(format!("the value cannot be put in a request: {why}")),
+        ),
     }
+}
+
+/// `GET /` from `peer`: what is explained when the value cannot be put in a request.
+fn plain_request(peer: IpAddr) -> http::request::Parts {
+    explain::request_parts(&explain::Described {
+        method: "GET".into(),
+        url: "/".into(),
+        headers: Vec::new(),
+        peer,
+    })
+    .expect("a plain request")
 }
 
 /// Percent-encodes everything but unreserved characters.

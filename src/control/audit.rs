@@ -10,8 +10,7 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use serde_json::{json, Value};
-
+use super::answers::{AuditEntry, AuditParameters, AuditTrail};
 use super::caller::{CallerError, Control};
 use crate::limit::Store;
 
@@ -47,7 +46,7 @@ impl Who {
 }
 
 /// The trail of a memory store: this process's.
-static MEMORY: Mutex<VecDeque<Value>> = Mutex::new(VecDeque::new());
+static MEMORY: Mutex<VecDeque<AuditEntry>> = Mutex::new(VecDeque::new());
 
 /// Names this process in the trail: the host (from `HOSTNAME`, as containers set it) and pid.
 pub(super) fn replica() -> String {
@@ -68,17 +67,18 @@ impl Control {
         action: &str,
         route: &str,
         raw: &[u8],
-        parameters: Value,
+        parameters: AuditParameters,
     ) -> Result<(), CallerError> {
-        let entry = json!({
-            "at": humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
-            "who": who.as_str(),
-            "action": action,
-            "route": route,
-            "identity": self.shown(route).value(raw),
-            "parameters": parameters,
-            "replica": replica(),
-        });
+        let entry = AuditEntry {
+            at: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+            who: who.as_str().to_owned(),
+            action: action.to_owned(),
+            route: route.to_owned(),
+            identity: self.shown(route).value(raw),
+            parameters,
+            replica: replica(),
+            id: None,
+        };
         match &self.redis {
             Some(cell) => {
                 let Some(Store::Redis(redis)) = cell.get() else {
@@ -93,7 +93,7 @@ impl Control {
                             .arg(CAPACITY)
                             .arg("*")
                             .arg("entry")
-                            .arg(entry.to_string()),
+                            .arg(serde_json::to_string(&entry).expect("JSON")),
                     )
                     .await?;
             }
@@ -109,8 +109,8 @@ impl Control {
     }
 
     /// The last `count` entries, oldest first.
-    pub async fn audit_trail(&self, count: usize) -> Result<Vec<Value>, CallerError> {
-        match &self.redis {
+    pub async fn audit_trail(&self, count: usize) -> Result<AuditTrail, CallerError> {
+        let entries = match &self.redis {
             Some(cell) => {
                 let Some(Store::Redis(redis)) = cell.get() else {
                     return Err(CallerError::NotConnected);
@@ -125,58 +125,27 @@ impl Control {
                             .arg(count),
                     )
                     .await?;
-                Ok(entries
+                entries
                     .into_iter()
                     .rev()
                     .filter_map(|(id, fields)| {
                         let at = fields.iter().position(|f| f == "entry")?;
-                        let mut entry: Value = serde_json::from_str(fields.get(at + 1)?).ok()?;
-                        entry["id"] = Value::String(id);
+                        let mut entry: AuditEntry =
+                            serde_json::from_str(fields.get(at + 1)?).ok()?;
+                        entry.id = Some(id);
                         Some(entry)
                     })
-                    .collect())
+                    .collect()
             }
             None => {
                 let trail = MEMORY.lock().unwrap_or_else(|p| p.into_inner());
-                Ok(trail
+                trail
                     .iter()
                     .skip(trail.len().saturating_sub(count))
                     .cloned()
-                    .collect())
+                    .collect()
             }
-        }
+        };
+        Ok(AuditTrail { entries })
     }
-}
-
-/// The trail as text, one line per entry.
-pub fn trail_text(entries: &[Value]) -> String {
-    if entries.is_empty() {
-        return "no operator actions recorded\n".to_owned();
-    }
-    let mut out = String::new();
-    for e in entries {
-        let parameters = e["parameters"]
-            .as_object()
-            .map(|p| {
-                p.iter()
-                    .filter(|(_, v)| !v.is_null())
-                    .map(|(k, v)| {
-                        format!("{k}={}", v.as_str().map_or(v.to_string(), str::to_owned))
-                    })
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            })
-            .unwrap_or_default();
-        out.push_str(&format!(
-            "{}  {:<8}  {:<16}  route {} identity {}{}{}\n",
-            e["at"].as_str().unwrap_or("?"),
-            e["who"].as_str().unwrap_or("?"),
-            e["action"].as_str().unwrap_or("?"),
-            e["route"].as_str().unwrap_or("?"),
-            e["identity"].as_str().unwrap_or("?"),
-            if parameters.is_empty() { "" } else { "  " },
-            parameters
-        ));
-    }
-    out
 }

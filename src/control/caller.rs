@@ -19,11 +19,13 @@
 //! serves the reset clears its own cache at once. The watch is started with the deny cache of
 //! each configuration ([`new_deny_cache`]), which the limit stage is then given.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use serde_json::{json, Value};
-
+use super::answers::{
+    Block, CallerState, LimitRead, LimitState, LimitUnread, OverrideShown, ResetDone,
+};
 use super::notify::{self, Topic};
 use super::offenders::Offenders;
 use crate::config::{Limit, LimitSet, Scope, StoreConfig, Throttle};
@@ -96,6 +98,14 @@ pub(super) struct Target<'a> {
     set: &'a LimitSet,
     /// Per limit, the candidate keys (usually one).
     keys: Vec<Vec<String>>,
+}
+
+/// What every limit of a caller's state is read with: the route, and the overrides in force
+/// (as shown, and as the limit stage's table by store key).
+struct Reading<'a> {
+    route: &'a str,
+    overrides: &'a [OverrideShown],
+    table: &'a HashMap<String, crate::throttle::overrides::Active>,
 }
 
 /// A limit stage's deny cache, watched for resets when the store is Redis.
@@ -279,162 +289,191 @@ impl Control {
     }
 
     /// Per limit (and tier), what is left, read without consuming, and the overrides in
-    /// force. JSON, as the admin endpoint and `tollgate limits get --json` print it; the
-    /// caller's value and its keys as the route shows them.
-    pub async fn state(&self, route: &str, raw: &[u8]) -> Result<Value, CallerError> {
-        let mut limits = Vec::new();
+    /// force, as the admin endpoint and `tollgate limits get` show them; the caller's value
+    /// and its keys as the route shows them.
+    pub async fn state(&self, route: &str, raw: &[u8]) -> Result<CallerState, CallerError> {
         let targets = self.targets(route, raw)?;
         let shown = self.shown(route);
         // Temporary overrides in force change the caller's own limits (not shared ones), per
         // store key as the limit stage applies them.
-        let (records, table) = self.override_table(route, raw).await?;
-        for target in targets {
+        let (overrides, table) = self.override_table(route, raw).await?;
+        let reading = Reading {
+            route,
+            overrides: &overrides,
+            table: &table,
+        };
+        let mut limits = Vec::new();
+        for target in &targets {
             for (limit, candidates) in target.set.iter().zip(&target.keys) {
                 let store = self.store_for(limit)?;
                 for store_key in candidates {
-                    if self.offenders.is_none() && limit.scope == Scope::Local {
-                        // Read straight from Redis (the CLI): a local limit lives in each
-                        // proxy's memory, out of reach from here.
-                        limits.push(json!({
-                            "tier": target.tier,
-                            "limit_name": limit.name,
-                            "algorithm": limit.params.algorithm.name(),
-                            "scope": "local",
-                            "key": shown.key(target.set, store_key),
-                            "unknown": "a local limit lives in each proxy's memory: ask an instance's admin listener (--admin URL)",
-                        }));
-                        continue;
-                    }
-                    let active = table
-                        .get(store_key.as_str())
-                        .filter(|a| a.key.is_some())
-                        .filter(|_| !everyones(identity_part(target.set, store_key)));
-                    let overridden = active.map(|a| a.adjust);
-                    // While overridden the caller counts on keys of its own.
-                    let instead = active.and_then(|a| a.key.clone());
-                    let store_key = instead.as_ref().unwrap_or(store_key);
-                    let check = Check {
-                        key: store_key,
-                        params: overridden.map_or(limit.params, |a| a.apply(limit.params)),
-                        shadow: limit.shadow,
-                        block_us: limit.block_us(),
-                    };
-                    let decision = match &store {
-                        Store::Memory(m) => m.peek(&[check]),
-                        Store::Redis(r) => r.peek(&[check]).await?,
-                    };
-                    let v = decision.verdicts[0];
-                    let blocked = match limit.block_us() {
-                        0 => None,
-                        _ => running_block(&store, store_key).await?,
-                    };
-                    let (source, identity) = shown.item(identity_part(target.set, store_key));
-                    // The override that set this limit: one naming it, else one of them all.
-                    let by = overridden.and_then(|_| {
-                        records
-                            .iter()
-                            .rev()
-                            .find(|(r, _)| r["limit_name"] == limit.name.as_str())
-                            .or_else(|| records.iter().find(|(r, _)| r["limit_name"].is_null()))
-                            .map(|(r, _)| r.clone())
-                    });
-                    let mut entry = json!({
-                        "tier": target.tier,
-                        "limit_name": limit.name,
-                        "algorithm": limit.params.algorithm.name(),
-                        "scope": if limit.scope == Scope::Local { "local" } else { "global" },
-                        "source": source,
-                        "identity": identity,
-                        "key": shown.key(target.set, store_key),
-                        "shared_by_everyone": everyones(identity_part(target.set, store_key)),
-                        "overridden": overridden.is_some(),
-                        "override": by,
-                        "configured_limit": limit.params.limit,
-                        "allowed": v.allowed,
-                        "limit": v.limit,
-                        "remaining": v.remaining,
-                        "reset_after_seconds": v.reset_after_us.max(0) as f64 / 1e6,
-                        "retry_after_seconds": if v.allowed { None } else { Some(v.retry_after_us as f64 / 1e6) },
-                    });
-                    if let Some((until, now)) = blocked {
-                        // The block this limit started (`block_for`): its marker is this
-                        // limit's, so the limit is the one that started it.
-                        entry["blocked"] = json!({
-                            "by": limit.name,
-                            "until": rfc3339(until),
-                            "remaining_s": (until - now).max(0) as f64 / 1e6,
-                            "key": crate::limit::block_key(&shown.key(target.set, store_key)),
-                        });
-                    }
-                    limits.push(entry);
+                    limits.push(
+                        self.limit_state(&reading, target, limit, &store, store_key)
+                            .await?,
+                    );
                 }
             }
         }
-        let overrides: Vec<Value> = records.into_iter().map(|(r, _)| r).collect();
-        Ok(json!({
-            "route": route,
-            "identity": shown.value(raw),
-            "display": shown.json(),
-            "limits": limits,
-            // The first override in force (of every limit when there is one), as before
-            // overrides of single limits; `overrides` lists them all.
-            "override": overrides.first(),
-            "overrides": overrides,
-        }))
+        Ok(CallerState {
+            route: route.to_owned(),
+            identity: shown.value(raw),
+            display: shown.rules(),
+            limits,
+            first_override: overrides.first().cloned(),
+            overrides,
+        })
+    }
+
+    /// One limit's state at one of the caller's store keys, read without consuming (under
+    /// the override in force on that key, if any).
+    async fn limit_state(
+        &self,
+        reading: &Reading<'_>,
+        target: &Target<'_>,
+        limit: &Limit,
+        store: &Store,
+        store_key: &str,
+    ) -> Result<LimitState, CallerError> {
+        let shown = self.shown(reading.route);
+        if self.offenders.is_none() && limit.scope == Scope::Local {
+            // Read straight from Redis (the CLI): a local limit lives in each proxy's memory,
+            // out of reach from here.
+            return Ok(LimitState::Unread(LimitUnread {
+                tier: target.tier.clone(),
+                limit_name: limit.name.clone(),
+                algorithm: limit.params.algorithm.name().to_owned(),
+                scope: "local".to_owned(),
+                key: shown.key(target.set, store_key),
+                unknown: "a local limit lives in each proxy's memory: ask an instance's admin listener (--admin URL)".to_owned(),
+            }));
+        }
+        let active = reading
+            .table
+            .get(store_key)
+            .filter(|a| a.key.is_some())
+            .filter(|_| !everyones(identity_part(target.set, store_key)));
+        let overridden = active.map(|a| a.adjust);
+        // While overridden the caller counts on keys of its own.
+        let instead = active.and_then(|a| a.key.clone());
+        let store_key = instead.as_deref().unwrap_or(store_key);
+        let check = Check {
+            key: store_key,
+            params: overridden.map_or(limit.params, |a| a.apply(limit.params)),
+            shadow: limit.shadow,
+            block_us: limit.block_us(),
+        };
+        let decision = match store {
+            Store::Memory(m) => m.peek(&[check]),
+            Store::Redis(r) => r.peek(&[check]).await?,
+        };
+        let v = decision.verdicts[0];
+        let blocked = match limit.block_us() {
+            0 => None,
+            _ => running_block(store, store_key).await?,
+        };
+        let part = identity_part(target.set, store_key);
+        let (source, identity) = shown.item(part);
+        // The override that set this limit: one naming it, else one of them all.
+        let by = overridden.and_then(|_| {
+            let overrides = reading.overrides;
+            overrides
+                .iter()
+                .rev()
+                .find(|o| o.limit_name.as_deref() == Some(limit.name.as_str()))
+                .or_else(|| overrides.iter().find(|o| o.limit_name.is_none()))
+                .cloned()
+        });
+        let key = shown.key(target.set, store_key);
+        Ok(LimitState::Read(Box::new(LimitRead {
+            tier: target.tier.clone(),
+            limit_name: limit.name.clone(),
+            algorithm: limit.params.algorithm.name().to_owned(),
+            scope: if limit.scope == Scope::Local {
+                "local"
+            } else {
+                "global"
+            }
+            .to_owned(),
+            source,
+            identity,
+            shared_by_everyone: everyones(part),
+            overridden: overridden.is_some(),
+            by,
+            configured_limit: limit.params.limit,
+            allowed: v.allowed,
+            limit: v.limit,
+            remaining: v.remaining,
+            reset_after_seconds: v.reset_after_us.max(0) as f64 / 1e6,
+            retry_after_seconds: (!v.allowed).then(|| v.retry_after_us as f64 / 1e6),
+            // The block this limit started (`block_for`): its marker is this limit's, so
+            // the limit is the one that started it.
+            blocked: blocked.map(|(until, now)| Block {
+                by: limit.name.clone(),
+                until: rfc3339(until),
+                remaining_s: (until - now).max(0) as f64 / 1e6,
+                key: crate::limit::block_key(&key),
+            }),
+            key,
+        })))
     }
 
     /// Deletes the caller's state for every limit and tier (or, with `limit_name`, for the
     /// limits of that name only), in memory and in Redis, and lifts remembered denials (here
-    /// at once, on the other replicas through the reset generation). Returns what was done,
-    /// as JSON.
+    /// at once, on the other replicas through the reset generation). Returns what was done.
     pub async fn reset(
         &self,
         route: &str,
         raw: &[u8],
         limit_name: Option<&str>,
-    ) -> Result<Value, CallerError> {
+    ) -> Result<ResetDone, CallerError> {
         let mut targets = self.targets(route, raw)?;
         if let Some(name) = limit_name {
-            let known: Vec<&str> = targets
-                .iter()
-                .flat_map(|t| t.set.iter().map(|l| l.name.as_str()))
-                .collect();
-            if !known.contains(&name) {
-                return Err(CallerError::UnknownLimit {
-                    route: route.to_owned(),
-                    name: name.to_owned(),
-                    known: known.join(", "),
-                });
-            }
-            // The other limits' keys are left out: an empty candidate list deletes nothing.
-            for target in &mut targets {
-                for (limit, keys) in target.set.iter().zip(target.keys.iter_mut()) {
-                    if limit.name != name {
-                        keys.clear();
-                    }
-                }
-            }
+            only_limit(&mut targets, route, name)?;
         }
-        let shown = self.shown(route);
         // A counter every caller shares (a limit keyed `global`) is not this caller's state:
         // resetting it would reset everyone. It is left alone, and listed as kept.
-        let (mut kept, mut all): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
+        let (mut kept, mut own): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
         for target in &targets {
-            for candidates in &target.keys {
-                for k in candidates {
-                    if everyones(identity_part(target.set, k)) {
-                        kept.push(k);
-                    } else {
-                        all.push(k);
-                    }
+            for k in target.keys.iter().flatten() {
+                match everyones(identity_part(target.set, k)) {
+                    true => kept.push(k),
+                    false => own.push(k),
                 }
             }
         }
+        let doomed = self.doomed(&targets, &own);
+        let gone = self.delete(&doomed).await?;
+        if let Some(denials) = &self.denials {
+            denials.clear();
+        }
+        let shown_keys = self.shown_keys(&targets, route);
+        // In the order they were named: the limits' keys, their block markers, then the
+        // override's keys; only those that were there (a count of everything deleted beside a
+        // list of some keys said 3 and listed 2).
+        let deleted: Vec<String> = doomed
+            .iter()
+            .filter(|k| gone.contains(k.as_str()))
+            .map(|k| shown_keys.get(k).cloned().unwrap_or_else(|| k.clone()))
+            .collect();
+        Ok(ResetDone {
+            route: route.to_owned(),
+            identity: self.shown(route).value(raw),
+            limit_name: limit_name.map(str::to_owned),
+            reset: true,
+            deleted: deleted.len(),
+            keys: deleted,
+            kept_shared_by_everyone: kept.into_iter().map(str::to_owned).collect(),
+        })
+    }
+
+    /// Every key a reset deletes, in order: the caller's own keys (`own`), their block
+    /// markers, then the keys counted on while an override is in force and their markers.
+    fn doomed(&self, targets: &[Target<'_>], own: &[&str]) -> Vec<String> {
         // A running penalty box (`block_for`) is the caller's state too: its marker goes with
-        // the limit's own key (same hash tag, so the same DEL below). Every key's marker is
+        // the limit's own key (same hash tag, so the same DEL). Every key's marker is
         // deleted, whatever the limit says now: a reload may have removed a `block_for` whose
         // block still runs.
-        let markers: Vec<String> = all.iter().map(|k| crate::limit::block_key(k)).collect();
+        let markers = own.iter().map(|k| crate::limit::block_key(k));
         // So are the keys it counts on while a temporary override is in force (same hash tag
         // shape: the route's key name with a suffix).
         let prefix = &self.throttle.key_prefix;
@@ -452,64 +491,70 @@ impl Control {
             .iter()
             .map(|k| crate::limit::block_key(k))
             .collect();
-        let doomed: Vec<&str> = all
-            .iter()
-            .copied()
-            .chain(markers.iter().map(String::as_str))
-            .chain(overridden.iter().map(String::as_str))
-            .chain(overridden_markers.iter().map(String::as_str))
-            .collect();
-        // The keys that were there and are gone: what the answer lists, and counts (a count
-        // of everything deleted beside a list of some keys said 3 and listed 2).
-        let mut gone: std::collections::HashSet<String> = std::collections::HashSet::new();
+        own.iter()
+            .map(|k| k.to_string())
+            .chain(markers)
+            .chain(overridden)
+            .chain(overridden_markers)
+            .collect()
+    }
+
+    /// Deletes `doomed` in memory and in Redis (and bumps the reset generation, announced to
+    /// every replica): the keys that were there and are gone.
+    async fn delete(&self, doomed: &[String]) -> Result<HashSet<String>, CallerError> {
+        let mut gone: HashSet<String> = HashSet::new();
         if let Store::Memory(m) = &self.memory {
             gone.extend(
                 doomed
                     .iter()
-                    .filter(|k| m.remove(&[**k]) == 1)
-                    .map(|k| k.to_string()),
+                    .filter(|k| m.remove(&[k.as_str()]) == 1)
+                    .cloned(),
             );
         }
-        if let Some(cell) = &self.redis {
-            let Some(Store::Redis(redis)) = cell.get() else {
-                return Err(CallerError::NotConnected);
-            };
-            // One DEL per hash tag: the keys of one decision share it (one Cluster slot).
-            let mut by_tag: Vec<(&str, Vec<&str>)> = Vec::new();
-            for &k in &doomed {
-                let tag = k
-                    .find('{')
-                    .and_then(|open| k[open..].find('}').map(|close| &k[open..open + close]))
-                    .unwrap_or(k);
-                match by_tag.iter_mut().find(|(t, _)| *t == tag) {
-                    Some((_, keys)) => keys.push(k),
-                    None => by_tag.push((tag, vec![k])),
-                }
+        let Some(cell) = &self.redis else {
+            return Ok(gone);
+        };
+        let Some(Store::Redis(redis)) = cell.get() else {
+            return Err(CallerError::NotConnected);
+        };
+        // One DEL per hash tag: the keys of one decision share it (one Cluster slot).
+        let mut by_tag: Vec<(&str, Vec<&str>)> = Vec::new();
+        for k in doomed {
+            let tag = k
+                .find('{')
+                .and_then(|open| k[open..].find('}').map(|close| &k[open..open + close]))
+                .unwrap_or(k);
+            match by_tag.iter_mut().find(|(t, _)| *t == tag) {
+                Some((_, keys)) => keys.push(k),
+                None => by_tag.push((tag, vec![k])),
             }
-            for (_, keys) in by_tag {
-                let deleted: Vec<String> = redis
-                    .command(
-                        redis::cmd("EVAL")
-                            .arg(DELETE_LISTING)
-                            .arg(keys.len())
-                            .arg(keys),
-                    )
-                    .await?;
-                gone.extend(deleted);
-            }
-            redis
-                .command::<u64>(redis::cmd("INCR").arg(generation_key(&self.throttle.key_prefix)))
+        }
+        for (_, keys) in by_tag {
+            let deleted: Vec<String> = redis
+                .command(
+                    redis::cmd("EVAL")
+                        .arg(DELETE_LISTING)
+                        .arg(keys.len())
+                        .arg(keys),
+                )
                 .await?;
-            notify::publish(redis, &self.throttle.key_prefix, Topic::Resets).await;
+            gone.extend(deleted);
         }
-        if let Some(denials) = &self.denials {
-            denials.clear();
-        }
-        // Each key as the route shows it: the caller's part by the route's display rule, for
-        // the limits' keys, their block markers and the override's keys alike.
-        let mut shown_keys: std::collections::HashMap<String, String> =
-            std::collections::HashMap::new();
-        for target in &targets {
+        let prefix = &self.throttle.key_prefix;
+        redis
+            .command::<u64>(redis::cmd("INCR").arg(generation_key(prefix)))
+            .await?;
+        notify::publish(redis, prefix, Topic::Resets).await;
+        Ok(gone)
+    }
+
+    /// Each of the caller's keys as the route shows it: the caller's part by the route's
+    /// display rule, for the limits' keys, their block markers and the override's keys alike.
+    fn shown_keys(&self, targets: &[Target<'_>], route: &str) -> HashMap<String, String> {
+        let shown = self.shown(route);
+        let prefix = &self.throttle.key_prefix;
+        let mut shown_keys = HashMap::new();
+        for target in targets {
             for k in target.keys.iter().flatten() {
                 if everyones(identity_part(target.set, k)) {
                     continue;
@@ -526,24 +571,32 @@ impl Control {
                 shown_keys.insert(k.to_string(), own);
             }
         }
-        // In the order they were named: the limits' keys, their block markers, then the
-        // override's keys; only those that were there (a count of everything deleted beside a
-        // list of some keys said 3 and listed 2).
-        let deleted: Vec<String> = doomed
-            .iter()
-            .filter(|k| gone.contains(**k))
-            .map(|k| shown_keys.get(*k).cloned().unwrap_or_else(|| k.to_string()))
-            .collect();
-        Ok(json!({
-            "route": route,
-            "identity": shown.value(raw),
-            "limit_name": limit_name,
-            "reset": true,
-            "keys": deleted,
-            "deleted": deleted.len(),
-            "kept_shared_by_everyone": kept,
-        }))
+        shown_keys
     }
+}
+
+/// Leaves only the limits named `name` in `targets` (the others' keys are emptied: an empty
+/// candidate list deletes nothing), or says which names there are.
+fn only_limit(targets: &mut [Target<'_>], route: &str, name: &str) -> Result<(), CallerError> {
+    let known: Vec<&str> = targets
+        .iter()
+        .flat_map(|t| t.set.iter().map(|l| l.name.as_str()))
+        .collect();
+    if !known.contains(&name) {
+        return Err(CallerError::UnknownLimit {
+            route: route.to_owned(),
+            name: name.to_owned(),
+            known: known.join(", "),
+        });
+    }
+    for target in targets {
+        for (limit, keys) in target.set.iter().zip(target.keys.iter_mut()) {
+            if limit.name != name {
+                keys.clear();
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Deletes KEYS (one hash tag: one Cluster slot) and replies those that existed, so that a
@@ -598,104 +651,4 @@ pub(super) fn identity_part<'k>(set: &LimitSet, key: &'k str) -> &'k str {
 /// Whether a key's identity part is the one every caller shares (`global`).
 pub(super) fn everyones(identity: &str) -> bool {
     identity.split('|').all(|part| part == "*")
-}
-
-/// `state`'s JSON as text, one line per limit (the CLI's and the endpoint's text form).
-pub fn state_text(state: &Value) -> String {
-    let mut out = format!(
-        "route     {}\nidentity  {}\n",
-        state["route"].as_str().unwrap_or("?"),
-        state["identity"].as_str().unwrap_or("?")
-    );
-    for o in state["overrides"].as_array().into_iter().flatten() {
-        let how = match (o["limit"].as_u64(), o["multiply"].as_f64()) {
-            (Some(n), _) => format!("limit {n}"),
-            (_, Some(f)) => format!("limit x{f}"),
-            _ => "?".to_owned(),
-        };
-        out.push_str(&format!(
-            "override  {how} on {} until {} (in {})\n",
-            match o["limit_name"].as_str() {
-                Some(name) => format!("limit {name}"),
-                None => "every limit".to_owned(),
-            },
-            o["until"].as_str().unwrap_or("?"),
-            duration(o["expires_in_seconds"].as_f64().unwrap_or(0.0))
-        ));
-    }
-    for l in state["limits"].as_array().into_iter().flatten() {
-        let tier = l["tier"]
-            .as_str()
-            .map(|t| format!(" (tier {t})"))
-            .unwrap_or_default();
-        if let Some(why) = l["unknown"].as_str() {
-            out.push_str(&format!(
-                "limit     {}{tier} ({} local)\n  key       {}\n  now       unknown: {why}\n",
-                l["limit_name"].as_str().unwrap_or("?"),
-                l["algorithm"].as_str().unwrap_or("?"),
-                l["key"].as_str().unwrap_or("?"),
-            ));
-            continue;
-        }
-        let tier = match (l["overridden"].as_bool(), l["configured_limit"].as_u64()) {
-            (Some(true), Some(configured)) => {
-                format!("{tier}, overridden (configured {configured})")
-            }
-            _ => tier,
-        };
-        if let Some(block) = l.get("blocked").filter(|b| b.is_object()) {
-            let left = block["remaining_s"].as_f64().unwrap_or(0.0).ceil();
-            out.push_str(&format!(
-                "limit     {}{tier} ({} {}, by {})\n  key       {}\n  block key {}\n  now       BLOCKED until {} ({}) by {}\n",
-                l["limit_name"].as_str().unwrap_or("?"),
-                l["algorithm"].as_str().unwrap_or("?"),
-                l["scope"].as_str().unwrap_or("?"),
-                l["source"].as_str().unwrap_or("?"),
-                l["key"].as_str().unwrap_or("?"),
-                block["key"].as_str().unwrap_or("?"),
-                block["until"].as_str().unwrap_or("?"),
-                duration(left),
-                block["by"].as_str().unwrap_or("?"),
-            ));
-            continue;
-        }
-        out.push_str(&format!(
-            "limit     {}{tier} ({} {}, by {})\n  key       {}\n  now       {} {} of {} left, full again in {}{}\n",
-            l["limit_name"].as_str().unwrap_or("?"),
-            l["algorithm"].as_str().unwrap_or("?"),
-            l["scope"].as_str().unwrap_or("?"),
-            l["source"].as_str().unwrap_or("?"),
-            l["key"].as_str().unwrap_or("?"),
-            if l["allowed"].as_bool() == Some(true) { "would pass:" } else { "LIMITED:" },
-            l["remaining"],
-            l["limit"],
-            duration(l["reset_after_seconds"].as_f64().unwrap_or(0.0)),
-            match l["retry_after_seconds"].as_f64() {
-                Some(s) if s < 0.0 => ", and can never pass at this cost".to_owned(),
-                Some(s) => format!(", retry after {}", duration(s)),
-                None => String::new(),
-            }
-        ));
-    }
-    out
-}
-
-/// Seconds as a person reads them, to the millisecond (`29s 200ms`).
-fn duration(seconds: f64) -> String {
-    let millis = (seconds.max(0.0) * 1000.0).round() as u64;
-    humantime::format_duration(Duration::from_millis(millis)).to_string()
-}
-
-/// `reset`'s JSON as text.
-pub fn reset_text(reset: &Value) -> String {
-    format!(
-        "reset     route {} identity {}{}: {} key(s) deleted\n",
-        reset["route"].as_str().unwrap_or("?"),
-        reset["identity"].as_str().unwrap_or("?"),
-        reset["limit_name"]
-            .as_str()
-            .map(|n| format!(" limit {n}"))
-            .unwrap_or_default(),
-        reset["deleted"]
-    )
 }

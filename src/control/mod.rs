@@ -8,7 +8,23 @@
 //! and its fleet-wide view through Redis ([`fleet`]), and the rounds of local-first limits
 //! ([`sync`]). The proxy's wiring starts and carries them over reloads; the limit stage knows
 //! none of them.
+//!
+//! [`Control`] is the operator API: one handle, its methods kept beside the concern they
+//! serve (each file has one `impl Control`), and every answer typed in [`answers`], where
+//! its JSON keys and its text form are:
+//!
+//! | Method | File | Answer |
+//! |---|---|---|
+//! | `new`, `direct`, `offenders`, `memory_only`, `ping`, `peek` | `caller.rs` | |
+//! | `state` | `caller.rs` | [`answers::CallerState`] |
+//! | `reset` | `caller.rs` | [`answers::ResetDone`] |
+//! | `set_override` | `overrides.rs` | [`answers::OverrideDone`] |
+//! | `remove_override` | `overrides.rs` | [`answers::OverrideRemoved`] |
+//! | `overrides_list` (and `overrides_of`, `overrides_in_force`: the records) | `overrides.rs` | [`answers::OverridesList`] |
+//! | `audit` (writes), `audit_trail` | `audit.rs` | [`answers::AuditTrail`] |
+//! | `shown`, `resolve` (a caller named by its short form) | `shown.rs` | |
 
+pub mod answers;
 pub mod audit;
 pub mod caller;
 pub mod denials;

@@ -24,8 +24,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
 
+use super::answers::{OverrideDone, OverrideRemoved, OverrideShown, OverridesList, PlannedLimit};
 use super::caller::{everyones, identity_part, CallerError, Control};
 use super::notify::{self, Topic};
 use super::shown::Shown;
@@ -103,20 +103,20 @@ impl Record {
 
     /// As the endpoints show it: the identity as the route shows it ([`Shown`]), the end as
     /// RFC 3339 and as seconds from now, who set it and when.
-    pub fn json(&self, shown: &Shown) -> Value {
+    pub fn shown(&self, shown: &Shown) -> OverrideShown {
         let left_ms = self.until_ms.saturating_sub(now_ms());
-        json!({
-            "route": self.route,
-            "identity": shown.value(self.identity.as_bytes()),
-            "limit_name": self.limit_name,
-            "limit": self.limit,
-            "multiply": self.multiply,
-            "until": rfc3339(self.until_ms),
-            "expires_in_seconds": left_ms as f64 / 1000.0,
-            "set_by": self.set_by,
-            "set_at": self.set_at_ms.map(rfc3339),
-            "set_on": self.set_on,
-        })
+        OverrideShown {
+            route: self.route.clone(),
+            identity: shown.value(self.identity.as_bytes()),
+            limit_name: self.limit_name.clone(),
+            limit: self.limit,
+            multiply: self.multiply,
+            until: rfc3339(self.until_ms),
+            expires_in_seconds: left_ms as f64 / 1000.0,
+            set_by: self.set_by.clone(),
+            set_at: self.set_at_ms.map(rfc3339),
+            set_on: self.set_on.clone(),
+        }
     }
 }
 
@@ -238,18 +238,21 @@ pub struct Planned {
 }
 
 impl Planned {
-    /// As the override's answer lists it: `{tier, name, period, before, after, scaled}`.
-    pub fn json(&self) -> Value {
+    /// As the override's answer lists it.
+    pub fn shown(&self) -> PlannedLimit {
         let after = self.adjust.map_or(self.before, |a| a.apply(self.before));
-        json!({
-            "tier": self.tier,
-            "name": self.limit_name,
-            "period": humantime::format_duration(Duration::from_micros(self.before.period_us.max(0) as u64)).to_string(),
-            "before": self.before.limit,
-            "after": after.limit,
-            "changed": self.adjust.is_some(),
-            "scaled": self.scaled,
-        })
+        PlannedLimit {
+            tier: self.tier.clone(),
+            name: self.limit_name.clone(),
+            period: humantime::format_duration(Duration::from_micros(
+                self.before.period_us.max(0) as u64
+            ))
+            .to_string(),
+            before: self.before.limit,
+            after: after.limit,
+            changed: self.adjust.is_some(),
+            scaled: self.scaled,
+        }
     }
 }
 
@@ -293,62 +296,8 @@ pub fn plan(throttle: &Throttle, record: &Record) -> Result<Vec<Planned>, String
     let keyed = key_value(raw, throttle.trusted_proxies.ipv6_prefix());
     let mut planned = Vec::new();
     for (tier, set) in sets(throttle, &record.route, raw) {
-        let mut own: Vec<Planned> = Vec::new();
-        for (limit, candidates) in
-            set.iter()
-                .zip(keys::for_value(&throttle.key_prefix, set, &keyed))
-        {
-            let keys: Vec<(String, String)> = candidates
-                .into_iter()
-                .filter(|k| !everyones(identity_part(set, k)))
-                .map(|k| {
-                    let instead = override_key(&throttle.key_prefix, &set.key_name, &k);
-                    (k, instead)
-                })
-                .collect();
-            if keys.is_empty() {
-                continue;
-            }
-            own.push(Planned {
-                tier: tier.map(str::to_owned),
-                limit_name: limit.name.clone(),
-                before: limit.params,
-                adjust: None,
-                scaled: false,
-                keys,
-            });
-        }
-        match (&record.limit_name, adjust) {
-            (Some(name), _) => {
-                for p in own.iter_mut().filter(|p| &p.limit_name == name) {
-                    p.adjust = Some(adjust);
-                }
-            }
-            (None, Adjust::Multiply(_)) => {
-                for p in &mut own {
-                    p.adjust = Some(adjust);
-                    p.scaled = true;
-                }
-            }
-            (None, Adjust::Limit(n)) => {
-                let reference = own
-                    .iter()
-                    .enumerate()
-                    .min_by_key(|(i, p)| (p.before.period_us, *i))
-                    .map(|(i, p)| (i, p.before.limit.max(1)));
-                if let Some((at, reference)) = reference {
-                    let factor = n as f64 / reference as f64;
-                    for (i, p) in own.iter_mut().enumerate() {
-                        if i == at {
-                            p.adjust = Some(adjust);
-                        } else {
-                            p.adjust = Some(Adjust::Multiply(factor));
-                            p.scaled = true;
-                        }
-                    }
-                }
-            }
-        }
+        let mut own = own_limits(throttle, tier, set, &keyed);
+        adjust_own(&mut own, record.limit_name.as_deref(), adjust);
         planned.extend(own);
     }
     if planned.is_empty() {
@@ -368,18 +317,102 @@ pub fn plan(throttle: &Throttle, record: &Record) -> Result<Vec<Planned>, String
             ));
         }
     }
-    for p in &planned {
+    check_plan(record, &planned)?;
+    Ok(planned)
+}
+
+/// The limits of `set` keyed by the caller's own value `keyed` (not those every caller
+/// shares), each left alone for now.
+fn own_limits(
+    throttle: &Throttle,
+    tier: Option<&str>,
+    set: &LimitSet,
+    keyed: &[u8],
+) -> Vec<Planned> {
+    let mut own = Vec::new();
+    for (limit, candidates) in set
+        .iter()
+        .zip(keys::for_value(&throttle.key_prefix, set, keyed))
+    {
+        let keys: Vec<(String, String)> = candidates
+            .into_iter()
+            .filter(|k| !everyones(identity_part(set, k)))
+            .map(|k| {
+                let instead = override_key(&throttle.key_prefix, &set.key_name, &k);
+                (k, instead)
+            })
+            .collect();
+        if keys.is_empty() {
+            continue;
+        }
+        own.push(Planned {
+            tier: tier.map(str::to_owned),
+            limit_name: limit.name.clone(),
+            before: limit.params,
+            adjust: None,
+            scaled: false,
+            keys,
+        });
+    }
+    own
+}
+
+/// Sets how each of one set's limits changes (see [`plan`]).
+fn adjust_own(own: &mut [Planned], limit_name: Option<&str>, adjust: Adjust) {
+    match (limit_name, adjust) {
+        (Some(name), _) => {
+            for p in own.iter_mut().filter(|p| p.limit_name == name) {
+                p.adjust = Some(adjust);
+            }
+        }
+        (None, Adjust::Multiply(_)) => {
+            for p in own {
+                p.adjust = Some(adjust);
+                p.scaled = true;
+            }
+        }
+        (None, Adjust::Limit(n)) => {
+            let reference = own
+                .iter()
+                .enumerate()
+                .min_by_key(|(i, p)| (p.before.period_us, *i))
+                .map(|(i, p)| (i, p.before.limit.max(1)));
+            if let Some((at, reference)) = reference {
+                let factor = n as f64 / reference as f64;
+                for (i, p) in own.iter_mut().enumerate() {
+                    if i == at {
+                        p.adjust = Some(adjust);
+                    } else {
+                        p.adjust = Some(Adjust::Multiply(factor));
+                        p.scaled = true;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Refuses a plan that would leave a limit below 1 unit per period ([`factor_fits`]) or past
+/// what the store counts exactly.
+fn check_plan(record: &Record, planned: &[Planned]) -> Result<(), String> {
+    // The smallest factor that leaves every limit scaled by one at 1 or more.
+    let smallest = planned
+        .iter()
+        .filter(|p| matches!(p.adjust, Some(Adjust::Multiply(_))))
+        .map(|p| 1.0 / p.before.limit.max(1) as f64)
+        .fold(0.0, f64::max);
+    for p in planned {
         let Some(adjust) = p.adjust else { continue };
         if let Adjust::Multiply(f) = adjust {
-            if (p.before.limit as f64) * f < 1.0 {
-                return Err(format!(
-                    "the override would make limit `{}` ({} per {}) less than 1 ({:.3}): ask for more, or name one limit (limit_name)",
-                    p.limit_name,
-                    p.before.limit,
-                    humantime::format_duration(Duration::from_micros(p.before.period_us.max(0) as u64)),
-                    p.before.limit as f64 * f
-                ));
-            }
+            factor_fits(&p.limit_name, p.before.limit, f, &record.route, smallest).map_err(
+                |why| match record.limit {
+                    // The factor was worked out, not given: say from what.
+                    Some(n) => {
+                        format!("limit={n} scales the caller's other limits in proportion: {why}")
+                    }
+                    None => why,
+                },
+            )?;
         }
         if !params_fit(&adjust.apply(p.before)) {
             return Err(format!(
@@ -388,7 +421,7 @@ pub fn plan(throttle: &Throttle, record: &Record) -> Result<Vec<Planned>, String
             ));
         }
     }
-    Ok(planned)
+    Ok(())
 }
 
 /// The table the limit stage reads, from the records in force. Overrides of every limit are
@@ -452,7 +485,7 @@ impl Control {
         route: &str,
         raw: &[u8],
         asked: &Request,
-    ) -> Result<Value, CallerError> {
+    ) -> Result<OverrideDone, CallerError> {
         self.targets(route, raw)?;
         let identity = std::str::from_utf8(raw).map_err(|_| {
             CallerError::BadOverride("the identity value must be UTF-8 text".into())
@@ -477,12 +510,12 @@ impl Control {
         };
         let planned = plan(&self.throttle, &record).map_err(CallerError::BadOverride)?;
         let shown = self.shown(route);
-        let answer = json!({
-            "override": record.json(&shown),
-            "dry_run": asked.dry_run,
-            "applied": !asked.dry_run,
-            "limits": planned.iter().map(Planned::json).collect::<Vec<_>>(),
-        });
+        let answer = OverrideDone {
+            set: record.shown(&shown),
+            dry_run: asked.dry_run,
+            applied: !asked.dry_run,
+            limits: planned.iter().map(Planned::shown).collect(),
+        };
         if asked.dry_run {
             return Ok(answer);
         }
@@ -540,7 +573,7 @@ impl Control {
         route: &str,
         raw: &[u8],
         limit_name: Option<&str>,
-    ) -> Result<Value, CallerError> {
+    ) -> Result<OverrideRemoved, CallerError> {
         self.targets(route, raw)?;
         let identity = String::from_utf8_lossy(raw);
         let doomed = |r: &Record| {
@@ -584,12 +617,12 @@ impl Control {
             });
         }
         self.apply_here(&records);
-        Ok(json!({
-            "route": route,
-            "identity": self.shown(route).value(raw),
-            "limit_name": limit_name,
-            "removed": removed,
-        }))
+        Ok(OverrideRemoved {
+            route: route.to_owned(),
+            identity: self.shown(route).value(raw),
+            limit_name: limit_name.map(str::to_owned),
+            removed,
+        })
     }
 
     /// The caller's overrides on `route` in force now (of every limit, then of single ones).
@@ -607,19 +640,15 @@ impl Control {
 
     /// The caller's overrides on `route` in force now, as the endpoints show them, and the
     /// table the limit stage builds of them (by store key).
-    #[allow(clippy::type_complexity)]
     pub(super) async fn override_table(
         &self,
         route: &str,
         raw: &[u8],
-    ) -> Result<(Vec<(Value, Record)>, HashMap<String, Active>), CallerError> {
+    ) -> Result<(Vec<OverrideShown>, HashMap<String, Active>), CallerError> {
         let records = self.overrides_of(route, raw).await?;
         let table = compile(&self.throttle, &records);
         let shown = self.shown(route);
-        Ok((
-            records.into_iter().map(|r| (r.json(&shown), r)).collect(),
-            table,
-        ))
+        Ok((records.iter().map(|r| r.shown(&shown)).collect(), table))
     }
 
     /// Every override in force now, fleet-wide (from Redis; this process's with a memory
@@ -637,14 +666,15 @@ impl Control {
         Ok(records)
     }
 
-    /// `GET /limits/overrides`: every override in force, each as [`Record::json`] shows it.
-    pub async fn overrides_list(&self) -> Result<Value, CallerError> {
+    /// `GET /limits/overrides`: every override in force, each as [`Record::shown`] shows it.
+    pub async fn overrides_list(&self) -> Result<OverridesList, CallerError> {
         let records = self.overrides_in_force().await?;
-        let shown: Vec<Value> = records
-            .iter()
-            .map(|r| r.json(&self.shown(&r.route)))
-            .collect();
-        Ok(json!({ "overrides": shown }))
+        Ok(OverridesList {
+            overrides: records
+                .iter()
+                .map(|r| r.shown(&self.shown(&r.route)))
+                .collect(),
+        })
     }
 
     /// The connected Redis store, None for a memory store.
@@ -664,93 +694,6 @@ impl Control {
             overrides.replace(compile(&self.throttle, records));
         }
     }
-}
-
-/// An override's or its removal's JSON as text: the override, then what each limit becomes.
-pub fn override_text(done: &Value) -> String {
-    if done["removed"].as_u64().is_some() {
-        return format!(
-            "override  route {} identity {}{}: removed ({})\n",
-            done["route"].as_str().unwrap_or("?"),
-            done["identity"].as_str().unwrap_or("?"),
-            done["limit_name"]
-                .as_str()
-                .map(|n| format!(" limit {n}"))
-                .unwrap_or_default(),
-            done["removed"]
-        );
-    }
-    let o = &done["override"];
-    let mut out = format!(
-        "override  route {} identity {}{}: {} until {}{}\n",
-        o["route"].as_str().unwrap_or("?"),
-        o["identity"].as_str().unwrap_or("?"),
-        o["limit_name"]
-            .as_str()
-            .map(|n| format!(" limit {n}"))
-            .unwrap_or_default(),
-        how(o),
-        o["until"].as_str().unwrap_or("?"),
-        if done["dry_run"].as_bool() == Some(true) {
-            " (dry run: nothing changed)"
-        } else {
-            ""
-        }
-    );
-    for l in done["limits"].as_array().into_iter().flatten() {
-        out.push_str(&format!(
-            "  limit   {}{} per {}: {} -> {}{}\n",
-            l["name"].as_str().unwrap_or("?"),
-            l["tier"]
-                .as_str()
-                .map(|t| format!(" (tier {t})"))
-                .unwrap_or_default(),
-            l["period"].as_str().unwrap_or("?"),
-            l["before"],
-            l["after"],
-            match (l["changed"].as_bool(), l["scaled"].as_bool()) {
-                (Some(false), _) => " (unchanged)",
-                (_, Some(true)) => " (scaled)",
-                _ => "",
-            }
-        ));
-    }
-    out
-}
-
-/// `limit N` or `limit xF` of an override's JSON.
-pub fn how(o: &Value) -> String {
-    match (o["limit"].as_u64(), o["multiply"].as_f64()) {
-        (Some(n), _) => format!("limit {n}"),
-        (_, Some(f)) => format!("limit x{f}"),
-        _ => "?".to_owned(),
-    }
-}
-
-/// `GET /limits/overrides` as text, one line per override.
-pub fn list_text(list: &Value) -> String {
-    let overrides = list["overrides"].as_array().cloned().unwrap_or_default();
-    if overrides.is_empty() {
-        return "no overrides in force\n".to_owned();
-    }
-    let mut out = String::new();
-    for o in overrides {
-        out.push_str(&format!(
-            "route {} identity {} limit {}: {} until {} (in {}), set by {} at {} on {}\n",
-            o["route"].as_str().unwrap_or("?"),
-            o["identity"].as_str().unwrap_or("?"),
-            o["limit_name"].as_str().unwrap_or("(all)"),
-            how(&o),
-            o["until"].as_str().unwrap_or("?"),
-            humantime::format_duration(Duration::from_secs(
-                o["expires_in_seconds"].as_f64().unwrap_or(0.0).ceil() as u64
-            )),
-            o["set_by"].as_str().unwrap_or("?"),
-            o["set_at"].as_str().unwrap_or("?"),
-            o["set_on"].as_str().unwrap_or("?"),
-        ));
-    }
-    out
 }
 
 /// `for` as given: a duration from one second to [`MAX_FOR`].
@@ -784,8 +727,7 @@ pub fn parse_multiply(text: &str) -> Result<f64, String> {
 }
 
 /// Refuses a `multiply` that would turn a limit of `route` (or of one of its tiers) into
-/// less than one unit per period: the store would round it up to 1, which is not what anyone
-/// asked for (`multiply=0.0000001` on a monthly quota of 100 made it 1 per month). A limit
+/// less than one unit per period ([`factor_fits`]), before the caller is looked up. A limit
 /// every caller shares is left alone by overrides, and so by this check. An unknown route is
 /// the control side's to answer (404); so is an unknown `limit_name`. With `limit_name` only
 /// that limit changes, and only it is checked. The admin endpoint and `tollgate limits
@@ -806,20 +748,40 @@ pub fn check_multiply(
     let changed = |l: &&crate::config::Limit| {
         !shared_by_everyone(l) && limit_name.is_none_or(|name| l.name == name)
     };
+    let smallest = smallest_factor(route, limit_name);
     for limit in sets.flat_map(|set| set.iter()).filter(changed) {
-        let units = limit.params.limit as f64 * factor;
-        if units < 1.0 {
-            return Err(format!(
-                "multiply={factor} would make limit `{}` ({} per period) {units} units, less \
-                 than 1: the smallest factor for route `{}` is {}",
-                limit.name,
-                limit.params.limit,
-                route.name,
-                smallest_factor(route, limit_name)
-            ));
-        }
+        factor_fits(
+            &limit.name,
+            limit.params.limit,
+            factor,
+            &route.name,
+            smallest,
+        )?;
     }
     Ok(())
+}
+
+/// The one rule for a factor applied to a limit (a `multiply` given, or the proportion in
+/// which a `limit` without a limit name scales the caller's other limits): it must leave the
+/// limit (`configured` units per period) at 1 unit or more. The store would round less up to
+/// 1, which is not what anyone asked for (`multiply=0.0000001` on a monthly quota of 100 made
+/// it 1 per month). `smallest` is the smallest factor that would do for the limits it applies
+/// to on `route`.
+fn factor_fits(
+    limit: &str,
+    configured: u64,
+    factor: f64,
+    route: &str,
+    smallest: f64,
+) -> Result<(), String> {
+    let units = configured as f64 * factor;
+    if units >= 1.0 {
+        return Ok(());
+    }
+    Err(format!(
+        "multiply={factor} would make limit `{limit}` ({configured} per period) {units} units, \
+         less than 1: the smallest factor for route `{route}` is {smallest}"
+    ))
 }
 
 /// A limit every caller shares (`key: global`): overrides leave it alone.
@@ -888,7 +850,7 @@ mod tests {
         );
         assert_eq!(serde_json::from_str::<Record>(&text).unwrap(), record);
         assert_eq!(
-            record.json(&Shown::default())["until"],
+            record.shown(&Shown::default()).until,
             "1970-01-01T00:00:00.000Z"
         );
     }

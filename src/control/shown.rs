@@ -15,8 +15,7 @@
 //! token, a value longer than 64 bytes or with unsafe characters) cannot be found back: its
 //! short form is refused with that reason, and the caller is named by its value.
 
-use serde_json::{json, Value};
-
+use super::answers::DisplayRules;
 use super::caller::{identity_part, CallerError, Control};
 use crate::config::{LimitSet, Route, Throttle};
 use crate::identity::display::{digest_matches, digest_of_short_form, is_digest, Display};
@@ -86,15 +85,17 @@ impl Shown {
         self.rule().show(raw)
     }
 
-    /// The rules as JSON, for the endpoints' answers: the rule for a value named by an
+    /// The rules as the endpoints' answers show them: the rule for a value named by an
     /// operator, and the rule per source kind.
-    pub fn json(&self) -> Value {
-        let by_source: serde_json::Map<String, Value> = self
-            .kinds
-            .iter()
-            .map(|(kind, rule)| (kind.to_string(), json!(rule.as_str())))
-            .collect();
-        json!({ "rule": self.rule().as_str(), "by_source": by_source })
+    pub fn rules(&self) -> DisplayRules {
+        DisplayRules {
+            rule: self.rule().as_str().to_owned(),
+            by_source: self
+                .kinds
+                .iter()
+                .map(|(kind, rule)| (kind.to_string(), rule.as_str().to_owned()))
+                .collect(),
+        }
     }
 
     /// What an operator gave (a value or a short form) as the route shows it: a short form

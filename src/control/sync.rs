@@ -205,26 +205,38 @@ async fn rounds(
         if error.is_none() {
             last_done = engine.store_now();
         }
-        if late {
-            metrics.late_rounds.increment(1);
-        }
-        if error.is_none() {
-            metrics.rounds_ok.increment(1);
-        } else {
-            metrics.rounds_error.increment(1);
-        }
-        match error {
-            None if failing => {
-                failing = false;
-                tracing::info!("local-first limits: Redis answers again; shared counting resumed with the usage kept meanwhile");
-            }
-            Some(cause) if !failing => {
-                failing = true;
-                tracing::error!(%cause, replicas = engine.replicas(), "local-first limits: sync failed; deciding alone with limit / R of what the last view left once the rounds are late, usage kept for the next write");
-            }
-            _ => {}
-        }
+        failing = round_done(&engine, &metrics, error, late, failing);
     }
+}
+
+/// Counts a round that ended with `error` (None: in full), and says when the rounds start or
+/// stop failing (`failing`: whether the last one failed). Returns whether this one failed.
+fn round_done(
+    engine: &LocalFirst,
+    metrics: &SyncMetrics,
+    error: Option<String>,
+    late: bool,
+    failing: bool,
+) -> bool {
+    if late {
+        metrics.late_rounds.increment(1);
+    }
+    let failed = error.is_some();
+    if failed {
+        metrics.rounds_error.increment(1);
+    } else {
+        metrics.rounds_ok.increment(1);
+    }
+    match error {
+        None if failing => {
+            tracing::info!("local-first limits: Redis answers again; shared counting resumed with the usage kept meanwhile");
+        }
+        Some(cause) if !failing => {
+            tracing::error!(%cause, replicas = engine.replicas(), "local-first limits: sync failed; deciding alone with limit / R of what the last view left once the rounds are late, usage kept for the next write");
+        }
+        _ => {}
+    }
+    failed
 }
 
 /// R as the engine uses it: the most replicas a heartbeat counted, kept until the counts have

@@ -46,8 +46,8 @@ async function getJson(url) {
   return { status: response.status, ok: response.ok, body };
 }
 
-// Rates per second between consecutive cumulative samples: [[allowed, limited, shed], ...],
-// the i-th ending at times[i + 1].
+// Rates per second between consecutive cumulative samples: [[allowed, limited, shed,
+// would shed], ...], the i-th ending at times[i + 1].
 function rates(times, counts) {
   const out = [];
   for (let i = 1; i < counts.length; i++) {
@@ -66,9 +66,12 @@ const SPAN_MS = 600000;
 const LAST_MINUTE_MS = 60000;
 const hovered = new Map();
 
-function rateText(r) {
+// `shadow`: the protection in shadow mode would have shed some of this route's requests; its
+// rate is then shown too.
+function rateText(r, shadow) {
   const n = (v) => (v >= 10 ? Math.round(v) : Math.round(v * 10) / 10);
-  return `${n(r[0])} allowed/s · ${n(r[1])} limited/s · ${n(r[2])} shed/s`;
+  const text = `${n(r[0])} allowed/s · ${n(r[1])} limited/s · ${n(r[2])} shed/s`;
+  return shadow ? `${text} · ${n(r[3])} would shed/s` : text;
 }
 
 function clock(ms) {
@@ -118,17 +121,24 @@ function chart(route, times, series) {
   ten.textContent = "10 min ago";
   root.append(ten);
   panel(root, top, points, [0], ["allowed"], "allowed");
-  panel(root, top + height + gap, points, [1, 2], ["limited", "shed"], "refused: limited, shed");
+  // What shadow mode would have shed is drawn dashed under the refusals (nothing was refused),
+  // only where there was some.
+  const shadow = points.some((p) => p.r[3] > 0);
+  if (shadow) {
+    panel(root, top + height + gap, points, [1, 2, 3], ["limited", "shed", "would-shed"], "refused: limited, shed; would shed (dashed)");
+  } else {
+    panel(root, top + height + gap, points, [1, 2], ["limited", "shed"], "refused: limited, shed");
+  }
   const recent = points.filter((p) => p.recent);
-  const average = [0, 1, 2].map((k) => recent.reduce((a, p) => a + p.r[k], 0) / Math.max(1, recent.length));
-  const idle = `last minute: ${rateText(average)}`;
+  const average = [0, 1, 2, 3].map((k) => recent.reduce((a, p) => a + p.r[k], 0) / Math.max(1, recent.length));
+  const idle = `last minute: ${rateText(average, shadow)}`;
   caption.textContent = idle;
   // Hover: a column per sample shows its time and rates in the caption and a cursor line.
   const cursor = svg("line", { x1: 0, x2: 0, y1: top, y2: top + 2 * height + gap, class: "cursor", visibility: "hidden" });
   root.append(cursor);
   const show = (p) => {
     if (p) {
-      caption.textContent = `${clock(p.t)} UTC: ${rateText(p.r)}`;
+      caption.textContent = `${clock(p.t)} UTC: ${rateText(p.r, shadow)}`;
       cursor.setAttribute("x1", p.x);
       cursor.setAttribute("x2", p.x);
       cursor.setAttribute("visibility", "visible");
@@ -142,7 +152,7 @@ function chart(route, times, series) {
     const right = i === points.length - 1 ? width : (p.x + points[i + 1].x) / 2;
     const column = svg("rect", { x: left, y: top, width: Math.max(1, right - left), height: 2 * height + gap, class: "hover", "data-at": p.t });
     const title = svg("title");
-    title.textContent = `${clock(p.t)} UTC\n${rateText(p.r)}`;
+    title.textContent = `${clock(p.t)} UTC\n${rateText(p.r, shadow)}`;
     column.append(title);
     column.addEventListener("mouseenter", () => { hovered.set(route, p.t); show(p); });
     root.append(column);
@@ -170,7 +180,8 @@ function renderRoutes(data) {
     for (const tier of route.tiers) {
       limits.append(el("div", { class: "small" }, `tier ${tier.name} (by ${tier.identity}): `, el("code", {}, tier.policy)));
     }
-    const counts = (data.history.routes[route.name] || []);
+    const wouldShed = (data.history.would_shed || {})[route.name] || [];
+    const counts = (data.history.routes[route.name] || []).map((c, i) => [...c, wouldShed[i] || 0]);
     const series = rates(data.history.times, counts);
     body.append(el("tr", { "data-route": route.name },
       el("td", { class: "name" }, route.name),
