@@ -55,7 +55,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::body::Guarded;
 use crate::idle::{Activity, IdleIo, Idleness, RequestInFlight};
-use crate::metrics::Held;
+use crate::metrics::GaugeGuard;
 use crate::proxy::{AnswerBody, ConnInfo, Proxy};
 use crate::upgrade::{rewind, Handoff, Rewind};
 
@@ -257,7 +257,7 @@ pub async fn serve_plain(mut stream: TcpStream, info: ConnInfo, shared: Arc<Shar
         } else {
             &mut peeked[..1]
         };
-        let parked = Held::new(&shared.proxy.metrics().parked_connections);
+        let parked = GaugeGuard::new(&shared.proxy.metrics().parked_connections);
         let parked_at = tokio::time::Instant::now();
         let waited = wait_for_bytes(&stream, want, bound, &shared.stop).await;
         drop(parked);

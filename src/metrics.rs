@@ -154,7 +154,7 @@ pub struct Metrics {
     pub client_connections: Gauge,
     /// Of those, plain HTTP/1 connections parked: idle, holding no HTTP buffers.
     pub parked_connections: Gauge,
-    /// Lingering closes by how they ended, in `linger::Outcome::ALL`'s order.
+    /// Lingering closes by how they ended, in `linger::LingerEnd::ALL`'s order.
     lingering_closes: [Counter; 5],
     reload_ok: Counter,
     reload_failed: Counter,
@@ -185,16 +185,16 @@ impl InFlight {
 }
 
 /// Adds one to a gauge for as long as it is held.
-pub struct Held(Gauge);
+pub struct GaugeGuard(Gauge);
 
-impl Held {
-    pub fn new(gauge: &Gauge) -> Held {
+impl GaugeGuard {
+    pub fn new(gauge: &Gauge) -> GaugeGuard {
         gauge.increment(1.0);
-        Held(gauge.clone())
+        GaugeGuard(gauge.clone())
     }
 }
 
-impl Drop for Held {
+impl Drop for GaugeGuard {
     fn drop(&mut self) {
         self.0.decrement(1.0);
     }
@@ -295,7 +295,7 @@ impl Metrics {
         ]);
         let client_connections = gauge("tollgate_client_connections");
         let parked_connections = gauge("tollgate_client_connections_parked");
-        let lingering_closes = crate::linger::Outcome::ALL.map(|outcome| {
+        let lingering_closes = crate::linger::LingerEnd::ALL.map(|outcome| {
             counter(
                 "tollgate_lingering_closes_total",
                 vec![Label::new("outcome", outcome.label())],
@@ -321,8 +321,8 @@ impl Metrics {
     }
 
     /// Counts a lingering close that ended as `outcome`.
-    pub fn lingered(&self, outcome: crate::linger::Outcome) {
-        let at = crate::linger::Outcome::ALL
+    pub fn lingered(&self, outcome: crate::linger::LingerEnd) {
+        let at = crate::linger::LingerEnd::ALL
             .iter()
             .position(|o| *o == outcome)
             .unwrap_or(0);
@@ -412,7 +412,7 @@ impl Metrics {
         for route in &throttle.routes {
             let counter = self.route_counter("tollgate_sync_drift_total", &route.name);
             drift.insert(route.limits.key_name.clone(), counter.clone());
-            for tier in &route.overrides {
+            for tier in &route.tiers {
                 drift.insert(tier.limits.key_name.clone(), counter.clone());
             }
         }

@@ -16,7 +16,7 @@ use tokio_util::task::TaskTracker;
 pub use crate::admin::Health;
 use crate::config::Config;
 use crate::conn;
-use crate::metrics::Held;
+use crate::metrics::GaugeGuard;
 use crate::proxy::{ConnInfo, Proxy};
 use crate::tls;
 use crate::workers::{Readiness, Workers};
@@ -279,7 +279,7 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
-        let open = Held::new(&shared.proxy.metrics().client_connections);
+        let open = GaugeGuard::new(&shared.proxy.metrics().client_connections);
         let info = ConnInfo {
             peer,
             tls: bound.tls.is_some(),

@@ -72,7 +72,7 @@ fn route_json(route: &Route) -> Value {
     limits["priority"] = json!(priority(route));
     limits["mode"] = json!(modes.join(" + "));
     limits["tiers"] = route
-        .overrides
+        .tiers
         .iter()
         .map(|tier| {
             let mut t = limits_json(&tier.limits);
@@ -196,7 +196,7 @@ async fn store(proxy: &Proxy, control: &Control) -> Value {
         .iter()
         .flat_map(|r| {
             std::iter::once(&r.limits)
-                .chain(r.overrides.iter().map(|t| &t.limits))
+                .chain(r.tiers.iter().map(|t| &t.limits))
                 .flat_map(|set| set.iter())
         })
         .any(|l| l.sync.is_some());
@@ -597,7 +597,7 @@ fn secret_values(
     let identities = throttle
         .routes
         .iter()
-        .flat_map(|r| std::iter::once(&r.limits).chain(r.overrides.iter().map(|t| &t.limits)))
+        .flat_map(|r| std::iter::once(&r.limits).chain(r.tiers.iter().map(|t| &t.limits)))
         .flat_map(|set| set.iter())
         .flat_map(|limit| limit.key.iter());
     for identity in identities {

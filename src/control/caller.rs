@@ -232,7 +232,7 @@ impl Control {
             set: &found.limits,
             keys: keys::for_value(prefix, &found.limits, &keyed),
         }];
-        for tier in &found.overrides {
+        for tier in &found.tiers {
             if tier.values.iter().any(|v| v.as_bytes() == raw) {
                 targets.push(Target {
                     tier: Some(tier.name.clone()),

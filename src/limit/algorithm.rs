@@ -15,9 +15,7 @@
 use std::collections::VecDeque;
 
 use super::calendar::{self, Calendar};
-
-/// Microseconds, on the store's clock (absolute times) or as a duration.
-pub type Micros = i64;
+use super::clock::Micros;
 
 /// Lua numbers are doubles: integers are exact only below 2^53.
 pub const MAX_SAFE: i64 = 1 << 53;

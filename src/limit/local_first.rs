@@ -59,9 +59,9 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::algorithm::{self, Algorithm, Micros, Params, Settle, State, Verdict};
+use super::algorithm::{self, Algorithm, Params, Settle, State, Verdict};
+use super::clock::{Clock, Micros};
 use super::decision::{Check, Decision, Settlement};
-use super::memory::Clock;
 
 /// Local copies per route by default (about 1.2 KB of RSS each, with the rounds' batches,
 /// measured with `bench/key_flood.sh`).
@@ -1315,7 +1315,7 @@ fn refill_rate_bound(params: &Params, span: Micros) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::memory::ManualClock;
+    use crate::limit::clock::ManualClock;
 
     const SECOND: Micros = 1_000_000;
 

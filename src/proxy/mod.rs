@@ -38,7 +38,7 @@ use crate::protect::{self, Admission, Protector};
 use crate::routing::{self, Routed};
 use crate::store::Stores;
 use crate::throttle::headers as limit_headers;
-use crate::throttle::settle::Outcome;
+use crate::throttle::settle::Delivery;
 use crate::throttle::{Admitted, Denial, LimitOutcome, LimitStage, Limited};
 use exchange::Held;
 use record::RequestRecord;
@@ -528,7 +528,7 @@ impl Proxy {
                     let outcome = exchange::outcome_of(&answered);
                     (self.inbound(returning, answered), outcome)
                 }
-                Err(error) => (Err(error), Outcome::NotSent),
+                Err(error) => (Err(error), Delivery::NotSent),
             };
         let status = forwarded.as_ref().ok().map(Response::status);
         record.forwarded(upstream_started.elapsed(), status);
@@ -806,12 +806,12 @@ impl Proxy {
         runtime: &Runtime,
         mut admitted: Admitted<'_>,
         held: Held,
-        outcome: Outcome,
+        outcome: Delivery,
         mut response: Response<AnswerBody>,
     ) -> Response<AnswerBody> {
         let mut settles_at_end = false;
         if let Some(settlement) = held.settlement {
-            settles_at_end = outcome == Outcome::Answered && settlement.settles_at_end();
+            settles_at_end = outcome == Delivery::Answered && settlement.settles_at_end();
             // count_statuses settles on this head, in the store before the head goes out
             // (and the fields below show it), cost_from_response before the body's end.
             let settled =

@@ -74,7 +74,7 @@ pub fn durable_state(throttle: &Throttle) -> Vec<&'static str> {
     let limits = || {
         throttle.routes.iter().flat_map(|r| {
             std::iter::once(&r.limits)
-                .chain(r.overrides.iter().map(|t| &t.limits))
+                .chain(r.tiers.iter().map(|t| &t.limits))
                 .flat_map(|set| set.iter())
                 .filter(|l| l.scope == Scope::Global)
         })
