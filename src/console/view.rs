@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::history::{self, History};
 use super::shown;
-use crate::config::{Limit, LimitSet, OnError, Route, Scope};
+use crate::config::{Limit, LimitSet, OnError, Route};
 use crate::control::offenders::{View, CAPACITY};
 use crate::control::Control;
 use crate::explain::{self, Explanation};
@@ -48,7 +48,7 @@ fn limits_json(set: &LimitSet) -> Value {
             "algorithm": l.params.algorithm.name(),
             "summary": crate::summary::limit(l),
             "mode": mode(l),
-            "scope": if l.scope == Scope::Local { "local" } else { "global" },
+            "scope": l.scope.as_str(),
             "block_for_seconds": l.block_for.map(|d| d.as_secs_f64()),
         })).collect::<Vec<_>>(),
     })

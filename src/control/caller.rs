@@ -26,11 +26,11 @@ use serde_json::{json, Value};
 
 use super::notify::{self, Topic};
 use super::offenders::Offenders;
-use crate::config::{Limit, LimitSet, Scope, StoreConfig, Throttle};
+use crate::config::{Limit, LimitSet, StoreConfig, Throttle};
 use crate::identity::client_ip::key_value;
 use crate::limit::algorithm::Verdict;
 use crate::limit::{Check, Store, StoreError};
-use crate::store::{Shared, Stores};
+use crate::store::{Holder, Shared, Stores};
 use crate::throttle::deny_cache::{self, DenyCache};
 use crate::throttle::overrides::{override_key, Overrides};
 use crate::throttle::{keys, LimitStage};
@@ -257,12 +257,7 @@ impl Control {
     /// What `limit` would say now to a request stored at `key`, consuming nothing (as
     /// `explain --live` reads it), from the store it lives in.
     pub async fn peek(&self, limit: &Limit, key: &str) -> Result<Verdict, CallerError> {
-        let check = Check {
-            key,
-            params: limit.params,
-            shadow: limit.shadow,
-            block_us: limit.block_us(),
-        };
+        let check = limit.check(key);
         let decision = match self.store_for(limit)? {
             Store::Memory(m) => m.peek(&[check]),
             Store::Redis(r) => r.peek(&[check]).await?,
@@ -272,8 +267,10 @@ impl Control {
 
     /// The store a limit lives in: memory for local limits and without Redis.
     fn store_for(&self, limit: &Limit) -> Result<Store, CallerError> {
-        match (&self.redis, limit.scope) {
-            (Some(cell), Scope::Global) => cell.get().cloned().ok_or(CallerError::NotConnected),
+        match &self.redis {
+            Some(cell) if Holder::of(limit, true).is_shared() => {
+                cell.get().cloned().ok_or(CallerError::NotConnected)
+            }
             _ => Ok(self.memory.clone()),
         }
     }
@@ -292,7 +289,7 @@ impl Control {
             for (limit, candidates) in target.set.iter().zip(&target.keys) {
                 let store = self.store_for(limit)?;
                 for store_key in candidates {
-                    if self.offenders.is_none() && limit.scope == Scope::Local {
+                    if self.offenders.is_none() && Holder::of(limit, true) == Holder::Memory {
                         // Read straight from Redis (the CLI): a local limit lives in each
                         // proxy's memory, out of reach from here.
                         limits.push(json!({
@@ -314,10 +311,8 @@ impl Control {
                     let instead = active.and_then(|a| a.key.clone());
                     let store_key = instead.as_ref().unwrap_or(store_key);
                     let check = Check {
-                        key: store_key,
                         params: overridden.map_or(limit.params, |a| a.apply(limit.params)),
-                        shadow: limit.shadow,
-                        block_us: limit.block_us(),
+                        ..limit.check(store_key)
                     };
                     let decision = match &store {
                         Store::Memory(m) => m.peek(&[check]),
@@ -342,7 +337,7 @@ impl Control {
                         "tier": target.tier,
                         "limit_name": limit.name,
                         "algorithm": limit.params.algorithm.name(),
-                        "scope": if limit.scope == Scope::Local { "local" } else { "global" },
+                        "scope": limit.scope.as_str(),
                         "source": source,
                         "identity": identity,
                         "key": shown.key(target.set, store_key),

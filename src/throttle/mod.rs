@@ -27,13 +27,13 @@ use std::time::Duration;
 use http::HeaderValue;
 use tokio::time::Instant;
 
-use crate::config::{LimitSet, OnLimit, Route, Scope, Throttle};
+use crate::config::{LimitSet, OnLimit, Route, Throttle};
 use crate::identity::caller::Caller;
 use crate::identity::Refusal;
 use crate::limit::algorithm::Verdict;
 use crate::limit::local_first::LocalFirst;
 use crate::limit::{Check, Decision, Store};
-use crate::store::{How, Stores};
+use crate::store::{Holder, How, Stores};
 pub use lease::LeaseGuard;
 
 /// How a decision was reached, and for an admitted request why it was let through (for logs
@@ -271,10 +271,7 @@ impl LimitStage {
         // A caller known to be over a limit the shared store decides is answered from memory
         // until the retry time the store gave (see deny_cache for why that never admits more).
         // An overridden caller is not: its limits change when the override is set or ends.
-        let cache_denials = self.stores.is_shared()
-            && set
-                .iter()
-                .all(|l| l.scope == Scope::Global && l.sync.is_none())
+        let cache_denials = set.iter().all(|l| self.stores.holder(l) == Holder::Shared)
             && deny_cache::cacheable(set)
             && !overridden;
         if cache_denials && !self.denials.is_empty() {
@@ -291,12 +288,7 @@ impl LimitStage {
             }
         }
         fn as_check<'k>((limit, key): (&crate::config::Limit, &'k String)) -> Check<'k> {
-            Check {
-                key,
-                params: limit.params,
-                shadow: limit.shadow,
-                block_us: limit.block_us(),
-            }
+            limit.check(key)
         }
         // One limit (the usual route) needs no vector of checks.
         let (mut one, mut many): ([Check<'_>; 1], Vec<Check<'_>>);
@@ -396,11 +388,11 @@ impl LimitStage {
             // Leases live where they were taken: memory for local limits and the on_error:
             // local fallback, Redis for global limits that Redis decided.
             let mut stores = Vec::new();
-            if reason == AdmitReason::LocalFallback || set.iter().any(|l| l.scope == Scope::Local) {
+            let holders = || set.iter().map(|l| self.stores.holder(l));
+            if reason == AdmitReason::LocalFallback || holders().any(|h| h == Holder::Memory) {
                 stores.push(self.stores.memory().clone());
             }
-            if reason != AdmitReason::LocalFallback && set.iter().any(|l| l.scope == Scope::Global)
-            {
+            if reason != AdmitReason::LocalFallback && holders().any(Holder::is_shared) {
                 stores.extend(self.global_store());
             }
             Box::new(LeaseGuard::new(stores, decision.leases))
@@ -423,7 +415,7 @@ impl LimitStage {
         match reason {
             AdmitReason::StoreError | AdmitReason::Exempt => None,
             AdmitReason::LocalFallback => Some(self.stores.memory().clone()),
-            _ if !self.stores.is_shared() || set.iter().all(|l| l.scope == Scope::Local) => {
+            _ if set.iter().all(|l| self.stores.holder(l) == Holder::Memory) => {
                 Some(self.stores.memory().clone())
             }
             _ => self.global_store(),
@@ -465,7 +457,10 @@ impl LimitStage {
         // except for a key the engine has no view of (a new key on a route whose copies are
         // all taken), decided exactly.
         if let Some(local_first) = &self.local_first {
-            if self.stores.is_shared() && set.iter().all(|l| l.sync.is_some()) {
+            if set
+                .iter()
+                .all(|l| self.stores.holder(l) == Holder::LocalFirst)
+            {
                 if let Some(decision) = local_first.decide(&set.key_name, checks) {
                     return Some((decision, AdmitReason::Decided, true));
                 }
@@ -482,8 +477,8 @@ impl LimitStage {
         set: &LimitSet,
         checks: &[Check<'_>],
     ) -> Option<(Decision, AdmitReason)> {
-        let all_local = set.iter().all(|l| l.scope == Scope::Local);
-        if all_local || !self.stores.is_shared() {
+        let in_memory = |i: usize| self.stores.holder(&set[i]) == Holder::Memory;
+        if (0..set.len()).all(in_memory) {
             return Some((
                 self.stores
                     .memory()
@@ -493,8 +488,7 @@ impl LimitStage {
                 AdmitReason::Decided,
             ));
         }
-        let all_global = set.iter().all(|l| l.scope == Scope::Global);
-        if all_global {
+        if !(0..set.len()).any(in_memory) {
             return self
                 .stores
                 .decide_shared(checks)
@@ -505,7 +499,7 @@ impl LimitStage {
         // ones. A global denial after a local admission leaves the local units spent; the docs
         // say so.
         let (local_idx, global_idx): (Vec<usize>, Vec<usize>) =
-            (0..checks.len()).partition(|&i| set[i].scope == Scope::Local);
+            (0..checks.len()).partition(|&i| in_memory(i));
         let pick = |idx: &[usize]| idx.iter().map(|&i| checks[i]).collect::<Vec<_>>();
         let local = self
             .stores
