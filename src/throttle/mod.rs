@@ -234,16 +234,7 @@ impl LimitStage {
         }
         let (set, mut keys, identity) = match applied {
             tiers::Applied::Exempt => {
-                return LimitOutcome::Admitted(Admitted {
-                    set: &route.limits,
-                    identity: "allow_list",
-                    verdicts: Vec::new(),
-                    reason: AdmitReason::Exempt,
-                    leases: None,
-                    settlement: None,
-                    policy: None,
-                    key: String::new(),
-                })
+                return admitted_undecided(&route.limits, "allow_list", AdmitReason::Exempt)
             }
             tiers::Applied::Keyed {
                 set,
@@ -254,16 +245,7 @@ impl LimitStage {
         };
         // A route (or tier) with no limits, only a priority: nothing to decide.
         if set.is_empty() {
-            return LimitOutcome::Admitted(Admitted {
-                set,
-                identity,
-                verdicts: Vec::new(),
-                reason: AdmitReason::Decided,
-                leases: None,
-                settlement: None,
-                policy: None,
-                key: String::new(),
-            });
+            return admitted_undecided(set, identity, AdmitReason::Decided);
         }
         // A caller with a temporary override counts on keys of its own, with adjusted limits.
         let overridden = self.overrides.rekey(&mut keys);
@@ -275,20 +257,9 @@ impl LimitStage {
             && deny_cache::cacheable(set)
             && !overridden;
         if cache_denials && !self.denials.is_empty() {
-            let at = Instant::now();
-            if let Some(denial) = self.denials.recall(&deny_cache::key(set, &keys), at) {
-                return LimitOutcome::Limited(Limited {
-                    set,
-                    identity,
-                    denial: Denial::Remembered { denial, at },
-                    by_fallback: false,
-                    key: first_key(&mut keys),
-                    policy: None,
-                });
+            if let Some(limited) = self.recalled(set, identity, &mut keys) {
+                return LimitOutcome::Limited(limited);
             }
-        }
-        fn as_check<'k>((limit, key): (&crate::config::Limit, &'k String)) -> Check<'k> {
-            limit.check(key)
         }
         // One limit (the usual route) needs no vector of checks.
         let (mut one, mut many): ([Check<'_>; 1], Vec<Check<'_>>);
@@ -310,14 +281,7 @@ impl LimitStage {
 
         // Delay mode keeps arrival order per key: every request of such a route takes its turn
         // in a per-key queue before deciding, bounded by the route's smallest max_delay.
-        let deadline = set
-            .iter()
-            .filter_map(|l| match l.on_limit {
-                OnLimit::Delay { max_delay } => Some(max_delay),
-                OnLimit::Reject => None,
-            })
-            .min()
-            .map(|max_delay| Instant::now() + max_delay);
+        let deadline = delay_deadline(set);
         let turn = match deadline {
             Some(deadline) => tokio::time::timeout_at(deadline, self.queues.lock(keys.join("\n")))
                 .await
@@ -331,15 +295,8 @@ impl LimitStage {
             };
             if decision.allowed {
                 drop(turn);
-                // Only a limit that sees the response owes anything: the store (a clone) is
-                // looked up for those alone.
-                let settlement = if set.iter().any(|l| l.by_response.is_some()) {
-                    let settler = self.settler(set, reason, on_copies);
-                    settle::Obligation::new(set, checks, &decision, settler).map(Box::new)
-                } else {
-                    None
-                };
-                let mut admitted = self.admitted(set, identity, decision, reason, settlement);
+                let mut admitted =
+                    self.admitted(set, identity, checks, decision, reason, on_copies);
                 admitted.policy = policy;
                 admitted.key = first_key(&mut keys);
                 return LimitOutcome::Admitted(admitted);
@@ -348,12 +305,7 @@ impl LimitStage {
                 (Some(deadline), Some(_), Some(wait)) if Instant::now() + wait <= deadline => wait,
                 _ => {
                     if cache_denials && reason == AdmitReason::Decided {
-                        self.denials.remember(
-                            set,
-                            deny_cache::key(set, &keys),
-                            asked_at,
-                            &decision.verdicts,
-                        );
+                        self.remember_denial(set, &keys, asked_at, &decision.verdicts);
                     }
                     return LimitOutcome::Limited(Limited {
                         set,
@@ -369,14 +321,57 @@ impl LimitStage {
         }
     }
 
+    /// The denial the deny cache remembers for the caller's `keys` on `set`, if any.
+    fn recalled<'a>(
+        &self,
+        set: &'a LimitSet,
+        identity: &'static str,
+        keys: &mut [String],
+    ) -> Option<Limited<'a>> {
+        let at = Instant::now();
+        let denial = self.denials.recall(&deny_cache::key(set, keys), at)?;
+        Some(Limited {
+            set,
+            identity,
+            denial: Denial::Remembered { denial, at },
+            by_fallback: false,
+            key: first_key(keys),
+            policy: None,
+        })
+    }
+
+    /// What the deny cache answers the caller's `keys` on `set` with until the store's retry
+    /// time (`verdicts`, asked at `asked_at`).
+    fn remember_denial(
+        &self,
+        set: &LimitSet,
+        keys: &[String],
+        asked_at: Instant,
+        verdicts: &[Verdict],
+    ) {
+        self.denials
+            .remember(set, deny_cache::key(set, keys), asked_at, verdicts);
+    }
+
+    /// An admitted request, with the settlement it owes if a limit of `set` sees the response
+    /// (`on_copies`: decided on local-first copies).
     fn admitted<'a>(
         &self,
         set: &'a LimitSet,
         identity: &'static str,
+        checks: &[Check<'_>],
         decision: Decision,
         reason: AdmitReason,
-        settlement: Option<Box<settle::Obligation>>,
+        on_copies: bool,
     ) -> Admitted<'a> {
+        // Only a limit that sees the response owes anything: the store (a clone) is looked up
+        // for those alone.
+        let settlement = if set.iter().any(|l| l.by_response.is_some()) {
+            let settler = self.settler(set, reason, on_copies);
+            settle::Obligation::new(set, checks, &decision, settler).map(Box::new)
+        } else {
+            None
+        };
         let reason =
             if reason == AdmitReason::Decided && decision.verdicts.iter().any(|v| !v.allowed) {
                 tracing::info!(route = %set.key_name, "shadow limit exceeded (request forwarded)");
@@ -576,6 +571,40 @@ fn with_admit_reason((decision, how): (Decision, How)) -> (Decision, AdmitReason
 /// The store key of a limited set's first limit, taken out of the keys the stage built (none
 /// for a set without limits). Taken, not moved with the vector: a vector moved on some paths
 /// only would need a drop flag in the request's future.
+/// Admitted with nothing decided: an exempt caller, or a set with no limits (only a priority).
+fn admitted_undecided<'a>(
+    set: &'a LimitSet,
+    identity: &'static str,
+    reason: AdmitReason,
+) -> LimitOutcome<'a> {
+    LimitOutcome::Admitted(Admitted {
+        set,
+        identity,
+        verdicts: Vec::new(),
+        reason,
+        leases: None,
+        settlement: None,
+        policy: None,
+        key: String::new(),
+    })
+}
+
+/// When a delay-mode request stops waiting for its turn and its quota: now plus the set's
+/// smallest `max_delay`; None when no limit of the set delays.
+fn delay_deadline(set: &LimitSet) -> Option<Instant> {
+    set.iter()
+        .filter_map(|l| match l.on_limit {
+            OnLimit::Delay { max_delay } => Some(max_delay),
+            OnLimit::Reject => None,
+        })
+        .min()
+        .map(|max_delay| Instant::now() + max_delay)
+}
+
+fn as_check<'k>((limit, key): (&crate::config::Limit, &'k String)) -> Check<'k> {
+    limit.check(key)
+}
+
 fn first_key(keys: &mut [String]) -> String {
     keys.first_mut().map(std::mem::take).unwrap_or_default()
 }

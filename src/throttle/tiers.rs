@@ -1,7 +1,7 @@
 //! Allow-lists and tiers: before a route's limits apply, callers on an allow-list (global or
-//! the route's; by client CIDR or identity value) pass unlimited, and callers named by an
-//! override get that tier's limits instead of the default ones (for example a partner key with
-//! ten times the quota), without a route of their own. [`applied`] goes on to the store keys
+//! the route's; by client CIDR or identity value) pass unlimited, and callers named by a
+//! tier ([`Tier`], the route's `overrides:` in the file) get its limits instead of the default
+//! ones (for example a partner key with ten times the quota), without a route of their own. [`applied`] goes on to the store keys
 //! of the limits that apply: what the limit stage decides with, and what `explain` shows.
 
 use crate::config::{Allow, LimitSet, Route, Throttle, Tier};
