@@ -340,8 +340,8 @@ impl LimitStage {
         })
     }
 
-    /// What the deny cache answers the caller's `keys` on `set` with until the store's retry
-    /// time (`verdicts`, asked at `asked_at`).
+    /// Keeps the store's denial of the caller's `keys` on `set` (`verdicts`, asked at
+    /// `asked_at`) in the deny cache, which answers them with it until the store's retry time.
     fn remember_denial(
         &self,
         set: &LimitSet,
