@@ -55,7 +55,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::body::Guarded;
 use crate::idle::{Activity, IdleIo, Idleness, RequestInFlight};
-use crate::metrics::Held;
+use crate::metrics::GaugeGuard;
 use crate::proxy::{AnswerBody, ConnInfo, Proxy};
 use crate::upgrade::{rewind, Handoff, Rewind};
 
@@ -257,7 +257,7 @@ pub async fn serve_plain(mut stream: TcpStream, info: ConnInfo, shared: Arc<Shar
         } else {
             &mut peeked[..1]
         };
-        let parked = Held::new(&shared.proxy.metrics().parked_connections);
+        let parked = GaugeGuard::new(&shared.proxy.metrics().parked_connections);
         let parked_at = tokio::time::Instant::now();
         let waited = wait_for_bytes(&stream, want, bound, &shared.stop).await;
         drop(parked);
@@ -491,19 +491,7 @@ async fn serve_http1(
     let mut parking = false;
     let mut draining = false;
     let mut stop = StopWatch::new(&shared.stop);
-    // One timer for the whole cycle, armed when the connection first goes idle and re-armed
-    // only when it fires: a busy connection pays one timer event per `wait`, not a timer per
-    // request, and each time it fires on a connection that was busy meanwhile the wait
-    // doubles (up to PARK_AFTER_MAX), so a connection that stays busy is woken about once a
-    // second; once quiet, it is parked within twice its last wait. `armed_at` is how many
-    // requests had started when it was armed. The timer is polled once after each arming
-    // (which registers the task's waker with it) and afterwards only asked whether it has
-    // fired: polling a registered timer on every idle moment would register the same waker
-    // again each time.
-    let mut settle: Option<Pin<Box<Sleep>>> = None;
-    let mut settle_registered = false;
-    let mut armed_at = 0;
-    let mut wait = park_after;
+    let mut park_timer = ParkTimer::new(park_after);
     let served = poll_fn(|cx| {
         if !draining && stop.poll_stopped(cx) {
             draining = true;
@@ -517,27 +505,11 @@ async fn serve_http1(
                 return Poll::Pending;
             }
             // Idle between requests with nothing buffered. A client with more to send soon
-            // keeps its hyper connection; one quiet for `wait` is parked.
-            let timer = settle.get_or_insert_with(|| {
-                armed_at = activity.started();
-                Box::pin(tokio::time::sleep(wait))
-            });
-            if settle_registered && !timer.is_elapsed() {
-                return Poll::Pending;
-            }
-            // A poll refused for want of budget registers nothing: then poll again next time.
-            let budget = tokio::task::coop::has_budget_remaining();
-            if timer.as_mut().poll(cx).is_pending() {
-                settle_registered = budget;
-                return Poll::Pending;
-            }
-            settle_registered = false;
-            if activity.started() != armed_at {
-                // Requests came and went since it was armed: quiet only from now on.
-                armed_at = activity.started();
-                wait = doubled(wait);
-                timer.as_mut().reset(tokio::time::Instant::now() + wait);
-                continue;
+            // keeps its hyper connection; one quiet for the timer's wait is parked.
+            match park_timer.poll_quiet(cx, activity) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(false) => continue,
+                Poll::Ready(true) => {}
             }
             if activity.take_park() && activity.parkable() {
                 // Stopping hyper here closes nothing the client can see.
@@ -581,6 +553,65 @@ async fn serve_http1(
     }
     close(stream, unparsed.len(), activity, shared).await;
     None
+}
+
+/// The one timer of an HTTP/1 cycle that finds a connection quiet enough to park: armed
+/// when the connection first goes idle and re-armed only when it fires, so a busy connection
+/// pays one timer event per `wait`, not a timer per request. Each time it fires on a
+/// connection that was busy meanwhile the wait doubles (up to PARK_AFTER_MAX), so a
+/// connection that stays busy is woken about once a second; once quiet, it is parked within
+/// twice its last wait. The timer is polled once after each arming (which registers the
+/// task's waker with it) and afterwards only asked whether it has fired: polling a
+/// registered timer on every idle moment would register the same waker again each time.
+struct ParkTimer {
+    sleep: Option<Pin<Box<Sleep>>>,
+    /// Whether the task's waker is registered with `sleep`.
+    registered: bool,
+    /// How many requests had started when it was armed.
+    armed_at: u64,
+    wait: Duration,
+}
+
+impl ParkTimer {
+    fn new(wait: Duration) -> ParkTimer {
+        ParkTimer {
+            sleep: None,
+            registered: false,
+            armed_at: 0,
+            wait,
+        }
+    }
+
+    /// On an idle connection: Ready(true) once it has been quiet for the wait, Ready(false)
+    /// when the timer fired on a connection busy meanwhile (re-armed: look again), Pending
+    /// until then.
+    #[inline]
+    fn poll_quiet(&mut self, cx: &mut Context<'_>, activity: &Activity) -> Poll<bool> {
+        let timer = self.sleep.get_or_insert_with(|| {
+            self.armed_at = activity.started();
+            Box::pin(tokio::time::sleep(self.wait))
+        });
+        if self.registered && !timer.is_elapsed() {
+            return Poll::Pending;
+        }
+        // A poll refused for want of budget registers nothing: then poll again next time.
+        let budget = tokio::task::coop::has_budget_remaining();
+        if timer.as_mut().poll(cx).is_pending() {
+            self.registered = budget;
+            return Poll::Pending;
+        }
+        self.registered = false;
+        if activity.started() != self.armed_at {
+            // Requests came and went since it was armed: quiet only from now on.
+            self.armed_at = activity.started();
+            self.wait = doubled(self.wait);
+            timer
+                .as_mut()
+                .reset(tokio::time::Instant::now() + self.wait);
+            return Poll::Ready(false);
+        }
+        Poll::Ready(true)
+    }
 }
 
 /// Closes a plain HTTP/1 connection: FIN after everything written, then, if a request body was

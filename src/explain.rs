@@ -13,10 +13,11 @@ use http::request::Parts;
 use http::{HeaderName, HeaderValue, Method, Request, Uri};
 use serde_json::json;
 
-use crate::config::{Config, Limit, Route, Scope};
+use crate::config::{Config, Limit, Route};
 use crate::identity::{self, Identity};
 use crate::limit::algorithm::Verdict;
 use crate::routing;
+use crate::store::Holder;
 use crate::throttle::tiers;
 
 /// The request to explain, as given on the command line.
@@ -263,7 +264,7 @@ impl Explanation {
             out.push_str(&format!("  identity  {name} = {value} (from {source})\n"));
         }
         out.push_str(&format!("  key       {}\n", l.key));
-        if l.live.is_none() && self.live_requested && l.limit.scope == Scope::Local {
+        if l.live.is_none() && self.live_requested && Holder::of(&l.limit, true) == Holder::Memory {
             out.push_str("  now       unknown: a local limit lives in each proxy's memory\n");
         }
         if let Some(v) = &l.live {
@@ -320,7 +321,7 @@ impl Explanation {
                 "cost": l.limit.params.cost,
                 "shadow": l.limit.shadow,
                 "block_for_seconds": l.limit.block_for.map(|d| d.as_secs_f64()),
-                "scope": if l.limit.scope == Scope::Local { "local" } else { "global" },
+                "scope": l.limit.scope.as_str(),
                 "key": l.key,
                 "identities": l.identities.iter().map(|(name, source, value)| json!({
                     "identity": name, "source": source, "value": value,
@@ -358,7 +359,7 @@ pub async fn live(config: &Config, explanation: &mut Explanation) -> Result<(), 
     };
     // Limits with `scope: local` live in each proxy's memory: the store knows nothing of them.
     let global: Vec<usize> = (0..explanation.limits.len())
-        .filter(|&i| explanation.limits[i].limit.scope == Scope::Global)
+        .filter(|&i| Holder::of(&explanation.limits[i].limit, true).is_shared())
         .collect();
     if global.is_empty() {
         return Ok(());
@@ -367,12 +368,7 @@ pub async fn live(config: &Config, explanation: &mut Explanation) -> Result<(), 
         .iter()
         .map(|&i| {
             let l = &explanation.limits[i];
-            crate::limit::Check {
-                key: &l.key,
-                params: l.limit.params,
-                shadow: l.limit.shadow,
-                block_us: l.limit.block_us(),
-            }
+            l.limit.check(&l.key)
         })
         .collect();
     let decision = store

@@ -71,7 +71,7 @@ pub struct Activity {
     /// rest was read (a next request, the client's end of input, the idle timeout): if the
     /// connection closes now, it lingers.
     unread: AtomicBool,
-    /// How a lingering close done by [`Idleness`] (over TLS) ended: an `Outcome` code, 0 for
+    /// How a lingering close done by [`Idleness`] (over TLS) ended: a `LingerEnd` code, 0 for
     /// none.
     lingered: AtomicU8,
 }
@@ -96,8 +96,8 @@ impl Activity {
     }
 
     /// How the lingering close [`Idleness`] did ended, if it did one; clears it.
-    pub fn take_lingered(&self) -> Option<linger::Outcome> {
-        linger::Outcome::from_code(self.lingered.swap(0, Ordering::AcqRel))
+    pub fn take_lingered(&self) -> Option<linger::LingerEnd> {
+        linger::LingerEnd::from_code(self.lingered.swap(0, Ordering::AcqRel))
     }
 
     /// The connection was upgraded: the idle timeout no longer applies.

@@ -71,7 +71,7 @@ impl Bounds {
 /// How a lingering close ended: the `outcome` label of `tollgate_lingering_closes_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-pub enum Outcome {
+pub enum LingerEnd {
     /// The client closed its side: everything it sent was read, the answer was delivered.
     Eof = 1,
     /// The client sent nothing for `timeout`.
@@ -84,28 +84,28 @@ pub enum Outcome {
     Error = 5,
 }
 
-impl Outcome {
-    pub const ALL: [Outcome; 5] = [
-        Outcome::Eof,
-        Outcome::Timeout,
-        Outcome::Time,
-        Outcome::Bytes,
-        Outcome::Error,
+impl LingerEnd {
+    pub const ALL: [LingerEnd; 5] = [
+        LingerEnd::Eof,
+        LingerEnd::Timeout,
+        LingerEnd::Time,
+        LingerEnd::Bytes,
+        LingerEnd::Error,
     ];
 
     pub fn label(self) -> &'static str {
         match self {
-            Outcome::Eof => "eof",
-            Outcome::Timeout => "timeout",
-            Outcome::Time => "time",
-            Outcome::Bytes => "bytes",
-            Outcome::Error => "error",
+            LingerEnd::Eof => "eof",
+            LingerEnd::Timeout => "timeout",
+            LingerEnd::Time => "time",
+            LingerEnd::Bytes => "bytes",
+            LingerEnd::Error => "error",
         }
     }
 
-    /// The outcome stored as [`Outcome::code`], if any.
-    pub fn from_code(code: u8) -> Option<Outcome> {
-        Outcome::ALL.into_iter().find(|o| o.code() == code)
+    /// The outcome stored as [`LingerEnd::code`], if any.
+    pub fn from_code(code: u8) -> Option<LingerEnd> {
+        LingerEnd::ALL.into_iter().find(|o| o.code() == code)
     }
 
     /// A non-zero byte, for an atomic.
@@ -118,7 +118,7 @@ impl Outcome {
 /// made only when a connection lingers.
 const SCRATCH: usize = 16 * 1024;
 
-/// The read side of a lingering close in progress: polled until it reports its [`Outcome`].
+/// The read side of a lingering close in progress: polled until it reports its [`LingerEnd`].
 /// The caller has already half-closed the write side.
 pub struct Linger {
     scratch: Box<[u8]>,
@@ -156,20 +156,22 @@ impl Linger {
         &mut self,
         mut io: Pin<&mut T>,
         cx: &mut Context<'_>,
-    ) -> Poll<Outcome> {
+    ) -> Poll<LingerEnd> {
         loop {
             if self.left == 0 {
-                return Poll::Ready(Outcome::Bytes);
+                return Poll::Ready(LingerEnd::Bytes);
             }
             let mut buf = ReadBuf::new(&mut self.scratch);
             match io.as_mut().poll_read(cx, &mut buf) {
-                Poll::Ready(Ok(())) if buf.filled().is_empty() => return Poll::Ready(Outcome::Eof),
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => {
+                    return Poll::Ready(LingerEnd::Eof)
+                }
                 Poll::Ready(Ok(())) => {
                     self.left = self.left.saturating_sub(buf.filled().len() as u64);
                     self.moved = true;
                     continue;
                 }
-                Poll::Ready(Err(_)) => return Poll::Ready(Outcome::Error),
+                Poll::Ready(Err(_)) => return Poll::Ready(LingerEnd::Error),
                 Poll::Pending => {}
             }
             let now = Instant::now();
@@ -187,9 +189,9 @@ impl Linger {
             }
             // `due` has passed with nothing to read.
             return Poll::Ready(if due >= self.until {
-                Outcome::Time
+                LingerEnd::Time
             } else {
-                Outcome::Timeout
+                LingerEnd::Timeout
             });
         }
     }
@@ -200,7 +202,7 @@ pub async fn drain<T: AsyncRead + Unpin + ?Sized>(
     io: &mut T,
     bounds: &Bounds,
     discarded: u64,
-) -> Outcome {
+) -> LingerEnd {
     let mut linger = Linger::new(bounds, discarded);
     std::future::poll_fn(|cx| linger.poll_drain(Pin::new(&mut *io), cx)).await
 }
@@ -270,21 +272,21 @@ impl<B: Body + Unpin + Send + 'static> Drop for DrainOnDrop<B> {
 }
 
 /// Reads `body` to its end or the first bound, discarding it.
-pub async fn drain_body<B: Body + Unpin>(mut body: B, bounds: &Bounds) -> Outcome {
+pub async fn drain_body<B: Body + Unpin>(mut body: B, bounds: &Bounds) -> LingerEnd {
     let until = Instant::now() + bounds.time;
     let mut left = bounds.max_bytes;
     loop {
         let due = until.min(Instant::now() + bounds.timeout);
         match tokio::time::timeout_at(due, body.frame()).await {
-            Err(_) if due >= until => return Outcome::Time,
-            Err(_) => return Outcome::Timeout,
-            Ok(None) => return Outcome::Eof,
-            Ok(Some(Err(_))) => return Outcome::Error,
+            Err(_) if due >= until => return LingerEnd::Time,
+            Err(_) => return LingerEnd::Timeout,
+            Ok(None) => return LingerEnd::Eof,
+            Ok(Some(Err(_))) => return LingerEnd::Error,
             Ok(Some(Ok(frame))) => {
                 let n = frame.data_ref().map_or(0, |data| data.remaining());
                 left = left.saturating_sub(n as u64);
                 if left == 0 {
-                    return Outcome::Bytes;
+                    return LingerEnd::Bytes;
                 }
             }
         }
@@ -324,24 +326,24 @@ mod tests {
         let start = Instant::now();
         assert_eq!(
             drain_body(trickled(Some(10)), &bounds(1 << 20)).await,
-            Outcome::Eof
+            LingerEnd::Eof
         );
         assert_eq!(start.elapsed(), Duration::from_secs(10));
         let start = Instant::now();
         assert_eq!(
             drain_body(trickled(None), &bounds(1 << 20)).await,
-            Outcome::Time
+            LingerEnd::Time
         );
         assert_eq!(start.elapsed(), Duration::from_secs(30));
         assert_eq!(
             drain_body(trickled(None), &bounds(1000)).await,
-            Outcome::Bytes
+            LingerEnd::Bytes
         );
         let quiet = Bounds {
             timeout: Duration::from_millis(500),
             ..bounds(1 << 20)
         };
-        assert_eq!(drain_body(trickled(None), &quiet).await, Outcome::Timeout);
+        assert_eq!(drain_body(trickled(None), &quiet).await, LingerEnd::Timeout);
     }
 
     #[tokio::test(start_paused = true)]
@@ -354,7 +356,10 @@ mod tests {
             }
         });
         let start = Instant::now();
-        assert_eq!(drain(&mut server, &bounds(1 << 20), 0).await, Outcome::Eof);
+        assert_eq!(
+            drain(&mut server, &bounds(1 << 20), 0).await,
+            LingerEnd::Eof
+        );
         assert_eq!(start.elapsed(), Duration::from_secs(10));
         writer.await.unwrap();
     }
@@ -373,7 +378,7 @@ mod tests {
         });
         assert_eq!(
             drain(&mut server, &bounds(1 << 20), 0).await,
-            Outcome::Timeout
+            LingerEnd::Timeout
         );
         // 5 s after the last byte, which came at 3 s.
         assert_eq!(start.elapsed(), Duration::from_secs(8));
@@ -390,7 +395,10 @@ mod tests {
         let (client, mut server) = tokio::io::duplex(1024);
         let writer = tokio::spawn(trickle(client));
         let start = Instant::now();
-        assert_eq!(drain(&mut server, &bounds(1 << 20), 0).await, Outcome::Time);
+        assert_eq!(
+            drain(&mut server, &bounds(1 << 20), 0).await,
+            LingerEnd::Time
+        );
         assert_eq!(start.elapsed(), Duration::from_secs(30));
         writer.abort();
 
@@ -398,7 +406,10 @@ mod tests {
         let writer = tokio::spawn(trickle(client));
         let start = Instant::now();
         // 1,000 bytes allowed, 200 already read: cut at the 8th write of 100.
-        assert_eq!(drain(&mut server, &bounds(1000), 200).await, Outcome::Bytes);
+        assert_eq!(
+            drain(&mut server, &bounds(1000), 200).await,
+            LingerEnd::Bytes
+        );
         assert_eq!(start.elapsed(), Duration::from_secs(7));
         writer.abort();
     }

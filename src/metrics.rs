@@ -156,7 +156,7 @@ pub struct Metrics {
     pub client_connections: Gauge,
     /// Of those, plain HTTP/1 connections parked: idle, holding no HTTP buffers.
     pub parked_connections: Gauge,
-    /// Lingering closes by how they ended, in `linger::Outcome::ALL`'s order.
+    /// Lingering closes by how they ended, in `linger::LingerEnd::ALL`'s order.
     lingering_closes: [Counter; 5],
     reload_ok: Counter,
     reload_failed: Counter,
@@ -304,16 +304,16 @@ impl InFlight {
 }
 
 /// Adds one to a gauge for as long as it is held.
-pub struct Held(Gauge);
+pub struct GaugeGuard(Gauge);
 
-impl Held {
-    pub fn new(gauge: &Gauge) -> Held {
+impl GaugeGuard {
+    pub fn new(gauge: &Gauge) -> GaugeGuard {
         gauge.increment(1.0);
-        Held(gauge.clone())
+        GaugeGuard(gauge.clone())
     }
 }
 
-impl Drop for Held {
+impl Drop for GaugeGuard {
     fn drop(&mut self) {
         self.0.decrement(1.0);
     }
@@ -418,7 +418,7 @@ impl Metrics {
         ]);
         let client_connections = gauge("tollgate_client_connections");
         let parked_connections = gauge("tollgate_client_connections_parked");
-        let lingering_closes = crate::linger::Outcome::ALL.map(|outcome| {
+        let lingering_closes = crate::linger::LingerEnd::ALL.map(|outcome| {
             counter(
                 "tollgate_lingering_closes_total",
                 vec![Label::new("outcome", outcome.label())],
@@ -445,8 +445,8 @@ impl Metrics {
     }
 
     /// Counts a lingering close that ended as `outcome`.
-    pub fn lingered(&self, outcome: crate::linger::Outcome) {
-        let at = crate::linger::Outcome::ALL
+    pub fn lingered(&self, outcome: crate::linger::LingerEnd) {
+        let at = crate::linger::LingerEnd::ALL
             .iter()
             .position(|o| *o == outcome)
             .unwrap_or(0);
@@ -542,7 +542,7 @@ impl Metrics {
                 ),
             );
             drift.insert(route.limits.key_name.clone(), counter.clone());
-            for tier in &route.overrides {
+            for tier in &route.tiers {
                 drift.insert(tier.limits.key_name.clone(), counter.clone());
             }
         }
@@ -744,135 +744,147 @@ fn render_process(out: &mut String, process: &metrics_process::collector::Metric
 pub fn exposition_families(
     text: &str,
 ) -> Result<std::collections::BTreeMap<String, String>, Vec<String>> {
-    use std::collections::{BTreeMap, BTreeSet};
-    let mut problems = Vec::new();
-    let mut types: BTreeMap<String, String> = BTreeMap::new();
-    let mut helped: BTreeSet<String> = BTreeSet::new();
-    let mut finished: BTreeSet<String> = BTreeSet::new();
-    let mut series: BTreeSet<String> = BTreeSet::new();
-    let mut current: Option<String> = None;
-    let valid = |name: &str, colon: bool| {
-        let mut chars = name.chars();
-        chars
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || (colon && c == ':'))
-            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || (colon && c == ':'))
-    };
-    // Moves on to `family`, refusing it when its samples were already closed.
-    let mut enter = |family: &str, current: &mut Option<String>, problems: &mut Vec<String>| {
-        if current.as_deref() != Some(family) {
-            if let Some(done) = current.take() {
-                finished.insert(done);
-            }
-            if finished.contains(family) {
-                problems.push(format!("family `{family}` given twice"));
-            }
-            *current = Some(family.to_owned());
-        }
-    };
+    let mut check = ExpositionCheck::default();
     for (n, line) in text.lines().enumerate().map(|(n, l)| (n + 1, l)) {
         if line.trim().is_empty() {
             continue;
         }
-        if let Some(comment) = line.strip_prefix("# ") {
-            let mut words = comment.splitn(3, ' ');
-            let (what, name, rest) = (words.next(), words.next(), words.next());
-            let (Some(what @ ("HELP" | "TYPE")), Some(name)) = (what, name) else {
-                continue;
-            };
-            if !valid(name, true) {
-                problems.push(format!("line {n}: `{name}` is not a metric name"));
-            }
-            enter(name, &mut current, &mut problems);
-            if what == "HELP" {
-                if !helped.insert(name.to_owned()) {
-                    problems.push(format!("`{name}` has # HELP twice"));
-                }
-                if types.contains_key(name) {
-                    problems.push(format!("`{name}`: # HELP after # TYPE"));
-                }
-                continue;
-            }
-            let kind = rest.unwrap_or("").trim();
-            if !matches!(
-                kind,
-                "counter" | "gauge" | "histogram" | "summary" | "untyped"
-            ) {
-                problems.push(format!("line {n}: `{name}` has no known # TYPE (`{kind}`)"));
-            }
-            if types.insert(name.to_owned(), kind.to_owned()).is_some() {
-                problems.push(format!("`{name}` has # TYPE twice"));
-            }
-            if kind == "counter" && !name.ends_with("_total") {
-                problems.push(format!("counter `{name}` does not end in _total"));
-            }
-            continue;
+        match line.strip_prefix("# ") {
+            Some(comment) => check.comment(n, comment),
+            None => check.sample(n, line),
         }
+    }
+    let ExpositionCheck {
+        mut problems,
+        types,
+        helped,
+        ..
+    } = check;
+    for name in helped.iter().filter(|h| !types.contains_key(*h)) {
+        problems.push(format!("`{name}` has # HELP but no # TYPE"));
+    }
+    match problems.is_empty() {
+        true => Ok(types),
+        false => Err(problems),
+    }
+}
+
+/// What [`exposition_families`] has read so far of an exposition, line by line.
+#[derive(Default)]
+struct ExpositionCheck {
+    problems: Vec<String>,
+    /// Family name → its `# TYPE`.
+    types: std::collections::BTreeMap<String, String>,
+    helped: std::collections::BTreeSet<String>,
+    /// Families whose samples are over: met again, they are given twice.
+    finished: std::collections::BTreeSet<String>,
+    series: std::collections::BTreeSet<String>,
+    current: Option<String>,
+}
+
+/// Whether `name` is a metric name (`colon`) or a label name (no `:`) in Prometheus' syntax.
+fn valid_exposition_name(name: &str, colon: bool) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || (colon && c == ':'))
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || (colon && c == ':'))
+}
+
+impl ExpositionCheck {
+    /// Moves on to `family`, refusing it when its samples were already closed.
+    fn enter(&mut self, family: &str) {
+        if self.current.as_deref() != Some(family) {
+            if let Some(done) = self.current.take() {
+                self.finished.insert(done);
+            }
+            if self.finished.contains(family) {
+                self.problems.push(format!("family `{family}` given twice"));
+            }
+            self.current = Some(family.to_owned());
+        }
+    }
+
+    /// A `# HELP` or `# TYPE` line (other comments are no concern) at line `n`.
+    fn comment(&mut self, n: usize, comment: &str) {
+        let mut words = comment.splitn(3, ' ');
+        let (what, name, rest) = (words.next(), words.next(), words.next());
+        let (Some(what @ ("HELP" | "TYPE")), Some(name)) = (what, name) else {
+            return;
+        };
+        let problems = &mut self.problems;
+        if !valid_exposition_name(name, true) {
+            problems.push(format!("line {n}: `{name}` is not a metric name"));
+        }
+        self.enter(name);
+        let problems = &mut self.problems;
+        if what == "HELP" {
+            if !self.helped.insert(name.to_owned()) {
+                problems.push(format!("`{name}` has # HELP twice"));
+            }
+            if self.types.contains_key(name) {
+                problems.push(format!("`{name}`: # HELP after # TYPE"));
+            }
+            return;
+        }
+        let kind = rest.unwrap_or("").trim();
+        if !matches!(
+            kind,
+            "counter" | "gauge" | "histogram" | "summary" | "untyped"
+        ) {
+            problems.push(format!("line {n}: `{name}` has no known # TYPE (`{kind}`)"));
+        }
+        if self
+            .types
+            .insert(name.to_owned(), kind.to_owned())
+            .is_some()
+        {
+            problems.push(format!("`{name}` has # TYPE twice"));
+        }
+        if kind == "counter" && !name.ends_with("_total") {
+            problems.push(format!("counter `{name}` does not end in _total"));
+        }
+    }
+
+    /// A sample line at line `n`.
+    fn sample(&mut self, n: usize, line: &str) {
+        let problems = &mut self.problems;
         let (name, labels, value) = match line.split_once('{') {
             Some((name, rest)) => match rest.rsplit_once('}') {
                 Some((labels, value)) => (name, labels, value),
                 None => {
                     problems.push(format!("line {n}: unclosed labels: {line}"));
-                    continue;
+                    return;
                 }
             },
             None => match line.split_once(' ') {
                 Some((name, value)) => (name, "", value),
                 None => {
                     problems.push(format!("line {n}: no value: {line}"));
-                    continue;
+                    return;
                 }
             },
         };
-        if !valid(name, true) {
+        if !valid_exposition_name(name, true) {
             problems.push(format!("line {n}: `{name}` is not a metric name"));
         }
         let value = value.trim();
         if !matches!(value, "+Inf" | "-Inf" | "NaN") && value.parse::<f64>().is_err() {
             problems.push(format!("line {n}: `{value}` is not a number"));
         }
-        let mut label_names = Vec::new();
-        let mut rest = labels;
-        while !rest.is_empty() {
-            let Some((label, after)) = rest.split_once("=\"") else {
-                problems.push(format!("line {n}: bad labels `{labels}`"));
-                break;
-            };
-            // The value runs to the first quote not escaped by a backslash.
-            let mut end = None;
-            let mut escaped = false;
-            for (i, c) in after.char_indices() {
-                match c {
-                    _ if escaped => escaped = false,
-                    '\\' => escaped = true,
-                    '"' => {
-                        end = Some(i);
-                        break;
-                    }
-                    _ => {}
-                }
-            }
-            let Some(end) = end else {
-                problems.push(format!("line {n}: unclosed label value in `{labels}`"));
-                break;
-            };
-            if !valid(label, false) || label.starts_with("__") {
-                problems.push(format!("line {n}: `{label}` is not a label name"));
-            }
-            label_names.push(label);
-            rest = after[end + 1..].trim_start_matches(',');
-        }
+        let label_names = label_names(n, labels, problems);
         let family = ["_bucket", "_sum", "_count"]
             .iter()
             .filter_map(|suffix| name.strip_suffix(suffix))
             .find(|f| {
-                types
+                self.types
                     .get(*f)
                     .is_some_and(|k| k == "histogram" || k == "summary")
             })
             .unwrap_or(name);
-        enter(family, &mut current, &mut problems);
-        match types.get(family) {
+        self.enter(family);
+        let problems = &mut self.problems;
+        match self.types.get(family) {
             None => problems.push(format!("line {n}: `{name}` has no # TYPE before it")),
             Some(kind) if kind == "histogram" && name.ends_with("_bucket") => {
                 if !label_names.contains(&"le") {
@@ -881,20 +893,50 @@ pub fn exposition_families(
             }
             Some(_) => {}
         }
-        if !helped.contains(family) {
+        if !self.helped.contains(family) {
             problems.push(format!("line {n}: `{family}` has no # HELP"));
         }
-        if !series.insert(format!("{name}{{{labels}}}")) {
+        if !self.series.insert(format!("{name}{{{labels}}}")) {
             problems.push(format!("line {n}: series given twice: {line}"));
         }
     }
-    for name in helped.iter().filter(|h| !types.contains_key(*h)) {
-        problems.push(format!("`{name}` has # HELP but no # TYPE"));
+}
+
+/// The label names of a sample's `labels` (the text between its braces) at line `n`, each
+/// checked, with what breaks the syntax added to `problems`.
+fn label_names<'l>(n: usize, labels: &'l str, problems: &mut Vec<String>) -> Vec<&'l str> {
+    let mut label_names = Vec::new();
+    let mut rest = labels;
+    while !rest.is_empty() {
+        let Some((label, after)) = rest.split_once("=\"") else {
+            problems.push(format!("line {n}: bad labels `{labels}`"));
+            break;
+        };
+        // The value runs to the first quote not escaped by a backslash.
+        let mut end = None;
+        let mut escaped = false;
+        for (i, c) in after.char_indices() {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => {
+                    end = Some(i);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let Some(end) = end else {
+            problems.push(format!("line {n}: unclosed label value in `{labels}`"));
+            break;
+        };
+        if !valid_exposition_name(label, false) || label.starts_with("__") {
+            problems.push(format!("line {n}: `{label}` is not a label name"));
+        }
+        label_names.push(label);
+        rest = after[end + 1..].trim_start_matches(',');
     }
-    match problems.is_empty() {
-        true => Ok(types),
-        false => Err(problems),
-    }
+    label_names
 }
 
 /// Histogram samples queue up in the recorder until an upkeep folds them into the buckets; the

@@ -47,13 +47,13 @@ pub fn route<'c>(routes: &'c [Arc<Route>], request: &Parts) -> Option<Routed<'c>
 
 /// The routes a request counts against: the one it is routed to (the route of its own method,
 /// else of a method it names in an override), then every other route a method it names
-/// reaches (see [`override_positions`]), each once, in the order found.
+/// reaches (see [`method_override_positions`]), each once, in the order found.
 pub fn routes_of<'c>(
     routes: &'c [Arc<Route>],
     request: &Parts,
 ) -> (Option<Routed<'c>>, Vec<Routed<'c>>) {
     let own = position(routes, request);
-    let mut also = override_positions(routes, request, own);
+    let mut also = method_override_positions(routes, request, own);
     let first = own.or_else(|| (!also.is_empty()).then(|| also.remove(0)));
     let routed = |index: usize| Routed {
         index,
@@ -73,7 +73,7 @@ const MAX_NAMED: usize = 8;
 /// that method. A route with `methods` is reached so only when its `method_override` reads
 /// where the method was named; a route without `methods` matches every method anyway. Empty
 /// (no allocation, no header looked up) when no route with `methods` reads overrides.
-pub fn override_positions(
+pub fn method_override_positions(
     routes: &[Arc<Route>],
     request: &Parts,
     own: Option<usize>,
@@ -444,7 +444,7 @@ mod tests {
             headers: vec![],
             limits: crate::config::LimitSet::new(name, None, vec![], true),
             allow: Default::default(),
-            overrides: vec![],
+            tiers: vec![],
             method_override: Default::default(),
         })
     }
@@ -816,6 +816,9 @@ mod tests {
         // No route reads overrides: nothing is looked at.
         let plain = vec![route("r", Some("/"), None, None)];
         let p = with_header(parts(Method::POST, "/", None), "x-http-method", "GET");
-        assert_eq!(override_positions(&plain, &p, Some(0)), Vec::<usize>::new());
+        assert_eq!(
+            method_override_positions(&plain, &p, Some(0)),
+            Vec::<usize>::new()
+        );
     }
 }

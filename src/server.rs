@@ -16,7 +16,7 @@ use tokio_util::task::TaskTracker;
 pub use crate::admin::Health;
 use crate::config::Config;
 use crate::conn;
-use crate::metrics::Held;
+use crate::metrics::GaugeGuard;
 use crate::proxy::{ConnInfo, Proxy};
 use crate::tls;
 use crate::workers::{Readiness, Workers};
@@ -48,6 +48,41 @@ struct BoundListener {
 struct ListenerCopy {
     listener: std::net::TcpListener,
     tls: Option<TlsAcceptor>,
+}
+
+impl ListenerCopy {
+    /// The bound listeners as standard sockets the serving threads can each take a copy of.
+    fn take_over(listeners: Vec<BoundListener>) -> Vec<ListenerCopy> {
+        let mut copies = Vec::new();
+        for bound in listeners {
+            let tls = bound.tls;
+            match bound.listener.into_std() {
+                Ok(listener) => copies.push(ListenerCopy { listener, tls }),
+                Err(e) => {
+                    tracing::error!(cause = %crate::error::chain(&e), "cannot take over a listener")
+                }
+            }
+        }
+        copies
+    }
+
+    /// One serving thread's copies of `copies` (a listener that cannot be shared is logged
+    /// and left out).
+    fn share(copies: &[ListenerCopy]) -> Vec<ListenerCopy> {
+        copies
+            .iter()
+            .filter_map(|c| match c.listener.try_clone() {
+                Ok(listener) => Some(ListenerCopy {
+                    listener,
+                    tls: c.tls.clone(),
+                }),
+                Err(e) => {
+                    tracing::error!(cause = %crate::error::chain(&e), "cannot share a listener with a serving thread");
+                    None
+                }
+            })
+            .collect()
+    }
 }
 
 /// A server whose sockets are bound: addresses are known (port 0 resolved) before it runs.
@@ -165,31 +200,10 @@ impl Server {
         let connections = TaskTracker::new();
         let permits = Arc::new(Semaphore::new(config.max_connections));
         // Every serving thread accepts on every listener (see `workers`).
-        let mut copies = Vec::new();
-        for bound in listeners {
-            let tls = bound.tls;
-            match bound.listener.into_std() {
-                Ok(listener) => copies.push(ListenerCopy { listener, tls }),
-                Err(e) => {
-                    tracing::error!(cause = %crate::error::chain(&e), "cannot take over a listener")
-                }
-            }
-        }
+        let copies = ListenerCopy::take_over(listeners);
         let accepting = CancellationToken::new();
         let accept_loops = workers.spawn_each(|_| {
-            let copies: Vec<_> = copies
-                .iter()
-                .filter_map(|c| match c.listener.try_clone() {
-                    Ok(listener) => Some(ListenerCopy {
-                        listener,
-                        tls: c.tls.clone(),
-                    }),
-                    Err(e) => {
-                        tracing::error!(cause = %crate::error::chain(&e), "cannot share a listener with a serving thread");
-                        None
-                    }
-                })
-                .collect();
+            let copies = ListenerCopy::share(&copies);
             let (shared, connections, permits) =
                 (shared.clone(), connections.clone(), permits.clone());
             let accepting = accepting.clone();
@@ -213,27 +227,8 @@ impl Server {
         }
         // The listeners were owned by the accept loops, dropped above: no new connections.
         health.drain();
-        tracing::info!(timeout = %humantime::format_duration(config.shutdown_timeout), "shutting down: draining in-flight requests");
-        stop.cancel();
-        connections.close();
-        let tunnels = proxy.tunnels().clone();
-        tunnels.close();
-        // Exchanges whose client left are waited for like the requests still in flight.
-        let orphans = proxy.orphans().clone();
-        orphans.close();
         let draining = std::time::Instant::now();
-        let drained = tokio::time::timeout(config.shutdown_timeout, async {
-            connections.wait().await;
-            tunnels.wait().await;
-            orphans.wait().await;
-        })
-        .await;
-        match drained {
-            Ok(()) => tracing::info!("drained; exiting"),
-            Err(_) => {
-                tracing::warn!("shutdown timeout passed with requests still in flight; exiting")
-            }
-        }
+        drain(&config, &proxy, &stop, &connections).await;
         admin_stop.cancel();
         if let Some(task) = admin_task {
             let _ = task.await;
@@ -245,6 +240,36 @@ impl Server {
         // The spans of the last requests go out in what is left of `shutdown_timeout`.
         let left = config.shutdown_timeout.saturating_sub(draining.elapsed());
         proxy.flush_traces(left).await;
+    }
+}
+
+/// Waits, at most `shutdown_timeout`, for the requests in flight, the tunnels and the
+/// exchanges whose client left, after telling the connections to stop.
+async fn drain(
+    config: &Config,
+    proxy: &Proxy,
+    stop: &CancellationToken,
+    connections: &TaskTracker,
+) {
+    tracing::info!(timeout = %humantime::format_duration(config.shutdown_timeout), "shutting down: draining in-flight requests");
+    stop.cancel();
+    connections.close();
+    let tunnels = proxy.tunnels().clone();
+    tunnels.close();
+    // Exchanges whose client left are waited for like the requests still in flight.
+    let orphans = proxy.orphans().clone();
+    orphans.close();
+    let drained = tokio::time::timeout(config.shutdown_timeout, async {
+        connections.wait().await;
+        tunnels.wait().await;
+        orphans.wait().await;
+    })
+    .await;
+    match drained {
+        Ok(()) => tracing::info!("drained; exiting"),
+        Err(_) => {
+            tracing::warn!("shutdown timeout passed with requests still in flight; exiting")
+        }
     }
 }
 
@@ -279,7 +304,7 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
-        let open = Held::new(&shared.proxy.metrics().client_connections);
+        let open = GaugeGuard::new(&shared.proxy.metrics().client_connections);
         let info = ConnInfo {
             peer,
             tls: bound.tls.is_some(),

@@ -194,7 +194,7 @@ fn write_route(out: &mut String, route: &Route, priorities: bool) {
             who.join(", ")
         );
     }
-    for tier in &route.overrides {
+    for tier in &route.tiers {
         let _ = writeln!(
             out,
             "  tier    {} for {} of {}{}",

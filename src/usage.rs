@@ -38,7 +38,7 @@ use serde_json::{json, Map, Value};
 
 use crate::answers::{Answer, Form};
 use crate::body::{self, ProxyBody};
-use crate::config::{Limit, LimitSet, Scope, StoreConfig, Throttle};
+use crate::config::{Limit, LimitSet, StoreConfig, Throttle};
 use crate::identity::caller::{self, Caller};
 use crate::identity::Source;
 use crate::limit::algorithm::{Params, Verdict};
@@ -457,7 +457,7 @@ async fn peek(
     set: &LimitSet,
     all: &[Check<'_>],
 ) -> Result<(Vec<Verdict>, i64), Unreadable> {
-    let shared = |limit: &Limit| stores.is_shared() && limit.scope == Scope::Global;
+    let shared = |limit: &Limit| stores.holder(limit).is_shared();
     let mut verdicts: Vec<Option<Verdict>> = vec![None; set.len()];
     let mut at = 0;
     let local: Vec<usize> = (0..set.len()).filter(|&i| !shared(&set[i])).collect();
@@ -504,13 +504,11 @@ async fn peek(
 /// would leave it.
 fn at_no_cost<'k>(limit: &Limit, key: &'k str) -> Check<'k> {
     Check {
-        key,
         params: crate::limit::algorithm::Params {
             cost: 0,
             ..limit.params
         },
-        shadow: limit.shadow,
-        block_us: limit.block_us(),
+        ..limit.check(key)
     }
 }
 
@@ -547,7 +545,7 @@ fn limit_json(limit: &Limit, params: &Params, verdict: &Verdict, at: i64) -> Val
     json!({
         "name": limit.name,
         "algorithm": limit.params.algorithm.name(),
-        "scope": if limit.scope == Scope::Local { "local" } else { "global" },
+        "scope": limit.scope.as_str(),
         "shared_by_everyone": shared_by_everyone(limit),
         "shadow": limit.shadow,
         "limit": verdict.limit,

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use support::{RedisServer, Rng};
 use tollgate::limit::calendar::{self, Calendar, Unit, Zone};
-use tollgate::limit::memory::{ManualClock, MemoryStore};
+use tollgate::limit::clock::ManualClock;
+use tollgate::limit::memory::MemoryStore;
 use tollgate::limit::redis_store::{decide_script_source, RedisStore, ScriptClock};
 use tollgate::limit::{Algorithm, Check, Decision, Lease, Micros, Params, Settle, Settlement};
 

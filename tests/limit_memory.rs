@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use tollgate::limit::memory::{ManualClock, MemoryStore};
+use tollgate::limit::clock::ManualClock;
+use tollgate::limit::memory::MemoryStore;
 use tollgate::limit::{Algorithm, Check, Params, Store};
 
 const SEC: i64 = 1_000_000;

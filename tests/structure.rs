@@ -16,6 +16,10 @@
 //!
 //! Unit tests (`#[cfg(test)] mod ...`, at the end of a file) and comments are left out: a
 //! test may reach anywhere, and a doc link is not a dependency.
+//!
+//! And no function outside tests is over [`MAX_FUNCTION_LINES`] lines, counted from its `fn`
+//! line to its closing brace (comments, strings and `#[cfg(test)]` items left out): each
+//! offender is named with its file, line and length.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -641,4 +645,246 @@ mod folder_detector {
         // The top-level roots are not a folder of their own here.
         assert!(cycles(&[("lib.rs", "pub mod a;"), ("a.rs", "use crate::b;")]).is_empty());
     }
+}
+
+/// The longest a function may be, from its `fn` line to its closing brace: a longer one does
+/// several things, and each change to one of them has to be read against the others.
+const MAX_FUNCTION_LINES: usize = 100;
+
+/// `text` with every comment, string and character literal blanked to spaces (line breaks
+/// kept), so that the braces left are the code's own and lines keep their numbers.
+fn blank_literals(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out: Vec<char> = chars.clone();
+    let blank = |out: &mut Vec<char>, from: usize, to: usize| {
+        for c in &mut out[from..to.min(chars.len())] {
+            if *c != '\n' {
+                *c = ' ';
+            }
+        }
+    };
+    let mut i = 0;
+    while i < chars.len() {
+        let next = chars.get(i + 1).copied();
+        let starts_ident = i == 0 || !is_ident_char(chars[i - 1]);
+        let end = match chars[i] {
+            '/' if next == Some('/') => (i..chars.len())
+                .find(|&j| chars[j] == '\n')
+                .unwrap_or(chars.len()),
+            '/' if next == Some('*') => {
+                // Block comments nest.
+                let (mut depth, mut j) = (0usize, i);
+                loop {
+                    if j + 1 >= chars.len() {
+                        break chars.len();
+                    }
+                    match (chars[j], chars[j + 1]) {
+                        ('/', '*') => (depth, j) = (depth + 1, j + 2),
+                        ('*', '/') if depth == 1 => break j + 2,
+                        ('*', '/') => (depth, j) = (depth - 1, j + 2),
+                        _ => j += 1,
+                    }
+                }
+            }
+            '"' => {
+                let mut j = i + 1;
+                while j < chars.len() && chars[j] != '"' {
+                    j += if chars[j] == '\\' { 2 } else { 1 };
+                }
+                j + 1
+            }
+            'r' | 'b' if starts_ident && raw_string_at(&chars, i).is_some() => {
+                let (hashes, open) = raw_string_at(&chars, i).expect("checked above");
+                let mut j = open + 1;
+                while j < chars.len()
+                    && !(chars[j] == '"'
+                        && chars[j + 1..].iter().take_while(|c| **c == '#').count() >= hashes)
+                {
+                    j += 1;
+                }
+                j + 1 + hashes
+            }
+            // A character literal ('x', '\n', '\u{7d}'); a lifetime ('a, 'static) is code.
+            '\'' if next == Some('\\') => {
+                let mut j = i + 2;
+                while j < chars.len() && chars[j] != '\'' {
+                    j += 1;
+                }
+                j + 1
+            }
+            '\'' if chars.get(i + 2) == Some(&'\'') => i + 3,
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        blank(&mut out, i, end);
+        i = end;
+    }
+    out.into_iter().collect()
+}
+
+/// For a raw string starting at `at` (`r"`, `r#"`, `br##"`, ...): its number of `#` and the
+/// index of its opening quote.
+fn raw_string_at(chars: &[char], at: usize) -> Option<(usize, usize)> {
+    let mut j = at;
+    if chars[j] == 'b' {
+        j += 1;
+    }
+    if chars.get(j) != Some(&'r') {
+        return None;
+    }
+    j += 1;
+    let hashes = chars[j..].iter().take_while(|c| **c == '#').count();
+    (chars.get(j + hashes) == Some(&'"')).then_some((hashes, j + hashes))
+}
+
+/// The index of the brace that closes the one at `open` in blanked `code`.
+fn closing_brace(code: &[char], open: usize) -> usize {
+    let mut depth = 0usize;
+    for (j, c) in code.iter().enumerate().skip(open) {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 1 => return j,
+            '}' => depth -= 1,
+            _ => {}
+        }
+    }
+    code.len()
+}
+
+/// Every function with a body in `text` outside `#[cfg(test)]` items, as (line of its `fn`,
+/// name, lines from its `fn` line to its closing brace).
+fn function_lengths(text: &str) -> Vec<(usize, String, usize)> {
+    let code: Vec<char> = blank_literals(text).chars().collect();
+    let line_at = |at: usize| 1 + code[..at].iter().filter(|c| **c == '\n').count();
+    let word_at = |at: usize, word: &str| {
+        let end = at + word.chars().count();
+        code.len() >= end
+            && code[at..end].iter().copied().eq(word.chars())
+            && (at == 0 || !is_ident_char(code[at - 1]))
+            && code.get(end).is_none_or(|c| !is_ident_char(*c))
+    };
+    // The first `{` or `;` from `at`: an item's body, or its end when it has none.
+    let body_from = |at: usize| {
+        (at..code.len())
+            .find(|&j| code[j] == '{' || code[j] == ';')
+            .filter(|&j| code[j] == '{')
+    };
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < code.len() {
+        if code[i..].starts_with(&['#', '[']) {
+            let attribute: String = code[i..].iter().take_while(|c| **c != ']').collect();
+            if attribute.replace(' ', "") == "#[cfg(test)" {
+                // Skip the item the attribute is on (a test module, a test helper).
+                let end = body_from(i).map_or(i + 1, |open| closing_brace(&code, open));
+                i = end + 1;
+                continue;
+            }
+        }
+        if word_at(i, "fn") {
+            let name: String = code[i + 2..]
+                .iter()
+                .skip_while(|c| c.is_whitespace())
+                .take_while(|c| is_ident_char(**c))
+                .collect();
+            // `fn(u8) -> u8` is a type, not a function.
+            if !name.is_empty() {
+                if let Some(open) = body_from(i) {
+                    let close = closing_brace(&code, open);
+                    let length = line_at(close.min(code.len() - 1)) - line_at(i) + 1;
+                    found.push((line_at(i), name, length));
+                }
+            }
+        }
+        i += 1;
+    }
+    found
+}
+
+#[test]
+fn no_function_is_over_100_lines() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    // Files that are unit tests as a whole (`#[cfg(test)] mod x;`).
+    let test_files: Vec<PathBuf> = files
+        .iter()
+        .flat_map(|file| {
+            let text = std::fs::read_to_string(file).expect("source is readable");
+            let folder = file.parent().expect("a file is in a folder").to_path_buf();
+            let declared: Vec<String> = text
+                .split("#[cfg(test)]")
+                .skip(1)
+                .filter_map(|rest| {
+                    let rest = rest.trim_start().strip_prefix("mod ")?;
+                    let name: String = rest.chars().take_while(|c| is_ident_char(*c)).collect();
+                    rest[name.len()..]
+                        .trim_start()
+                        .starts_with(';')
+                        .then_some(name)
+                })
+                .collect();
+            declared
+                .into_iter()
+                .map(move |name| folder.join(format!("{name}.rs")))
+        })
+        .collect();
+    let mut long = Vec::new();
+    for file in files.iter().filter(|f| !test_files.contains(f)) {
+        let text = std::fs::read_to_string(file).expect("source is readable");
+        let relative = file.strip_prefix(&src).expect("under src/").display();
+        for (line, name, length) in function_lengths(&text) {
+            if length > MAX_FUNCTION_LINES {
+                long.push(format!("src/{relative}:{line} {name} {length}"));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "functions over {MAX_FUNCTION_LINES} lines (split each into steps named for what \
+         they do):\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn the_function_counter_counts_to_the_closing_brace_past_strings_and_comments() {
+    // A function of `lines` lines from its `fn` line to its closing brace, each body line
+    // holding a brace the counter must not take for code.
+    let function = |name: &str, lines: usize| {
+        let tricks = [
+            "    let a = \"{\";",
+            "    let b = '}';",
+            "    // }",
+            "    /* { /* } */ { */",
+            "    let c = r#\"}\"\"#;",
+            "    let d: &'static str = \"\\\"}\";",
+            "    let e = b'{';",
+            "    let f = '\\u{7d}';",
+        ];
+        let body: Vec<&str> = (0..lines - 2).map(|i| tricks[i % tricks.len()]).collect();
+        format!("fn {name}<'a>(x: &'a str) {{\n{}\n}}\n", body.join("\n"))
+    };
+    let text = format!(
+        "use x::y;\n{}\npub(crate) async fn {}\nfn declared(f: fn(u8) -> u8);\n{}",
+        function("long", 101),
+        &function("just_fits", 100)[3..],
+        "#[cfg(test)]\nmod tests {\n    fn helper() {\n    }\n}\n"
+    );
+    let found = function_lengths(&text);
+    assert_eq!(
+        found,
+        vec![
+            (2, "long".to_string(), 101),
+            (104, "just_fits".to_string(), 100)
+        ]
+    );
+    let over: Vec<_> = found.iter().filter(|f| f.2 > MAX_FUNCTION_LINES).collect();
+    assert_eq!(
+        over.len(),
+        1,
+        "a 101-line function is found, a 100-line one is not"
+    );
 }

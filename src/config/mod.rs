@@ -27,8 +27,8 @@ pub use error::{ConfigError, ConfigErrors};
 pub use model::Usage;
 pub use model::{
     AdminHost, Allow, ByResponse, Config, HostMode, Limit, LimitSet, Listener, OnError, OnLimit,
-    Override, RedisConfig, RedisMode, RedisTls, ResponseConfig, Route, Scope, Secret, StatusSet,
-    StoreConfig, Throttle, TlsFiles, Upstream, DEFAULT_CONNECT_TIMEOUT, DEFAULT_H2_STREAMS,
+    RedisConfig, RedisMode, RedisTls, ResponseConfig, Route, Scope, Secret, StatusSet, StoreConfig,
+    Throttle, Tier, TlsFiles, Upstream, DEFAULT_CONNECT_TIMEOUT, DEFAULT_H2_STREAMS,
     DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, MAX_WORKERS,
 };

@@ -352,7 +352,8 @@ pub struct RawRoute {
     pub limits: Vec<RawLimit>,
     pub allow: Option<RawAllow>,
     #[serde(default)]
-    pub overrides: Vec<RawOverride>,
+    #[serde(rename = "overrides")]
+    pub tiers: Vec<RawTier>,
     /// The protocols an `Upgrade` request may switch to (default: websocket).
     pub upgrades: Option<Vec<String>>,
     pub priority: Option<String>,
@@ -388,7 +389,7 @@ pub struct RawAllow {
 /// Named identity values that get their own limits on a route (a tier).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawOverride {
+pub struct RawTier {
     pub name: Option<String>,
     pub identity: Option<String>,
     pub values: Vec<String>,

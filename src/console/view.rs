@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::history::{self, History};
 use super::shown;
-use crate::config::{Limit, LimitSet, OnError, Route, Scope};
+use crate::config::{Limit, LimitSet, OnError, Route};
 use crate::control::offenders::{View, CAPACITY};
 use crate::control::Control;
 use crate::explain::{self, Explanation};
@@ -48,7 +48,7 @@ fn limits_json(set: &LimitSet) -> Value {
             "algorithm": l.params.algorithm.name(),
             "summary": crate::summary::limit(l),
             "mode": mode(l),
-            "scope": if l.scope == Scope::Local { "local" } else { "global" },
+            "scope": l.scope.as_str(),
             "block_for_seconds": l.block_for.map(|d| d.as_secs_f64()),
         })).collect::<Vec<_>>(),
     })
@@ -72,7 +72,7 @@ fn route_json(route: &Route) -> Value {
     limits["priority"] = json!(priority(route));
     limits["mode"] = json!(modes.join(" + "));
     limits["tiers"] = route
-        .overrides
+        .tiers
         .iter()
         .map(|tier| {
             let mut t = limits_json(&tier.limits);
@@ -202,7 +202,7 @@ async fn store(proxy: &Proxy, control: &Control) -> Value {
         .iter()
         .flat_map(|r| {
             std::iter::once(&r.limits)
-                .chain(r.overrides.iter().map(|t| &t.limits))
+                .chain(r.tiers.iter().map(|t| &t.limits))
                 .flat_map(|set| set.iter())
         })
         .any(|l| l.sync.is_some());
@@ -605,7 +605,7 @@ fn secret_values(
     let identities = throttle
         .routes
         .iter()
-        .flat_map(|r| std::iter::once(&r.limits).chain(r.overrides.iter().map(|t| &t.limits)))
+        .flat_map(|r| std::iter::once(&r.limits).chain(r.tiers.iter().map(|t| &t.limits)))
         .flat_map(|set| set.iter())
         .flat_map(|limit| limit.key.iter());
     for identity in identities {

@@ -28,11 +28,11 @@ use super::answers::{
 };
 use super::notify::{self, Topic};
 use super::offenders::Offenders;
-use crate::config::{Limit, LimitSet, Scope, StoreConfig, Throttle};
+use crate::config::{Limit, LimitSet, StoreConfig, Throttle};
 use crate::identity::client_ip::key_value;
 use crate::limit::algorithm::Verdict;
 use crate::limit::{Check, Store, StoreError};
-use crate::store::{Shared, Stores};
+use crate::store::{Holder, Shared, Stores};
 use crate::throttle::deny_cache::{self, DenyCache};
 use crate::throttle::overrides::{override_key, Overrides};
 use crate::throttle::{keys, LimitStage};
@@ -242,7 +242,7 @@ impl Control {
             set: &found.limits,
             keys: keys::for_value(prefix, &found.limits, &keyed),
         }];
-        for tier in &found.overrides {
+        for tier in &found.tiers {
             if tier.values.iter().any(|v| v.as_bytes() == raw) {
                 targets.push(Target {
                     tier: Some(tier.name.clone()),
@@ -267,12 +267,7 @@ impl Control {
     /// What `limit` would say now to a request stored at `key`, consuming nothing (as
     /// `explain --live` reads it), from the store it lives in.
     pub async fn peek(&self, limit: &Limit, key: &str) -> Result<Verdict, CallerError> {
-        let check = Check {
-            key,
-            params: limit.params,
-            shadow: limit.shadow,
-            block_us: limit.block_us(),
-        };
+        let check = limit.check(key);
         let decision = match self.store_for(limit)? {
             Store::Memory(m) => m.peek(&[check]),
             Store::Redis(r) => r.peek(&[check]).await?,
@@ -282,8 +277,10 @@ impl Control {
 
     /// The store a limit lives in: memory for local limits and without Redis.
     fn store_for(&self, limit: &Limit) -> Result<Store, CallerError> {
-        match (&self.redis, limit.scope) {
-            (Some(cell), Scope::Global) => cell.get().cloned().ok_or(CallerError::NotConnected),
+        match &self.redis {
+            Some(cell) if Holder::of(limit, true).is_shared() => {
+                cell.get().cloned().ok_or(CallerError::NotConnected)
+            }
             _ => Ok(self.memory.clone()),
         }
     }
@@ -335,7 +332,7 @@ impl Control {
         store_key: &str,
     ) -> Result<LimitState, CallerError> {
         let shown = self.shown(reading.route);
-        if self.offenders.is_none() && limit.scope == Scope::Local {
+        if self.offenders.is_none() && Holder::of(limit, true) == Holder::Memory {
             // Read straight from Redis (the CLI): a local limit lives in each proxy's memory,
             // out of reach from here.
             return Ok(LimitState::Unread(LimitUnread {
@@ -357,10 +354,8 @@ impl Control {
         let instead = active.and_then(|a| a.key.clone());
         let store_key = instead.as_deref().unwrap_or(store_key);
         let check = Check {
-            key: store_key,
             params: overridden.map_or(limit.params, |a| a.apply(limit.params)),
-            shadow: limit.shadow,
-            block_us: limit.block_us(),
+            ..limit.check(store_key)
         };
         let decision = match store {
             Store::Memory(m) => m.peek(&[check]),
@@ -388,12 +383,7 @@ impl Control {
             tier: target.tier.clone(),
             limit_name: limit.name.clone(),
             algorithm: limit.params.algorithm.name().to_owned(),
-            scope: if limit.scope == Scope::Local {
-                "local"
-            } else {
-                "global"
-            }
-            .to_owned(),
+            scope: limit.scope.as_str().to_owned(),
             source,
             identity,
             shared_by_everyone: everyones(part),

@@ -269,7 +269,7 @@ fn sets<'t>(
     std::iter::once((None, &found.limits))
         .chain(
             found
-                .overrides
+                .tiers
                 .iter()
                 .filter(|t| t.values.iter().any(|v| v.as_bytes() == raw))
                 .map(|t| (Some(t.name.as_str()), &t.limits)),
@@ -744,7 +744,7 @@ pub fn check_multiply(
     let Some(route) = throttle.routes.iter().find(|r| r.name == route) else {
         return Ok(());
     };
-    let sets = std::iter::once(&route.limits).chain(route.overrides.iter().map(|t| &t.limits));
+    let sets = std::iter::once(&route.limits).chain(route.tiers.iter().map(|t| &t.limits));
     let changed = |l: &&crate::config::Limit| {
         !shared_by_everyone(l) && limit_name.is_none_or(|name| l.name == name)
     };
@@ -798,7 +798,7 @@ fn shared_by_everyone(limit: &crate::config::Limit) -> bool {
 /// `limit_name`, if given) at 1 or more.
 fn smallest_factor(route: &crate::config::Route, limit_name: Option<&str>) -> f64 {
     std::iter::once(&route.limits)
-        .chain(route.overrides.iter().map(|t| &t.limits))
+        .chain(route.tiers.iter().map(|t| &t.limits))
         .flat_map(|set| set.iter())
         .filter(|l| !shared_by_everyone(l) && limit_name.is_none_or(|name| l.name == name))
         .map(|l| 1.0 / l.params.limit.max(1) as f64)

@@ -166,7 +166,7 @@ fn find_route<'t>(throttle: &'t Throttle, route: &str) -> Option<&'t Route> {
 
 /// A route's own limits and its tiers'.
 fn sets(route: &Route) -> impl Iterator<Item = &LimitSet> {
-    std::iter::once(&route.limits).chain(route.overrides.iter().map(|t| &t.limits))
+    std::iter::once(&route.limits).chain(route.tiers.iter().map(|t| &t.limits))
 }
 
 /// The values the readable identity parts of `item` hold (`header=alice|client_ip=10.0.0.1`
@@ -197,7 +197,7 @@ impl Control {
             return Ok(given.to_vec());
         };
         let mut known: Vec<String> = Vec::new();
-        for tier in &found.overrides {
+        for tier in &found.tiers {
             known.extend(tier.values.iter().cloned());
         }
         for record in self.overrides_in_force().await? {

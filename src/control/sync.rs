@@ -21,10 +21,10 @@ use std::time::{Duration, Instant};
 use metrics::{Counter, Gauge, Histogram};
 
 use crate::config::Throttle;
+use crate::limit::clock::SystemClock;
 use crate::limit::local_first::{
     LocalFirst, SyncItem, BATCH_KEYS, ROUND_KEYS, STALE_AFTER_INTERVALS,
 };
-use crate::limit::memory::SystemClock;
 use crate::limit::{new_lease_id, Store};
 use crate::store::{Shared, Stores};
 
@@ -79,7 +79,7 @@ pub fn interval(config: &Throttle) -> Option<Duration> {
         .routes
         .iter()
         .flat_map(|route| {
-            std::iter::once(&route.limits).chain(route.overrides.iter().map(|o| &o.limits))
+            std::iter::once(&route.limits).chain(route.tiers.iter().map(|o| &o.limits))
         })
         .flat_map(|set| set.iter())
         .filter_map(|limit| limit.sync)

@@ -15,9 +15,7 @@
 use std::collections::VecDeque;
 
 use super::calendar::{self, Calendar};
-
-/// Microseconds, on the store's clock (absolute times) or as a duration.
-pub type Micros = i64;
+use super::clock::Micros;
 
 /// Lua numbers are doubles: integers are exact only below 2^53.
 pub const MAX_SAFE: i64 = 1 << 53;
@@ -634,58 +632,8 @@ pub fn refund(
                 (window + 1) * period - now,
             ))
         }
-        Algorithm::SlidingWindow => {
-            let window = now / period;
-            let elapsed = now - window * period;
-            let (mut previous, mut current) = match state {
-                Some(State::SlidingWindow {
-                    window: w,
-                    current,
-                    previous,
-                }) if *w == window => (*previous as i64, *current as i64),
-                Some(State::SlidingWindow {
-                    window: w, current, ..
-                }) if *w == window - 1 => (*current as i64, 0),
-                _ => return None,
-            };
-            let taken = taken_at / period;
-            if taken == window {
-                current = (current - amount).max(0);
-            } else if taken == window - 1 {
-                previous = (previous - amount).max(0);
-            } else {
-                return None;
-            }
-            Some((
-                State::SlidingWindow {
-                    window,
-                    current: current as u64,
-                    previous: previous as u64,
-                },
-                2 * period - elapsed,
-            ))
-        }
-        Algorithm::SlidingLog => {
-            let Some(State::SlidingLog { entries }) = state else {
-                return None;
-            };
-            if taken_at <= now - period {
-                return None;
-            }
-            let mut entries = entries.clone();
-            let mut left = amount;
-            while left > 0 {
-                match entries.iter().rposition(|&t| t == taken_at) {
-                    Some(i) => {
-                        entries.remove(i);
-                        left -= 1;
-                    }
-                    None => break,
-                }
-            }
-            let ttl = entries.back().map_or(0, |&newest| newest + period - now);
-            Some((State::SlidingLog { entries }, ttl))
-        }
+        Algorithm::SlidingWindow => refund_sliding_window(period, state, now, taken_at, amount),
+        Algorithm::SlidingLog => refund_sliding_log(period, state, now, taken_at, amount),
         Algorithm::TokenBucket => {
             let Some(State::TokenBucket { .. }) = state else {
                 return None;
@@ -711,6 +659,75 @@ pub fn refund(
         }
         Algorithm::Concurrency => None,
     }
+}
+
+/// [`refund`] on a sliding_window: into the current or the previous window, whichever the
+/// units were taken in (`amount` already capped).
+fn refund_sliding_window(
+    period: Micros,
+    state: Option<&State>,
+    now: Micros,
+    taken_at: Micros,
+    amount: i64,
+) -> Option<(State, Micros)> {
+    let window = now / period;
+    let elapsed = now - window * period;
+    let (mut previous, mut current) = match state {
+        Some(State::SlidingWindow {
+            window: w,
+            current,
+            previous,
+        }) if *w == window => (*previous as i64, *current as i64),
+        Some(State::SlidingWindow {
+            window: w, current, ..
+        }) if *w == window - 1 => (*current as i64, 0),
+        _ => return None,
+    };
+    let taken = taken_at / period;
+    if taken == window {
+        current = (current - amount).max(0);
+    } else if taken == window - 1 {
+        previous = (previous - amount).max(0);
+    } else {
+        return None;
+    }
+    Some((
+        State::SlidingWindow {
+            window,
+            current: current as u64,
+            previous: previous as u64,
+        },
+        2 * period - elapsed,
+    ))
+}
+
+/// [`refund`] on a sliding_log: removes up to `amount` entries taken at `taken_at`.
+fn refund_sliding_log(
+    period: Micros,
+    state: Option<&State>,
+    now: Micros,
+    taken_at: Micros,
+    amount: i64,
+) -> Option<(State, Micros)> {
+    let Some(State::SlidingLog { entries }) = state else {
+        return None;
+    };
+    if taken_at <= now - period {
+        return None;
+    }
+    let mut entries = entries.clone();
+    let mut left = amount;
+    while left > 0 {
+        match entries.iter().rposition(|&t| t == taken_at) {
+            Some(i) => {
+                entries.remove(i);
+                left -= 1;
+            }
+            None => break,
+        }
+    }
+    let ttl = entries.back().map_or(0, |&newest| newest + period - now);
+    Some((State::SlidingLog { entries }, ttl))
 }
 
 /// Takes `amount` more units now, past the limit if need be (a debt, capped as [`settle`]

@@ -21,9 +21,7 @@ use jiff::civil::{Date, DateTime};
 use jiff::tz::TimeZone;
 use jiff::{Timestamp, ToSpan};
 
-/// Microseconds since the Unix epoch (the same as `algorithm::Micros`, which imports this
-/// module and so cannot be imported here).
-pub type Micros = i64;
+use super::clock::Micros;
 
 const HOUR_US: Micros = 3_600 * 1_000_000;
 const DAY_US: Micros = 24 * HOUR_US;

@@ -9,8 +9,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sha2::{Digest, Sha256};
 
-use super::algorithm::{Micros, Params, Settle, Verdict};
+use super::algorithm::{Params, Settle, Verdict};
 use super::cause::Cause;
+use super::clock::Micros;
 
 /// One limit to check for one request.
 #[derive(Clone, Copy, Debug)]

@@ -59,9 +59,9 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::algorithm::{self, Algorithm, Micros, Params, Settle, State, Verdict};
+use super::algorithm::{self, Algorithm, Params, Settle, State, Verdict};
+use super::clock::{Clock, Micros};
 use super::decision::{Check, Decision, Settlement};
-use super::memory::Clock;
 
 /// Local copies per route by default (about 1.2 KB of RSS each, with the rounds' batches,
 /// measured with `bench/key_flood.sh`).
@@ -384,7 +384,6 @@ impl LocalFirst {
         let fresh = self.is_fresh(&inner, local_now);
         let replicas = inner.replicas;
         let interval = self.interval_us;
-        let until_tick = interval - now.rem_euclid(interval);
         let exact = inner.copies(route, checks, now, local_now, interval);
         if !fresh {
             inner.alone = true;
@@ -406,28 +405,7 @@ impl LocalFirst {
                 Some(entry) if fresh => {
                     let step = algorithm::step_for(&check.params, entry.local.as_ref(), now, 0);
                     let over_share = entry.admitted + check.params.cost > entry.share;
-                    let verdict = if step.verdict.allowed && over_share {
-                        // This replica spent its share of the interval: the next may give more.
-                        Verdict {
-                            allowed: false,
-                            remaining: 0,
-                            retry_after_us: until_tick.max(1),
-                            ..step.verdict
-                        }
-                    } else if !step.verdict.allowed && step.verdict.retry_after_us > 0 {
-                        // The units come back then, but this replica's share counts them only
-                        // from the tick after: a lone client retrying at Retry-After must pass.
-                        // One interval more, because the tick is applied by a task that a busy
-                        // machine may wake late (seen: a retry right at Retry-After refused).
-                        let back = now + step.verdict.retry_after_us;
-                        let tick_after = back - back.rem_euclid(interval) + 2 * interval;
-                        Verdict {
-                            retry_after_us: tick_after - now,
-                            ..step.verdict
-                        }
-                    } else {
-                        step.verdict
-                    };
+                    let verdict = within_share(step.verdict, over_share, now, interval);
                     (verdict, Some(step.state))
                 }
                 Some(entry) => {
@@ -1312,10 +1290,40 @@ fn refill_rate_bound(params: &Params, span: Micros) -> u64 {
     ((units + period - 1) / period) as u64
 }
 
+/// A fresh copy's verdict as this replica may give it at `now` (`interval`: the rounds'):
+/// refused once the replica spent its share of the interval (`over_share`), and a refusal's
+/// retry time moved to the tick from which the share counts the units that come back.
+#[inline]
+fn within_share(verdict: Verdict, over_share: bool, now: Micros, interval: Micros) -> Verdict {
+    if verdict.allowed && over_share {
+        // This replica spent its share of the interval: the next may give more.
+        let until_tick = interval - now.rem_euclid(interval);
+        Verdict {
+            allowed: false,
+            remaining: 0,
+            retry_after_us: until_tick.max(1),
+            ..verdict
+        }
+    } else if !verdict.allowed && verdict.retry_after_us > 0 {
+        // The units come back then, but this replica's share counts them only from the tick
+        // after: a lone client retrying at Retry-After must pass. One interval more, because
+        // the tick is applied by a task that a busy machine may wake late (seen: a retry
+        // right at Retry-After refused).
+        let back = now + verdict.retry_after_us;
+        let tick_after = back - back.rem_euclid(interval) + 2 * interval;
+        Verdict {
+            retry_after_us: tick_after - now,
+            ..verdict
+        }
+    } else {
+        verdict
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::memory::ManualClock;
+    use crate::limit::clock::ManualClock;
 
     const SECOND: Micros = 1_000_000;
 

@@ -7,7 +7,7 @@
 //! `decide.lua`'s argument ([`CheckArg`]) and the parsing of packed replies. Pure text:
 //! running the scripts is the script runner's job.
 
-use super::algorithm::Micros;
+use super::clock::Micros;
 use super::decision::{Check, StoreError};
 
 const PRELUDE_LUA: &str = include_str!("prelude.lua");

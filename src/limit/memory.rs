@@ -20,11 +20,12 @@
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use super::algorithm::{self, Algorithm, Micros, State};
+use super::algorithm::{self, Algorithm, State};
+use super::clock::{Clock, Micros, SystemClock};
 use super::decision::{block_key, new_lease_id, Check, Decision, Lease, Settlement};
 
 const SHARDS: usize = 16;
@@ -35,24 +36,6 @@ pub const DEFAULT_KEYS_PER_ROUTE: usize = 100_000;
 /// How many of the oldest keys an eviction looks at for one it may drop for free.
 const EVICTION_PROBES: usize = 8;
 
-/// The store's time source.
-pub trait Clock: Send + Sync {
-    fn now_us(&self) -> Micros;
-}
-
-/// Wall-clock microseconds since the Unix epoch.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now_us(&self) -> Micros {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_micros() as Micros)
-            .unwrap_or(0)
-    }
-}
-
 /// The system clock shifted by the test clock offset (debug builds only, see
 /// `calendar::TEST_CLOCK_OFFSET_ENV`).
 struct OffsetClock(Micros);
@@ -60,30 +43,6 @@ struct OffsetClock(Micros);
 impl Clock for OffsetClock {
     fn now_us(&self) -> Micros {
         SystemClock.now_us() + self.0
-    }
-}
-
-/// A clock that only moves when told to (tests).
-#[derive(Debug, Default)]
-pub struct ManualClock(AtomicI64);
-
-impl ManualClock {
-    pub fn new(now: Micros) -> ManualClock {
-        ManualClock(AtomicI64::new(now))
-    }
-
-    pub fn set(&self, now: Micros) {
-        self.0.store(now, Ordering::SeqCst);
-    }
-
-    pub fn advance(&self, by: Micros) {
-        self.0.fetch_add(by, Ordering::SeqCst);
-    }
-}
-
-impl Clock for ManualClock {
-    fn now_us(&self) -> Micros {
-        self.0.load(Ordering::SeqCst)
     }
 }
 
@@ -660,6 +619,7 @@ impl Locked<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::clock::ManualClock;
     use super::super::{Algorithm, Params};
     use super::*;
 

@@ -13,6 +13,7 @@
 pub mod algorithm;
 pub mod calendar;
 mod cause;
+pub mod clock;
 mod coalesce;
 mod decision;
 pub mod local_first;
@@ -23,8 +24,9 @@ pub mod redis_store;
 mod script_runner;
 mod sentinel;
 
-pub use algorithm::{params_fit, Algorithm, Micros, Params, Settle, Verdict, MAX_SAFE};
+pub use algorithm::{params_fit, Algorithm, Params, Settle, Verdict, MAX_SAFE};
 pub use cause::Cause;
+pub use clock::{Clock, Micros};
 pub use decision::{
     block_key, new_lease_id, Check, Decision, Lease, Settlement, StoreError, BLOCK_SUFFIX,
 };

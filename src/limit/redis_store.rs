@@ -27,7 +27,8 @@ pub use super::lua::{
 use super::redis_settings::{RedisMode, RedisSettings};
 use super::script_runner::{LuaScript, ScriptRunner, ORPHAN_WAIT};
 
-use super::algorithm::{Algorithm, Micros, Params, Settle, State, Verdict, MAX_PRODUCT};
+use super::algorithm::{Algorithm, Params, Settle, State, Verdict, MAX_PRODUCT};
+use super::clock::Micros;
 use super::decision::{new_lease_id, Check, Decision, Lease, Settlement, StoreError};
 use super::local_first::SyncItem;
 

@@ -19,7 +19,7 @@
 //!    falls in proportion to the requests in it (Little's law), the app's own does not. That
 //!    is how a degraded app's new latency is learned under overload, where the limit is always
 //!    reached.
-//!    No probe: the baseline is never measured by cutting the limit on purpose, so healthy
+//!    Never cut to measure: the baseline is never measured by cutting the limit on purpose, so healthy
 //!    traffic is never shed to learn it.
 //! 3. The window's latencies: its 10th percentile (the fastest tenth) shows the queue, its
 //!    median is reported and its 90th percentile is held to an absolute `latency:`. The
@@ -137,9 +137,9 @@ pub const TRY_WINDOWS: u64 = 4;
 /// last five windows count).
 const RUN_FADE: f64 = 0.8;
 
-/// How an exchange ended, as the controller counts it.
+/// What one exchange gives the controller: a latency sample (its time to head) or a failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Sample {
     /// A response head that is not a 5xx: its time to head is a latency sample.
     Answered,
     /// A 5xx from the app, an upstream timeout, a failed connection.
@@ -426,7 +426,7 @@ impl Controller {
         now: Instant,
         latency: Duration,
         in_flight: usize,
-        outcome: Outcome,
+        outcome: Sample,
     ) -> bool {
         if self
             .window
@@ -439,7 +439,7 @@ impl Controller {
         let started = *self.window.started.get_or_insert(now);
         self.window.ended += 1;
         let began = now.checked_sub(latency).unwrap_or(now);
-        if outcome == Outcome::Answered && self.changed.is_some_and(|changed| began < changed) {
+        if outcome == Sample::Answered && self.changed.is_some_and(|changed| began < changed) {
             // Started under the limit before the last change: its latency says nothing of the
             // limit there is now (a queue takes a service time to build or drain after a
             // change, and the fastest tenth would read the old one). It still counts in the
@@ -447,11 +447,11 @@ impl Controller {
             return false;
         }
         match outcome {
-            Outcome::Answered => {
+            Sample::Answered => {
                 self.window.latencies.push(latency.as_secs_f64());
                 self.window.concurrency += in_flight as f64;
             }
-            Outcome::Failed => self.window.failed += 1,
+            Sample::Failed => self.window.failed += 1,
         }
         let count = self.window.latencies.len() + self.window.failed;
         let age = now.saturating_duration_since(started);
@@ -577,7 +577,7 @@ impl Controller {
             (next, cause) = (held, Cause::Target);
         }
         let settled = healthy && cause != Cause::Target && !self.trying() && !new_app;
-        next = self.probe(next, new_app, cause == Cause::Queue);
+        next = self.pace_tries(next, new_app, cause == Cause::Queue);
         if settled {
             // The app served this level without a queue, at its baseline, past its try.
             self.good = Some(self.good.unwrap_or(0.0).max(self.limit.floor()));
@@ -772,7 +772,7 @@ impl Controller {
     /// Otherwise one slow window during a regrowth held a healthy app below its slots for
     /// seconds (the pacing's first hold is 32 windows, 6 s at a limit of 1; on a busy node in
     /// tests/protect.rs a limit of 2 for 4 slots, paced at 3 after one noisy try).
-    fn probe(&mut self, next: f64, new_app: bool, queue_seen: bool) -> f64 {
+    fn pace_tries(&mut self, next: f64, new_app: bool, queue_seen: bool) -> f64 {
         let (now, proposed) = (self.limit.floor(), next.floor());
         if new_app {
             // Nothing tried before says anything of this app.
@@ -1022,9 +1022,9 @@ mod tests {
                         Duration::from_secs_f64(latency + noise),
                         in_flight as usize,
                         if self.failing > 0 {
-                            Outcome::Failed
+                            Sample::Failed
                         } else {
-                            Outcome::Answered
+                            Sample::Answered
                         },
                     );
                 }
@@ -1045,7 +1045,7 @@ mod tests {
         for i in 0..9u32 {
             let now = start + Duration::from_secs(u64::from(i));
             c.saturated(now);
-            assert!(!c.sample(now, Duration::from_secs(2), 30, Outcome::Answered));
+            assert!(!c.sample(now, Duration::from_secs(2), 30, Sample::Answered));
         }
         assert_eq!(c.reading().limit, INITIAL_LIMIT);
         assert_eq!(c.reading().windows, 0);
@@ -1062,7 +1062,7 @@ mod tests {
                     Duration::from_secs(2)
                 },
                 30,
-                Outcome::Answered,
+                Sample::Answered,
             );
         }
         assert_eq!(c.reading().windows, 1);
@@ -1305,7 +1305,7 @@ mod tests {
         for i in 0..40u64 {
             let now = start + MS * (i as u32 * 10);
             c.started(now, 1);
-            c.sample(now, MS, 1, Outcome::Failed);
+            c.sample(now, MS, 1, Sample::Failed);
         }
         assert!(c.reading().limit < INITIAL_LIMIT / 2.0, "{:?}", c.reading());
         assert_eq!(c.reading().error_share, 1.0);

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use metrics::{Counter, Gauge};
 use tokio::sync::oneshot;
 
-use super::controller::{Controller, Outcome, Reading, Settings};
+use super::controller::{Controller, Reading, Sample, Settings};
 use crate::config::{Priority, Protect, ProtectMode};
 
 /// A backed-up queue whose newest waiter has waited `max_wait / STANDING_SHARE` when a slot
@@ -259,7 +259,7 @@ impl Protector {
     }
 
     /// Gives a slot back, with what the exchange showed, and lets waiters in.
-    fn release(&self, started: Instant, concurrency: usize, outcome: Option<Outcome>) {
+    fn release(&self, started: Instant, concurrency: usize, outcome: Option<Sample>) {
         let mut state = self.lock();
         state.in_flight -= 1;
         let now = Instant::now();
@@ -463,8 +463,8 @@ impl Slot {
     pub fn finish(mut self, status: Option<http::StatusCode>) {
         let outcome = match status {
             Some(status) if status.is_informational() => None,
-            Some(status) if !status.is_server_error() => Some(Outcome::Answered),
-            _ => Some(Outcome::Failed),
+            Some(status) if !status.is_server_error() => Some(Sample::Answered),
+            _ => Some(Sample::Failed),
         };
         if let Some(protector) = self.protector.take() {
             protector.release(self.started, self.concurrency, outcome);

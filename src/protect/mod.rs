@@ -11,7 +11,7 @@
 mod controller;
 mod gate;
 
-pub use controller::{Cause, Cut, Outcome, Paced, Reading, Settings, State};
+pub use controller::{Cause, Cut, Paced, Reading, Sample, Settings, State};
 pub use gate::{Admission, ProtectMetrics, Protector, Slot, Snapshot, Ticket};
 
 #[cfg(test)]

@@ -14,7 +14,7 @@
 //!   (at most `upstream.timeout`, as always), settles on it, and lets go of what it held.
 //! - The exchange ends with the app's answer, never with the upstream connection: an upstream
 //!   that closes or resets without answering, or that times out, gives an outcome that can
-//!   never be known, settled as failing ([`Outcome::Unknown`]).
+//!   never be known, settled as failing ([`Delivery::Unknown`]).
 //! - The body: once the head has arrived, a response that holds concurrency slots or waits for
 //!   a `cost_from_response` report keeps them until its body ends. If the client leaves
 //!   mid-body, the rest of the body is read from the upstream and discarded, for at most
@@ -39,7 +39,7 @@ use tokio_util::task::TaskTracker;
 use super::upstream::UpstreamBody;
 use crate::body::{self, BoxError, ProxyBody};
 use crate::error::ProxyError;
-use crate::throttle::settle::{Obligation, Outcome};
+use crate::throttle::settle::{Delivery, Obligation};
 use crate::throttle::{Admitted, LeaseGuard};
 
 /// What the upstream answered: its response head, or why there is none.
@@ -97,11 +97,11 @@ impl Holdings {
 /// the upstream could be made, or tollgate refused the request before sending it), or unknown
 /// (the request, or part of it, may have reached the app: a timeout, an exchange broken after
 /// sending, a request body cut off by its client).
-pub fn outcome_of(answered: &Answered) -> Outcome {
+pub fn outcome_of(answered: &Answered) -> Delivery {
     match answered {
-        Ok(_) => Outcome::Answered,
-        Err(ProxyError::UpstreamConnect(_) | ProxyError::BadRequest(_)) => Outcome::NotSent,
-        Err(_) => Outcome::Unknown,
+        Ok(_) => Delivery::Answered,
+        Err(ProxyError::UpstreamConnect(_) | ProxyError::BadRequest(_)) => Delivery::NotSent,
+        Err(_) => Delivery::Unknown,
     }
 }
 
@@ -195,7 +195,7 @@ where
             let mut response = response.map(body::boxed);
             if let Some(settlement) = settlement {
                 response = settlement
-                    .on_response(response, Outcome::Answered, &mut [])
+                    .on_response(response, Delivery::Answered, &mut [])
                     .await;
             }
             if leases.is_some() || settles_at_end {
@@ -206,7 +206,7 @@ where
         Err(error) => {
             let outcome = outcome_of(&Err(error));
             tracing::debug!(?outcome, "the client left and the upstream gave no answer");
-            if let (Some(settlement), Outcome::Unknown) = (settlement, outcome) {
+            if let (Some(settlement), Delivery::Unknown) = (settlement, outcome) {
                 settlement.settle_unknown();
             }
         }
@@ -334,25 +334,25 @@ mod tests {
         let answered = |error| -> Answered { Err(error) };
         assert_eq!(
             outcome_of(&answered(ProxyError::UpstreamConnect("refused".into()))),
-            Outcome::NotSent
+            Delivery::NotSent
         );
         assert_eq!(
             outcome_of(&answered(ProxyError::BadRequest("x"))),
-            Outcome::NotSent
+            Delivery::NotSent
         );
         assert_eq!(
             outcome_of(&answered(ProxyError::UpstreamTimeout(Duration::from_secs(
                 1
             )))),
-            Outcome::Unknown
+            Delivery::Unknown
         );
         assert_eq!(
             outcome_of(&answered(ProxyError::Upstream("reset".into()))),
-            Outcome::Unknown
+            Delivery::Unknown
         );
         assert_eq!(
             outcome_of(&answered(ProxyError::BodyTooLarge { limit: 1 })),
-            Outcome::Unknown
+            Delivery::Unknown
         );
     }
 

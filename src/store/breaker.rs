@@ -11,18 +11,16 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::limit::{Clock, Micros};
+
 /// Consecutive store errors that open the breaker.
 pub const DEFAULT_THRESHOLD: u32 = 3;
 /// How long an open breaker refuses calls before letting one probe through. Short, because
 /// limiting must be back within about a second of Redis returning.
 pub const DEFAULT_COOL_DOWN: Duration = Duration::from_millis(250);
 
-/// Where the breaker reads the time: monotonic, any origin.
-pub trait Clock: Send + Sync {
-    fn now(&self) -> Duration;
-}
-
-/// The process's monotonic clock (tokio's, so paused-time tests see it too).
+/// The process's monotonic clock (tokio's, so paused-time tests see it too), from the
+/// breaker's creation: the breaker only measures spans, so any origin does.
 pub struct TokioClock {
     origin: tokio::time::Instant,
 }
@@ -36,8 +34,8 @@ impl Default for TokioClock {
 }
 
 impl Clock for TokioClock {
-    fn now(&self) -> Duration {
-        self.origin.elapsed()
+    fn now_us(&self) -> Micros {
+        self.origin.elapsed().as_micros() as Micros
     }
 }
 
@@ -45,11 +43,11 @@ impl Clock for TokioClock {
 enum State {
     /// Calls go through; `failures` consecutive errors so far.
     Closed { failures: u32 },
-    /// No calls until `until`.
-    Open { until: Duration },
+    /// No calls until `until` (on the breaker's clock).
+    Open { until: Micros },
     /// One probe is out; everyone else is refused until it reports, or until `until` if it
     /// never does (its request was dropped mid-call): then another probe goes.
-    Probing { until: Duration },
+    Probing { until: Micros },
 }
 
 /// What a caller may do now.
@@ -64,8 +62,8 @@ pub enum Permit {
 pub struct Breaker<C: Clock = TokioClock> {
     clock: C,
     threshold: u32,
-    cool_down: Duration,
-    probe_timeout: Duration,
+    cool_down: Micros,
+    probe_timeout: Micros,
     state: Mutex<State>,
 }
 
@@ -86,8 +84,8 @@ impl<C: Clock> Breaker<C> {
         Breaker {
             clock,
             threshold: threshold.max(1),
-            cool_down,
-            probe_timeout,
+            cool_down: cool_down.as_micros() as Micros,
+            probe_timeout: probe_timeout.as_micros() as Micros,
             state: Mutex::new(State::Closed { failures: 0 }),
         }
     }
@@ -106,7 +104,7 @@ impl<C: Clock> Breaker<C> {
             State::Closed { .. } => return Permit::Call,
             State::Open { until } | State::Probing { until } => until,
         };
-        let now = self.clock.now();
+        let now = self.clock.now_us();
         if now >= until {
             *state = State::Probing {
                 until: now + self.probe_timeout,
@@ -126,7 +124,7 @@ impl<C: Clock> Breaker<C> {
     pub fn failure(&self) -> bool {
         let mut state = self.state();
         let open = State::Open {
-            until: self.clock.now() + self.cool_down,
+            until: self.clock.now_us() + self.cool_down,
         };
         match *state {
             State::Closed { failures } if failures + 1 >= self.threshold => {
@@ -157,21 +155,21 @@ impl<C: Clock> Breaker<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use crate::limit::clock::ManualClock;
     use std::sync::Arc;
 
     #[derive(Clone, Default)]
-    struct FakeClock(Arc<AtomicU64>);
+    struct FakeClock(Arc<ManualClock>);
 
     impl FakeClock {
         fn advance(&self, d: Duration) {
-            self.0.fetch_add(d.as_millis() as u64, Ordering::SeqCst);
+            self.0.advance(d.as_micros() as Micros);
         }
     }
 
     impl Clock for FakeClock {
-        fn now(&self) -> Duration {
-            Duration::from_millis(self.0.load(Ordering::SeqCst))
+        fn now_us(&self) -> Micros {
+            self.0.now_us()
         }
     }
 

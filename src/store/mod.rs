@@ -32,8 +32,12 @@
 //! over (the same memory state, connection, breaker and up flag), so limits that did not change
 //! keep counting where they were. The limit stage asks it for the memory store, the connected
 //! shared store, and shared decisions with `on_error` applied ([`Stores::decide_shared`]).
+//!
+//! Which store holds a limit is decided here alone ([`Holder`]): the limit stage, the
+//! operators' reads and resets, a caller's usage and `explain --live` all ask it.
 
 mod breaker;
+mod holder;
 pub mod persistence;
 pub mod replicas;
 
@@ -43,10 +47,11 @@ use std::time::Duration;
 
 use tokio::sync::OnceCell;
 
-use crate::config::{OnError, RedisConfig, StoreConfig};
+use crate::config::{Limit, OnError, RedisConfig, StoreConfig};
 use crate::limit::memory::MemoryStore;
 use crate::limit::redis_store::RedisStore;
 use crate::limit::{Cause, Check, Decision, Store, StoreError};
+pub use holder::Holder;
 
 /// How often idle in-memory keys are swept away.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -239,6 +244,12 @@ impl Stores {
     /// Whether a shared store is configured (connected or not).
     pub fn is_shared(&self) -> bool {
         self.shared.is_some()
+    }
+
+    /// The store that holds `limit` in this configuration ([`Holder::of`]).
+    #[inline]
+    pub fn holder(&self, limit: &Limit) -> Holder {
+        Holder::of(limit, self.is_shared())
     }
 
     /// The shared store once connected, borrowed (a decision needs no clone of it).

@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 
-use crate::config::{Scope, Throttle};
+use super::holder::Holder;
+use crate::config::Throttle;
 use crate::limit::redis_store::RedisStore;
 
 /// What the server says about its persistence.
@@ -74,9 +75,9 @@ pub fn durable_state(throttle: &Throttle) -> Vec<&'static str> {
     let limits = || {
         throttle.routes.iter().flat_map(|r| {
             std::iter::once(&r.limits)
-                .chain(r.overrides.iter().map(|t| &t.limits))
+                .chain(r.tiers.iter().map(|t| &t.limits))
                 .flat_map(|set| set.iter())
-                .filter(|l| l.scope == Scope::Global)
+                .filter(|l| Holder::of(l, true).is_shared())
         })
     };
     let mut needs = Vec::new();

@@ -66,7 +66,7 @@ fn sets(throttle: &Throttle) -> impl Iterator<Item = &LimitSet> {
     throttle
         .routes
         .iter()
-        .flat_map(|r| std::iter::once(&r.limits).chain(r.overrides.iter().map(|t| &t.limits)))
+        .flat_map(|r| std::iter::once(&r.limits).chain(r.tiers.iter().map(|t| &t.limits)))
 }
 
 /// The report `/limits/suggest` answers, from `merged` over `window`, as of `now_ms`.

@@ -446,13 +446,11 @@ mod tests {
         let checks: Vec<crate::limit::Check<'_>> = limits
             .iter()
             .map(|l| crate::limit::Check {
-                key: "k",
                 params: Params {
                     limit: l.params.limit * 10,
                     ..l.params
                 },
-                shadow: false,
-                block_us: 0,
+                ..l.check("k")
             })
             .collect();
         let overridden = policy_for(&limits, &checks);

@@ -226,7 +226,7 @@ routes:\n  - name: api\n    key: user\n    overrides:\n      - { name: partner, 
             ]
         );
         assert_eq!(kind, "header");
-        let (keys, _) = build("tollgate:", &route.overrides[0].limits, &request, ip);
+        let (keys, _) = build("tollgate:", &route.tiers[0].limits, &request, ip);
         assert_eq!(keys, ["tollgate:{api~partner|header=alice}:partner"]);
     }
 

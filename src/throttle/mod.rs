@@ -27,13 +27,13 @@ use std::time::Duration;
 use http::HeaderValue;
 use tokio::time::Instant;
 
-use crate::config::{LimitSet, OnLimit, Route, Scope, Throttle};
+use crate::config::{LimitSet, OnLimit, Route, Throttle};
 use crate::identity::caller::Caller;
 use crate::identity::Refusal;
 use crate::limit::algorithm::Verdict;
 use crate::limit::local_first::LocalFirst;
 use crate::limit::{Check, Decision, Store};
-use crate::store::{How, Stores};
+use crate::store::{Holder, How, Stores};
 pub use lease::LeaseGuard;
 
 /// How a decision was reached, and for an admitted request why it was let through (for logs
@@ -226,16 +226,7 @@ impl LimitStage {
     ) -> LimitOutcome<'a> {
         let (set, mut keys, identity) = match applied {
             tiers::Applied::Exempt => {
-                return LimitOutcome::Admitted(Admitted {
-                    set: &route.limits,
-                    identity: "allow_list",
-                    verdicts: Vec::new(),
-                    reason: AdmitReason::Exempt,
-                    leases: None,
-                    settlement: None,
-                    policy: None,
-                    key: String::new(),
-                })
+                return admitted_undecided(&route.limits, "allow_list", AdmitReason::Exempt)
             }
             tiers::Applied::Keyed {
                 set,
@@ -246,16 +237,7 @@ impl LimitStage {
         };
         // A route (or tier) with no limits, only a priority: nothing to decide.
         if set.is_empty() {
-            return LimitOutcome::Admitted(Admitted {
-                set,
-                identity,
-                verdicts: Vec::new(),
-                reason: AdmitReason::Decided,
-                leases: None,
-                settlement: None,
-                policy: None,
-                key: String::new(),
-            });
+            return admitted_undecided(set, identity, AdmitReason::Decided);
         }
         // A caller with a temporary override counts on keys of its own, with adjusted limits.
         let overridden = self.overrides.rekey(&mut keys);
@@ -263,31 +245,12 @@ impl LimitStage {
         // A caller known to be over a limit the shared store decides is answered from memory
         // until the retry time the store gave (see deny_cache for why that never admits more).
         // An overridden caller is not: its limits change when the override is set or ends.
-        let cache_denials = self.stores.is_shared()
-            && set
-                .iter()
-                .all(|l| l.scope == Scope::Global && l.sync.is_none())
+        let cache_denials = set.iter().all(|l| self.stores.holder(l) == Holder::Shared)
             && deny_cache::cacheable(set)
             && !overridden;
         if cache_denials && !self.denials.is_empty() {
-            let at = Instant::now();
-            if let Some(denial) = self.denials.recall(&deny_cache::key(set, &keys), at) {
-                return LimitOutcome::Limited(Limited {
-                    set,
-                    identity,
-                    denial: Denial::Remembered { denial, at },
-                    by_fallback: false,
-                    key: first_key(&mut keys),
-                    policy: None,
-                });
-            }
-        }
-        fn as_check<'k>((limit, key): (&crate::config::Limit, &'k String)) -> Check<'k> {
-            Check {
-                key,
-                params: limit.params,
-                shadow: limit.shadow,
-                block_us: limit.block_us(),
+            if let Some(limited) = self.recalled(set, identity, &mut keys) {
+                return LimitOutcome::Limited(limited);
             }
         }
         // One limit (the usual route) needs no vector of checks.
@@ -310,14 +273,7 @@ impl LimitStage {
 
         // Delay mode keeps arrival order per key: every request of such a route takes its turn
         // in a per-key queue before deciding, bounded by the route's smallest max_delay.
-        let deadline = set
-            .iter()
-            .filter_map(|l| match l.on_limit {
-                OnLimit::Delay { max_delay } => Some(max_delay),
-                OnLimit::Reject => None,
-            })
-            .min()
-            .map(|max_delay| Instant::now() + max_delay);
+        let deadline = delay_deadline(set);
         let turn = match deadline {
             Some(deadline) => tokio::time::timeout_at(deadline, self.queues.lock(keys.join("\n")))
                 .await
@@ -331,15 +287,8 @@ impl LimitStage {
             };
             if decision.allowed {
                 drop(turn);
-                // Only a limit that sees the response owes anything: the store (a clone) is
-                // looked up for those alone.
-                let settlement = if set.iter().any(|l| l.by_response.is_some()) {
-                    let settler = self.settler(set, reason, on_copies);
-                    settle::Obligation::new(set, checks, &decision, settler).map(Box::new)
-                } else {
-                    None
-                };
-                let mut admitted = self.admitted(set, identity, decision, reason, settlement);
+                let mut admitted =
+                    self.admitted(set, identity, checks, decision, reason, on_copies);
                 admitted.policy = policy;
                 admitted.key = first_key(&mut keys);
                 return LimitOutcome::Admitted(admitted);
@@ -348,12 +297,7 @@ impl LimitStage {
                 (Some(deadline), Some(_), Some(wait)) if Instant::now() + wait <= deadline => wait,
                 _ => {
                     if cache_denials && reason == AdmitReason::Decided {
-                        self.denials.remember(
-                            set,
-                            deny_cache::key(set, &keys),
-                            asked_at,
-                            &decision.verdicts,
-                        );
+                        self.remember_denial(set, &keys, asked_at, &decision.verdicts);
                     }
                     return LimitOutcome::Limited(Limited {
                         set,
@@ -369,14 +313,57 @@ impl LimitStage {
         }
     }
 
+    /// The denial the deny cache remembers for the caller's `keys` on `set`, if any.
+    fn recalled<'a>(
+        &self,
+        set: &'a LimitSet,
+        identity: &'static str,
+        keys: &mut [String],
+    ) -> Option<Limited<'a>> {
+        let at = Instant::now();
+        let denial = self.denials.recall(&deny_cache::key(set, keys), at)?;
+        Some(Limited {
+            set,
+            identity,
+            denial: Denial::Remembered { denial, at },
+            by_fallback: false,
+            key: first_key(keys),
+            policy: None,
+        })
+    }
+
+    /// Keeps the store's denial of the caller's `keys` on `set` (`verdicts`, asked at
+    /// `asked_at`) in the deny cache, which answers them with it until the store's retry time.
+    fn remember_denial(
+        &self,
+        set: &LimitSet,
+        keys: &[String],
+        asked_at: Instant,
+        verdicts: &[Verdict],
+    ) {
+        self.denials
+            .remember(set, deny_cache::key(set, keys), asked_at, verdicts);
+    }
+
+    /// An admitted request, with the settlement it owes if a limit of `set` sees the response
+    /// (`on_copies`: decided on local-first copies).
     fn admitted<'a>(
         &self,
         set: &'a LimitSet,
         identity: &'static str,
+        checks: &[Check<'_>],
         decision: Decision,
         reason: AdmitReason,
-        settlement: Option<Box<settle::Obligation>>,
+        on_copies: bool,
     ) -> Admitted<'a> {
+        // Only a limit that sees the response owes anything: the store (a clone) is looked up
+        // for those alone.
+        let settlement = if set.iter().any(|l| l.by_response.is_some()) {
+            let settler = self.settler(set, reason, on_copies);
+            settle::Obligation::new(set, checks, &decision, settler).map(Box::new)
+        } else {
+            None
+        };
         let reason =
             if reason == AdmitReason::Decided && decision.verdicts.iter().any(|v| !v.allowed) {
                 tracing::info!(route = %set.key_name, "shadow limit exceeded (request forwarded)");
@@ -388,11 +375,11 @@ impl LimitStage {
             // Leases live where they were taken: memory for local limits and the on_error:
             // local fallback, Redis for global limits that Redis decided.
             let mut stores = Vec::new();
-            if reason == AdmitReason::LocalFallback || set.iter().any(|l| l.scope == Scope::Local) {
+            let holders = || set.iter().map(|l| self.stores.holder(l));
+            if reason == AdmitReason::LocalFallback || holders().any(|h| h == Holder::Memory) {
                 stores.push(self.stores.memory().clone());
             }
-            if reason != AdmitReason::LocalFallback && set.iter().any(|l| l.scope == Scope::Global)
-            {
+            if reason != AdmitReason::LocalFallback && holders().any(Holder::is_shared) {
                 stores.extend(self.global_store());
             }
             Box::new(LeaseGuard::new(stores, decision.leases))
@@ -415,7 +402,7 @@ impl LimitStage {
         match reason {
             AdmitReason::StoreError | AdmitReason::Exempt => None,
             AdmitReason::LocalFallback => Some(self.stores.memory().clone()),
-            _ if !self.stores.is_shared() || set.iter().all(|l| l.scope == Scope::Local) => {
+            _ if set.iter().all(|l| self.stores.holder(l) == Holder::Memory) => {
                 Some(self.stores.memory().clone())
             }
             _ => self.global_store(),
@@ -457,7 +444,10 @@ impl LimitStage {
         // except for a key the engine has no view of (a new key on a route whose copies are
         // all taken), decided exactly.
         if let Some(local_first) = &self.local_first {
-            if self.stores.is_shared() && set.iter().all(|l| l.sync.is_some()) {
+            if set
+                .iter()
+                .all(|l| self.stores.holder(l) == Holder::LocalFirst)
+            {
                 if let Some(decision) = local_first.decide(&set.key_name, checks) {
                     return Some((decision, AdmitReason::Decided, true));
                 }
@@ -474,8 +464,8 @@ impl LimitStage {
         set: &LimitSet,
         checks: &[Check<'_>],
     ) -> Option<(Decision, AdmitReason)> {
-        let all_local = set.iter().all(|l| l.scope == Scope::Local);
-        if all_local || !self.stores.is_shared() {
+        let in_memory = |i: usize| self.stores.holder(&set[i]) == Holder::Memory;
+        if (0..set.len()).all(in_memory) {
             return Some((
                 self.stores
                     .memory()
@@ -485,8 +475,7 @@ impl LimitStage {
                 AdmitReason::Decided,
             ));
         }
-        let all_global = set.iter().all(|l| l.scope == Scope::Global);
-        if all_global {
+        if !(0..set.len()).any(in_memory) {
             return self
                 .stores
                 .decide_shared(checks)
@@ -497,7 +486,7 @@ impl LimitStage {
         // ones. A global denial after a local admission leaves the local units spent; the docs
         // say so.
         let (local_idx, global_idx): (Vec<usize>, Vec<usize>) =
-            (0..checks.len()).partition(|&i| set[i].scope == Scope::Local);
+            (0..checks.len()).partition(|&i| in_memory(i));
         let pick = |idx: &[usize]| idx.iter().map(|&i| checks[i]).collect::<Vec<_>>();
         let local = self
             .stores
@@ -574,6 +563,40 @@ fn with_admit_reason((decision, how): (Decision, How)) -> (Decision, AdmitReason
 /// The store key of a limited set's first limit, taken out of the keys the stage built (none
 /// for a set without limits). Taken, not moved with the vector: a vector moved on some paths
 /// only would need a drop flag in the request's future.
+/// Admitted with nothing decided: an exempt caller, or a set with no limits (only a priority).
+fn admitted_undecided<'a>(
+    set: &'a LimitSet,
+    identity: &'static str,
+    reason: AdmitReason,
+) -> LimitOutcome<'a> {
+    LimitOutcome::Admitted(Admitted {
+        set,
+        identity,
+        verdicts: Vec::new(),
+        reason,
+        leases: None,
+        settlement: None,
+        policy: None,
+        key: String::new(),
+    })
+}
+
+/// When a delay-mode request stops waiting for its turn and its quota: now plus the set's
+/// smallest `max_delay`; None when no limit of the set delays.
+fn delay_deadline(set: &LimitSet) -> Option<Instant> {
+    set.iter()
+        .filter_map(|l| match l.on_limit {
+            OnLimit::Delay { max_delay } => Some(max_delay),
+            OnLimit::Reject => None,
+        })
+        .min()
+        .map(|max_delay| Instant::now() + max_delay)
+}
+
+fn as_check<'k>((limit, key): (&crate::config::Limit, &'k String)) -> Check<'k> {
+    limit.check(key)
+}
+
 fn first_key(keys: &mut [String]) -> String {
     keys.first_mut().map(std::mem::take).unwrap_or_default()
 }

@@ -7,9 +7,9 @@
 //! response is known:
 //!
 //! - `count_statuses`: on the response head, a status that does not count gets its units
-//!   back; so does a request that never reached the app ([`Outcome::NotSent`]: no connection
+//!   back; so does a request that never reached the app ([`Delivery::NotSent`]: no connection
 //!   to the upstream, or tollgate refused it on the way). A request whose outcome can never be
-//!   known ([`Outcome::Unknown`]: the upstream timed out, broke the exchange after the request
+//!   known ([`Delivery::Unknown`]: the upstream timed out, broke the exchange after the request
 //!   was sent, or the client cut its request body off) counts as failing: its units stay
 //!   taken, since the app may well have acted on it. A client that leaves does not settle
 //!   anything: the proxy keeps the exchange going and settles on the app's answer
@@ -65,7 +65,7 @@ pub struct SettleMetrics {
 
 /// How an admitted request's exchange with the upstream ended, as a settlement sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Delivery {
     /// The app answered with a response head.
     Answered,
     /// The request never reached the app: everything is given back.
@@ -203,13 +203,13 @@ impl Obligation {
     /// client cannot send a request decided on it before then. Returns the response, its body
     /// wrapped when a `cost_from_response` limit waits for the end of it. `outcome` says
     /// whether `response` is the app's answer, or tollgate's own after the exchange failed
-    /// (see [`Outcome`]). `verdicts` (the decision's, which the head's RateLimit fields are
+    /// (see [`Delivery`]). `verdicts` (the decision's, which the head's RateLimit fields are
     /// rendered from) are brought up to date with what the head settled: a refund gives its
     /// units back.
     pub async fn on_response(
         mut self,
         response: Response<ProxyBody>,
-        outcome: Outcome,
+        outcome: Delivery,
         verdicts: &mut [Verdict],
     ) -> Response<ProxyBody> {
         // Another route's part first.
@@ -218,8 +218,8 @@ impl Obligation {
             None => response,
         };
         match outcome {
-            Outcome::Answered => {}
-            Outcome::NotSent => {
+            Delivery::Answered => {}
+            Delivery::NotSent => {
                 // Everything is given back.
                 for owed in &self.limits {
                     if let Some(verdict) = verdicts.get_mut(owed.index) {
@@ -229,7 +229,7 @@ impl Obligation {
                 self.give_back().await;
                 return response;
             }
-            Outcome::Unknown => {
+            Delivery::Unknown => {
                 self.settle_unknown();
                 return response;
             }

@@ -133,7 +133,7 @@ async fn a_tier_gets_its_own_limits() {
     let config = config(&format!("{USER}{TIERED}"));
     let stage = stage(&config);
     let route = route(&config);
-    let tier = &route.overrides[0].limits;
+    let tier = &route.tiers[0].limits;
     for remaining in [2, 1, 0] {
         let outcome = admitted(limit(&stage, route, Some("p")).await);
         assert!(std::ptr::eq(outcome.set, tier));

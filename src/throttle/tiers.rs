@@ -1,10 +1,10 @@
 //! Allow-lists and tiers: before a route's limits apply, callers on an allow-list (global or
-//! the route's; by client CIDR or identity value) pass unlimited, and callers named by an
-//! override get that tier's limits instead of the default ones (for example a partner key with
-//! ten times the quota), without a route of their own. [`applied`] goes on to the store keys
+//! the route's; by client CIDR or identity value) pass unlimited, and callers named by a
+//! tier ([`Tier`], the route's `overrides:` in the file) get its limits instead of the default
+//! ones (for example a partner key with ten times the quota), without a route of their own. [`applied`] goes on to the store keys
 //! of the limits that apply: what the limit stage decides with, and what `explain` shows.
 
-use crate::config::{Allow, LimitSet, Override, Route, Throttle};
+use crate::config::{Allow, LimitSet, Route, Throttle, Tier};
 use crate::identity::caller::Caller;
 use crate::identity::Identified;
 
@@ -17,7 +17,7 @@ pub enum Selection<'a> {
     /// The limits to apply: the route's own (`tier` None), or a tier's.
     Limits {
         set: &'a LimitSet,
-        tier: Option<&'a Override>,
+        tier: Option<&'a Tier>,
     },
 }
 
@@ -28,7 +28,7 @@ pub enum Applied<'a> {
     Keyed {
         set: &'a LimitSet,
         /// The tier whose limits these are; None for the route's own.
-        tier: Option<&'a Override>,
+        tier: Option<&'a Tier>,
         /// One store key per limit of `set`, in order.
         keys: Vec<String>,
         /// The kind of source that identified the caller for the first limit.
@@ -57,7 +57,7 @@ fn select<'a>(global: &Allow, route: &'a Route, caller: &mut Caller<'_>) -> Sele
     if allowed(global, caller) || allowed(&route.allow, caller) {
         return Selection::Exempt;
     }
-    for tier in &route.overrides {
+    for tier in &route.tiers {
         let identified = caller.identified(&tier.identity);
         if tier
             .values

@@ -93,6 +93,18 @@ pub struct Limit {
 }
 
 impl Limit {
+    /// What a store is asked of this limit for a request stored at `key`: the one place a
+    /// [`Check`](crate::limit::Check) is made from a limit.
+    #[inline]
+    pub fn check<'k>(&self, key: &'k str) -> crate::limit::Check<'k> {
+        crate::limit::Check {
+            key,
+            params: self.params,
+            shadow: self.shadow,
+            block_us: self.block_us(),
+        }
+    }
+
     /// `block_for` in microseconds, as the stores take it (0: none).
     pub fn block_us(&self) -> crate::limit::Micros {
         self.block_for

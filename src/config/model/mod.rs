@@ -26,7 +26,7 @@ pub use proxy::{
     DEFAULT_H2_STREAMS, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, MAX_WORKERS,
 };
-pub use route::{Allow, MethodOverride, Override, Route, METHOD_OVERRIDE_HEADERS};
+pub use route::{Allow, MethodOverride, Route, Tier, METHOD_OVERRIDE_HEADERS};
 pub use route::{MatchCase, DEFAULT_UPGRADES};
 pub use throttle::{
     OnError, RedisConfig, RedisMode, RedisTls, ResponseConfig, Secret, StoreConfig, Throttle,

@@ -1,6 +1,6 @@
 //! What a request is matched against: `Route` (path prefix, methods, host, case, header
 //! values), the protocol upgrades it lets through, its default limits, its allow-list (`Allow`)
-//! and its tiers (`Override`).
+//! and its tiers (`Tier`).
 
 use std::sync::Arc;
 
@@ -29,7 +29,7 @@ pub struct Route {
     /// Callers never limited on this route.
     pub allow: Allow,
     /// Tiers, tried in order before the default limits.
-    pub overrides: Vec<Override>,
+    pub tiers: Vec<Tier>,
     /// Which method-override spellings reach `methods` (`method_override`).
     pub method_override: MethodOverride,
 }
@@ -100,7 +100,7 @@ impl Allow {
 /// A tier: callers whose `identity` value is one of `values` get `limits` (on the same route)
 /// instead of the route's default limits.
 #[derive(Debug, Clone)]
-pub struct Override {
+pub struct Tier {
     pub name: String,
     pub identity: Arc<Identity>,
     pub values: Vec<String>,

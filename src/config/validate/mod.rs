@@ -308,7 +308,7 @@ routes:\n  - name: a\n    key: usr\n    limits:\n      - { algorithm: gcra, limi
             (route.limits.route.as_str(), route.limits.key_name.as_str()),
             ("api", "api")
         );
-        let tier = &route.overrides[0].limits;
+        let tier = &route.tiers[0].limits;
         assert_eq!(
             (tier.route.as_str(), tier.key_name.as_str()),
             ("api", "api~partner")

@@ -211,9 +211,9 @@ mod tests {
         assert_eq!(routes[0].headers[0].0.as_str(), "x-priority");
         assert_eq!(routes[0].headers[0].1, "high");
         assert_eq!(routes[1].limits.priority, Priority::Low);
-        assert_eq!(routes[1].overrides[0].limits.priority, Priority::Critical);
+        assert_eq!(routes[1].tiers[0].limits.priority, Priority::Critical);
         assert_eq!(
-            routes[1].overrides[1].limits.priority,
+            routes[1].tiers[1].limits.priority,
             Priority::Low,
             "a tier without a priority has its route's"
         );

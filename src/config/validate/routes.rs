@@ -12,8 +12,8 @@ use super::limits::{limits, Owner};
 use super::matching;
 use super::protect::priority;
 use super::validator::{is_plain_name, Validator};
-use crate::config::model::{LimitSet, Override, Priority, Route, Scope};
-use crate::config::raw::{RawMatch, RawOverride, RawRoute};
+use crate::config::model::{LimitSet, Priority, Route, Scope, Tier};
+use crate::config::raw::{RawMatch, RawRoute, RawTier};
 use crate::identity::Identity;
 
 /// Every usable route, in file order; names are unique (they are the action in store keys).
@@ -86,8 +86,8 @@ fn route(
     let shared_key = limits.iter().all(|l| same_key(&l.key, &route_key));
     let allow = allow(v, &format!("{path}.allow"), raw.allow.as_ref(), identities);
     let mut tier_names = HashSet::new();
-    let overrides = raw
-        .overrides
+    let tiers = raw
+        .tiers
         .iter()
         .enumerate()
         .filter_map(|(i, tier)| self::tier(v, path, &owner, tier, i, &mut tier_names, priority))
@@ -104,7 +104,7 @@ fn route(
         headers,
         limits,
         allow,
-        overrides,
+        tiers,
         method_override,
     })
 }
@@ -170,51 +170,51 @@ fn tier(
     v: &mut Validator,
     path: &str,
     route: &Owner,
-    raw: &RawOverride,
+    raw: &RawTier,
     index: usize,
     names: &mut HashSet<String>,
     route_priority: Priority,
-) -> Option<Override> {
-    let opath = format!("{path}.overrides[{index}]");
+) -> Option<Tier> {
+    let tier_path = format!("{path}.overrides[{index}]");
     let tier = raw
         .name
         .clone()
         .unwrap_or_else(|| format!("{}-tier{}", route.name, index + 1));
     if !is_plain_name(&tier) {
         v.error(
-            &format!("{opath}.name"),
+            &format!("{tier_path}.name"),
             format!("`{tier}` may use only letters, digits, `_`, `-` and `.` (at most 64)"),
         );
     }
     if !names.insert(tier.clone()) {
         v.error(
-            &format!("{opath}.name"),
+            &format!("{tier_path}.name"),
             format!("tier name `{tier}` is used twice in this route"),
         );
     }
     let identity = match &raw.identity {
-        Some(name) => lookup(v, &format!("{opath}.identity"), name, route.identities)?,
+        Some(name) => lookup(v, &format!("{tier_path}.identity"), name, route.identities)?,
         None if route.route_key.len() == 1 => route.route_key[0].clone(),
         None => {
-            v.error(&opath, "the route's key is compound: say which identity the values belong to with `identity: NAME`");
+            v.error(&tier_path, "the route's key is compound: say which identity the values belong to with `identity: NAME`");
             return None;
         }
     };
     if raw.values.is_empty() {
         v.error(
-            &format!("{opath}.values"),
+            &format!("{tier_path}.values"),
             "list the identity values this tier applies to",
         );
     }
     if raw.limits.is_empty() && raw.priority.is_none() {
         v.error(
-            &format!("{opath}.limits"),
+            &format!("{tier_path}.limits"),
             "a tier needs its own limits or a priority (to exempt callers entirely, use `allow`)",
         );
     }
     let priority = priority(
         v,
-        &format!("{opath}.priority"),
+        &format!("{tier_path}.priority"),
         raw.priority.as_deref(),
         route_priority,
     );
@@ -222,11 +222,11 @@ fn tier(
         name: &tier,
         ..*route
     };
-    let limits = limits(v, &opath, &owner, &raw.limits);
+    let limits = limits(v, &tier_path, &owner, &raw.limits);
     let shared_key = limits.iter().all(|l| same_key(&l.key, route.route_key));
     let mut limits = LimitSet::new(route.name, Some(&tier), limits, shared_key);
     limits.priority = priority;
-    Some(Override {
+    Some(Tier {
         name: tier.clone(),
         identity,
         values: raw.values.clone(),

@@ -27,8 +27,6 @@ const MAX_QUEUE: u64 = 1_000_000;
 
 /// The `tracing` section and the environment; None when export is off.
 pub(super) fn traces(v: &mut Validator, raw: Option<&RawTracing>) -> Option<Traces> {
-    // A variable set to the empty string is unset, as the SDKs read it.
-    let env = |v: &Validator, name: &str| v.env(name).filter(|value| !value.trim().is_empty());
     let from_env = env(v, TRACES_ENDPOINT).is_some() || env(v, ENDPOINT).is_some();
     match raw {
         Some(RawTracing {
@@ -53,8 +51,46 @@ pub(super) fn traces(v: &mut Validator, raw: Option<&RawTracing>) -> Option<Trac
         propagators: None,
     };
     let raw = raw.unwrap_or(&empty);
+    let protocol = protocol_of(v, raw);
+    let endpoint = endpoint_of(v, raw, protocol);
+    let headers = headers_of(v, raw);
+    let (resource, service_name) = resource_of(v, raw);
+    let sampling = sampling_of(v, raw);
+    let timeout = v.duration(
+        "tracing.timeout",
+        raw.timeout.as_deref(),
+        DEFAULT_TRACES_TIMEOUT,
+    );
+    let interval = v.duration(
+        "tracing.interval",
+        raw.interval.as_deref(),
+        DEFAULT_TRACES_INTERVAL,
+    );
+    let (queue_size, batch_size) = sizes_of(v, raw);
+    let propagators = propagators_of(v, raw);
+    Some(Traces {
+        endpoint,
+        protocol,
+        headers,
+        service_name,
+        resource,
+        sampling,
+        timeout,
+        queue_size,
+        batch_size,
+        interval,
+        propagators,
+    })
+}
 
-    let protocol = match raw.protocol.as_deref() {
+/// An `OTEL_*` variable; one set to the empty string is unset, as the SDKs read it.
+fn env(v: &Validator, name: &str) -> Option<String> {
+    v.env(name).filter(|value| !value.trim().is_empty())
+}
+
+/// `tracing.protocol`, else `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` / `_PROTOCOL`.
+fn protocol_of(v: &mut Validator, raw: &RawTracing) -> OtlpProtocol {
+    match raw.protocol.as_deref() {
         Some(text) => protocol(text).unwrap_or_else(|| {
             v.error("tracing.protocol", format!("`{text}` is not a protocol: use grpc or http/protobuf"));
             OtlpProtocol::HttpProtobuf
@@ -66,9 +102,12 @@ pub(super) fn traces(v: &mut Validator, raw: Option<&RawTracing>) -> Option<Trac
                 OtlpProtocol::HttpProtobuf
             }),
         },
-    };
+    }
+}
 
-    let endpoint = match raw.endpoint.as_deref() {
+/// `tracing.endpoint`, else the environment's, else the protocol's local default.
+fn endpoint_of(v: &mut Validator, raw: &RawTracing, protocol: OtlpProtocol) -> String {
+    match raw.endpoint.as_deref() {
         Some(text) => endpoint(v, "tracing.endpoint", text, protocol, true),
         None => match (env(v, TRACES_ENDPOINT), env(v, ENDPOINT)) {
             // The signal's own variable is the whole URL, as the specification has it.
@@ -87,8 +126,11 @@ pub(super) fn traces(v: &mut Validator, raw: Option<&RawTracing>) -> Option<Trac
                 OtlpProtocol::HttpProtobuf => "http://localhost:4318/v1/traces".to_owned(),
             },
         },
-    };
+    }
+}
 
+/// `tracing.headers`, then the environment's headers the file does not name.
+fn headers_of(v: &mut Validator, raw: &RawTracing) -> Vec<(String, Secret)> {
     let mut headers: Vec<(String, Secret)> = Vec::new();
     for (name, value) in &raw.headers.0 {
         let path = format!("tracing.headers.{name}");
@@ -124,7 +166,12 @@ pub(super) fn traces(v: &mut Validator, raw: Option<&RawTracing>) -> Option<Trac
             ),
         }
     }
+    headers
+}
 
+/// `tracing.resource` with the environment's attributes the file does not name, and the
+/// service name (`tracing.service_name`, `OTEL_SERVICE_NAME`, the resource's `service.name`).
+fn resource_of(v: &mut Validator, raw: &RawTracing) -> (Vec<(String, String)>, String) {
     let mut resource: Vec<(String, String)> = raw
         .resource
         .0
@@ -161,8 +208,12 @@ pub(super) fn traces(v: &mut Validator, raw: Option<&RawTracing>) -> Option<Trac
             .or(in_resource)
             .unwrap_or_else(|| DEFAULT_SERVICE_NAME.to_owned()),
     };
+    (resource, service_name)
+}
 
-    let sampling = match raw.sample_ratio {
+/// `tracing.sample_ratio`, else `OTEL_TRACES_SAMPLER` and its argument.
+fn sampling_of(v: &mut Validator, raw: &RawTracing) -> Sampling {
+    match raw.sample_ratio {
         Some(ratio) if (0.0..=1.0).contains(&ratio) => Sampling {
             parent_based: true,
             ratio,
@@ -175,18 +226,11 @@ pub(super) fn traces(v: &mut Validator, raw: Option<&RawTracing>) -> Option<Trac
             }
         }
         None => sampler(v, env(v, SAMPLER), env(v, SAMPLER_ARG)),
-    };
+    }
+}
 
-    let timeout = v.duration(
-        "tracing.timeout",
-        raw.timeout.as_deref(),
-        DEFAULT_TRACES_TIMEOUT,
-    );
-    let interval = v.duration(
-        "tracing.interval",
-        raw.interval.as_deref(),
-        DEFAULT_TRACES_INTERVAL,
-    );
+/// `tracing.queue_size` and `tracing.batch_size`, a batch no larger than the queue.
+fn sizes_of(v: &mut Validator, raw: &RawTracing) -> (usize, usize) {
     let count = |v: &mut Validator, field: &str, value: Option<u64>, default: usize| match value {
         None => default,
         Some(n) if (1..=MAX_QUEUE).contains(&n) => n as usize,
@@ -213,7 +257,12 @@ pub(super) fn traces(v: &mut Validator, raw: Option<&RawTracing>) -> Option<Trac
             ),
         );
     }
-    let propagators = match &raw.propagators {
+    (queue_size, batch_size)
+}
+
+/// `tracing.propagators`, else `OTEL_PROPAGATORS`.
+fn propagators_of(v: &mut Validator, raw: &RawTracing) -> Propagators {
+    match &raw.propagators {
         Some(list) => {
             let mut chosen = Propagators {
                 tracecontext: false,
@@ -245,20 +294,7 @@ pub(super) fn traces(v: &mut Validator, raw: Option<&RawTracing>) -> Option<Trac
                 chosen
             }
         },
-    };
-    Some(Traces {
-        endpoint,
-        protocol,
-        headers,
-        service_name,
-        resource,
-        sampling,
-        timeout,
-        queue_size,
-        batch_size,
-        interval,
-        propagators,
-    })
+    }
 }
 
 /// Adds the propagator `name` to `chosen`; false for a name tollgate does not read.

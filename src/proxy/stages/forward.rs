@@ -26,7 +26,7 @@ use crate::proxy::record::RequestRecord;
 use crate::proxy::runtime::{Inner, Runtime};
 use crate::proxy::upstream;
 use crate::routing::Routed;
-use crate::throttle::settle::Outcome;
+use crate::throttle::settle::Delivery;
 use crate::throttle::Admitted;
 
 /// What the server knows about the connection a request came in on.
@@ -72,7 +72,7 @@ pub struct Forwarded {
     /// What the request still holds for its limits: settled and released by the respond stage.
     pub holdings: Holdings,
     /// How the exchange ended, for the settlement.
-    pub outcome: Outcome,
+    pub outcome: Delivery,
 }
 
 /// Forwards `incoming` on its route, holding what `admitted` holds for its limits and the
@@ -115,7 +115,7 @@ where
             let outcome = exchange::outcome_of(&answered);
             (inbound(&inner.tunnels, returning, answered), outcome)
         }
-        Err(error) => (Err(error), Outcome::NotSent),
+        Err(error) => (Err(error), Delivery::NotSent),
     };
     let status = response.as_ref().ok().map(Response::status);
     record.forwarded(upstream_started.elapsed(), status);

@@ -14,7 +14,7 @@ use crate::proxy::exchange::{self, Holdings};
 use crate::proxy::record::RequestRecord;
 use crate::proxy::runtime::{Inner, Runtime};
 use crate::throttle::headers as limit_headers;
-use crate::throttle::settle::Outcome;
+use crate::throttle::settle::Delivery;
 use crate::throttle::Admitted;
 
 /// The respond stage for a forwarded request. Only a response that settles or holds slots
@@ -92,12 +92,12 @@ async fn settle_and_hold(
     runtime: &Runtime,
     mut admitted: Admitted<'_>,
     holdings: Holdings,
-    outcome: Outcome,
+    outcome: Delivery,
     mut response: Response<AnswerBody>,
 ) -> Response<AnswerBody> {
     let mut settles_at_end = false;
     if let Some(settlement) = holdings.settlement {
-        settles_at_end = outcome == Outcome::Answered && settlement.settles_at_end();
+        settles_at_end = outcome == Delivery::Answered && settlement.settles_at_end();
         // count_statuses settles on this head, in the store before the head goes out
         // (and the fields below show it), cost_from_response before the body's end.
         let settled =
