@@ -42,11 +42,11 @@ use crate::admin_endpoints::ENDPOINTS;
 use crate::body::{full, ProxyBody};
 use crate::config::Secret;
 use crate::console::{self, Console};
-use crate::control::answers::{to_json, AuditParameters};
 use crate::control::audit::{self, Who};
 use crate::control::caller::CallerError;
 use crate::control::offenders::{self, View};
 use crate::control::overrides;
+use crate::control::results::{to_json, AuditParameters};
 use crate::proxy::Proxy;
 use crate::throttle::overrides::Adjust;
 

@@ -20,12 +20,12 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::config::{Config, StoreConfig};
-use crate::control::answers::{
-    to_json, AuditParameters, CallerState, OverrideDone, OverrideRemoved, OverridesList, ResetDone,
-};
 use crate::control::audit::Who;
 use crate::control::caller::{CallerError, Control};
 use crate::control::overrides::Request as OverrideRequest;
+use crate::control::results::{
+    to_json, AuditParameters, CallerState, OverrideDone, OverrideRemoved, OverridesList, ResetDone,
+};
 use crate::throttle::overrides::Adjust;
 
 /// How long the command waits for an admin listener.
@@ -68,45 +68,45 @@ impl Action {
 
 /// What an action answers: the admin endpoint's answer, typed.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Answer {
+pub enum ActionResult {
     State(CallerState),
     Reset(ResetDone),
     Override(OverrideDone),
     Removed(OverrideRemoved),
 }
 
-impl Answer {
+impl ActionResult {
     /// As the admin endpoint answers it (`--json`).
     pub fn json(&self) -> Value {
         match self {
-            Answer::State(a) => to_json(a),
-            Answer::Reset(a) => to_json(a),
-            Answer::Override(a) => to_json(a),
-            Answer::Removed(a) => to_json(a),
+            ActionResult::State(a) => to_json(a),
+            ActionResult::Reset(a) => to_json(a),
+            ActionResult::Override(a) => to_json(a),
+            ActionResult::Removed(a) => to_json(a),
         }
     }
 
     /// As the admin endpoint's `format=text` shows it.
     pub fn text(&self) -> String {
         match self {
-            Answer::State(a) => a.text(),
-            Answer::Reset(a) => a.text(),
-            Answer::Override(a) => a.text(),
-            Answer::Removed(a) => a.text(),
+            ActionResult::State(a) => a.text(),
+            ActionResult::Reset(a) => a.text(),
+            ActionResult::Override(a) => a.text(),
+            ActionResult::Removed(a) => a.text(),
         }
     }
 
     /// What the audit trail keeps of it, for an action that changed something.
     fn audit_parameters(&self, action: &Action) -> Option<AuditParameters> {
         match (self, action) {
-            (Answer::Override(done), Action::Override(asked)) if !asked.dry_run => {
+            (ActionResult::Override(done), Action::Override(asked)) if !asked.dry_run => {
                 Some(done.audit_parameters(asked.duration))
             }
-            (Answer::Reset(done), _) => Some(AuditParameters::Reset {
+            (ActionResult::Reset(done), _) => Some(AuditParameters::Reset {
                 limit_name: done.limit_name.clone(),
                 deleted: done.deleted,
             }),
-            (Answer::Removed(done), _) => Some(AuditParameters::Removed {
+            (ActionResult::Removed(done), _) => Some(AuditParameters::Removed {
                 limit_name: done.limit_name.clone(),
                 removed: done.removed,
             }),
@@ -158,16 +158,16 @@ pub async fn run(
     route: &str,
     identity: &str,
     admin: Option<&str>,
-) -> Result<Answer, Failure> {
+) -> Result<ActionResult, Failure> {
     match (&config.throttle.store, admin) {
         (StoreConfig::Redis(redis), None) => {
             let control = direct(config, redis).await?;
             // A short form (`sha256:...`) names the caller whose value it is.
             let raw = &control.resolve(route, identity.as_bytes()).await?;
             let done = match &action {
-                Action::Get => Answer::State(control.state(route, raw).await?),
+                Action::Get => ActionResult::State(control.state(route, raw).await?),
                 Action::Reset { limit_name } => {
-                    Answer::Reset(control.reset(route, raw, limit_name.as_deref()).await?)
+                    ActionResult::Reset(control.reset(route, raw, limit_name.as_deref()).await?)
                 }
                 Action::Override(asked) => {
                     let limit_name = asked.limit_name.as_deref();
@@ -178,9 +178,9 @@ pub async fn run(
                         limit_name,
                     )
                     .map_err(Failure::usage)?;
-                    Answer::Override(control.set_override(route, raw, asked).await?)
+                    ActionResult::Override(control.set_override(route, raw, asked).await?)
                 }
-                Action::Unoverride { limit_name } => Answer::Removed(
+                Action::Unoverride { limit_name } => ActionResult::Removed(
                     control
                         .remove_override(route, raw, limit_name.as_deref())
                         .await?,
@@ -226,7 +226,7 @@ async fn through_admin(
     base: &str,
     route: &str,
     identity: &str,
-) -> Result<Answer, Failure> {
+) -> Result<ActionResult, Failure> {
     let (method, path) = match action {
         Action::Get => (http::Method::GET, "/limits/state"),
         Action::Reset { .. } => (http::Method::POST, "/limits/reset"),
@@ -274,10 +274,10 @@ async fn through_admin(
         .body(Empty::<bytes::Bytes>::new())
         .map_err(|e| Failure::usage(format!("`{url}` is not a usable URL: {e}")))?;
     Ok(match action {
-        Action::Get => Answer::State(exchange(request, base).await?),
-        Action::Reset { .. } => Answer::Reset(exchange(request, base).await?),
-        Action::Override(_) => Answer::Override(exchange(request, base).await?),
-        Action::Unoverride { .. } => Answer::Removed(exchange(request, base).await?),
+        Action::Get => ActionResult::State(exchange(request, base).await?),
+        Action::Reset { .. } => ActionResult::Reset(exchange(request, base).await?),
+        Action::Override(_) => ActionResult::Override(exchange(request, base).await?),
+        Action::Unoverride { .. } => ActionResult::Removed(exchange(request, base).await?),
     })
 }
 

@@ -164,7 +164,7 @@ fn limits_overrides(args: OverridesArgs) -> ExitCode {
         "overrides",
         answer,
         args.json,
-        tollgate::control::answers::OverridesList::text,
+        tollgate::control::results::OverridesList::text,
     )
 }
 
@@ -207,7 +207,7 @@ fn print_answer<T: serde::Serialize>(
     match answer {
         Ok(value) if json => {
             // Through `Value`, keys in name order, as the admin endpoint prints it.
-            let value = tollgate::control::answers::to_json(&value);
+            let value = tollgate::control::results::to_json(&value);
             println!(
                 "{}",
                 serde_json::to_string_pretty(&value).unwrap_or_default()

@@ -282,7 +282,7 @@ pub async fn caller(proxy: &Proxy, resolved: &Resolved, given: &[u8]) -> Value {
             }
         };
         let state = match control.state(&route.name, &raw).await {
-            Ok(state) => crate::control::answers::to_json(&state),
+            Ok(state) => crate::control::results::to_json(&state),
             Err(e) => json!({ "error": e.to_string() }),
         };
         let (parts, peer, note) = request_of(route, &raw);

@@ -10,8 +10,8 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use super::answers::{AuditEntry, AuditParameters, AuditTrail};
 use super::caller::{CallerError, Control};
+use super::results::{AuditEntry, AuditParameters, AuditTrail};
 use crate::limit::Store;
 
 /// About how many entries the trail keeps (Redis trims to at least this many).

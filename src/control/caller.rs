@@ -23,11 +23,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::answers::{
-    Block, CallerState, LimitRead, LimitState, LimitUnread, OverrideShown, ResetDone,
-};
 use super::notify::{self, Topic};
 use super::offenders::Offenders;
+use super::results::{
+    Block, CallerState, LimitRead, LimitState, LimitUnread, OverrideShown, ResetDone,
+};
 use crate::config::{Limit, LimitSet, StoreConfig, Throttle};
 use crate::identity::client_ip::key_value;
 use crate::limit::algorithm::Verdict;

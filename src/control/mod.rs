@@ -10,21 +10,20 @@
 //! none of them.
 //!
 //! [`Control`] is the operator API: one handle, its methods kept beside the concern they
-//! serve (each file has one `impl Control`), and every answer typed in [`answers`], where
+//! serve (each file has one `impl Control`), and every answer typed in [`results`], where
 //! its JSON keys and its text form are:
 //!
 //! | Method | File | Answer |
 //! |---|---|---|
 //! | `new`, `direct`, `offenders`, `memory_only`, `ping`, `peek` | `caller.rs` | |
-//! | `state` | `caller.rs` | [`answers::CallerState`] |
-//! | `reset` | `caller.rs` | [`answers::ResetDone`] |
-//! | `set_override` | `overrides.rs` | [`answers::OverrideDone`] |
-//! | `remove_override` | `overrides.rs` | [`answers::OverrideRemoved`] |
-//! | `overrides_list` (and `overrides_of`, `overrides_in_force`: the records) | `overrides.rs` | [`answers::OverridesList`] |
-//! | `audit` (writes), `audit_trail` | `audit.rs` | [`answers::AuditTrail`] |
+//! | `state` | `caller.rs` | [`results::CallerState`] |
+//! | `reset` | `caller.rs` | [`results::ResetDone`] |
+//! | `set_override` | `overrides.rs` | [`results::OverrideDone`] |
+//! | `remove_override` | `overrides.rs` | [`results::OverrideRemoved`] |
+//! | `overrides_list` (and `overrides_of`, `overrides_in_force`: the records) | `overrides.rs` | [`results::OverridesList`] |
+//! | `audit` (writes), `audit_trail` | `audit.rs` | [`results::AuditTrail`] |
 //! | `shown`, `resolve` (a caller named by its short form) | `shown.rs` | |
 
-pub mod answers;
 pub mod audit;
 pub mod caller;
 pub mod denials;
@@ -32,6 +31,7 @@ pub mod fleet;
 pub mod notify;
 pub mod offenders;
 pub mod overrides;
+pub mod results;
 pub mod shown;
 pub mod sync;
 

@@ -25,9 +25,9 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use super::answers::{OverrideDone, OverrideRemoved, OverrideShown, OverridesList, PlannedLimit};
 use super::caller::{everyones, identity_part, CallerError, Control};
 use super::notify::{self, Topic};
+use super::results::{OverrideDone, OverrideRemoved, OverrideShown, OverridesList, PlannedLimit};
 use super::shown::Shown;
 use crate::config::{LimitSet, Throttle};
 use crate::identity::client_ip::key_value;

@@ -15,8 +15,8 @@
 //! token, a value longer than 64 bytes or with unsafe characters) cannot be found back: its
 //! short form is refused with that reason, and the caller is named by its value.
 
-use super::answers::DisplayRules;
 use super::caller::{identity_part, CallerError, Control};
+use super::results::DisplayRules;
 use crate::config::{LimitSet, Route, Throttle};
 use crate::identity::display::{digest_matches, digest_of_short_form, is_digest, Display};
 use crate::identity::{self, Source};
