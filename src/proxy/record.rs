@@ -22,10 +22,10 @@ use opentelemetry::trace::{SpanId, TraceId};
 use tokio::time::Instant;
 
 use crate::config::Route;
-use crate::config::Scope;
 use crate::error::{ProxyError, Side};
 use crate::limit::Cause;
 use crate::metrics::{Metrics, RouteMetrics};
+use crate::store::Holder;
 use crate::throttle::{AdmitReason, Denial, LimitOutcome, Limited};
 use crate::traces::{DecisionSpan, RequestSpan, StoreKind};
 
@@ -120,12 +120,12 @@ fn trace_decision<'o>(outcome: &'o LimitOutcome<'_>, redis: Option<&Arc<str>>) -
     let detail = RecordedDecision::of(outcome).as_str();
     let key_source = outcome.identity();
     let on_redis = |set: &crate::config::LimitSet| {
-        let global = set.limits.iter().filter(|l| l.scope == Scope::Global);
+        let holders = || set.limits.iter().map(|l| Holder::of(l, redis.is_some()));
         match redis {
-            Some(node) if global.clone().any(|l| l.sync.is_none()) => {
+            Some(node) if holders().any(|h| h == Holder::Shared) => {
                 StoreKind::Redis { node: node.clone() }
             }
-            Some(_) if global.count() > 0 => StoreKind::LocalFirst,
+            Some(_) if holders().any(|h| h == Holder::LocalFirst) => StoreKind::LocalFirst,
             _ => StoreKind::Memory,
         }
     };
