@@ -369,22 +369,7 @@ pub fn sliding_window(p: &Params, state: Option<&State>, now: Micros) -> (Verdic
     let (limit, period, cost) = (p.limit as i64, p.period_us, p.cost as i64);
     let window = now / period;
     let elapsed = now - window * period;
-    let (previous, current) = match state {
-        Some(State::SlidingWindow {
-            window: w,
-            current,
-            previous,
-        }) => {
-            if *w == window {
-                (*previous as i64, *current as i64)
-            } else if *w == window - 1 {
-                (*current as i64, 0)
-            } else {
-                (0, 0)
-            }
-        }
-        _ => (0, 0),
-    };
+    let (previous, current) = sliding_counts(state, window).unwrap_or((0, 0));
     // The first test keeps the products bounded (and alone decides most denials).
     let allowed = current + cost <= limit
         && previous * (period - elapsed) + (current + cost) * period <= limit * period;
@@ -661,6 +646,22 @@ pub fn refund(
     }
 }
 
+/// A sliding window's (previous, current) counts as seen in `window`: the stored window's, or
+/// its current count as the previous one when a window has passed since; None when older.
+fn sliding_counts(state: Option<&State>, window: Micros) -> Option<(i64, i64)> {
+    match state {
+        Some(State::SlidingWindow {
+            window: w,
+            current,
+            previous,
+        }) if *w == window => Some((*previous as i64, *current as i64)),
+        Some(State::SlidingWindow {
+            window: w, current, ..
+        }) if *w == window - 1 => Some((*current as i64, 0)),
+        _ => None,
+    }
+}
+
 /// [`refund`] on a sliding_window: into the current or the previous window, whichever the
 /// units were taken in (`amount` already capped).
 fn refund_sliding_window(
@@ -672,17 +673,7 @@ fn refund_sliding_window(
 ) -> Option<(State, Micros)> {
     let window = now / period;
     let elapsed = now - window * period;
-    let (mut previous, mut current) = match state {
-        Some(State::SlidingWindow {
-            window: w,
-            current,
-            previous,
-        }) if *w == window => (*previous as i64, *current as i64),
-        Some(State::SlidingWindow {
-            window: w, current, ..
-        }) if *w == window - 1 => (*current as i64, 0),
-        _ => return None,
-    };
+    let (mut previous, mut current) = sliding_counts(state, window)?;
     let taken = taken_at / period;
     if taken == window {
         current = (current - amount).max(0);
@@ -761,17 +752,7 @@ pub fn charge(
         Algorithm::SlidingWindow => {
             let window = now / period;
             let elapsed = now - window * period;
-            let (previous, current) = match state {
-                Some(State::SlidingWindow {
-                    window: w,
-                    current,
-                    previous,
-                }) if *w == window => (*previous as i64, *current as i64),
-                Some(State::SlidingWindow {
-                    window: w, current, ..
-                }) if *w == window - 1 => (*current as i64, 0),
-                _ => (0, 0),
-            };
+            let (previous, current) = sliding_counts(state, window).unwrap_or((0, 0));
             let cap = sliding_window_cap(period);
             let current = (current + amount.min(cap)).min(cap);
             Some((

@@ -504,19 +504,10 @@ impl Drop for RequestRecord<'_> {
 mod tests {
     use super::*;
     use crate::config::LimitSet;
-    use crate::throttle::{Admitted, Denial};
+    use crate::throttle::Denial;
 
     fn admitted(set: &LimitSet, reason: AdmitReason) -> LimitOutcome<'_> {
-        LimitOutcome::Admitted(Admitted {
-            set,
-            identity: "header",
-            verdicts: Vec::new(),
-            reason,
-            leases: None,
-            settlement: None,
-            policy: None,
-            key: String::new(),
-        })
+        crate::throttle::admitted_undecided(set, "header", reason)
     }
 
     fn limited(set: &LimitSet, by_fallback: bool) -> LimitOutcome<'_> {

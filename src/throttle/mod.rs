@@ -560,11 +560,8 @@ fn with_admit_reason((decision, how): (Decision, How)) -> (Decision, AdmitReason
     (decision, reason)
 }
 
-/// The store key of a limited set's first limit, taken out of the keys the stage built (none
-/// for a set without limits). Taken, not moved with the vector: a vector moved on some paths
-/// only would need a drop flag in the request's future.
 /// Admitted with nothing decided: an exempt caller, or a set with no limits (only a priority).
-fn admitted_undecided<'a>(
+pub(crate) fn admitted_undecided<'a>(
     set: &'a LimitSet,
     identity: &'static str,
     reason: AdmitReason,
@@ -597,6 +594,9 @@ fn as_check<'k>((limit, key): (&crate::config::Limit, &'k String)) -> Check<'k> 
     limit.check(key)
 }
 
+/// The store key of a limited set's first limit, taken out of the keys the stage built (none
+/// for a set without limits). Taken, not moved with the vector: a vector moved on some paths
+/// only would need a drop flag in the request's future.
 fn first_key(keys: &mut [String]) -> String {
     keys.first_mut().map(std::mem::take).unwrap_or_default()
 }
