@@ -325,13 +325,7 @@ mod tests {
         );
         let config = crate::config::parse(std::path::Path::new("t.yaml"), &yaml, |_| None).unwrap();
         let proxy = Proxy::new(Arc::new(config));
-        let request = Request::get("/x")
-            .body(http_body_util::Empty::<Bytes>::new())
-            .unwrap();
-        let conn = ConnInfo {
-            peer: "192.0.2.1:5000".parse().unwrap(),
-            tls: false,
-        };
+        let (request, conn) = get_x();
         // The access log, as this thread's subscriber writes it.
         let lines = Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
         let writer = {
@@ -375,6 +369,18 @@ mod tests {
         }
     }
 
+    /// A `GET /x` from a plain-TCP client.
+    fn get_x() -> (Request<http_body_util::Empty<Bytes>>, ConnInfo) {
+        let request = Request::get("/x")
+            .body(http_body_util::Empty::<Bytes>::new())
+            .unwrap();
+        let conn = ConnInfo {
+            peer: "192.0.2.1:5000".parse().unwrap(),
+            tls: false,
+        };
+        (request, conn)
+    }
+
     /// The request's future is what every request moves and polls: the rare cases inside the
     /// stages are boxed so that it stays small (see `serve`). 4,240 bytes before the stages
     /// had modules of their own, 3,888 with them (the override-reached routes boxed whole).
@@ -383,13 +389,7 @@ mod tests {
         let yaml = "listen: 127.0.0.1:0\nupstream: { url: http://127.0.0.1:9 }\n";
         let config = crate::config::parse(std::path::Path::new("t.yaml"), yaml, |_| None).unwrap();
         let proxy = Proxy::new(Arc::new(config));
-        let request = Request::get("/x")
-            .body(http_body_util::Empty::<Bytes>::new())
-            .unwrap();
-        let conn = ConnInfo {
-            peer: "192.0.2.1:5000".parse().unwrap(),
-            tls: false,
-        };
+        let (request, conn) = get_x();
         let size = std::mem::size_of_val(&proxy.handle(request, conn));
         assert!(size <= 4240, "the request future grew to {size} bytes");
     }
