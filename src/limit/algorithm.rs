@@ -662,6 +662,25 @@ fn sliding_counts(state: Option<&State>, window: Micros) -> Option<(i64, i64)> {
     }
 }
 
+/// A sliding window's state as stored after a change in `window`, with its expiry: the
+/// current count is still needed as the previous one until the next window ends.
+fn sliding_stored(
+    window: Micros,
+    previous: i64,
+    current: i64,
+    period: Micros,
+    elapsed: Micros,
+) -> (State, Micros) {
+    (
+        State::SlidingWindow {
+            window,
+            current: current as u64,
+            previous: previous as u64,
+        },
+        2 * period - elapsed,
+    )
+}
+
 /// [`refund`] on a sliding_window: into the current or the previous window, whichever the
 /// units were taken in (`amount` already capped).
 fn refund_sliding_window(
@@ -682,14 +701,7 @@ fn refund_sliding_window(
     } else {
         return None;
     }
-    Some((
-        State::SlidingWindow {
-            window,
-            current: current as u64,
-            previous: previous as u64,
-        },
-        2 * period - elapsed,
-    ))
+    Some(sliding_stored(window, previous, current, period, elapsed))
 }
 
 /// [`refund`] on a sliding_log: removes up to `amount` entries taken at `taken_at`.
@@ -755,14 +767,7 @@ pub fn charge(
             let (previous, current) = sliding_counts(state, window).unwrap_or((0, 0));
             let cap = sliding_window_cap(period);
             let current = (current + amount.min(cap)).min(cap);
-            Some((
-                State::SlidingWindow {
-                    window,
-                    current: current as u64,
-                    previous: previous as u64,
-                },
-                2 * period - elapsed,
-            ))
+            Some(sliding_stored(window, previous, current, period, elapsed))
         }
         Algorithm::TokenBucket => {
             let (limit, burst) = (p.limit as i64, p.burst as i64);

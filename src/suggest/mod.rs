@@ -56,8 +56,8 @@ const MAX_REPLICAS: usize = 256;
 /// One replica's hours, by route (or `route~tier`) and clock hour: what it publishes.
 pub type Snapshot = BTreeMap<String, BTreeMap<u32, Hour>>;
 
-/// Route names come from the configuration, so a fast hash with a per-process seed is enough
-/// (SipHash cost about 200 instructions a request here).
+/// Route names come from the configuration, not from callers, so a fast hash with a
+/// per-process seed is enough: this table is looked up on every limited request.
 type Shard = HashMap<Box<str>, RouteRecord, foldhash::fast::RandomState>;
 
 /// The record, shared by every configuration that keeps the same stores (as the offenders).
