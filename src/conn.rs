@@ -56,7 +56,7 @@ use tokio_util::sync::CancellationToken;
 use crate::body::Guarded;
 use crate::idle::{Activity, IdleIo, Idleness, RequestInFlight};
 use crate::metrics::GaugeGuard;
-use crate::proxy::{AnswerBody, ConnInfo, Proxy};
+use crate::proxy::{ConnInfo, Proxy, RecordedBody};
 use crate::upgrade::{rewind, Handoff, Rewind};
 
 /// hyper answers 431 when the request head does not fit this buffer.
@@ -174,7 +174,7 @@ impl ConnectionService {
 /// What a connection sends back: the proxy's response body, holding the request in flight
 /// until it ends. A type of its own rather than boxed once more: that would be a second
 /// allocation and indirection for every response.
-pub type ResponseBody = Guarded<AnswerBody, RequestInFlight>;
+pub type ResponseBody = Guarded<RecordedBody, RequestInFlight>;
 
 /// What every connection of the server shares.
 pub struct Shared {

@@ -43,11 +43,12 @@ use crate::config::Config;
 use crate::control::Control;
 use crate::metrics::Metrics;
 use crate::protect::Protector;
-use record::RequestRecord;
+use record::{BodyRecord, Counting, RequestRecord};
 use runtime::{Inner, Runtime};
 use stages::{forward, limit, protect, respond, route, usage};
 
 pub use answer_body::AnswerBody;
+pub use record::RecordedBody;
 pub use stages::forward::ConnInfo;
 
 /// The proxy: cheap to clone, one per process, shared by every connection.
@@ -219,7 +220,7 @@ impl Proxy {
         self,
         request: Request<B>,
         conn: ConnInfo,
-    ) -> tracing::instrument::Instrumented<impl std::future::Future<Output = Response<AnswerBody>>>
+    ) -> tracing::instrument::Instrumented<impl std::future::Future<Output = Response<RecordedBody>>>
     where
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<body::BoxError>,
@@ -240,62 +241,74 @@ impl Proxy {
     }
 
     /// [`Proxy::handle`]'s future: `trace` holds the request's spans, with traces on. The
-    /// stages in order, each a module of `stages` (or `shape`) with a typed result.
+    /// request's record is made here and, once the stages have answered, goes on in the
+    /// response body, to be written when the exchange is over (see `record`).
     async fn serve<B>(
         self,
         request: Request<B>,
         conn: ConnInfo,
         trace: Option<Box<crate::traces::RequestSpan>>,
-    ) -> Response<AnswerBody>
+    ) -> Response<RecordedBody>
     where
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<body::BoxError>,
     {
-        let inner = &*self.inner;
-        let runtime = inner.runtime.load_full();
+        let runtime = self.inner.runtime.load_full();
         let (parts, body) = request.into_parts();
-        // Written once when this future ends, however it ends (the client may leave).
+        let counting = Counting::of(&self.inner.metrics, &runtime);
         let access_log = runtime.config.access_log;
-        let mut record = RequestRecord::new(&inner.metrics, &parts, conn.peer, access_log);
+        // Written when the response body ends, or here if this future is dropped first (the
+        // client left).
+        let mut record = RequestRecord::new(counting, &parts, conn.peer, access_log);
         if let Some(trace) = trace {
             record.traced(trace, runtime.trace_redis.as_ref());
         }
-        // One pass over the request's headers answers what the path asks of them.
-        let found = headers::scan(&parts.headers);
-        // How tollgate's own answers are put to this caller (see `answers`).
-        let form = found.answer_form(&parts.headers);
-        if let Some(refusal) = shape::check(&parts, &found) {
-            return respond::rejected(refusal.answer(), &runtime, &mut record, form);
-        }
-        if usage::asks(&runtime, &parts) {
-            // Boxed: the store read's future would otherwise size every request's.
-            let answering =
-                usage::answer(inner, &runtime, &parts, conn.peer.ip(), &mut record, form);
-            return Box::pin(answering).await;
-        }
-        let routes = route::route(&runtime, &parts, &mut record);
-        let routed = routes.routed;
-        let limiting = limit::limit(&runtime, routes, &parts, conn.peer.ip(), &mut record);
-        let mut admitted = match limiting.await {
-            Ok(admitted) => admitted,
-            Err(refused) => return respond::refuse(*refused, &mut record, form),
-        };
-        let slot = match protect::admit(&runtime, admitted.as_mut(), &mut record).await {
-            Ok(slot) => slot,
-            Err(protect::Shed) => return respond::refuse(Answer::Overloaded, &mut record, form),
-        };
-        let incoming = forward::Incoming::new(parts, body, found, conn, routed);
-        let forwarding = forward::forward(
-            inner,
-            &runtime,
-            incoming,
-            admitted.as_mut(),
-            slot,
-            &mut record,
-        );
-        let forwarded = forwarding.await;
-        respond::respond(inner, &runtime, admitted, forwarded, &mut record, form).await
+        let response = stages(&self.inner, &runtime, parts, body, conn, &mut record).await;
+        let detached = record.detach();
+        BodyRecord::around(response, detached, self.inner, runtime)
     }
+}
+
+/// The stages in order, each a module of `stages` (or `shape`) with a typed result.
+async fn stages<'a, B>(
+    inner: &'a Inner,
+    runtime: &'a Runtime,
+    parts: http::request::Parts,
+    body: B,
+    conn: ConnInfo,
+    record: &mut RequestRecord<'a>,
+) -> Response<AnswerBody>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<body::BoxError>,
+{
+    // One pass over the request's headers answers what the path asks of them.
+    let found = headers::scan(&parts.headers);
+    // How tollgate's own answers are put to this caller (see `answers`).
+    let form = found.answer_form(&parts.headers);
+    if let Some(refusal) = shape::check(&parts, &found) {
+        return respond::rejected(refusal.answer(), record, form);
+    }
+    if usage::asks(runtime, &parts) {
+        // Boxed: the store read's future would otherwise size every request's.
+        let answering = usage::answer(inner, runtime, &parts, conn.peer.ip(), record, form);
+        return Box::pin(answering).await;
+    }
+    let routes = route::route(runtime, &parts, record);
+    let routed = routes.routed;
+    let limiting = limit::limit(runtime, routes, &parts, conn.peer.ip(), record);
+    let mut admitted = match limiting.await {
+        Ok(admitted) => admitted,
+        Err(refused) => return respond::refuse(*refused, record, form),
+    };
+    let slot = match protect::admit(runtime, admitted.as_mut(), record).await {
+        Ok(slot) => slot,
+        Err(protect::Shed) => return respond::refuse(Answer::Overloaded, record, form),
+    };
+    let incoming = forward::Incoming::new(parts, body, found, conn, routed);
+    let forwarding = forward::forward(inner, runtime, incoming, admitted.as_mut(), slot, record);
+    let forwarded = forwarding.await;
+    respond::respond(inner, runtime, admitted, forwarded, record, form).await
 }
 
 #[cfg(test)]

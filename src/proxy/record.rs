@@ -1,33 +1,47 @@
 //! One record per request: what each stage of the request path found out (the route, the kind
 //! of source that identified the caller, the decision, the upstream's status and time, an
-//! error and its side, the status sent), filled in as the stages run and written once to the
-//! metrics, the access log and `tracing` when the request's future ends. With traces on, it
-//! also holds the request's spans (`crate::traces`), fed as the stages report and ended with
-//! the record; their ids go on the log lines. It is written from
-//! `Drop`, so a request whose client goes away mid-way (its future dropped) is recorded too:
-//! counted as decided, with status 499 in the access log (the client closed the request).
+//! error and its side, the status sent), filled in as the stages run, and what the response
+//! body did (how it ended, the bytes sent, the settlement's result), written once to the
+//! metrics, the access log and `tracing` when the exchange is over. With traces on, it also
+//! holds the request's spans (`crate::traces`), fed as the stages report and ended with the
+//! record; their ids go on the log lines.
+//!
+//! The record covers the whole exchange: when the stages hand the response over, it moves into
+//! the response body ([`BodyRecord`]) and is written when the body ends, fails, or is dropped
+//! (the client left mid-body: `body=client_left`). It is written from `Drop` too, so a request
+//! whose client goes away before the head (its future dropped) is recorded as well: counted as
+//! decided, with status 499 in the access log (the client closed the request). The request
+//! counts in `tollgate_in_flight_requests` until then.
 //!
 //! The access-log line (method, path without the query, which can carry tokens, route,
-//! identity source kind but never its value, decision, status, upstream time, total time) goes
-//! through `tracing` with target `tollgate::access`, so `--log-format json` makes it JSON and
+//! identity source kind but never its value, decision, status, upstream time, total time to
+//! the body's end, how the body ended, its bytes, the settlement's result) goes through
+//! `tracing` with target `tollgate::access`, so `--log-format json` makes it JSON and
 //! `TOLLGATE_LOG` can silence it (`tollgate::access=off`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::request::Parts;
-use http::{Method, StatusCode, Uri};
+use http::{Method, Response, StatusCode, Uri};
+use http_body::{Body, Frame};
 use opentelemetry::trace::{SpanId, TraceId};
 use tokio::time::Instant;
 
+use super::answer_body::AnswerBody;
+use super::runtime::{Inner, Runtime};
+use crate::body::{End, EndHook, OnEnd};
 use crate::config::Route;
 use crate::error::{ProxyError, Side};
 use crate::limit::Cause;
 use crate::metrics::{Metrics, RouteMetrics};
+use crate::routing::Routed;
 use crate::store::Holder;
+use crate::throttle::settle::{SettleReport, Settled};
 use crate::throttle::{AdmitReason, Denial, LimitOutcome, Limited};
-use crate::traces::{DecisionSpan, RequestSpan, StoreKind};
+use crate::traces::{BodyEnd, DecisionSpan, RequestSpan, StoreKind};
 
 /// The access log's status for a request whose client went away before it was answered.
 const CLIENT_CLOSED: u16 = 499;
@@ -205,20 +219,66 @@ struct Upstream {
     status: Option<u16>,
 }
 
-/// The record of one request (see the module docs). Counts the request in flight while it
-/// lives.
-pub struct RequestRecord<'a> {
+/// Where a request is counted: by its route's place in the running configuration, so that
+/// the record owns nothing of the configuration and can outlive the request's future in its
+/// response body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// Not routed yet (the client left before the route stage): counted nowhere per route.
+    Unknown,
+    /// No route matched, or refused before routing.
+    Unrouted,
+    /// The route at this index.
+    Route(usize),
+}
+
+/// What a record is counted in: the process's metrics and the running configuration's routes
+/// and their metrics.
+#[derive(Clone, Copy)]
+pub struct Counting<'a> {
     metrics: &'a Metrics,
+    routes: &'a [Arc<Route>],
+    route_metrics: &'a [RouteMetrics],
+    unrouted: &'a RouteMetrics,
+}
+
+impl<'a> Counting<'a> {
+    pub fn of(metrics: &'a Metrics, runtime: &'a Runtime) -> Counting<'a> {
+        Counting {
+            metrics,
+            routes: &runtime.config.throttle.routes,
+            route_metrics: &runtime.route_metrics,
+            unrouted: &runtime.unrouted_metrics,
+        }
+    }
+
+    fn route_metrics(&self, place: Place) -> Option<&'a RouteMetrics> {
+        match place {
+            Place::Unknown => None,
+            Place::Unrouted => Some(self.unrouted),
+            Place::Route(index) => self.route_metrics.get(index),
+        }
+    }
+
+    fn route_name(&self, place: Place) -> &'a str {
+        match place {
+            Place::Route(index) => self.routes.get(index).map_or("-", |r| r.name.as_str()),
+            Place::Unknown | Place::Unrouted => "-",
+        }
+    }
+}
+
+/// What one request's record holds (see [`RequestRecord`]): owned, boxed so that moving it
+/// into the response body moves a pointer.
+struct Facts {
     access_log: bool,
     started: Instant,
     method: Method,
     /// A clone shares the request's buffer: no copy of the path per request.
     uri: Uri,
     peer: SocketAddr,
-    /// The route stage's answer; None when no route matched.
-    route: Option<&'a Arc<Route>>,
-    /// The metrics of `route`, or of unrouted requests.
-    route_metrics: Option<&'a RouteMetrics>,
+    /// The route stage's answer.
+    place: Place,
     /// The kind of source that identified the caller ("-" when nothing did).
     identity: &'static str,
     /// None until decided (a request whose client left while it was being limited).
@@ -232,8 +292,15 @@ pub struct RequestRecord<'a> {
     error: Option<ProxyError>,
     /// The status tollgate sent (before a gRPC translation); None while unanswered.
     status: Option<u16>,
-    /// The request's spans, with traces on (see `crate::traces`); None costs nothing. Taken by
-    /// the response body when they end with it.
+    /// How the response body ended; None when the record is written before a response (the
+    /// client left first).
+    body: Option<BodyEnd>,
+    /// The response body's bytes that went to the client.
+    body_bytes: u64,
+    /// How the request's settlement went, for a request that owes one (see
+    /// `throttle::settle`).
+    settlement: Option<Arc<SettleReport>>,
+    /// The request's spans, with traces on (see `crate::traces`); None costs nothing.
     trace: Option<Box<RequestSpan>>,
     /// The trace and server span ids of a sampled request, for the log lines.
     ids: Option<(TraceId, SpanId)>,
@@ -241,24 +308,31 @@ pub struct RequestRecord<'a> {
     redis: Option<Arc<str>>,
 }
 
+/// The record of one request while the stages run (see the module docs). Counts the request
+/// in flight while it (or the [`BodyRecord`] it becomes) lives. Dropped with the request's
+/// future (the client left before the head), it is written then.
+pub struct RequestRecord<'a> {
+    counting: Counting<'a>,
+    /// Taken when the record moves into the response body ([`RequestRecord::detach`]).
+    facts: Option<Box<Facts>>,
+}
+
 impl<'a> RequestRecord<'a> {
     /// The record of the request `parts` from `peer`, started now.
     pub fn new(
-        metrics: &'a Metrics,
+        counting: Counting<'a>,
         parts: &Parts,
         peer: SocketAddr,
         access_log: bool,
     ) -> RequestRecord<'a> {
-        metrics.in_flight.increment(1.0);
-        RequestRecord {
-            metrics,
+        counting.metrics.in_flight.increment(1.0);
+        let facts = Facts {
             access_log,
             started: Instant::now(),
             method: parts.method.clone(),
             uri: parts.uri.clone(),
             peer,
-            route: None,
-            route_metrics: None,
+            place: Place::Unknown,
             identity: "-",
             decision: None,
             store_cause: Cause::Other,
@@ -266,85 +340,86 @@ impl<'a> RequestRecord<'a> {
             upstream: None,
             error: None,
             status: None,
+            body: None,
+            body_bytes: 0,
+            settlement: None,
             trace: None,
             ids: None,
             redis: None,
+        };
+        RequestRecord {
+            counting,
+            facts: Some(Box::new(facts)),
         }
+    }
+
+    fn facts(&mut self) -> &mut Facts {
+        self.facts
+            .as_mut()
+            .expect("a record is detached only when it is done with")
     }
 
     /// Traces this request with `trace`, its spans (see `crate::traces`); `redis` is the node a
     /// Redis decision goes to.
     pub fn traced(&mut self, trace: Box<RequestSpan>, redis: Option<&Arc<str>>) {
-        self.ids = trace.ids();
-        self.trace = Some(trace);
-        self.redis = redis.cloned();
-    }
-
-    /// The spans of a sampled request whose `response` has a body still to send: they end
-    /// with that body (see `crate::traces::EndSpans`), with the status already on them. None
-    /// keeps them here, to end with the record.
-    pub fn spans_for_body<B: http_body::Body>(
-        &mut self,
-        response: &http::Response<B>,
-    ) -> Option<Box<RequestSpan>> {
-        if response.body().is_end_stream() || !self.trace.as_ref()?.recording() {
-            return None;
-        }
-        let mut spans = self.trace.take()?;
-        spans.responded(self.status);
-        Some(spans)
+        let facts = self.facts();
+        facts.ids = trace.ids();
+        facts.trace = Some(trace);
+        facts.redis = redis.cloned();
     }
 
     /// Where the store writes its Redis call's time, when this request's trace records it:
     /// run the limit stage inside `crate::traces::round_trip::timed` with it.
-    pub fn round_trip(&self) -> Option<crate::traces::round_trip::RoundTrip> {
-        self.trace.as_ref()?.round_trip()
+    pub fn round_trip(&mut self) -> Option<crate::traces::round_trip::RoundTrip> {
+        self.facts().trace.as_ref()?.round_trip()
     }
 
     /// The upstream request leaves now: with traces on, its headers carry the upstream span's
     /// context (`traceparent`).
     pub fn sending(&mut self, headers: &mut http::HeaderMap) {
-        if let Some(trace) = &mut self.trace {
+        if let Some(trace) = &mut self.facts().trace {
             trace.sending(headers);
         }
     }
 
     /// When the request started.
-    pub fn started(&self) -> Instant {
-        self.started
+    pub fn started(&mut self) -> Instant {
+        self.facts().started
     }
 
-    /// The route stage's answer and the metrics it is counted in. An unrouted request is
-    /// decided here: it is forwarded unlimited.
-    pub fn routed(&mut self, route: Option<&'a Arc<Route>>, metrics: &'a RouteMetrics) {
-        self.route = route;
-        self.route_metrics = Some(metrics);
-        if let Some(trace) = &mut self.trace {
-            trace.routed(route.map(|r| r.name.as_str()));
+    /// The route stage's answer: the request is counted in its route's metrics. An unrouted
+    /// request is decided here: it is forwarded unlimited.
+    pub fn routed(&mut self, routed: Option<Routed<'_>>) {
+        let facts = self.facts();
+        facts.place = routed.map_or(Place::Unrouted, |r| Place::Route(r.index));
+        if let Some(trace) = &mut facts.trace {
+            trace.routed(routed.map(|r| r.route.name.as_str()));
         }
-        if route.is_none() {
-            self.decision = Some(RecordedDecision::Allowed);
+        if routed.is_none() {
+            facts.decision = Some(RecordedDecision::Allowed);
         }
     }
 
     /// The limit stage's outcome.
     pub fn decided(&mut self, outcome: &LimitOutcome<'_>) {
-        self.limit_time = Some(self.started.elapsed());
-        self.identity = outcome.identity();
-        self.decision = Some(RecordedDecision::of(outcome));
-        if let Some(trace) = &mut self.trace {
-            trace.decided(trace_decision(outcome, self.redis.as_ref()));
+        let facts = self.facts();
+        facts.limit_time = Some(facts.started.elapsed());
+        facts.identity = outcome.identity();
+        facts.decision = Some(RecordedDecision::of(outcome));
+        if let Some(trace) = &mut facts.trace {
+            trace.decided(trace_decision(outcome, facts.redis.as_ref()));
         }
     }
 
     /// The store's cause of failure, asked only when the store failed this request (see
     /// `store::Stores::cause`).
     pub fn store_cause(&mut self, cause: impl FnOnce() -> Option<Cause>) {
+        let facts = self.facts();
         if matches!(
-            self.decision,
+            facts.decision,
             Some(RecordedDecision::StoreError | RecordedDecision::LimitedByFallback)
         ) {
-            self.store_cause = cause().unwrap_or(Cause::Other);
+            facts.store_cause = cause().unwrap_or(Cause::Other);
         }
     }
 
@@ -356,14 +431,17 @@ impl<'a> RequestRecord<'a> {
     /// Refused by an identity before any limit (see `stages::identify`): counted where the
     /// limit stage's outcome is, with the kind of source that refused.
     pub fn identify_refused(&mut self, refusal: crate::identity::Refusal) {
-        self.limit_time = Some(self.started.elapsed());
-        self.identity = refusal.source_kind();
-        self.rejected_by(self.identity);
+        let kind = refusal.source_kind();
+        let facts = self.facts();
+        facts.limit_time = Some(facts.started.elapsed());
+        facts.identity = kind;
+        self.rejected_by(kind);
     }
 
     fn rejected_by(&mut self, key_source: &'static str) {
-        self.decision = Some(RecordedDecision::Rejected);
-        if let Some(trace) = &mut self.trace {
+        let facts = self.facts();
+        facts.decision = Some(RecordedDecision::Rejected);
+        if let Some(trace) = &mut facts.trace {
             trace.decided(DecisionSpan {
                 decision: "rejected",
                 detail: "rejected",
@@ -378,23 +456,31 @@ impl<'a> RequestRecord<'a> {
 
     /// `protect` shed the request (`shadow`: would have, in enforce mode).
     pub fn shed(&mut self, shadow: bool) {
-        if let Some(trace) = &mut self.trace {
+        let facts = self.facts();
+        if let Some(trace) = &mut facts.trace {
             trace.shed(shadow);
         }
-        self.decision = Some(if shadow {
+        facts.decision = Some(if shadow {
             RecordedDecision::ShadowShed
         } else {
             RecordedDecision::Shed
         });
     }
 
+    /// Where the request's settlement reports how it went (see `throttle::settle`): made
+    /// for a request that owes one.
+    pub fn settlement(&mut self) -> &Arc<SettleReport> {
+        self.facts().settlement.get_or_insert_with(Default::default)
+    }
+
     /// The forward stage's time, and the upstream's status when it answered.
     pub fn forwarded(&mut self, elapsed: Duration, status: Option<StatusCode>) {
-        self.upstream = Some(Upstream {
+        let facts = self.facts();
+        facts.upstream = Some(Upstream {
             elapsed,
             status: status.map(|s| s.as_u16()),
         });
-        if let Some(trace) = &mut self.trace {
+        if let Some(trace) = &mut facts.trace {
             trace.forwarded(status.map(|s| s.as_u16()));
         }
     }
@@ -407,41 +493,143 @@ impl<'a> RequestRecord<'a> {
         form: crate::answers::Form,
     ) -> http::Response<crate::body::ProxyBody> {
         let (_, response) = crate::answers::Answer::Failed(&error).render(form);
-        if let Some(trace) = &mut self.trace {
+        let facts = self.facts();
+        if let Some(trace) = &mut facts.trace {
             trace.failed(
                 error.side().as_str(),
                 crate::error::chain(&error).to_string(),
             );
         }
-        self.error = Some(error);
+        facts.error = Some(error);
         response
     }
 
     /// The status tollgate answers with.
     pub fn answered(&mut self, status: StatusCode) {
-        self.status = Some(status.as_u16());
+        self.facts().status = Some(status.as_u16());
     }
 
-    /// Writes the record to the metrics, `tracing` and the access log.
-    fn write(&mut self) {
+    /// What the record knows, to go on in the response body ([`BodyRecord::around`]): this
+    /// record writes nothing more.
+    pub fn detach(mut self) -> Detached {
+        Detached(self.facts.take())
+    }
+}
+
+impl Drop for RequestRecord<'_> {
+    fn drop(&mut self) {
+        if let Some(mut facts) = self.facts.take() {
+            facts.write(&self.counting);
+        }
+    }
+}
+
+/// A record on its way into the response body (see [`RequestRecord::detach`]).
+pub struct Detached(Option<Box<Facts>>);
+
+/// The record of a request whose response has been handed to the client: it goes on in the
+/// response body and is written when the body ends (or fails), or when it is dropped (the
+/// client left mid-body, or hyper is done with a body it knows has ended), with how it ended,
+/// the bytes sent and the settlement's result. It owns the process's and the configuration's
+/// handles it is counted in (moved from the request's future: no reference counts change).
+pub struct BodyRecord {
+    facts: Option<Box<Facts>>,
+    inner: Arc<Inner>,
+    runtime: Arc<Runtime>,
+    /// A sampled request's log span: lines logged while the body streams carry its ids.
+    log: Option<tracing::Span>,
+}
+
+/// A response body that writes its request's record when it ends (see [`BodyRecord`]).
+pub type RecordedBody = OnEnd<AnswerBody, BodyRecord>;
+
+impl BodyRecord {
+    /// `response` with its body carrying the record.
+    pub fn around(
+        response: Response<AnswerBody>,
+        detached: Detached,
+        inner: Arc<Inner>,
+        runtime: Arc<Runtime>,
+    ) -> Response<RecordedBody> {
+        let facts = detached.0;
+        let log = facts
+            .as_ref()
+            .and_then(|f| f.trace.as_ref())
+            .filter(|trace| trace.recording())
+            .map(|trace| trace.log_span());
+        let record = BodyRecord {
+            facts,
+            inner,
+            runtime,
+            log,
+        };
+        response.map(|body| OnEnd::with_hook(body, record))
+    }
+
+    fn write(&mut self, body: BodyEnd) {
+        if let Some(mut facts) = self.facts.take() {
+            facts.body = Some(body);
+            facts.write(&Counting::of(&self.inner.metrics, &self.runtime));
+        }
+    }
+}
+
+impl EndHook<AnswerBody> for BodyRecord {
+    type Error = crate::body::BoxError;
+
+    #[inline]
+    fn frame(&mut self, frame: &Frame<Bytes>, _inner: &AnswerBody) -> Result<(), Self::Error> {
+        if let (Some(facts), Some(data)) = (&mut self.facts, frame.data_ref()) {
+            facts.body_bytes += data.len() as u64;
+        }
+        Ok(())
+    }
+
+    fn end(&mut self, how: End) {
+        self.write(match how {
+            End::Stream => BodyEnd::Complete,
+            End::Error => BodyEnd::Failed,
+        });
+    }
+
+    fn dropped(&mut self, inner: &AnswerBody) {
+        self.write(match inner.is_end_stream() {
+            true => BodyEnd::Complete,
+            false => BodyEnd::ClientLeft,
+        });
+    }
+
+    #[inline]
+    fn scope(&self) -> Option<&tracing::Span> {
+        self.log.as_ref()
+    }
+}
+
+impl Facts {
+    /// Writes the record to the metrics, `tracing` and the access log, and counts the request
+    /// out of flight.
+    fn write(&mut self, counting: &Counting<'_>) {
+        let metrics = counting.metrics;
+        let route_metrics = counting.route_metrics(self.place);
         // The log lines below carry the request's trace and span ids when it is sampled.
         let trace_id = self.ids.map(|(trace, _)| tracing::field::display(trace));
         let span_id = self.ids.map(|(_, span)| tracing::field::display(span));
-        if let Some(trace) = self.trace.take() {
-            trace.finish(self.status);
+        if let Some(mut trace) = self.trace.take() {
+            trace.responded(self.status);
+            trace.end(self.body.unwrap_or(BodyEnd::Complete));
         }
-        if let (Some(decision), Some(route)) = (self.decision, self.route_metrics) {
-            decision.count(self.metrics, route, self.store_cause);
+        if let (Some(decision), Some(route)) = (self.decision, route_metrics) {
+            decision.count(metrics, route, self.store_cause);
         }
         if let Some(limit_time) = self.limit_time {
-            self.metrics
+            metrics
                 .limit_check_duration
                 .record(limit_time.as_secs_f64());
         }
-        if let (Some(upstream), Some(route)) = (self.upstream, self.route_metrics) {
+        if let (Some(upstream), Some(route)) = (self.upstream, route_metrics) {
             match (&self.error, upstream.status) {
                 (None, Some(status)) => {
-                    self.metrics
+                    metrics
                         .upstream_duration
                         .record(upstream.elapsed.as_secs_f64());
                     route.upstream_response(status);
@@ -453,13 +641,9 @@ impl<'a> RequestRecord<'a> {
             }
         }
         let status = self.status.unwrap_or(CLIENT_CLOSED);
+        let (method, path, peer) = (&self.method, self.uri.path(), self.peer);
         if let Some(error) = &self.error {
-            let (method, path, peer, side) = (
-                &self.method,
-                self.uri.path(),
-                self.peer,
-                error.side().as_str(),
-            );
+            let side = error.side().as_str();
             match error.side() {
                 Side::Client => {
                     tracing::info!(method = %method, path = %path, peer = %peer, status, side, cause = %crate::error::chain(error), trace_id, span_id, "request refused")
@@ -469,34 +653,35 @@ impl<'a> RequestRecord<'a> {
                 }
             }
         }
+        if self.body == Some(BodyEnd::Failed) {
+            tracing::warn!(method = %method, path = %path, peer = %peer, status, side = "upstream", bytes = self.body_bytes, trace_id, span_id, "response body failed mid-way: the client got part of it");
+        }
         if self.access_log {
-            let route = self.route.map_or("-", |r| r.name.as_str());
             // Milliseconds to the microsecond: enough precision, short lines.
             let ms = |d: Duration| (d.as_micros() as f64) / 1000.0;
             let upstream_ms = self.upstream.map_or(-1.0, |u| ms(u.elapsed));
             let total_ms = ms(self.started.elapsed());
             tracing::info!(
                 target: "tollgate::access",
-                method = %self.method,
-                path = %self.uri.path(),
-                route,
+                method = %method,
+                path = %path,
+                route = counting.route_name(self.place),
                 identity = self.identity,
                 decision = self.decision.map_or("-", RecordedDecision::as_str),
                 status,
                 upstream_ms,
                 total_ms,
+                body = self.body.map_or("-", BodyEnd::as_str),
+                bytes = self.body_bytes,
+                settlement = self.settlement.as_deref().map_or("-", |report| {
+                    report.get().map_or("pending", Settled::as_str)
+                }),
                 trace_id,
                 span_id,
                 "request"
             );
         }
-    }
-}
-
-impl Drop for RequestRecord<'_> {
-    fn drop(&mut self) {
-        self.write();
-        self.metrics.in_flight.decrement(1.0);
+        metrics.in_flight.decrement(1.0);
     }
 }
 
@@ -505,6 +690,16 @@ mod tests {
     use super::*;
     use crate::config::LimitSet;
     use crate::throttle::Denial;
+
+    /// Counted in `metrics`, with `route` as the route at index 0 and the unrouted one.
+    fn counting<'a>(metrics: &'a Metrics, route: &'a RouteMetrics) -> Counting<'a> {
+        Counting {
+            metrics,
+            routes: &[],
+            route_metrics: std::slice::from_ref(route),
+            unrouted: route,
+        }
+    }
 
     fn admitted(set: &LimitSet, reason: AdmitReason) -> LimitOutcome<'_> {
         crate::throttle::admitted_undecided(set, "header", reason)
@@ -568,10 +763,10 @@ mod tests {
             assert_eq!(counted.as_str(), decision, "{counted:?}");
             let metrics = Metrics::new();
             let route = metrics.route("api");
-            let mut record = RequestRecord::new(&metrics, &parts, peer, false);
+            let mut record = RequestRecord::new(counting(&metrics, &route), &parts, peer, false);
             record.decided(&outcome);
             record.store_cause(|| Some(Cause::Refused));
-            record.route_metrics = Some(&route);
+            record.facts().place = Place::Route(0);
             drop(record);
             let text = metrics.render();
             let line = format!("tollgate_requests_total{{route=\"api\",decision=\"{counter}\"}} 1");
@@ -602,13 +797,17 @@ mod tests {
         let request = http::Request::get("/x").body(()).unwrap();
         let (parts, _) = request.into_parts();
         for shadow in [false, true, false] {
-            let mut record =
-                RequestRecord::new(&metrics, &parts, "192.0.2.1:1".parse().unwrap(), false);
-            record.routed(None, &route);
+            let mut record = RequestRecord::new(
+                counting(&metrics, &route),
+                &parts,
+                "192.0.2.1:1".parse().unwrap(),
+                false,
+            );
+            record.routed(None);
             record.shed(shadow);
             let expected = if shadow { "shadow_shed" } else { "shed" };
             assert_eq!(
-                record.decision.map(RecordedDecision::as_str),
+                record.facts().decision.map(RecordedDecision::as_str),
                 Some(expected)
             );
         }
@@ -628,12 +827,16 @@ mod tests {
         let unrouted = metrics.route(crate::metrics::UNROUTED);
         let request = http::Request::get("/x").body(()).unwrap();
         let (parts, _) = request.into_parts();
-        let mut record =
-            RequestRecord::new(&metrics, &parts, "192.0.2.1:1".parse().unwrap(), false);
-        record.routed(None, &unrouted);
+        let mut record = RequestRecord::new(
+            counting(&metrics, &unrouted),
+            &parts,
+            "192.0.2.1:1".parse().unwrap(),
+            false,
+        );
+        record.routed(None);
         record.rejected();
         assert_eq!(
-            record.decision.map(RecordedDecision::as_str),
+            record.facts().decision.map(RecordedDecision::as_str),
             Some("rejected")
         );
         drop(record);
@@ -651,9 +854,13 @@ mod tests {
         let route = metrics.route("api");
         let set = LimitSet::new("api", None, Vec::new(), true);
         let parts = http::Request::get("/x").body(()).unwrap().into_parts().0;
-        let mut record =
-            RequestRecord::new(&metrics, &parts, "192.0.2.1:5000".parse().unwrap(), true);
-        record.route_metrics = Some(&route);
+        let mut record = RequestRecord::new(
+            counting(&metrics, &route),
+            &parts,
+            "192.0.2.1:5000".parse().unwrap(),
+            true,
+        );
+        record.facts().place = Place::Route(0);
         record.decided(&admitted(&set, AdmitReason::Decided));
         assert!(metrics.render().contains("tollgate_in_flight_requests 1"));
         drop(record);

@@ -40,6 +40,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Response};
@@ -75,6 +77,69 @@ pub enum Delivery {
     Unknown,
 }
 
+/// How a request's settlement went, as its record shows it (the access log's `settlement`).
+/// When its limits settle differently, the record shows the most telling: a later variant
+/// wins over an earlier one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Settled {
+    /// The status counts: the units stay taken.
+    Kept = 1,
+    /// The units were given back: the status does not count, or the request never reached
+    /// the app.
+    Refunded = 2,
+    /// The reported cost was settled against the cost paid up front.
+    Cost = 3,
+    /// No answer will tell how the request went: counted as failing, the units stay taken.
+    Unknown = 4,
+    /// The cost report was missing or malformed: the configured cost stands.
+    InvalidReport = 5,
+    /// The store failed the settlement: the units stay as the decision left them.
+    Failed = 6,
+}
+
+impl Settled {
+    const ALL: [Settled; 6] = [
+        Settled::Kept,
+        Settled::Refunded,
+        Settled::Cost,
+        Settled::Unknown,
+        Settled::InvalidReport,
+        Settled::Failed,
+    ];
+
+    /// The access log's `settlement` field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Settled::Kept => "kept",
+            Settled::Refunded => "refunded",
+            Settled::Cost => "cost",
+            Settled::Unknown => "unknown",
+            Settled::InvalidReport => "invalid_report",
+            Settled::Failed => "failed",
+        }
+    }
+}
+
+/// Where an obligation tells its request's record how it settled: shared, because a
+/// `cost_from_response` limit settles inside the response body, after the proxy has let go
+/// of the response. Made only for a request that owes a settlement.
+#[derive(Debug, Default)]
+pub struct SettleReport(AtomicU8);
+
+impl SettleReport {
+    fn note(&self, settled: Settled) {
+        self.0.fetch_max(settled as u8, Ordering::Relaxed);
+    }
+
+    /// The most telling result so far; None: nothing settled yet (a body that settles at its
+    /// end has not ended).
+    pub fn get(&self) -> Option<Settled> {
+        let value = self.0.load(Ordering::Relaxed);
+        Settled::ALL.into_iter().find(|s| *s as u8 == value)
+    }
+}
+
 /// Where the units of an admitted request are: what its settlement goes to.
 #[derive(Clone)]
 pub enum Settler {
@@ -98,6 +163,8 @@ pub struct Obligation {
     /// The limits that see the response and took units.
     limits: Vec<Owed>,
     metrics: Option<SettleMetrics>,
+    /// Where the request's record reads how it settled.
+    report: Option<Arc<SettleReport>>,
     /// Another route's obligation for the same request (a request counted on more than one
     /// route), settled on the same response.
     next: Option<Box<Obligation>>,
@@ -150,6 +217,7 @@ impl Obligation {
             at: decision.at,
             limits,
             metrics: None,
+            report: None,
             next: None,
         })
     }
@@ -177,6 +245,20 @@ impl Obligation {
     /// Counts this obligation's failures (and invalid reports) in the route's metrics.
     pub fn count_in(&mut self, metrics: &SettleMetrics) {
         self.metrics = Some(metrics.clone());
+    }
+
+    /// Tells `report` how this obligation (and another route's joined to it) settles.
+    pub fn report_to(&mut self, report: &Arc<SettleReport>) {
+        self.report = Some(report.clone());
+        if let Some(next) = &mut self.next {
+            next.report_to(report);
+        }
+    }
+
+    fn note(&self, settled: Settled) {
+        if let Some(report) = &self.report {
+            report.note(settled);
+        }
     }
 
     fn refund(&self, owed: &Owed) -> Settlement {
@@ -245,6 +327,7 @@ impl Obligation {
                         *verdict = refunded(*verdict, &owed.params);
                     }
                     refunds.push(self.refund(&owed));
+                    self.note(Settled::Refunded);
                 }
                 ByResponse::CostFromResponse(header) => {
                     let reported = reported_cost(response.headers(), header);
@@ -255,10 +338,12 @@ impl Obligation {
                         reported,
                     });
                 }
-                _ => {} // a status that counts: the units stay taken
+                ByResponse::CountStatuses(_) => self.note(Settled::Kept),
             }
         }
-        apply(&self.settler, refunds, &self.route, self.metrics.as_ref()).await;
+        if !apply(&self.settler, refunds, &self.route, self.metrics.as_ref()).await {
+            self.note(Settled::Failed);
+        }
         if costs.is_empty() {
             return response;
         }
@@ -284,7 +369,12 @@ impl Obligation {
         }
         let limits = std::mem::take(&mut self.limits);
         let refunds = limits.iter().map(|owed| self.refund(owed)).collect();
-        apply(&self.settler, refunds, &self.route, self.metrics.as_ref()).await;
+        let settled = apply(&self.settler, refunds, &self.route, self.metrics.as_ref()).await;
+        self.note(if settled {
+            Settled::Refunded
+        } else {
+            Settled::Failed
+        });
     }
 }
 
@@ -295,6 +385,7 @@ impl Obligation {
         if let Some(next) = self.next.take() {
             next.settle_unknown();
         }
+        self.note(Settled::Unknown);
         for owed in std::mem::take(&mut self.limits) {
             if let (ByResponse::CostFromResponse(_), Some(m)) = (&owed.by_response, &self.metrics) {
                 m.cost_report_invalid.increment(1);
@@ -377,12 +468,14 @@ impl CostSettler {
         for cost in std::mem::take(&mut self.costs) {
             let params = cost.params;
             let Some(reported) = cost.reported else {
+                o.note(Settled::InvalidReport);
                 tracing::debug!(route = %o.route, header = %cost.header, "no valid cost report: the configured cost stands");
                 if let Some(m) = &o.metrics {
                     m.cost_report_invalid.increment(1);
                 }
                 continue;
             };
+            o.note(Settled::Cost);
             let op = if reported > params.cost {
                 Settle::Charge {
                     amount: reported - params.cost,
@@ -408,7 +501,9 @@ impl CostSettler {
     async fn settle(&mut self) {
         let settlements = self.take_settlements();
         let o = &self.obligation;
-        apply(&o.settler, settlements, &o.route, o.metrics.as_ref()).await;
+        if !apply(&o.settler, settlements, &o.route, o.metrics.as_ref()).await {
+            o.note(Settled::Failed);
+        }
     }
 }
 
@@ -439,26 +534,28 @@ impl Finish for CostSettler {
 
 /// Applies settlements where the units are, and waits for it: in place for memory and
 /// local-first copies, one call bounded by the store's timeout for Redis. A failure is logged
-/// and counted; the caller goes on.
+/// and counted; the caller goes on. False: the store failed.
 async fn apply(
     settler: &Settler,
     settlements: Vec<Settlement>,
     route: &str,
     metrics: Option<&SettleMetrics>,
-) {
+) -> bool {
     let Some((store, settlements, after)) = in_place(settler, settlements) else {
-        return;
+        return true;
     };
     if let (Some(round), Settler::LocalFirst { engine, .. }) = (after, settler) {
         // The units are in a write on its way: the refund follows it (bounded as a call).
         let _ = tokio::time::timeout(store.timeout(), engine.written_through(round)).await;
     }
-    if let Err(e) = store.settle(&settlements).await {
-        failed(route, &e, metrics);
+    let settled = store.settle(&settlements).await;
+    if let Err(e) = &settled {
+        failed(route, e, metrics);
     }
     if let Settler::LocalFirst { engine, .. } = settler {
         engine.refunds_answered(&settlements);
     }
+    settled.is_ok()
 }
 
 /// [`apply`] when nobody waits (a dropped obligation): what is in place now, Redis in a task.
@@ -527,6 +624,25 @@ fn failed(route: &str, e: &crate::limit::StoreError, metrics: Option<&SettleMetr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request's record shows the most telling of its limits' settlements, whatever the
+    /// order they settled in; nothing settled yet reads as None ("pending" in the log).
+    #[test]
+    fn a_report_keeps_the_most_telling_settlement() {
+        let report = SettleReport::default();
+        assert_eq!(report.get(), None);
+        report.note(Settled::Refunded);
+        report.note(Settled::Kept);
+        assert_eq!(report.get(), Some(Settled::Refunded));
+        report.note(Settled::Failed);
+        report.note(Settled::Cost);
+        assert_eq!(report.get(), Some(Settled::Failed));
+        for settled in Settled::ALL {
+            let report = SettleReport::default();
+            report.note(settled);
+            assert_eq!(report.get(), Some(settled), "{}", settled.as_str());
+        }
+    }
 
     #[test]
     fn a_refund_gives_the_units_back_in_the_fields() {

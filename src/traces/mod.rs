@@ -35,7 +35,7 @@ use opentelemetry_sdk::trace::{
 use opentelemetry_sdk::Resource;
 
 use crate::config::{OtlpProtocol, Traces};
-pub use span::{BodyEnd, DecisionSpan, EndSpans, RequestSpan, StoreKind};
+pub use span::{BodyEnd, DecisionSpan, RequestSpan, StoreKind};
 
 /// A failed export is logged at most this often (with how many failed since the last line).
 const LOG_EVERY: Duration = Duration::from_secs(60);

@@ -108,6 +108,17 @@ pub enum BodyEnd {
     Failed,
 }
 
+impl BodyEnd {
+    /// The access log's `body` field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BodyEnd::Complete => "complete",
+            BodyEnd::ClientLeft => "client_left",
+            BodyEnd::Failed => "failed",
+        }
+    }
+}
+
 impl RequestSpan {
     /// The server span of a request with these `headers`, started with `tracer` in the trace
     /// their `traceparent` names (a new one without it).
@@ -427,12 +438,6 @@ impl RequestSpan {
         }
     }
 
-    /// The answer's status (None: the client left first, 499); the spans end now.
-    pub fn finish(mut self: Box<Self>, status: Option<u16>) {
-        self.responded(status);
-        self.end(BodyEnd::Complete);
-    }
-
     /// The answer's status (None: the client left before the head, 499).
     pub fn responded(&mut self, status: Option<u16>) {
         if self.recording {
@@ -477,50 +482,5 @@ impl RequestSpan {
             ),
         }
         self.server.end();
-    }
-}
-
-/// The hook of a response body that ends its request's spans when it ends (see
-/// `crate::body::OnEnd`): when its last frame is read, when it fails, or when it is dropped
-/// (the client left mid-body, unless the body was at its end).
-pub struct EndSpans {
-    spans: Option<Box<RequestSpan>>,
-    /// The request's log span: lines logged while the body streams carry its ids.
-    log: tracing::Span,
-}
-
-impl EndSpans {
-    pub fn new(spans: Box<RequestSpan>) -> Self {
-        let log = spans.log_span();
-        EndSpans {
-            spans: Some(spans),
-            log,
-        }
-    }
-}
-
-impl<B: http_body::Body> crate::body::EndHook<B> for EndSpans {
-    type Error = B::Error;
-
-    fn scope(&self) -> Option<&tracing::Span> {
-        Some(&self.log)
-    }
-
-    fn end(&mut self, how: crate::body::End) {
-        if let Some(spans) = self.spans.take() {
-            spans.end(match how {
-                crate::body::End::Stream => BodyEnd::Complete,
-                crate::body::End::Error => BodyEnd::Failed,
-            });
-        }
-    }
-
-    fn dropped(&mut self, inner: &B) {
-        if let Some(spans) = self.spans.take() {
-            spans.end(match inner.is_end_stream() {
-                true => BodyEnd::Complete,
-                false => BodyEnd::ClientLeft,
-            });
-        }
     }
 }

@@ -87,7 +87,7 @@ async fn limit_also<'a>(
         match decided {
             Ok(mut admitted) => held.join(Holdings::take_from(&mut admitted)),
             Err(refused) => {
-                record.routed(Some(other.route), runtime.route_metrics(Some(other)));
+                record.routed(Some(other));
                 return Err(refused);
             }
         }

@@ -39,7 +39,8 @@ pub async fn admit(
         }
         Admission::Shed => {
             record.shed(false);
-            if let Some(owed) = admitted.and_then(|a| a.settlement.take()) {
+            if let Some(mut owed) = admitted.and_then(|a| a.settlement.take()) {
+                owed.report_to(record.settlement());
                 Box::pin(owed.give_back()).await;
             }
             Err(Shed)

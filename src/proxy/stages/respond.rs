@@ -51,6 +51,7 @@ pub async fn respond(
                 holdings,
                 outcome,
                 response,
+                record,
             );
             Box::pin(settling).await
         }
@@ -72,20 +73,19 @@ pub fn refuse(
 
 /// The answer to a request refused before routing (its shape, see `proxy::shape`): counted
 /// as unrouted and rejected.
-pub fn rejected<'a>(
+pub fn rejected(
     answer: Answer<'_>,
-    runtime: &'a Runtime,
-    record: &mut RequestRecord<'a>,
+    record: &mut RequestRecord<'_>,
     form: Form,
 ) -> Response<AnswerBody> {
-    record.routed(None, &runtime.unrouted_metrics);
+    record.routed(None);
     record.rejected();
     refuse(answer, record, form)
 }
 
 /// An admitted response that owes a settlement or holds concurrency slots: settled
-/// (count_statuses in the store before the head goes out, so its fields show it), with its
-/// rate-limit fields, its slots released or held until its body ends (read to its end if the
+/// (count_statuses in the store before the head goes out, so its fields show it; the record
+/// reads how it went), with its rate-limit fields, its slots released or held until its body ends (read to its end if the
 /// client leaves first, see `exchange`).
 async fn settle_and_hold(
     orphans: &TaskTracker,
@@ -94,9 +94,11 @@ async fn settle_and_hold(
     holdings: Holdings,
     outcome: Delivery,
     mut response: Response<AnswerBody>,
+    record: &mut RequestRecord<'_>,
 ) -> Response<AnswerBody> {
     let mut settles_at_end = false;
-    if let Some(settlement) = holdings.settlement {
+    if let Some(mut settlement) = holdings.settlement {
+        settlement.report_to(record.settlement());
         settles_at_end = outcome == Delivery::Answered && settlement.settles_at_end();
         // count_statuses settles on this head, in the store before the head goes out
         // (and the fields below show it), cost_from_response before the body's end.
@@ -155,17 +157,9 @@ fn answered(
     translate_for_grpc: bool,
 ) -> Response<AnswerBody> {
     record.answered(response.status());
-    let response = if translate_for_grpc {
+    if translate_for_grpc {
         answers::for_grpc(response.map(boxed_answer), false).map(AnswerBody::Right)
     } else {
         response
-    };
-    // A sampled request's spans end with its body, not its head.
-    match record.spans_for_body(&response) {
-        None => response,
-        Some(spans) => response.map(|body| {
-            let ending = body::OnEnd::with_hook(body, crate::traces::EndSpans::new(spans));
-            AnswerBody::Right(body::boxed(ending))
-        }),
     }
 }

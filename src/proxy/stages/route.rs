@@ -22,6 +22,6 @@ pub fn route<'a>(
     record: &mut RequestRecord<'a>,
 ) -> Routes<'a> {
     let (routed, also) = routing::routes_of(&runtime.config.throttle.routes, parts);
-    record.routed(routed.map(|r| r.route), runtime.route_metrics(routed));
+    record.routed(routed);
     Routes { routed, also }
 }

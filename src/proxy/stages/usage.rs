@@ -30,7 +30,7 @@ pub async fn answer<'a>(
     record: &mut RequestRecord<'a>,
     form: Form,
 ) -> Response<AnswerBody> {
-    record.routed(None, &runtime.unrouted_metrics);
+    record.routed(None);
     let answering =
         crate::usage::answer(&runtime.limits, parts, peer, &inner.usage_rate, form.http());
     let response = answering.await;
