@@ -35,9 +35,14 @@
 #   goodput   2xx within the timeout per second, as % of the app's capacity in that phase
 #             (steady and degraded: leaving out the first SETTLE, 2s, of the phase; half
 #             loads: % of what was sent)
+#   ÷ saturated app  goodput as a share of tollgate-limit64's in the same run (when it ran):
+#             with the app's queue always full, that is what the app itself serves at most on
+#             this node (beside CPU-bound neighbours its timers run late: below its capacity)
 #   p50/p99   latency of those successes, from the request's scheduled time
 #   refused   503 (shed) and 429 (a static concurrency limit) answers; at half load these are
 #             false sheds; timeouts and other statuses beside them
+#   recover   refusals at half load after the burst by time since its end (0-0.25 s is the
+#             burst's own backlog still in the app)
 #   back in   degraded: time from the degradation until goodput holds >= 90% of the new
 #             capacity for 1s; recovered: until every request succeeds for 1s
 #   cpu       the front's CPU per request sent (user+system of its process tree, from

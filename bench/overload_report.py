@@ -82,14 +82,23 @@ for index, name, capacity in [(1, "steady", cap), (2, "degraded", dcap)] + (
           f"(the phase without its first {settle:g} s)")
     print()
     degraded = name == "degraded"
-    print("| front | goodput (% of capacity) | p50 ms | p99 ms | refused | timeouts | other |"
+    # What the app itself serves at most on this node: tollgate-limit64 keeps its queue full
+    # the whole phase (on a busy node the app's own timers run late, so below its capacity).
+    saturated = data.get("tollgate-limit64")
+    best = saturated[0]["phases"][index]["settled"]["all"]["goodput_per_s"] if saturated else 0
+    print("| front | goodput (% of capacity) |" + (" ÷ saturated app |" if best else "")
+          + " p50 ms | p99 ms | refused | timeouts | other |"
           + (" back ≥ 90 % in |" if degraded else "") + " high ok | CPU µs/req |")
-    print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if degraded else "") + "---:|---:|")
+    print("|---|---:|" + ("---:|" if best else "") + "---:|---:|---:|---:|---:|"
+          + ("---:|" if degraded else "") + "---:|---:|")
     for front, (report, cpu) in data.items():
         s = report["phases"][index]["settled"]["all"]
         high = report["phases"][index]["settled"].get("high")
-        row = (f"| {front} | {100 * s['goodput_per_s'] / capacity:.0f} % | {ms(s['p50_ms'])} | "
-               f"{ms(s['p99_ms'])} | {refused(s):,} | {s['timeouts']:,} | {others(s):,} |")
+        row = f"| {front} | {100 * s['goodput_per_s'] / capacity:.0f} % |"
+        if best:
+            row += f" {100 * s['goodput_per_s'] / best:.1f} % |"
+        row += (f" {ms(s['p50_ms'])} | "
+                f"{ms(s['p99_ms'])} | {refused(s):,} | {s['timeouts']:,} | {others(s):,} |")
         if degraded:
             row += " " + fmt_s(back_in(report, index,
                                        lambda b, w: b["ok"] / w >= 0.9 * capacity)) + " |"
@@ -137,8 +146,8 @@ for front, (report, cpu) in data.items():
 if recover:
     print("### Recover: requests not served (shed, timed out, failed) at half load after the burst, by time since its end")
     print()
-    print("| front | 0–2 s | 2–5 s | 5 s to the end | after 2 s: ok of sent |")
-    print("|---|---:|---:|---:|---:|")
+    print("| front | 0–0.25 s | 0.25–2 s | 2–5 s | 5 s to the end | after 2 s: ok of sent |")
+    print("|---|---:|---:|---:|---:|---:|")
     for front, (report, cpu) in data.items():
         bucket = report["bucket_ms"] / 1000
         start_s = sum(p["seconds"] for p in report["phases"][:5])
@@ -151,11 +160,12 @@ if recover:
             return (sum(x["sent"] - x["ok"] for x in part), sum(x["sent"] for x in part),
                     sum(x["ok"] for x in part))
 
-        r02, _, _ = window(0, 2)
+        r0, _, _ = window(0, 0.25)
+        r02, _, _ = window(0.25, 2)
         r25, _, _ = window(2, 5)
         r5, _, _ = window(5, end_s - start_s)
         _, sent2, ok2 = window(2, end_s - start_s)
-        print(f"| {front} | {r02:,} | {r25:,} | {r5:,} | {pct(ok2, sent2)} |")
+        print(f"| {front} | {r0:,} | {r02:,} | {r25:,} | {r5:,} | {pct(ok2, sent2)} |")
     print()
 
 loads = {f: (work / f"{f}.load").read_text().split() for f in data if (work / f"{f}.load").exists()}

@@ -241,6 +241,7 @@ impl Proxy {
     }
 
     /// [`Proxy::handle`]'s future: `trace` holds the request's spans, with traces on. The
+    /// stages in order, each a module of `stages` (or `shape`) with a typed result. The
     /// request's record is made here and, once the stages have answered, goes on in the
     /// response body, to be written when the exchange is over (see `record`).
     async fn serve<B>(
@@ -263,52 +264,52 @@ impl Proxy {
         if let Some(trace) = trace {
             record.traced(trace, runtime.trace_redis.as_ref());
         }
-        let response = stages(&self.inner, &runtime, parts, body, conn, &mut record).await;
+        let inner = &*self.inner;
+        // The stages in order, each a module of `stages` (or `shape`) with a typed result.
+        // A block, not a function of its own: an async function's future would be moved
+        // (copied whole) into this one's.
+        let response = 'stages: {
+            // One pass over the request's headers answers what the path asks of them.
+            let found = headers::scan(&parts.headers);
+            // How tollgate's own answers are put to this caller (see `answers`).
+            let form = found.answer_form(&parts.headers);
+            if let Some(refusal) = shape::check(&parts, &found) {
+                break 'stages respond::rejected(refusal.answer(), &mut record, form);
+            }
+            if usage::asks(&runtime, &parts) {
+                // Boxed: the store read's future would otherwise size every request's.
+                let answering =
+                    usage::answer(inner, &runtime, &parts, conn.peer.ip(), &mut record, form);
+                break 'stages Box::pin(answering).await;
+            }
+            let routes = route::route(&runtime, &parts, &mut record);
+            let routed = routes.routed;
+            let limiting = limit::limit(&runtime, routes, &parts, conn.peer.ip(), &mut record);
+            let mut admitted = match limiting.await {
+                Ok(admitted) => admitted,
+                Err(refused) => break 'stages respond::refuse(*refused, &mut record, form),
+            };
+            let slot = match protect::admit(&runtime, admitted.as_mut(), &mut record).await {
+                Ok(slot) => slot,
+                Err(protect::Shed) => {
+                    break 'stages respond::refuse(Answer::Overloaded, &mut record, form)
+                }
+            };
+            let incoming = forward::Incoming::new(parts, body, found, conn, routed);
+            let forwarding = forward::forward(
+                inner,
+                &runtime,
+                incoming,
+                admitted.as_mut(),
+                slot,
+                &mut record,
+            );
+            let forwarded = forwarding.await;
+            respond::respond(inner, &runtime, admitted, forwarded, &mut record, form).await
+        };
         let detached = record.detach();
         BodyRecord::around(response, detached, self.inner, runtime)
     }
-}
-
-/// The stages in order, each a module of `stages` (or `shape`) with a typed result.
-async fn stages<'a, B>(
-    inner: &'a Inner,
-    runtime: &'a Runtime,
-    parts: http::request::Parts,
-    body: B,
-    conn: ConnInfo,
-    record: &mut RequestRecord<'a>,
-) -> Response<AnswerBody>
-where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<body::BoxError>,
-{
-    // One pass over the request's headers answers what the path asks of them.
-    let found = headers::scan(&parts.headers);
-    // How tollgate's own answers are put to this caller (see `answers`).
-    let form = found.answer_form(&parts.headers);
-    if let Some(refusal) = shape::check(&parts, &found) {
-        return respond::rejected(refusal.answer(), record, form);
-    }
-    if usage::asks(runtime, &parts) {
-        // Boxed: the store read's future would otherwise size every request's.
-        let answering = usage::answer(inner, runtime, &parts, conn.peer.ip(), record, form);
-        return Box::pin(answering).await;
-    }
-    let routes = route::route(runtime, &parts, record);
-    let routed = routes.routed;
-    let limiting = limit::limit(runtime, routes, &parts, conn.peer.ip(), record);
-    let mut admitted = match limiting.await {
-        Ok(admitted) => admitted,
-        Err(refused) => return respond::refuse(*refused, record, form),
-    };
-    let slot = match protect::admit(runtime, admitted.as_mut(), record).await {
-        Ok(slot) => slot,
-        Err(protect::Shed) => return respond::refuse(Answer::Overloaded, record, form),
-    };
-    let incoming = forward::Incoming::new(parts, body, found, conn, routed);
-    let forwarding = forward::forward(inner, runtime, incoming, admitted.as_mut(), slot, record);
-    let forwarded = forwarding.await;
-    respond::respond(inner, runtime, admitted, forwarded, record, form).await
 }
 
 #[cfg(test)]

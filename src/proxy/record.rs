@@ -306,6 +306,8 @@ struct Facts {
     ids: Option<(TraceId, SpanId)>,
     /// The Redis node a decision is sent to, for the trace.
     redis: Option<Arc<str>>,
+    /// Set when the record moves into the response body ([`BodyRecord::around`]).
+    owner: Option<Owner>,
 }
 
 /// The record of one request while the stages run (see the module docs). Counts the request
@@ -346,6 +348,7 @@ impl<'a> RequestRecord<'a> {
             trace: None,
             ids: None,
             redis: None,
+            owner: None,
         };
         RequestRecord {
             counting,
@@ -527,18 +530,22 @@ impl Drop for RequestRecord<'_> {
 /// A record on its way into the response body (see [`RequestRecord::detach`]).
 pub struct Detached(Option<Box<Facts>>);
 
-/// The record of a request whose response has been handed to the client: it goes on in the
-/// response body and is written when the body ends (or fails), or when it is dropped (the
-/// client left mid-body, or hyper is done with a body it knows has ended), with how it ended,
-/// the bytes sent and the settlement's result. It owns the process's and the configuration's
-/// handles it is counted in (moved from the request's future: no reference counts change).
-pub struct BodyRecord {
-    facts: Option<Box<Facts>>,
+/// What a record in the response body needs to be written: the process's handle and the
+/// configuration snapshot the request was served with (moved from the request's future: no
+/// reference counts change), and a sampled request's log span.
+struct Owner {
     inner: Arc<Inner>,
     runtime: Arc<Runtime>,
     /// A sampled request's log span: lines logged while the body streams carry its ids.
     log: Option<tracing::Span>,
 }
+
+/// The record of a request whose response has been handed to the client: it goes on in the
+/// response body and is written when the body ends (or fails), or when it is dropped (the
+/// client left mid-body, or hyper is done with a body it knows has ended), with how it ended,
+/// the bytes sent and the settlement's result. One pointer: every move of the response (hyper
+/// moves it a few times) copies as little as before.
+pub struct BodyRecord(Option<Box<Facts>>);
 
 /// A response body that writes its request's record when it ends (see [`BodyRecord`]).
 pub type RecordedBody = OnEnd<AnswerBody, BodyRecord>;
@@ -551,25 +558,29 @@ impl BodyRecord {
         inner: Arc<Inner>,
         runtime: Arc<Runtime>,
     ) -> Response<RecordedBody> {
-        let facts = detached.0;
-        let log = facts
-            .as_ref()
-            .and_then(|f| f.trace.as_ref())
-            .filter(|trace| trace.recording())
-            .map(|trace| trace.log_span());
-        let record = BodyRecord {
-            facts,
-            inner,
-            runtime,
-            log,
-        };
-        response.map(|body| OnEnd::with_hook(body, record))
+        let record = detached.0.map(|mut facts| {
+            let log = facts
+                .trace
+                .as_ref()
+                .filter(|trace| trace.recording())
+                .map(|trace| trace.log_span());
+            facts.owner = Some(Owner {
+                inner,
+                runtime,
+                log,
+            });
+            facts
+        });
+        let (parts, body) = response.into_parts();
+        Response::from_parts(parts, OnEnd::with_hook(body, BodyRecord(record)))
     }
 
     fn write(&mut self, body: BodyEnd) {
-        if let Some(mut facts) = self.facts.take() {
+        if let Some(mut facts) = self.0.take() {
             facts.body = Some(body);
-            facts.write(&Counting::of(&self.inner.metrics, &self.runtime));
+            if let Some(owner) = facts.owner.take() {
+                facts.write(&Counting::of(&owner.inner.metrics, &owner.runtime));
+            }
         }
     }
 }
@@ -579,7 +590,7 @@ impl EndHook<AnswerBody> for BodyRecord {
 
     #[inline]
     fn frame(&mut self, frame: &Frame<Bytes>, _inner: &AnswerBody) -> Result<(), Self::Error> {
-        if let (Some(facts), Some(data)) = (&mut self.facts, frame.data_ref()) {
+        if let (Some(facts), Some(data)) = (&mut self.0, frame.data_ref()) {
             facts.body_bytes += data.len() as u64;
         }
         Ok(())
@@ -601,7 +612,7 @@ impl EndHook<AnswerBody> for BodyRecord {
 
     #[inline]
     fn scope(&self) -> Option<&tracing::Span> {
-        self.log.as_ref()
+        self.0.as_ref()?.owner.as_ref()?.log.as_ref()
     }
 }
 
