@@ -63,7 +63,7 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
     ("tollgate_settlement_errors_total", Kind::Counter, "Settlements after the response that the store failed."),
     ("tollgate_credentials_refused_total", Kind::Counter, "Bearer tokens the route's identities refused, by what on_invalid made of them."),
     ("tollgate_upstream_duration_seconds", Kind::Histogram, "Time from sending a request upstream until its response head arrived."),
-    ("tollgate_in_flight_requests", Kind::Gauge, "Requests being handled now: between their arrival and their response head."),
+    ("tollgate_in_flight_requests", Kind::Gauge, "Requests being handled now: between their arrival and the end of their response body (or their client leaving)."),
     (DEPRECATED_INFLIGHT, Kind::Gauge, "Deprecated: the same as tollgate_in_flight_requests, under its old name; removed in the next release."),
     ("tollgate_client_connections", Kind::Gauge, "Client connections open now (plain and TLS)."),
     ("tollgate_client_connections_parked", Kind::Gauge, "Of the client connections, idle plain HTTP/1 ones parked without HTTP buffers."),

@@ -79,6 +79,11 @@ fn access_lines(stderr: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The next data frame of `body`.
+async fn next_data(body: &mut hyper::body::Incoming) -> bytes::Bytes {
+    body.frame().await.unwrap().unwrap().into_data().unwrap()
+}
+
 /// A request as `user`, its whole body read: the status and the body's length.
 async fn send(addr: SocketAddr, method: &str, path: &str) -> (StatusCode, usize) {
     let request = Request::builder()
@@ -145,13 +150,7 @@ async fn the_access_log_line_covers_the_body_its_end_and_the_settlement() {
         .await
         .unwrap();
     let mut streaming = response.into_body();
-    let first = streaming
-        .frame()
-        .await
-        .unwrap()
-        .unwrap()
-        .into_data()
-        .unwrap();
+    let first = next_data(&mut streaming).await;
     assert_eq!(&first[..], b"first,");
     assert_eq!(
         in_flight(admin).await,
@@ -170,7 +169,7 @@ async fn the_access_log_line_covers_the_body_its_end_and_the_settlement() {
         .await
         .unwrap();
     let mut leaving = response.into_body();
-    let first = leaving.frame().await.unwrap().unwrap().into_data().unwrap();
+    let first = next_data(&mut leaving).await;
     assert_eq!(&first[..], b"first,");
     drop(leaving);
     all_written(admin).await;
@@ -183,7 +182,7 @@ async fn the_access_log_line_covers_the_body_its_end_and_the_settlement() {
         .unwrap();
     let response = http1_client().request(request).await.unwrap();
     let mut leaving = response.into_body();
-    let first = leaving.frame().await.unwrap().unwrap().into_data().unwrap();
+    let first = next_data(&mut leaving).await;
     assert_eq!(&first[..], b"status 200");
     drop(leaving);
     all_written(admin).await;

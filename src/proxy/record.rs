@@ -712,6 +712,17 @@ mod tests {
         }
     }
 
+    /// A record of `parts` from a documentation address, counted in `metrics` and `route`.
+    fn record_in<'a>(
+        metrics: &'a Metrics,
+        route: &'a RouteMetrics,
+        parts: &Parts,
+        access_log: bool,
+    ) -> RequestRecord<'a> {
+        let peer = "192.0.2.1:5000".parse().unwrap();
+        RequestRecord::new(counting(metrics, route), parts, peer, access_log)
+    }
+
     fn admitted(set: &LimitSet, reason: AdmitReason) -> LimitOutcome<'_> {
         crate::throttle::admitted_undecided(set, "header", reason)
     }
@@ -808,12 +819,7 @@ mod tests {
         let request = http::Request::get("/x").body(()).unwrap();
         let (parts, _) = request.into_parts();
         for shadow in [false, true, false] {
-            let mut record = RequestRecord::new(
-                counting(&metrics, &route),
-                &parts,
-                "192.0.2.1:1".parse().unwrap(),
-                false,
-            );
+            let mut record = record_in(&metrics, &route, &parts, false);
             record.routed(None);
             record.shed(shadow);
             let expected = if shadow { "shadow_shed" } else { "shed" };
@@ -838,12 +844,7 @@ mod tests {
         let unrouted = metrics.route(crate::metrics::UNROUTED);
         let request = http::Request::get("/x").body(()).unwrap();
         let (parts, _) = request.into_parts();
-        let mut record = RequestRecord::new(
-            counting(&metrics, &unrouted),
-            &parts,
-            "192.0.2.1:1".parse().unwrap(),
-            false,
-        );
+        let mut record = record_in(&metrics, &unrouted, &parts, false);
         record.routed(None);
         record.rejected();
         assert_eq!(
@@ -865,12 +866,7 @@ mod tests {
         let route = metrics.route("api");
         let set = LimitSet::new("api", None, Vec::new(), true);
         let parts = http::Request::get("/x").body(()).unwrap().into_parts().0;
-        let mut record = RequestRecord::new(
-            counting(&metrics, &route),
-            &parts,
-            "192.0.2.1:5000".parse().unwrap(),
-            true,
-        );
+        let mut record = record_in(&metrics, &route, &parts, true);
         record.facts().place = Place::Route(0);
         record.decided(&admitted(&set, AdmitReason::Decided));
         assert!(metrics.render().contains("tollgate_in_flight_requests 1"));
