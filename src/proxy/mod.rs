@@ -43,7 +43,7 @@ use crate::config::Config;
 use crate::control::Control;
 use crate::metrics::Metrics;
 use crate::protect::Protector;
-use record::{BodyRecord, Counting, RequestRecord};
+use record::{BodyRecord, RequestRecord};
 use runtime::{Inner, Runtime};
 use stages::{forward, limit, protect, respond, route, usage};
 
@@ -256,16 +256,11 @@ impl Proxy {
     {
         let runtime = self.inner.runtime.load_full();
         let (parts, body) = request.into_parts();
-        let counting = Counting::of(&self.inner.metrics, &runtime);
-        let access_log = runtime.config.access_log;
         // Written when the response body ends, or here if this future is dropped first (the
         // client left).
-        let mut record = RequestRecord::new(counting, &parts, conn.peer, access_log);
-        if let Some(trace) = trace {
-            record.traced(trace, runtime.trace_redis.as_ref());
-        }
+        let mut record =
+            RequestRecord::start(&self.inner.metrics, &runtime, &parts, conn.peer, trace);
         let inner = &*self.inner;
-        // The stages in order, each a module of `stages` (or `shape`) with a typed result.
         // A block, not a function of its own: an async function's future would be moved
         // (copied whole) into this one's.
         let response = 'stages: {
@@ -307,8 +302,7 @@ impl Proxy {
             let forwarded = forwarding.await;
             respond::respond(inner, &runtime, admitted, forwarded, &mut record, form).await
         };
-        let detached = record.detach();
-        BodyRecord::around(response, detached, self.inner, runtime)
+        BodyRecord::around(response, record.detach(), self.inner, runtime)
     }
 }
 

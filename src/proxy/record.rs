@@ -235,7 +235,7 @@ enum Place {
 /// What a record is counted in: the process's metrics and the running configuration's routes
 /// and their metrics.
 #[derive(Clone, Copy)]
-pub struct Counting<'a> {
+struct Counting<'a> {
     metrics: &'a Metrics,
     routes: &'a [Arc<Route>],
     route_metrics: &'a [RouteMetrics],
@@ -243,7 +243,7 @@ pub struct Counting<'a> {
 }
 
 impl<'a> Counting<'a> {
-    pub fn of(metrics: &'a Metrics, runtime: &'a Runtime) -> Counting<'a> {
+    fn of(metrics: &'a Metrics, runtime: &'a Runtime) -> Counting<'a> {
         Counting {
             metrics,
             routes: &runtime.config.throttle.routes,
@@ -321,7 +321,7 @@ pub struct RequestRecord<'a> {
 
 impl<'a> RequestRecord<'a> {
     /// The record of the request `parts` from `peer`, started now.
-    pub fn new(
+    fn new(
         counting: Counting<'a>,
         parts: &Parts,
         peer: SocketAddr,
@@ -356,6 +356,23 @@ impl<'a> RequestRecord<'a> {
         }
     }
 
+    /// The record of the request `parts` from `peer`, started now, counted in `metrics` and
+    /// the routes of `runtime`; `trace` holds its spans, with traces on.
+    pub fn start(
+        metrics: &'a Metrics,
+        runtime: &'a Runtime,
+        parts: &Parts,
+        peer: SocketAddr,
+        trace: Option<Box<RequestSpan>>,
+    ) -> RequestRecord<'a> {
+        let counting = Counting::of(metrics, runtime);
+        let mut record = RequestRecord::new(counting, parts, peer, runtime.config.access_log);
+        if let Some(trace) = trace {
+            record.traced(trace, runtime.trace_redis.as_ref());
+        }
+        record
+    }
+
     fn facts(&mut self) -> &mut Facts {
         self.facts
             .as_mut()
@@ -364,7 +381,7 @@ impl<'a> RequestRecord<'a> {
 
     /// Traces this request with `trace`, its spans (see `crate::traces`); `redis` is the node a
     /// Redis decision goes to.
-    pub fn traced(&mut self, trace: Box<RequestSpan>, redis: Option<&Arc<str>>) {
+    fn traced(&mut self, trace: Box<RequestSpan>, redis: Option<&Arc<str>>) {
         let facts = self.facts();
         facts.ids = trace.ids();
         facts.trace = Some(trace);
