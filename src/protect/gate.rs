@@ -9,9 +9,12 @@
 //! LIFO), because in a backed-up queue the oldest are the ones that will be late anyway, and
 //! serving them first would make every admitted request carry nearly the whole `max_wait`.
 //! When a slot frees for a backed-up queue whose newest waiter has already waited a tenth of
-//! `max_wait` ([`STANDING_SHARE`]), the whole queue is shed rather than let in: a queue that
-//! stays backed up that long is standing, not absorbing a burst, and what it lets in late
-//! only adds its wait to the latency of what was admitted (the idea of CoDel's target delay).
+//! `max_wait` ([`STANDING_SHARE`]), the newest takes the slot and everyone older is shed: a
+//! queue that stays backed up that long is standing, not absorbing a burst, and what it lets
+//! in late only adds its wait to the latency of what was admitted (the idea of CoDel's target
+//! delay). The newest is kept because it is the least late of them and the slot would
+//! otherwise idle; and a request that arrives as a burst ends is not shed for the burst's
+//! backlog in front of it.
 //! Only the lowest priority waiting is shed this way; a higher one's waiters go only by their
 //! own `max_wait`, as the lowest is shed first everywhere else.
 //! When a request must wait in a backed-up queue and a lower priority waits too, the oldest of
@@ -298,14 +301,17 @@ impl Protector {
                     .back()
                     .is_some_and(|newest| now.saturating_duration_since(newest.since) >= standing)
             {
-                // Even the newest has waited this long: the whole queue is standing (every
-                // one in it is older). Their own futures count them as shed.
+                // Even the newest has waited this long: the queue is standing (every one in
+                // it is older). The newest takes the slot (below): it is the least late, and
+                // a slot left idle would only be lost goodput. Everyone older goes, shed by
+                // their own futures reading the answer.
+                let newest = queue.pop_back().expect("not empty");
                 let stale: Vec<Waiter> = queue.drain(..).collect();
+                queue.push_back(newest);
                 state.waiting -= stale.len();
                 for waiter in stale {
                     let _ = waiter.answer.send(Turn::Shed);
                 }
-                continue;
             }
             let waiter = if backed_up {
                 queue.pop_back()
@@ -580,30 +586,33 @@ mod tests {
         drop(second);
     }
 
-    /// A backed-up queue is standing: a waiter that has waited a tenth of `max_wait` when its
-    /// turn comes is shed, not let in late; one that has not is let in. (Real time: the gate
-    /// reads the std clock.)
+    /// A backed-up queue is standing: when a slot frees and even its newest waiter has waited
+    /// a tenth of `max_wait`, the newest is let in and everyone older is shed, not let in late;
+    /// a waiter that has not waited that long is let in. (Real time: the gate reads the std
+    /// clock.)
     #[tokio::test]
     async fn a_standing_queue_sheds_what_waited_too_long_when_its_turn_comes() {
         let gate = fixed(1, 1000);
+        let spawn = || {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.admit(Priority::Normal).await })
+        };
         let held = admitted(gate.admit(Priority::Normal).await);
-        let old = tokio::spawn({
-            let gate = gate.clone();
-            async move { gate.admit(Priority::Normal).await }
-        });
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        assert_eq!(gate.snapshot().waiting, 1);
-        drop(held);
-        assert!(matches!(old.await.unwrap(), Admission::Shed));
-        assert_eq!(gate.snapshot().shed[Priority::Normal.index()], 1);
-        // The freed slot went to nobody, so the next request takes it at once.
-        let next = admitted(gate.admit(Priority::Normal).await);
-        let fresh = tokio::spawn({
-            let gate = gate.clone();
-            async move { gate.admit(Priority::Normal).await }
-        });
+        let oldest = spawn();
         tokio::time::sleep(Duration::from_millis(10)).await;
-        drop(next);
+        let newest = spawn();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(gate.snapshot().waiting, 2);
+        drop(held);
+        assert!(matches!(oldest.await.unwrap(), Admission::Shed));
+        let newest = admitted(newest.await.unwrap());
+        let snapshot = gate.snapshot();
+        assert_eq!(snapshot.shed[Priority::Normal.index()], 1);
+        assert_eq!((snapshot.waiting, snapshot.in_flight), (0, 1));
+        // One waiting for a limit of one, but only just: let in when the slot frees.
+        let fresh = spawn();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        drop(newest);
         admitted(fresh.await.unwrap());
     }
 
