@@ -60,8 +60,8 @@
 # Knobs: FRONTS SLOTS SERVICE DEGRADED_SLOTS DEGRADED_SERVICE HALF_S STEADY_S DEGRADED_S
 # RECOVERED_S BURST_S AFTER_S TIMEOUT SETTLE HIGH_SHARE BUSY NO_BUILD=1 TOLLGATE_BIN=path
 # PROTECT_YAML='...'
-# TRACE=0.5 (seconds; default off: records tollgate's protect gauges to FRONT.trace, at some
-# CPU cost to the front)
+# TRACE=0.5 (seconds; default off: records tollgate's protect gauges and GET /protect's state
+# and last cut to FRONT.trace, at some CPU cost to the front)
 # BIN_DIR=target/release (where tollgate and the two examples are; with NO_BUILD=1, a debug
 # build's target/debug for a quick try of the script itself).
 # Everything listens on 127.0.0.1 only; every process started here is stopped on exit.
@@ -352,6 +352,11 @@ for front in $FRONTS; do
       awk -v t0="$T0" -v n="$(date +%s.%N)" 'BEGIN { printf "%.2f ", n - t0 }'
       curl -fsS "http://127.0.0.1:$ADMIN_PORT/metrics" 2>/dev/null |
         awk '/^tollgate_protect_(limit|in_flight|waiting|baseline_seconds|latency_seconds) / { printf "%s=%s ", substr($1, 18), $2 }'
+      # Why the limit is there (GET /protect): the controller's state, the level the app was
+      # lately served at, and the last cut's cause and levels.
+      curl -fsS "http://127.0.0.1:$ADMIN_PORT/protect" 2>/dev/null | tr -d ' \n' |
+        grep -o '"state":"[a-z_]*"\|"good_limit":[0-9a-z]*\|"cause":"[a-z_]*"\|"from":[0-9]*\|"to":[0-9]*' |
+        tr -d '"' | tr ':\n' '= '
       echo
     done >"$WORK/$front.trace" &
     TRACE_PID=$!

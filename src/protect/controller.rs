@@ -122,10 +122,17 @@ const TYPICAL_WEIGHT: f64 = 0.1;
 /// module docs, 4).
 pub const QUEUE_ALLOWANCE: f64 = 0.5;
 /// The most the app's queue may add to its requests' wait on average, as a share of the aim's
-/// slack, before a cut (see the module docs, 4). At 2, a degraded app of 4 slots × 40 ms held
+/// slack, before a cut (see the module docs, 4), in a window of overload: as many requests
+/// found the limit reached as the app answered. At 2, a degraded app of 4 slots × 40 ms held
 /// a request in its queue for seconds (10 ms of wait on average, against 8 allowed before the
 /// count's doubt), and the requests that waited there a whole service time made the p99.
 const QUEUE_WAIT_SHARE: f64 = 1.0;
+/// The same in a window that only touched the limit (a burst of a partial load). There the
+/// count runs about a request high with no queue in the app: each request counts itself and
+/// the in-flight of a random moment, whereas under overload it starts as another ends, with
+/// the limit in flight all the time. At the overload share, a healthy app at half load on a
+/// busy node was cut below what the load wanted and shed 3 % of it for seconds.
+const PARTIAL_QUEUE_WAIT_SHARE: f64 = 2.0;
 /// The windows the limit waits, below a level where the app's queue showed, before it tries
 /// that level again: at first, and at most (it doubles with each failed try in between).
 /// Each try makes a few requests wait in the app's queue; a p99 can afford about one a few
@@ -341,6 +348,8 @@ struct Window {
     failed: usize,
     /// The limit was reached: someone waited, or in-flight met it.
     saturated: bool,
+    /// Requests that found the limit reached (they waited, or shadow mode counted them).
+    found_full: usize,
 }
 
 impl Window {
@@ -419,6 +428,7 @@ impl Controller {
     pub fn saturated(&mut self, now: Instant) {
         self.window.started.get_or_insert(now);
         self.window.saturated = true;
+        self.window.found_full += 1;
     }
 
     /// An exchange that started with `in_flight` in flight (itself included) ended `latency`
@@ -547,10 +557,15 @@ impl Controller {
         let new_app = (baseline - baseline_before).abs() > slack;
         let (queued, doubt) = self.queue(&w, span, concurrency, fastest / baseline, new_app);
         // The app's queue is cut when it holds a whole request more than the allowance, or
-        // when its wait takes more than QUEUE_WAIT_SHARE × the aim's slack: an app with few slots makes a
+        // when its wait takes more than a share of the aim's slack: an app with few slots makes a
         // request that waits for one wait long (its next answer may be a whole service time
         // away), one with many hardly at all.
-        let too_many = (QUEUE_ALLOWANCE + 1.0).min(answers_per_second * slack * QUEUE_WAIT_SHARE);
+        let share = if w.found_full >= w.ended {
+            QUEUE_WAIT_SHARE
+        } else {
+            PARTIAL_QUEUE_WAIT_SHARE
+        };
+        let too_many = (QUEUE_ALLOWANCE + 1.0).min(answers_per_second * slack * share);
         let mut healthy = false;
         let (mut next, mut cause) = if gradient < 1.0 {
             (self.limit * gradient, Cause::Latency)
