@@ -138,9 +138,12 @@ start_busy() {
       local src=$T/busy-src
       mkdir -p "$src"
       cp -r "$ROOT/src" "$ROOT/Cargo.toml" "$ROOT/Cargo.lock" "$ROOT/benches" "$ROOT/examples" "$src"
-      (cd "$src" && while :; do
+      # The build runs in the background and is waited for, so that the loop's TERM trap
+      # runs at once and stops the build too (a foreground build outlived the run).
+      (cd "$src" && trap 'pkill -TERM -P $BASHPID; exit 0' TERM && while :; do
         CARGO_TARGET_DIR=$T/busy-target cargo clean -q 2>/dev/null
-        CARGO_TARGET_DIR=$T/busy-target cargo build --release -q --bin tollgate >/dev/null 2>&1
+        CARGO_TARGET_DIR=$T/busy-target cargo build --release -q --bin tollgate >/dev/null 2>&1 &
+        wait $!
       done) &
       PIDS+=($!) ;;
     image)
