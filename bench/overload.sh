@@ -36,8 +36,9 @@
 #             (steady and degraded: leaving out the first SETTLE, 2s, of the phase; half
 #             loads: % of what was sent)
 #   ÷ saturated app  goodput as a share of tollgate-limit64's in the same run (when it ran):
-#             with the app's queue always full, that is what the app itself serves at most on
-#             this node (beside CPU-bound neighbours its timers run late: below its capacity)
+#             with the app's queue always full, that is what the app itself serves at most
+#             (its capacity: it keeps its service time in its own clock, so late timers on a
+#             busy node do not lower it; below 100 % the app or the load generator fell behind)
 #   p50/p99   latency of those successes, from the request's scheduled time
 #   refused   503 (shed) and 429 (a static concurrency limit) answers; at half load these are
 #             false sheds; timeouts and other statuses beside them

@@ -352,6 +352,19 @@ struct Window {
     found_full: usize,
 }
 
+/// How many may wait in the app's queue on average before a cut: a whole request more than
+/// the allowance, or fewer when their wait would take more than a share of the aim's slack.
+/// An app with few slots makes a request that waits for one wait long (its next answer may be
+/// a whole service time away), one with many hardly at all.
+fn too_many_queued(w: &Window, answers_per_second: f64, slack: f64) -> f64 {
+    let share = if w.found_full >= w.ended {
+        QUEUE_WAIT_SHARE
+    } else {
+        PARTIAL_QUEUE_WAIT_SHARE
+    };
+    (QUEUE_ALLOWANCE + 1.0).min(answers_per_second * slack * share)
+}
+
 impl Window {
     /// Sorts the latencies and returns their 10th percentile (the fastest tenth), median,
     /// 90th percentile, mean and spread (standard deviation over mean).
@@ -556,16 +569,7 @@ impl Controller {
         // A new baseline is a new app (2): what was counted before is of the old one.
         let new_app = (baseline - baseline_before).abs() > slack;
         let (queued, doubt) = self.queue(&w, span, concurrency, fastest / baseline, new_app);
-        // The app's queue is cut when it holds a whole request more than the allowance, or
-        // when its wait takes more than a share of the aim's slack: an app with few slots makes a
-        // request that waits for one wait long (its next answer may be a whole service time
-        // away), one with many hardly at all.
-        let share = if w.found_full >= w.ended {
-            QUEUE_WAIT_SHARE
-        } else {
-            PARTIAL_QUEUE_WAIT_SHARE
-        };
-        let too_many = (QUEUE_ALLOWANCE + 1.0).min(answers_per_second * slack * share);
+        let too_many = too_many_queued(&w, answers_per_second, slack);
         let mut healthy = false;
         let (mut next, mut cause) = if gradient < 1.0 {
             (self.limit * gradient, Cause::Latency)
