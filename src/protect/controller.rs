@@ -123,15 +123,15 @@ const TYPICAL_WEIGHT: f64 = 0.1;
 pub const QUEUE_ALLOWANCE: f64 = 0.5;
 /// The most the app's queue may add to its requests' wait on average, as a share of the aim's
 /// slack, before a cut (see the module docs, 4), in a window of overload: as many requests
-/// found the limit reached as the app answered. At 2, a degraded app of 4 slots × 40 ms held
-/// a request in its queue for seconds (10 ms of wait on average, against 8 allowed before the
-/// count's doubt), and the requests that waited there a whole service time made the p99.
+/// found the limit reached as the app answered. One request in the queue of an app with few
+/// slots (4 × 40 ms: 10 ms of wait on average against a slack of 4) waits up to a whole
+/// service time, and those waits make the p99.
 const QUEUE_WAIT_SHARE: f64 = 1.0;
 /// The same in a window that only touched the limit (a burst of a partial load). There the
-/// count runs high with no queue in the app: each request counts itself and
-/// the in-flight of a random moment, whereas under overload it starts as another ends, with
-/// the limit in flight all the time. At the overload share, a healthy app at half load on a
-/// busy node was cut below what the load wanted and shed 3 % of it for seconds.
+/// count runs high with no queue in the app: each request counts itself and the in-flight of
+/// a random moment, whereas under overload it starts as another ends, with the limit in
+/// flight all the time. Cut at the overload's share, a healthy app at half load on a busy node
+/// was held below what the load wanted, and part of the load was shed for seconds.
 const PARTIAL_QUEUE_WAIT_SHARE: f64 = 2.0;
 /// The windows the limit waits, below a level where the app's queue showed, before it tries
 /// that level again: at first, and at most (it doubles with each failed try in between).
@@ -1106,8 +1106,8 @@ mod tests {
 
     /// Half load on a healthy app (8 slots × 20 ms at 200 a second), requests arriving at
     /// random: each counts itself and the in-flight it found (4 on average), so Little's law
-    /// counts about a request more than the app holds, and now and then a burst finds the limit
-    /// of 6 reached, on a busy node. That is no overload: the limit is never cut.
+    /// counts more than the app holds, and now and then a burst finds the limit of 6 reached,
+    /// on a busy node. That is no overload: the limit is never cut.
     #[test]
     fn a_partial_load_that_touches_the_limit_is_not_cut_for_its_count() {
         let settings = |max_limit| Settings {

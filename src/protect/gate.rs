@@ -305,9 +305,7 @@ impl Protector {
                 // it is older). The newest takes the slot (below): it is the least late, and
                 // a slot left idle would only be lost goodput. Everyone older goes, shed by
                 // their own futures reading the answer.
-                let newest = queue.pop_back().expect("not empty");
-                let stale: Vec<Waiter> = queue.drain(..).collect();
-                queue.push_back(newest);
+                let stale: Vec<Waiter> = queue.drain(..queue.len() - 1).collect();
                 state.waiting -= stale.len();
                 for waiter in stale {
                     let _ = waiter.answer.send(Turn::Shed);
