@@ -72,29 +72,39 @@ impl Health {
     }
 
     /// Ready or not, in the words `/readyz` answers with. A store that is down names its cause
-    /// (refused, timed out, authentication failed, ...), also when `on_error` keeps this
-    /// instance ready: a second line then says so.
+    /// (refused, timed out, authentication failed, ..., or not connected yet), also when
+    /// `on_error` keeps this instance ready: a second line then says so. So a bare `ready`
+    /// means the store is deciding (or there is none).
     pub fn readiness(&self) -> Result<String, String> {
         if self.draining.load(Ordering::Acquire) {
             return Err("draining\n".into());
         }
-        let down = self.proxy.store_health().cause.map(|c| c.describe());
+        let health = self.proxy.store_health();
+        let cause = match health.cause {
+            Some(cause) => Some(cause.describe()),
+            None if health.shared && !health.connected => Some(NOT_CONNECTED),
+            None => None,
+        };
         if !self.proxy.store_ready() {
-            Err(match down {
+            Err(match cause {
                 Some(cause) => format!("rate limit store unreachable (on_error: deny): {cause}\n"),
                 None => "rate limit store unreachable (on_error: deny)\n".into(),
             })
         } else {
-            Ok(match down {
+            Ok(match cause {
                 Some(cause) => format!(
                     "ready\nrate limit store down ({cause}); on_error: {} applies\n",
-                    self.proxy.store_health().on_error
+                    health.on_error
                 ),
                 None => "ready\n".into(),
             })
         }
     }
 }
+
+/// What `/readyz` gives as the cause while the Redis store has not connected yet and no
+/// attempt has failed (the first connection is being made).
+const NOT_CONNECTED: &str = "not connected yet";
 
 /// Callers per route `/limits/top` lists unless `?k=` says otherwise.
 pub const DEFAULT_TOP: usize = 10;

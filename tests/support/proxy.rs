@@ -65,21 +65,25 @@ impl ProxyBuilder {
 }
 
 impl ProxyHandle {
-    /// Waits (at most 5 s) until its admin listener's `/readyz` answers 200: a Redis store
-    /// connects in the background.
+    /// Waits (at most 5 s) until its admin listener's `/readyz` answers a bare `ready`: a Redis
+    /// store connects in the background, and with `on_error: allow` or `local` the instance is
+    /// ready (with a second line saying so) before its store decides anything.
     pub async fn wait_ready(&self) {
         let admin = self.admin.expect("an admin listener");
+        let mut last = String::new();
         for _ in 0..250 {
             let response = http1_client()
                 .request(get(&format!("http://{admin}/readyz")))
                 .await
                 .unwrap();
-            if response.status() == http::StatusCode::OK {
+            let status = response.status();
+            last = text(response).await;
+            if status == http::StatusCode::OK && last == "ready\n" {
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
-        panic!("the proxy never became ready");
+        panic!("the proxy never became ready: {last:?}");
     }
 
     pub fn url(&self, path: &str) -> String {
