@@ -157,6 +157,12 @@ impl Server {
         self.admin.as_ref().and_then(|l| l.local_addr().ok())
     }
 
+    /// The proxy this server runs (a handle: its store's health, its metrics), for whoever
+    /// embeds the server.
+    pub fn proxy(&self) -> Proxy {
+        self.proxy.clone()
+    }
+
     /// Serves until `shutdown` resolves, then drains and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let Server {

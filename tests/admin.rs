@@ -42,8 +42,7 @@ fn api_config(up: &Upstream, store: Option<Store>, api: Route) -> Config {
 
 async fn start(yaml: impl Into<String>) -> ProxyHandle {
     let proxy = proxy(yaml).start().await;
-    // Redis connects in the background.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.wait_store().await;
     proxy
 }
 

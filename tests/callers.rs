@@ -156,8 +156,7 @@ fn quota_config_on(up: &Upstream, store: Option<Store>) -> Config {
 
 async fn start(yaml: impl Into<String>) -> ProxyHandle {
     let proxy = proxy(yaml).start().await;
-    // Redis connects in the background.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.wait_store().await;
     proxy
 }
 

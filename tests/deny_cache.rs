@@ -22,8 +22,7 @@ async fn start(up: &Upstream, redis: &RedisServer, limit: Limit) -> ProxyHandle 
         .identity("user", [source::header("x-user")])
         .route(route("api").prefix("/").key("user").limit(limit));
     let proxy = proxy(yaml).start().await;
-    // Redis connects in the background.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.wait_store().await;
     proxy
 }
 

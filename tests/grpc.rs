@@ -302,8 +302,7 @@ async fn store_down_with_on_error_deny_is_unavailable() {
         .start()
         .await;
     let mut client = h2c_grpc_client(proxy.addr);
-    // Redis connects in the background.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.wait_store().await;
     unary(&mut client, "Unary", b"up", &[("x-user", "cat")])
         .await
         .expect("the store answers");

@@ -495,7 +495,7 @@ async fn store_errors_are_counted_whatever_the_local_fallback_decides() {
                 .limit(limit::fixed_window(1, "24h")),
         );
     let proxy = proxy(yaml).start().await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.wait_store().await;
     redis.stop();
     assert_eq!(get_status(&proxy.url("/echo"), &[]).await, StatusCode::OK);
     assert_eq!(

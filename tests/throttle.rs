@@ -49,8 +49,7 @@ async fn start(up: &Upstream, backend: &Backend, config: Config) -> ProxyHandle 
 
 /// Redis connects in the background: wait until a request is decided by it.
 async fn wait_store_ready(proxy: &ProxyHandle) {
-    let _ = proxy;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.wait_store().await;
 }
 
 async fn send(
@@ -210,6 +209,7 @@ async fn coalescing_proxies_sharing_redis_admit_exactly_the_limit() {
         let a = proxy(&yaml).start().await;
         let b = proxy(yaml).start().await;
         wait_store_ready(&a).await;
+        wait_store_ready(&b).await;
         let user = format!("user-{i}");
         let ok = admitted_concurrent(&[a.addr, b.addr], "/api/x", ("x-user", &user), 100).await;
         assert_eq!(ok, expected, "{line}");
@@ -819,9 +819,10 @@ async fn redis_outage_follows_on_error() {
                     .timeout("100ms")
                     .on_error(on_error),
             );
-        configs.push((on_error, proxy(yaml).start().await));
+        let proxy = proxy(yaml).start().await;
+        proxy.wait_store().await;
+        configs.push((on_error, proxy));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
     redis.stop();
     for (on_error, proxy) in &configs {
         let started = Instant::now();

@@ -174,7 +174,10 @@ fn watch_resets(redis: &Shared, denials: &Arc<DenyCache>, prefix: &str) {
                 denials.clear();
                 clear_again = false;
             }
-            if last.is_some_and(|seen| seen != generation) {
+            // A denial remembered before the first value was read cannot be judged (a reset
+            // may have come in between, and its announcement is the read that finds the new
+            // value): it is dropped, and the next request asks Redis.
+            if last.is_none_or(|seen| seen != generation) && !denials.is_empty() {
                 denials.clear();
                 clear_again = true;
             }

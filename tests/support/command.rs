@@ -71,8 +71,8 @@ impl Drop for Served {
 }
 
 /// Runs `tollgate --config` with `config` (its listen and admin addresses replaced by free
-/// ports) and returns once `/readyz` answers 200 (with Redis: once it is connected, when
-/// `on_error` is `deny`). Fails after 10 s.
+/// ports) and returns once `/readyz` answers a bare `ready` (with Redis: once it is connected
+/// and answering). Fails after 10 s.
 pub async fn serve(config: &super::config::Config) -> Served {
     use std::time::{Duration, Instant};
     let (port, admin) = (super::free_port(), super::free_port());
@@ -100,8 +100,11 @@ pub async fn serve(config: &super::config::Config) -> Served {
     let deadline = Instant::now() + Duration::from_secs(10);
     let ready = format!("http://{}/readyz", served.admin);
     loop {
+        // A bare `ready`: with `on_error: allow` or `local` the instance is ready before its
+        // store connects, and a second line says so.
         if let Ok(response) = super::http1_client().request(super::get(&ready)).await {
-            if response.status() == http::StatusCode::OK {
+            if response.status() == http::StatusCode::OK && super::text(response).await == "ready\n"
+            {
                 return served;
             }
         }

@@ -26,6 +26,8 @@ pub struct ProxyHandle {
     pub addr: SocketAddr,
     pub addrs: Vec<SocketAddr>,
     pub admin: Option<SocketAddr>,
+    /// The running proxy, to ask its store's health without an admin listener.
+    pub running: tollgate::proxy::Proxy,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     pub task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -41,6 +43,7 @@ async fn start_config(config: tollgate::config::Config) -> ProxyHandle {
     let server = Server::bind(Arc::new(config)).await.expect("bind");
     let addrs = server.local_addrs();
     let admin = server.admin_addr();
+    let running = server.proxy();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(server.run(async move {
         let _ = rx.await;
@@ -49,6 +52,7 @@ async fn start_config(config: tollgate::config::Config) -> ProxyHandle {
         addr: addrs[0],
         addrs,
         admin,
+        running,
         shutdown: Some(tx),
         task: Some(task),
     }
@@ -84,6 +88,25 @@ impl ProxyHandle {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         panic!("the proxy never became ready: {last:?}");
+    }
+
+    /// Waits (at most 10 s) until its Redis store has connected and answers, so the next
+    /// request is decided by Redis and not by `on_error` (the store connects in the
+    /// background; how long that takes depends on how busy the machine is). Returns at once
+    /// with the memory store.
+    pub async fn wait_store(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let health = self.running.store_health();
+            if !health.shared || health.connected && health.up && !health.breaker_open {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the store never connected: {health:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
