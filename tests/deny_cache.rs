@@ -106,9 +106,24 @@ async fn a_cached_denial_answers_like_the_store_without_redis_or_upstream() {
     for _ in 0..2 {
         assert_eq!(ask(&proxy, "/api/x", "alice").await.status, StatusCode::OK);
     }
-    // The store's own denial.
-    let first = ask(&proxy, "/api/x", "alice").await;
-    assert_eq!(first.status, StatusCode::TOO_MANY_REQUESTS);
+    // The store's own denial. The cache remembers denials once this replica's reset watch has
+    // read the reset generation, just after Redis connects; until then each denial is the
+    // store's, so `first` is the last one the store gave.
+    let mut first = ask(&proxy, "/api/x", "alice").await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        assert_eq!(first.status, StatusCode::TOO_MANY_REQUESTS);
+        reset_stats(&redis).await;
+        let next = ask(&proxy, "/api/x", "alice").await;
+        if script_calls(&redis).await == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no denial was ever remembered"
+        );
+        first = next;
+    }
     let first_retry = first.retry_after.expect("Retry-After on the store's 429");
     assert!((29..=30).contains(&first_retry), "{first_retry}");
     assert_eq!(up.request_count(), 2);

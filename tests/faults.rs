@@ -189,6 +189,8 @@ async fn restarted_redis_limits_again_within_a_second() {
     let yaml = user_route(config().upstream(&up.url()), 3).store(redis_store(&redis, "deny"));
     let proxy = proxy(yaml).start().await;
     until_limiting_answers(&proxy, Duration::from_secs(5)).await;
+    // ann's denials are remembered (below) once the deny cache has its reset baseline.
+    proxy.wait_store().await;
     assert_eq!(admitted(&proxy, "ann", 5).await, 3);
 
     redis.stop();

@@ -15,7 +15,8 @@
 //! ([`super::notify`]). Every replica watches the generation: at once when the announcement
 //! arrives, and, as the fallback for a lost message, every [`WATCH_EVERY`] while its deny cache
 //! holds anything and once a second otherwise (one `GET` on the store's own connection,
-//! whatever the deployment); it clears the cache when the generation moved. The replica that
+//! whatever the deployment); it clears the cache when the generation moved, and the cache
+//! remembers nothing until the watch has read the generation once. The replica that
 //! serves the reset clears its own cache at once. The watch is started with the deny cache of
 //! each configuration ([`new_deny_cache`]), which the limit stage is then given.
 
@@ -118,11 +119,13 @@ pub fn new_deny_cache(stores: &Stores, prefix: &str) -> Arc<DenyCache> {
 }
 
 /// Starts the watch on the reset generation for `denials` (see the module docs). It ends when
-/// the limit stage owning `denials` is gone.
+/// the limit stage owning `denials` is gone. `denials` remembers nothing until the watch has
+/// read the generation once.
 fn watch_resets(redis: &Shared, denials: &Arc<DenyCache>, prefix: &str) {
     if tokio::runtime::Handle::try_current().is_err() {
         return;
     }
+    denials.hold();
     let mut announced = notify::listen(redis, prefix, Topic::Resets);
     let redis = redis.downgrade();
     let denials: Weak<DenyCache> = Arc::downgrade(denials);
@@ -150,8 +153,8 @@ fn watch_resets(redis: &Shared, denials: &Arc<DenyCache>, prefix: &str) {
                 return;
             };
             // Until a first value was read (Redis may still be connecting) every tick reads:
-            // a denial remembered before that would have no value to be judged against, and
-            // a reset in between would go unnoticed.
+            // the cache remembers nothing until then (a denial would have no value to be
+            // judged against, and a reset in between would go unnoticed).
             if denials.is_empty() && !clear_again && last.is_some() && !announcement {
                 idle_ticks += 1;
                 if idle_ticks < IDLE_WATCH_TICKS {
@@ -174,12 +177,12 @@ fn watch_resets(redis: &Shared, denials: &Arc<DenyCache>, prefix: &str) {
                 denials.clear();
                 clear_again = false;
             }
-            // A denial remembered before the first value was read cannot be judged (a reset
-            // may have come in between, and its announcement is the read that finds the new
-            // value): it is dropped, and the next request asks Redis.
-            if last.is_none_or(|seen| seen != generation) && !denials.is_empty() {
+            if last.is_some_and(|seen| seen != generation) {
                 denials.clear();
                 clear_again = true;
+            }
+            if last.is_none() {
+                denials.judge_from_now();
             }
             last = Some(generation);
         }

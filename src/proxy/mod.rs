@@ -160,6 +160,13 @@ impl Proxy {
         Control::new(&runtime.limits, runtime.offenders.clone())
     }
 
+    /// Whether the running configuration's deny cache remembers denials yet: with a Redis
+    /// store, not until its reset watch has read the reset generation once (just after the
+    /// store connects).
+    pub fn remembers_denials(&self) -> bool {
+        self.inner.runtime.load().limits.denials().remembers()
+    }
+
     /// The record of callers' peak rates and the running configuration's limits, for
     /// `/limits/suggest`.
     pub fn suggest(&self) -> (Arc<crate::suggest::Suggest>, Arc<Config>) {

@@ -21,7 +21,7 @@
 //! passed in by the caller so tests drive it.
 
 use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use hashbrown::hash_table::{Entry as Slot, HashTable};
@@ -78,6 +78,8 @@ pub struct DenyCache {
     /// Entries in all shards: lets the common case (nobody over a limit) skip every lock.
     len: AtomicUsize,
     per_shard: usize,
+    /// False while a reset watch has not read its first generation (see [`DenyCache::hold`]).
+    judged: AtomicBool,
 }
 
 /// Whether denials under `set` may be remembered at all (see the module docs).
@@ -107,7 +109,26 @@ impl DenyCache {
             hasher: RandomState::new(),
             len: AtomicUsize::new(0),
             per_shard: capacity.div_ceil(SHARDS).max(1),
+            judged: AtomicBool::new(true),
         }
+    }
+
+    /// Remembers nothing until [`DenyCache::judge_from_now`]: a cache watched for resets in
+    /// Redis holds off until its watch has read the reset generation once, because a denial
+    /// remembered before that read could not be judged against a reset made in between (the
+    /// read that finds the new generation would be the first, with nothing to compare).
+    pub fn hold(&self) {
+        self.judged.store(false, Ordering::Release);
+    }
+
+    /// The watch has a generation to judge denials against: remember them from now on.
+    pub fn judge_from_now(&self) {
+        self.judged.store(true, Ordering::Release);
+    }
+
+    /// Whether denials are remembered now (not while [`DenyCache::hold`] holds).
+    pub fn remembers(&self) -> bool {
+        self.judged.load(Ordering::Acquire)
     }
 
     /// True when nothing is remembered (then a lookup cannot hit).
@@ -164,6 +185,9 @@ impl DenyCache {
     }
 
     pub fn remember(&self, set: &LimitSet, key: String, asked_at: Instant, verdicts: &[Verdict]) {
+        if !self.remembers() {
+            return;
+        }
         let mut wait: Option<i64> = None;
         for (limit, verdict) in set.iter().zip(verdicts) {
             if verdict.allowed || limit.shadow {
@@ -292,6 +316,19 @@ mod tests {
             .get(&keys(&r, "u"), t0 + Duration::from_secs(10))
             .is_none());
         assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn a_held_cache_remembers_nothing_until_its_watch_has_judged() {
+        let cache = DenyCache::new(16);
+        let r = route(vec![limit("a", Algorithm::Gcra, false, OnLimit::Reject)]);
+        let t0 = Instant::now();
+        cache.hold();
+        cache.remember(&r, keys(&r, "u"), t0, &[denied(10)]);
+        assert!(cache.is_empty());
+        cache.judge_from_now();
+        cache.remember(&r, keys(&r, "u"), t0, &[denied(10)]);
+        assert!(cache.get(&keys(&r, "u"), t0).is_some());
     }
 
     #[test]

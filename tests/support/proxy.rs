@@ -91,14 +91,16 @@ impl ProxyHandle {
     }
 
     /// Waits (at most 10 s) until its Redis store has connected and answers, so the next
-    /// request is decided by Redis and not by `on_error` (the store connects in the
-    /// background; how long that takes depends on how busy the machine is). Returns at once
-    /// with the memory store.
+    /// request is decided by Redis and not by `on_error`, and its deny cache remembers
+    /// denials (the store connects in the background, and the cache waits for its reset
+    /// watch's first read; how long that takes depends on how busy the machine is). Returns
+    /// at once with the memory store.
     pub async fn wait_store(&self) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             let health = self.running.store_health();
-            if !health.shared || health.connected && health.up && !health.breaker_open {
+            let up = health.connected && health.up && !health.breaker_open;
+            if !health.shared || up && self.running.remembers_denials() {
                 return;
             }
             assert!(
