@@ -53,20 +53,7 @@ async fn start(config: &Config) -> ProxyHandle {
     let proxy = proxy(config.yaml()).start().await;
     // Redis connects in the background, and `/readyz` is 200 before (`on_error: allow`):
     // wait for the store to be up, or a first request would be admitted unlimited.
-    let started = Instant::now();
-    loop {
-        let (status, text) = admin_get(&proxy, "/console/api/overview").await;
-        let up = status == StatusCode::OK
-            && serde_json::from_str::<Value>(&text).is_ok_and(|o| o["store"]["up"] == true);
-        if up && admin_get(&proxy, "/readyz").await.0 == StatusCode::OK {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "never ready: {text}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    proxy.wait_store().await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     proxy
 }

@@ -41,15 +41,9 @@ async fn start(up: &Upstream, backend: &Backend, config: Config) -> ProxyHandle 
     let proxy = proxy(backend.store(config.upstream(&up.url())))
         .start()
         .await;
-    if let Backend::Redis(_) = backend {
-        wait_store_ready(&proxy).await;
-    }
-    proxy
-}
-
-/// Redis connects in the background: wait until a request is decided by it.
-async fn wait_store_ready(proxy: &ProxyHandle) {
+    // Redis connects in the background: wait until a request is decided by it.
     proxy.wait_store().await;
+    proxy
 }
 
 async fn send(
@@ -208,8 +202,8 @@ async fn coalescing_proxies_sharing_redis_admit_exactly_the_limit() {
             .store(store.clone());
         let a = proxy(&yaml).start().await;
         let b = proxy(yaml).start().await;
-        wait_store_ready(&a).await;
-        wait_store_ready(&b).await;
+        a.wait_store().await;
+        b.wait_store().await;
         let user = format!("user-{i}");
         let ok = admitted_concurrent(&[a.addr, b.addr], "/api/x", ("x-user", &user), 100).await;
         assert_eq!(ok, expected, "{line}");

@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use http::{Request, StatusCode};
 use serde_json::{json, Value};
@@ -65,20 +65,6 @@ async fn quota(proxy: &ProxyHandle, user: &str) -> Value {
 /// The first limit of the first route in a `/_quota` answer.
 fn first_limit(quota: &Value) -> &Value {
     &quota["routes"][0]["limits"][0]
-}
-
-/// Redis connects in the background; with `on_error: deny` the instance is ready once it has.
-async fn wait_store_ready(proxy: &ProxyHandle) {
-    let url = format!("http://{}/readyz", proxy.admin.unwrap());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let response = http1_client().request(get(&url)).await.unwrap();
-        if response.status() == StatusCode::OK {
-            return;
-        }
-        assert!(Instant::now() < deadline, "the store never became ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Alice spends 2 of her 5 and reads 3 left; Bob reads his 5; the limit then admits exactly
@@ -183,7 +169,7 @@ async fn each_caller_sees_only_their_own_usage_in_redis() {
         .timeout("300ms")
         .on_error("deny");
     let proxy = proxy(quota_config(&up, Some(&store))).start().await;
-    wait_store_ready(&proxy).await;
+    proxy.wait_store().await;
     each_caller_sees_their_own(&proxy, &up).await;
     assert_eq!(
         first_limit(&quota(&proxy, "carol").await)["scope"],
@@ -312,7 +298,7 @@ async fn with_redis_down_the_usage_endpoint_answers_503_without_hanging() {
         .timeout("200ms")
         .on_error("deny");
     let proxy = proxy(quota_config(&up, Some(&store))).start().await;
-    wait_store_ready(&proxy).await;
+    proxy.wait_store().await;
     assert_eq!(first_limit(&quota(&proxy, "alice").await)["remaining"], 5);
     server.stop();
     // Bounded by the store's timeout: the guard here only keeps a hang from stalling the suite.
@@ -547,7 +533,7 @@ async fn usage_under_an_override_in_redis() {
         .timeout("300ms")
         .on_error("deny");
     let proxy = proxy(quota_config(&up, Some(&store))).start().await;
-    wait_store_ready(&proxy).await;
+    proxy.wait_store().await;
     usage_follows_the_override(&proxy, &proxy).await;
 }
 
@@ -560,7 +546,7 @@ async fn usage_under_an_override_set_on_another_replica() {
         .on_error("deny");
     let one = proxy(quota_config(&up, Some(&store))).start().await;
     let two = proxy(quota_config(&up, Some(&store))).start().await;
-    wait_store_ready(&one).await;
-    wait_store_ready(&two).await;
+    one.wait_store().await;
+    two.wait_store().await;
     usage_follows_the_override(&one, &two).await;
 }

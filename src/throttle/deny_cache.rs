@@ -79,7 +79,7 @@ pub struct DenyCache {
     len: AtomicUsize,
     per_shard: usize,
     /// False while a reset watch has not read its first generation (see [`DenyCache::hold`]).
-    judged: AtomicBool,
+    remembering: AtomicBool,
 }
 
 /// Whether denials under `set` may be remembered at all (see the module docs).
@@ -109,7 +109,7 @@ impl DenyCache {
             hasher: RandomState::new(),
             len: AtomicUsize::new(0),
             per_shard: capacity.div_ceil(SHARDS).max(1),
-            judged: AtomicBool::new(true),
+            remembering: AtomicBool::new(true),
         }
     }
 
@@ -118,17 +118,17 @@ impl DenyCache {
     /// remembered before that read could not be judged against a reset made in between (the
     /// read that finds the new generation would be the first, with nothing to compare).
     pub fn hold(&self) {
-        self.judged.store(false, Ordering::Release);
+        self.remembering.store(false, Ordering::Release);
     }
 
     /// The watch has a generation to judge denials against: remember them from now on.
     pub fn judge_from_now(&self) {
-        self.judged.store(true, Ordering::Release);
+        self.remembering.store(true, Ordering::Release);
     }
 
     /// Whether denials are remembered now (not while [`DenyCache::hold`] holds).
     pub fn remembers(&self) -> bool {
-        self.judged.load(Ordering::Acquire)
+        self.remembering.load(Ordering::Acquire)
     }
 
     /// True when nothing is remembered (then a lookup cannot hit).
