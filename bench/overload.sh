@@ -4,12 +4,12 @@
 #
 #   bench/overload.sh            # builds the release binaries first (NO_BUILD=1 skips that)
 #
-# The app (examples/overload_app.rs, the tests' tests/support/capacity_app.rs) has SLOTS slots
+# The app (examples/overload_app.rs, the tests' tests/it/support/capacity_app.rs) has SLOTS slots
 # and a SERVICE time (default 8 x 20ms = 400 requests a second); every request waits in its
 # queue for a slot as long as it takes and is served even when its client has left, like a
 # thread pool. Its control port (`/set?slots=..&service=..`, `/drop`, `/stats`) is how this
 # script degrades and restores it on schedule. The load (examples/open_loop.rs,
-# tests/support/open_loop.rs) is open-loop: requests leave at a fixed rate whatever the earlier
+# tests/it/support/open_loop.rs) is open-loop: requests leave at a fixed rate whatever the earlier
 # ones do, each given up after TIMEOUT (1s) from its scheduled time; HIGH_SHARE % of them carry
 # `X-Priority: high`. Phases, the same for every front:
 #   half       HALF_S (10s) at half the capacity, healthy app: any refusal is a false shed

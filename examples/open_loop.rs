@@ -1,5 +1,5 @@
 //! The open-loop load client of the overload benchmark (`bench/overload.sh`) as a command: the
-//! same code as the tests' `tests/support/open_loop.rs` (included here with `#[path]`).
+//! same code as the tests' `tests/it/support/open_loop.rs` (included here with `#[path]`).
 //!
 //! ```text
 //! cargo run --release --example open_loop -- --url http://127.0.0.1:8080 \
@@ -14,7 +14,7 @@
 //! per second, latency percentiles of the successes; then the whole run and a series of
 //! `--bucket` buckets), and a short summary on stderr.
 
-#[path = "../tests/support/open_loop.rs"]
+#[path = "../tests/it/support/open_loop.rs"]
 #[allow(dead_code)]
 mod open_loop;
 

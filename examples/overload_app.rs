@@ -1,5 +1,5 @@
 //! The capacity-limited app of the overload benchmark (`bench/overload.sh`) as a command: the
-//! same code as the tests' `tests/support/capacity_app.rs` (included here with `#[path]`).
+//! same code as the tests' `tests/it/support/capacity_app.rs` (included here with `#[path]`).
 //!
 //! ```text
 //! cargo run --release --example overload_app -- --listen 127.0.0.1:8081 \
@@ -14,7 +14,7 @@
 //! - `GET /reset`: forgets the high-water marks (`max_waiting`, `max_in_service`)
 //! - `GET /drop`: empties the queue (every waiting request answers 500 at once, without a slot)
 
-#[path = "../tests/support/capacity_app.rs"]
+#[path = "../tests/it/support/capacity_app.rs"]
 #[allow(dead_code)]
 mod capacity_app;
 

@@ -1,0 +1,445 @@
+//! Issue 38, the ways past a spent limit that come from reading a request differently than the
+//! app does, black-box: the built binary between raw clients (the bytes matter: two header
+//! lines, odd Host values) and a raw upstream that records every request it gets, on the memory
+//! store and on one Redis. Every case spends a limit first; the attempt past it must be refused
+//! (400, or 429 when it is counted), never forwarded.
+//!
+//! - A bearer token beside another credential (`Basic eDp5, Bearer <token>`, two
+//!   `Authorization` lines): 400, whatever `on_invalid` says.
+//! - A second value for an identity: two `X-User` lines or a comma list, a cookie or a query
+//!   parameter given twice: 400.
+//! - A Host that is no `host[:port]` (`api.example.com:abc`, `:80:80`, `:x:y`): 400; an empty
+//!   port is the host itself (counted); over HTTP/2 the same for `:authority` and `host`.
+
+use std::net::SocketAddr;
+
+use crate::support::*;
+use bytes::Bytes;
+use http_body_util::Empty;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+fn redis_store(redis: &RedisServer) -> Store {
+    store::redis(&redis.url())
+        .timeout("500ms")
+        .key_prefix("bypass-identity:")
+        .on_error("deny")
+}
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/identity");
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// A valid RS256 token (the identity fixtures' key) naming `sub`.
+fn token(sub: &str) -> String {
+    use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+    let private = std::fs::read(format!("{FIXTURES}/rsa_private.pem")).unwrap();
+    encode(
+        &Header::new(Algorithm::RS256),
+        &serde_json::json!({"sub": sub, "exp": now() + 600}),
+        &EncodingKey::from_rsa_pem(&private).unwrap(),
+    )
+    .unwrap()
+}
+
+/// The issue's setup and its relatives, each route a few requests a day:
+/// - `/api/`: `user` = `[jwt, header x-user]` with `on_invalid: reject`, 3 a day;
+/// - `/open/`: the same sources with the default `on_invalid: client_ip`, 3 a day;
+/// - `/hdr/`, `/ck/`, `/q/`: keyed by the header `x-user`, the cookie `sid`, the query
+///   parameter `key`, 2 a day;
+/// - `/h` on host `api.example.com` and `/h6` on host `[::1]`: per client IP, 2 a day.
+fn limited(upstream: &str, store: Store) -> Config {
+    let jwt = || {
+        source::jwt(
+            Jwt::public_key("sub", &format!("{FIXTURES}/rsa_public.pem")).algorithm("RS256"),
+        )
+    };
+    config()
+        .upstream(upstream)
+        .store(store)
+        .identity("user", [jwt(), source::header("x-user")])
+        .on_invalid("user", "reject")
+        .identity("user_or_ip", [jwt(), source::header("x-user")])
+        .identity("member", [source::header("x-user")])
+        .identity("session", [source::cookie("sid")])
+        .identity("keyed", [source::query("key")])
+        .route(
+            route("api")
+                .prefix("/api/")
+                .key("user")
+                .limit(limit::fixed_window(3, "24h")),
+        )
+        .route(
+            route("open")
+                .prefix("/open/")
+                .key("user_or_ip")
+                .limit(limit::fixed_window(3, "24h")),
+        )
+        .route(
+            route("hdr")
+                .prefix("/hdr/")
+                .key("member")
+                .limit(limit::fixed_window(2, "24h")),
+        )
+        .route(
+            route("ck")
+                .prefix("/ck/")
+                .key("session")
+                .limit(limit::fixed_window(2, "24h")),
+        )
+        .route(
+            route("q")
+                .prefix("/q/")
+                .key("keyed")
+                .limit(limit::fixed_window(2, "24h")),
+        )
+        .route(
+            route("hosted")
+                .host("api.example.com")
+                .prefix("/h")
+                .key("client_ip")
+                .limit(limit::fixed_window(2, "24h")),
+        )
+        .route(
+            route("v6")
+                .host("[::1]")
+                .prefix("/v6")
+                .key("client_ip")
+                .limit(limit::fixed_window(2, "24h")),
+        )
+}
+
+/// `GET target` with `lines` as its header lines (each `Name: value`), as bytes.
+fn get(target: &str, lines: &[&str]) -> Vec<u8> {
+    let mut request = format!("GET {target} HTTP/1.1\r\n");
+    if !lines
+        .iter()
+        .any(|l| l.to_ascii_lowercase().starts_with("host:"))
+    {
+        request.push_str("Host: app.example\r\n");
+    }
+    for line in lines {
+        request.push_str(line);
+        request.push_str("\r\n");
+    }
+    request.push_str("\r\n");
+    request.into_bytes()
+}
+
+/// Sends `request` and asserts the status; a refusal is tollgate's problem+json.
+async fn expect(served: &Served, request: &[u8], status: u16) -> RawResponse {
+    let what = String::from_utf8_lossy(request).into_owned();
+    let response = raw_exchange(served.addr, request).await;
+    assert_eq!(response.status, status, "{what}: {}", response.body_text());
+    if status == 400 || status == 429 {
+        assert_eq!(
+            response.header("content-type"),
+            Some("application/problem+json"),
+            "{what}"
+        );
+    }
+    response
+}
+
+// ---------------------------------------------------------------------------------------------
+// A bearer token beside another credential
+
+/// The token's owner spends its 3 requests on `prefix`; then every way of hiding the same token
+/// beside another credential (with a fresh `X-User` the header source would key on) is 400 and
+/// never reaches the app. One credential still works: a valid token of its own, the header
+/// without a token, and a credential whose auth-params hold commas.
+async fn a_bearer_token_beside_another_credential_is_refused(store: Store, prefix: &str) {
+    let upstream = raw_upstream().await;
+    let served = serve(&limited(&upstream.url(), store)).await;
+    let path = format!("{prefix}x");
+    let owner = token("owner");
+    let bearer = format!("Authorization: Bearer {owner}");
+    for _ in 0..3 {
+        expect(&served, &get(&path, &[&bearer, "X-User: anything"]), 200).await;
+    }
+    expect(&served, &get(&path, &[&bearer, "X-User: anything"]), 429).await;
+
+    let hidden: Vec<Vec<String>> = vec![
+        vec![format!("Authorization: Basic eDp5, Bearer {owner}")],
+        vec![format!("Authorization: Basic eDp5,Bearer {owner}")],
+        vec![format!("Authorization: Bearer {owner}, Basic eDp5")],
+        vec![format!("Authorization: Bearer {owner}, Bearer {owner}")],
+        vec![format!(
+            "Authorization: Digest username=\"a, Bearer {owner}, b\""
+        )],
+        vec![format!("Authorization: Bearer {owner}, realm=x")],
+        vec![
+            "Authorization: Basic eDp5".to_owned(),
+            format!("Authorization: Bearer {owner}"),
+        ],
+        vec![
+            format!("Authorization: Bearer {owner}"),
+            "Authorization: Basic eDp5".to_owned(),
+        ],
+        vec![
+            format!("Authorization: Bearer {owner}"),
+            format!("Authorization: Bearer {owner}"),
+        ],
+    ];
+    for (i, lines) in hidden.iter().enumerate() {
+        let user = format!("X-User: fresh-{i}");
+        let mut lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+        lines.push(&user);
+        let response = expect(&served, &get(&path, &lines), 400).await;
+        assert!(
+            response
+                .body_text()
+                .contains("more than one credential in Authorization"),
+            "{}",
+            response.body_text()
+        );
+    }
+    assert_eq!(
+        upstream.request_lines().len(),
+        3,
+        "only the owner's 3 reached the app"
+    );
+
+    // One credential each: a valid token of another user, no token (the header keys), and a
+    // Digest credential whose auth-params are separated by commas (not a token: the header).
+    let other = format!("Authorization: Bearer {}", token("other"));
+    expect(&served, &get(&path, &[&other, "X-User: anything"]), 200).await;
+    expect(&served, &get(&path, &["X-User: alice"]), 200).await;
+    let digest = "Authorization: Digest username=\"Mufasa\", realm=\"r@x\", nonce=\"n\", qop=auth";
+    expect(&served, &get(&path, &[digest, "X-User: bob"]), 200).await;
+    assert_eq!(upstream.request_lines().len(), 6);
+}
+
+#[tokio::test]
+async fn a_bearer_token_beside_another_credential_is_refused_in_memory() {
+    a_bearer_token_beside_another_credential_is_refused(store::memory(), "/api/").await;
+}
+
+#[tokio::test]
+async fn a_bearer_token_beside_another_credential_is_refused_in_redis() {
+    let redis = RedisServer::start();
+    a_bearer_token_beside_another_credential_is_refused(redis_store(&redis), "/api/").await;
+}
+
+/// With `on_invalid: client_ip` too: the request is not keyed by its client IP (the app would
+/// still serve the token's owner), it is refused.
+#[tokio::test]
+async fn a_bearer_token_beside_another_credential_is_refused_under_on_invalid_client_ip() {
+    a_bearer_token_beside_another_credential_is_refused(store::memory(), "/open/").await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A second value for an identity
+
+/// `alice` spends the header route, the cookie route and the query route; then her name beside
+/// a fresh one (two lines either way round, a comma list, a cookie or a parameter given twice)
+/// is 400, never a fresh bucket. One value still works.
+async fn a_second_identity_value_is_refused(store: Store) {
+    let upstream = raw_upstream().await;
+    let served = serve(&limited(&upstream.url(), store)).await;
+    for _ in 0..2 {
+        expect(&served, &get("/hdr/x", &["X-User: alice"]), 200).await;
+        expect(&served, &get("/ck/x", &["Cookie: sid=alice"]), 200).await;
+        expect(&served, &get("/q/x?key=alice", &[]), 200).await;
+    }
+    expect(&served, &get("/hdr/x", &["X-User: alice"]), 429).await;
+    expect(&served, &get("/ck/x", &["Cookie: sid=alice"]), 429).await;
+    expect(&served, &get("/q/x?key=alice", &[]), 429).await;
+    let forwarded = upstream.request_lines().len();
+    assert_eq!(forwarded, 6);
+
+    let twice: [(&str, &[&str], &str); 12] = [
+        ("/hdr/x", &["X-User: fresh", "X-User: alice"], "header"),
+        ("/hdr/x", &["X-User: alice", "X-User: fresh"], "header"),
+        ("/hdr/x", &["X-User: fresh,alice"], "header"),
+        ("/hdr/x", &["X-User: alice, fresh"], "header"),
+        ("/hdr/x", &["X-User: alice", "X-User:"], "header"),
+        ("/ck/x", &["Cookie: sid=fresh; sid=alice"], "cookie"),
+        ("/ck/x", &["Cookie: sid=alice; sid=fresh"], "cookie"),
+        (
+            "/ck/x",
+            &["Cookie: sid=fresh", "Cookie: sid=alice"],
+            "cookie",
+        ),
+        ("/ck/x", &["Cookie: a=1; sid=; sid=alice"], "cookie"),
+        ("/q/x?key=fresh&key=alice", &[], "query parameter"),
+        ("/q/x?key=alice&k%65y=fresh", &[], "query parameter"),
+        ("/q/x?key=&key=alice", &[], "query parameter"),
+    ];
+    for (target, lines, what) in twice {
+        let response = expect(&served, &get(target, lines), 400).await;
+        assert!(
+            response.body_text().contains(what),
+            "{target} {lines:?}: {}",
+            response.body_text()
+        );
+    }
+    assert_eq!(
+        upstream.request_lines().len(),
+        forwarded,
+        "none reached the app"
+    );
+
+    expect(&served, &get("/hdr/x", &["X-User: bob"]), 200).await;
+    expect(&served, &get("/ck/x", &["Cookie: a=1; sid=bob; b=2"]), 200).await;
+    expect(
+        &served,
+        &get("/ck/x", &["Cookie: a=1", "Cookie: sid=carol"]),
+        200,
+    )
+    .await;
+    expect(&served, &get("/q/x?key=bob&other=1&other=2", &[]), 200).await;
+    assert_eq!(upstream.request_lines().len(), forwarded + 4);
+}
+
+#[tokio::test]
+async fn a_second_identity_value_is_refused_in_memory() {
+    a_second_identity_value_is_refused(store::memory()).await;
+}
+
+#[tokio::test]
+async fn a_second_identity_value_is_refused_in_redis() {
+    let redis = RedisServer::start();
+    a_second_identity_value_is_refused(redis_store(&redis)).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host with a name for a port
+
+/// The hosted route spent with `host:port` spellings an app serves as `api.example.com`; then
+/// every Host that is no `host[:port]` is 400 (Express would serve it as `api.example.com`,
+/// tollgate's old reading matched no route and forwarded it unlimited). IPv6 literals with a
+/// port are read as apps read them.
+async fn a_host_with_a_name_for_a_port_is_refused(store: Store) {
+    let upstream = raw_upstream().await;
+    let served = serve(&limited(&upstream.url(), store)).await;
+    // Admitted, and forwarded with the Host as sent.
+    expect(&served, &get("/h", &["Host: api.example.com:8080"]), 200).await;
+    assert!(
+        upstream
+            .heads()
+            .last()
+            .unwrap()
+            .iter()
+            .any(|l| l.eq_ignore_ascii_case("host: api.example.com:8080")),
+        "{:?}",
+        upstream.heads()
+    );
+    expect(&served, &get("/h", &["Host: api.example.com"]), 200).await;
+    for counted in [
+        "api.example.com",
+        "api.example.com:8080",
+        "api.example.com:",
+        "API.example.com.:80",
+    ] {
+        expect(&served, &get("/h", &[&format!("Host: {counted}")]), 429).await;
+    }
+    for odd in [
+        "api.example.com:abc",
+        "api.example.com:80:80",
+        "api.example.com:x:y",
+        "api.example.com:80abc",
+        "api.example.com/h",
+        ":80",
+    ] {
+        let response = expect(&served, &get("/h", &[&format!("Host: {odd}")]), 400).await;
+        assert!(response.body_text().contains("Host"), "{odd}");
+    }
+    // An absolute-form target names the host too.
+    expect(
+        &served,
+        b"GET http://api.example.com:abc/h HTTP/1.1\r\nHost: api.example.com:abc\r\n\r\n",
+        400,
+    )
+    .await;
+
+    // IPv6 literals: `[::1]:8080` is `[::1]`; a name for its port is refused.
+    expect(&served, &get("/v6", &["Host: [::1]:8080"]), 200).await;
+    expect(&served, &get("/v6", &["Host: [::1]"]), 200).await;
+    expect(&served, &get("/v6", &["Host: [::1]:8080"]), 429).await;
+    for odd in ["[::1]:abc", "[::1]:80:80", "::1", "[::1"] {
+        expect(&served, &get("/v6", &[&format!("Host: {odd}")]), 400).await;
+    }
+    // Another host is no business of the route.
+    expect(&served, &get("/h", &["Host: other.example:8080"]), 200).await;
+    assert_eq!(upstream.request_lines().len(), 5);
+}
+
+#[tokio::test]
+async fn a_host_with_a_name_for_a_port_is_refused_in_memory() {
+    a_host_with_a_name_for_a_port_is_refused(store::memory()).await;
+}
+
+#[tokio::test]
+async fn a_host_with_a_name_for_a_port_is_refused_in_redis() {
+    let redis = RedisServer::start();
+    a_host_with_a_name_for_a_port_is_refused(redis_store(&redis)).await;
+}
+
+/// One HTTP/2 (prior knowledge) request for `uri`, with `headers`: its status.
+async fn h2_status(addr: SocketAddr, uri: &str, headers: &[(&str, &str)]) -> u16 {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let mut request = http::Request::get(uri);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = sender
+        .send_request(request.body(Empty::<Bytes>::new()).unwrap())
+        .await
+        .unwrap_or_else(|e| panic!("{uri} {headers:?}: {e}"));
+    response.status().as_u16()
+}
+
+/// The same over HTTP/2: `:authority` (and a `host` field, which HTTP/2 clients may send too)
+/// read as `host[:port]`; a name for a port is 400.
+async fn an_authority_with_a_name_for_a_port_is_refused(store: Store) {
+    let upstream = raw_upstream().await;
+    let served = serve(&limited(&upstream.url(), store)).await;
+    let addr = served.addr;
+    assert_eq!(
+        h2_status(addr, "http://api.example.com:8080/h", &[]).await,
+        200
+    );
+    assert_eq!(h2_status(addr, "http://api.example.com/h", &[]).await, 200);
+    for counted in ["http://api.example.com:8080/h", "http://api.example.com:/h"] {
+        assert_eq!(h2_status(addr, counted, &[]).await, 429, "{counted}");
+    }
+    assert_eq!(
+        h2_status(addr, "http://api.example.com:abc/h", &[]).await,
+        400
+    );
+    for host in [
+        "api.example.com:80:80",
+        "api.example.com:x:y",
+        "api.example.com:abc",
+    ] {
+        assert_eq!(
+            h2_status(addr, "http://api.example.com/h", &[("host", host)]).await,
+            400,
+            "host: {host}"
+        );
+    }
+    assert_eq!(h2_status(addr, "http://[::1]:8080/v6", &[]).await, 200);
+    assert_eq!(h2_status(addr, "http://[::1]:abc/v6", &[]).await, 400);
+    assert_eq!(upstream.request_lines().len(), 3);
+}
+
+#[tokio::test]
+async fn an_authority_with_a_name_for_a_port_is_refused_in_memory() {
+    an_authority_with_a_name_for_a_port_is_refused(store::memory()).await;
+}
+
+#[tokio::test]
+async fn an_authority_with_a_name_for_a_port_is_refused_in_redis() {
+    let redis = RedisServer::start();
+    an_authority_with_a_name_for_a_port_is_refused(redis_store(&redis)).await;
+}

@@ -1,0 +1,54 @@
+//! The integration tests: one binary, a module per area. Each module starts what it needs
+//! (real proxies, Redis servers, upstreams, clients) through `support`.
+
+mod support;
+
+mod admin;
+mod by_response;
+mod bypass_admin;
+mod bypass_identity;
+mod calendar;
+mod callers;
+mod cli;
+mod coalesce;
+mod config_builders;
+mod connections;
+mod console;
+mod dashboard;
+mod deny_cache;
+mod disconnects;
+mod exchange_record;
+mod explain;
+mod faults;
+mod fleet_top;
+mod grpc;
+mod hostile;
+mod identity_api;
+mod key_flood;
+mod limit_equivalence;
+mod limit_memory;
+mod limit_redis;
+mod local_first;
+mod logs;
+mod method_override;
+mod metrics_exposition;
+mod operations;
+mod overload_harness;
+mod overrides;
+mod penalty_box;
+mod protect;
+mod proxy_core;
+mod readiness;
+mod real_clients;
+mod reconnect;
+mod scale;
+mod settle_clients;
+mod spellings;
+mod store_causes;
+mod structure;
+mod suggest;
+mod throttle;
+mod tls;
+mod traces;
+mod upstream_pool;
+mod usage;
