@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 ///
 /// A busy thread that went on with stale readiness could write a request body into an
 /// upstream connection that had already answered and closed, get EPIPE, and turn that answer
-/// into a 502 (an early 401 or 413 to an upload: tests/connections.rs, tests/upstream_pool.rs);
+/// into a 502 (an early 401 or 413 to an upload: tests/it/connections.rs, tests/it/upstream_pool.rs);
 /// the work-stealing runtime hid this by polling the reactor on whichever thread was idle. A
 /// plain HTTP/1 upstream's socket keeps such an answer itself (`proxy::early_answer`), so the
 /// threads can keep Tokio's default; a TLS or HTTP/2 upstream goes through hyper-util's client,

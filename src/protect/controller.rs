@@ -792,7 +792,7 @@ impl Controller {
     /// few requests a whole service time). A mark lowers `good` to where the cut went.
     /// Otherwise one slow window during a regrowth held a healthy app below its slots for
     /// seconds (the pacing's first hold is 32 windows, 6 s at a limit of 1; on a busy node in
-    /// tests/protect.rs a limit of 2 for 4 slots, paced at 3 after one noisy try).
+    /// tests/it/protect.rs a limit of 2 for 4 slots, paced at 3 after one noisy try).
     fn pace_tries(&mut self, next: f64, new_app: bool, queue_seen: bool) -> f64 {
         let (now, proposed) = (self.limit.floor(), next.floor());
         if new_app {

@@ -340,12 +340,9 @@ impl AppControl {
 
 impl AppStats {
     /// The counters as JSON (for the benchmark's control port).
-    #[cfg_attr(
-        test,
-        expect(
-            dead_code,
-            reason = "examples/overload_app.rs serves it; no test reads it"
-        )
+    #[allow(
+        dead_code,
+        reason = "examples/overload_app.rs serves it; no test reads it"
     )]
     pub fn to_json(self) -> serde_json::Value {
         serde_json::json!({

@@ -140,10 +140,7 @@ impl OpenLoop {
         self.rate(rate, duration)
     }
 
-    #[cfg_attr(
-        test,
-        expect(dead_code, reason = "examples/open_loop.rs uses it; no test does")
-    )]
+    #[allow(dead_code, reason = "examples/open_loop.rs uses it; no test does")]
     pub fn path(mut self, path: impl Into<String>) -> Self {
         self.path = path.into();
         self
@@ -154,10 +151,7 @@ impl OpenLoop {
         self
     }
 
-    #[cfg_attr(
-        test,
-        expect(dead_code, reason = "examples/open_loop.rs uses it; no test does")
-    )]
+    #[allow(dead_code, reason = "examples/open_loop.rs uses it; no test does")]
     pub fn bucket(mut self, bucket: Duration) -> Self {
         self.bucket = bucket;
         self
@@ -389,10 +383,7 @@ impl Report {
     /// The report as JSON: per phase and class (`all` for every class) a summary of the whole
     /// phase (`classes`) and of the phase without its first `settle` (`settled`), and the
     /// series of buckets, of every class together and per class.
-    #[cfg_attr(
-        test,
-        expect(dead_code, reason = "examples/open_loop.rs uses it; no test does")
-    )]
+    #[allow(dead_code, reason = "examples/open_loop.rs uses it; no test does")]
     pub fn to_json(&self, settle: Duration) -> serde_json::Value {
         let per_class = |index: usize, settle: Duration| {
             let mut classes = serde_json::Map::new();
