@@ -518,27 +518,40 @@ async fn an_override_applies_to_local_first_limits() {
     assert_eq!(call(&proxy, "alice").await, StatusCode::OK);
 }
 
+/// A memory store's overrides are the process's, shared by every proxy the test binary
+/// runs: this caller's name is its own.
 #[tokio::test]
 async fn a_memory_store_applies_an_override_through_the_admin_api() {
     let up = upstream().start().await;
     let proxy = start(api_config(&up, None, limit::sliding_window(1, "1h"))).await;
-    assert_eq!(call(&proxy, "carol").await, StatusCode::OK);
-    assert_eq!(call(&proxy, "carol").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(call(&proxy, "carol-overridden").await, StatusCode::OK);
+    assert_eq!(
+        call(&proxy, "carol-overridden").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     let (status, text) = admin(
         &proxy,
         "POST",
-        "/limits/override?route=api&identity=carol&limit=3&for=1h&format=text",
+        "/limits/override?route=api&identity=carol-overridden&limit=3&for=1h&format=text",
         &[],
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{text}");
     assert!(text.contains("limit 3 until"), "{text}");
     // Counted afresh while overridden: three more.
-    assert_eq!(call(&proxy, "carol").await, StatusCode::OK);
-    assert_eq!(call(&proxy, "carol").await, StatusCode::OK);
-    assert_eq!(call(&proxy, "carol").await, StatusCode::OK);
-    assert_eq!(call(&proxy, "carol").await, StatusCode::TOO_MANY_REQUESTS);
-    let (_, state) = admin_json(&proxy, "GET", "/limits/state?route=api&identity=carol").await;
+    assert_eq!(call(&proxy, "carol-overridden").await, StatusCode::OK);
+    assert_eq!(call(&proxy, "carol-overridden").await, StatusCode::OK);
+    assert_eq!(call(&proxy, "carol-overridden").await, StatusCode::OK);
+    assert_eq!(
+        call(&proxy, "carol-overridden").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let (_, state) = admin_json(
+        &proxy,
+        "GET",
+        "/limits/state?route=api&identity=carol-overridden",
+    )
+    .await;
     assert_eq!(state["override"]["limit"], 3);
     let (_, trail) = admin_json(&proxy, "GET", "/limits/audit").await;
     assert!(
@@ -546,7 +559,7 @@ async fn a_memory_store_applies_an_override_through_the_admin_api() {
             .as_array()
             .unwrap()
             .iter()
-            .any(|e| e["identity"] == "carol"
+            .any(|e| e["identity"] == "carol-overridden"
                 && e["action"] == "override"
                 && e["who"] == "loopback"),
         "{trail}"
