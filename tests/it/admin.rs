@@ -195,13 +195,15 @@ async fn a_reset_lifts_a_denial_on_both_replicas_at_once() {
 
     // The replica that served the reset admits at once; the other within its watch interval.
     assert_eq!(call(&a, "alice").await, StatusCode::OK);
-    eventually("replica b admits alice after the reset", PATIENCE, async || {
-        match call(&b, "alice").await {
+    eventually(
+        "replica b admits alice after the reset",
+        PATIENCE,
+        async || match call(&b, "alice").await {
             StatusCode::OK => Ok(()),
             StatusCode::TOO_MANY_REQUESTS => Err(StatusCode::TOO_MANY_REQUESTS),
             status => panic!("replica b answered {status} after the reset"),
-        }
-    })
+        },
+    )
     .await;
     // Exactly the quota: two requests, then denied again on both.
     assert_eq!(call(&a, "alice").await, StatusCode::TOO_MANY_REQUESTS);
@@ -443,10 +445,14 @@ async fn the_limits_command_reads_and_resets_through_redis() {
     let done: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(done["deleted"], 1);
     // The running instance, whose deny cache held the denial, admits again.
-    eventually("the running instance admits alice after the reset", PATIENCE, async || {
-        let status = call(&running, "alice").await;
-        until(status == StatusCode::OK, status)
-    })
+    eventually(
+        "the running instance admits alice after the reset",
+        PATIENCE,
+        async || {
+            let status = call(&running, "alice").await;
+            until(status == StatusCode::OK, status)
+        },
+    )
     .await;
     let (code, _, err) = run_tollgate(&[
         "limits",
@@ -588,10 +594,14 @@ async fn a_reset_works_on_a_cluster_across_slots_and_replicas() {
         );
     }
     for user in ["alice", "x}{evil"] {
-        eventually(&format!("b admits {user} after the reset"), PATIENCE, async || {
-            let status = call(&b, user).await;
-            until(status == StatusCode::OK, status)
-        })
+        eventually(
+            &format!("b admits {user} after the reset"),
+            PATIENCE,
+            async || {
+                let status = call(&b, user).await;
+                until(status == StatusCode::OK, status)
+            },
+        )
         .await;
         assert_eq!(call(&a, user).await, StatusCode::OK);
         assert_eq!(call(&a, user).await, StatusCode::TOO_MANY_REQUESTS);

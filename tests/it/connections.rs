@@ -532,10 +532,14 @@ async fn graceful_shutdown_closes_parked_connections_and_finishes_busy_ones() {
     // The upstream holds the busy request 3 s: the parked connection must be closed while it
     // is still in flight, not when the drain ends.
     busy.send(&get("/sleep?ms=3000")).await;
-    eventually("the busy request reaches the upstream", PATIENCE, async || {
-        let count = up.request_count();
-        until(count == 3, count)
-    })
+    eventually(
+        "the busy request reaches the upstream",
+        PATIENCE,
+        async || {
+            let count = up.request_count();
+            until(count == 3, count)
+        },
+    )
     .await;
 
     proxy.shutdown();

@@ -63,10 +63,14 @@ async fn send(addr: SocketAddr, path: &str, user: &str) -> StatusCode {
 
 /// Waits (at most `PATIENCE`) until the upstream has seen `n` requests.
 async fn upstream_saw(up: &Upstream, n: usize) {
-    eventually(&format!("the upstream sees {n} requests"), PATIENCE, async || {
-        let seen = up.request_count();
-        until(seen >= n, seen)
-    })
+    eventually(
+        &format!("the upstream sees {n} requests"),
+        PATIENCE,
+        async || {
+            let seen = up.request_count();
+            until(seen >= n, seen)
+        },
+    )
     .await;
 }
 
@@ -137,14 +141,18 @@ async fn a_slot_outlives_a_client_that_hangs_up(redis: Option<&RedisServer>) {
 
     // The slot frees when the app answers, not before.
     up.release.notify_one();
-    eventually("the slot frees once the app answered", PATIENCE, async || {
-        let status = send(proxy.addr, "/sleep?ms=0", "mallory").await;
-        assert!(
-            status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS,
-            "{status}"
-        );
-        until(status == StatusCode::OK, status)
-    })
+    eventually(
+        "the slot frees once the app answered",
+        PATIENCE,
+        async || {
+            let status = send(proxy.addr, "/sleep?ms=0", "mallory").await;
+            assert!(
+                status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS,
+                "{status}"
+            );
+            until(status == StatusCode::OK, status)
+        },
+    )
     .await;
     assert_eq!(up.request_count(), 2);
 }

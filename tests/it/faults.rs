@@ -9,6 +9,7 @@ use crate::support::*;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 
+// timeout under test: the store's own timeout (`store.redis.timeout`).
 const STORE_TIMEOUT: Duration = Duration::from_millis(200);
 /// Scheduling slack on a shared, busy machine past a timeout under test; small next to the
 /// multi-second hang a missing bound would cause.

@@ -682,10 +682,14 @@ async fn idle_keep_alive_connections_are_closed_and_max_connections_holds() {
     let t = Instant::now();
     let _a = TcpStream::connect(proxy.addr).await.unwrap();
     let _b = TcpStream::connect(proxy.addr).await.unwrap();
-    eventually("both silent connections hold a slot", PATIENCE, async || {
-        let open = metric(admin, "tollgate_client_connections").await;
-        until(open == Some(2.0), open)
-    })
+    eventually(
+        "both silent connections hold a slot",
+        PATIENCE,
+        async || {
+            let open = metric(admin, "tollgate_client_connections").await;
+            until(open == Some(2.0), open)
+        },
+    )
     .await;
     let response = http1_client()
         .request(get(&proxy.url("/echo")))
@@ -894,10 +898,14 @@ async fn upstream_faults_give_502_504_or_a_cut_stream_and_the_proxy_serves_on() 
     let first = response.body_mut().frame().await.unwrap().unwrap();
     assert_eq!(first.into_data().unwrap(), "partial");
     drop(response);
-    eventually("the stalled upstream connection is closed", PATIENCE, async || {
-        let closed = raw.closed.load(std::sync::atomic::Ordering::SeqCst);
-        until(closed >= 1, closed)
-    })
+    eventually(
+        "the stalled upstream connection is closed",
+        PATIENCE,
+        async || {
+            let closed = raw.closed.load(std::sync::atomic::Ordering::SeqCst);
+            until(closed >= 1, closed)
+        },
+    )
     .await;
 
     // And it serves on.

@@ -23,6 +23,7 @@ const LIMIT: usize = 100;
 /// replicas, a six-node cluster and 400 clients at once delay a 100 ms round's write past
 /// 75 ms often enough to fail one run in three, which would test the machine, not the
 /// arithmetic. At 250 ms the precondition holds; the other tests keep 100 ms.
+// not a bound: the configured sync intervals.
 const BOUND_SYNC: Duration = Duration::from_millis(250);
 const SYNC: Duration = Duration::from_millis(100);
 /// The interval of the frozen-Redis test, long enough that the freeze lands between the
@@ -155,10 +156,14 @@ async fn more_rounds(proxies: &[ProxyHandle], rounds: f64) {
     }
     for (p, before) in proxies.iter().zip(before) {
         let admin = p.admin.unwrap();
-        eventually(&format!("{rounds} more sync rounds"), PATIENCE, async || {
-            let now = metric(admin, OK).await.unwrap_or(0.0);
-            until(now >= before + rounds, now)
-        })
+        eventually(
+            &format!("{rounds} more sync rounds"),
+            PATIENCE,
+            async || {
+                let now = metric(admin, OK).await.unwrap_or(0.0);
+                until(now >= before + rounds, now)
+            },
+        )
         .await;
     }
 }
@@ -330,10 +335,14 @@ async fn frozen_redis_divides_the_limit_and_its_return_counts_every_unit_once() 
     redis.resume();
     // The rounds lost to the freeze are sent again and applied once: wait for all of them,
     // then for two more complete rounds on every replica (a round applied twice would show).
-    eventually("the rounds lost to the freeze reach Redis", PATIENCE, async || {
-        let count = shared_count(&redis).await;
-        until(count >= TOTAL, count)
-    })
+    eventually(
+        "the rounds lost to the freeze reach Redis",
+        PATIENCE,
+        async || {
+            let count = shared_count(&redis).await;
+            until(count >= TOTAL, count)
+        },
+    )
     .await;
     more_rounds(&proxies, 2.0).await;
     let mut client = redis.client().await;

@@ -198,9 +198,16 @@ async fn an_override_on_one_replica_is_applied_by_the_other_survives_a_restart_a
     // (within the watch's interval of reaching Redis).
     stop(b).await;
     b = start(&yaml).await;
-    eventually("the restarted replica reads the override", PATIENCE, async || {
-        b.running.applies_overrides().then_some(()).ok_or("not read yet")
-    })
+    eventually(
+        "the restarted replica reads the override",
+        PATIENCE,
+        async || {
+            b.running
+                .applies_overrides()
+                .then_some(())
+                .ok_or("not read yet")
+        },
+    )
     .await;
     for _ in 0..5 {
         assert_eq!(call(&b, "alice").await, StatusCode::OK);

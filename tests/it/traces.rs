@@ -382,18 +382,25 @@ async fn a_dead_or_silent_collector_changes_no_answer_and_drops_are_counted() {
             assert_eq!(echo["uri"], format!("/item/{i}"));
         }
         // 30 requests, each a server and an upstream span: 60 spans, none exported.
-        eventually(&format!("{protocol}: spans counted"), PATIENCE, async || {
-            let (exported, full, failed) = span_counts(&proxy).await;
-            assert_eq!(exported, 0);
-            let settled = match protocol {
-                // Every batch fails at once: all 60 are counted as failed.
-                "grpc" => full + failed == 60 && failed > 0,
-                // One batch of 4 waits on the silent collector, 4 more wait in the queue:
-                // the other 52 found it full.
-                _ => full == 52 && failed == 0,
-            };
-            until(settled, format!("queue_full {full}, export_failed {failed}"))
-        })
+        eventually(
+            &format!("{protocol}: spans counted"),
+            PATIENCE,
+            async || {
+                let (exported, full, failed) = span_counts(&proxy).await;
+                assert_eq!(exported, 0);
+                let settled = match protocol {
+                    // Every batch fails at once: all 60 are counted as failed.
+                    "grpc" => full + failed == 60 && failed > 0,
+                    // One batch of 4 waits on the silent collector, 4 more wait in the queue:
+                    // the other 52 found it full.
+                    _ => full == 52 && failed == 0,
+                };
+                until(
+                    settled,
+                    format!("queue_full {full}, export_failed {failed}"),
+                )
+            },
+        )
         .await;
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 /// past anything a busy one takes, and still a failure (not a hang) when it never happens.
 pub const PATIENCE: Duration = Duration::from_secs(20);
 
-/// How often `eventually` asks.
+/// How often `eventually` asks (not a bound: an interval).
 const POLL: Duration = Duration::from_millis(10);
 
 /// Asks `check` every 10 ms until it answers `Ok`, and returns that value; panics after
