@@ -415,20 +415,27 @@ async fn streamed_budget_settles_at_the_end_or_when_the_client_leaves() {
     // left; were it seen later, the trailer would be charged all the same).
     tokio::time::sleep(Duration::from_millis(100)).await;
     up.release.notify_one();
-    // The rest of the body, and the settlement at its end, are left to a task: wait for it.
-    // (A client that reads its response to the end needs no wait: the settlement is in the
-    // store before the end arrives.) Refused requests take nothing.
+    // The rest of the body, and the settlement at its end, are left to a task: wait for it
+    // in /limits/state, which takes nothing (until then only the up-front unit is taken, and a
+    // request would be admitted and charged). A client that reads its response to the end
+    // needs no wait: the settlement is in the store before the end arrives.
+    let state = format!(
+        "http://{}/limits/state?route=llm&identity=e",
+        proxy.admin.unwrap()
+    );
     eventually(
         "the trailer charged after the client left",
         PATIENCE,
         async || {
-            let (status, headers) = send_h2(proxy.addr, "/respond?cost=1", "e").await;
-            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
-            let retry = headers["retry-after"].to_str().unwrap().to_owned();
-            until(retry == "31", retry)
+            let (_, _, text) = exchange("GET", &state, &[]).await;
+            let state: serde_json::Value = serde_json::from_str(&text).unwrap();
+            until(state["limits"][0]["allowed"] == false, text)
         },
     )
     .await;
+    let (status, headers) = send_h2(proxy.addr, "/respond?cost=1", "e").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(headers["retry-after"], "31");
 }
 
 /// A settlement the store cannot take is logged and counted, and holds up the client no longer

@@ -77,16 +77,6 @@ fn assert_blocked(seen: &Seen, seconds: std::ops::RangeInclusive<u64>, what: &st
 /// Drives `a` and `b` (the same proxy for the memory store, two replicas on one Redis):
 /// `alice` exhausts her quota on `a` and is then blocked on both for the block's 3 s, while
 /// `bob` is not affected; the block's end lets her back in.
-/// Waits until the proxy's `/readyz` answers 200 (its Redis connection is up).
-async fn ready(proxy: &ProxyHandle) {
-    let url = format!("http://{}/readyz", proxy.admin.unwrap());
-    eventually(&format!("{url} ready"), PATIENCE, async || {
-        let status = http1_client().request(get(&url)).await.unwrap().status();
-        until(status == StatusCode::OK, status)
-    })
-    .await;
-}
-
 async fn blocked_for_the_duration(a: &ProxyHandle, b: &ProxyHandle) {
     // Her burst passes (a slow machine may refill a token meanwhile), then she is denied.
     let mut passed = 0;
@@ -146,7 +136,9 @@ async fn a_blocked_caller_is_refused_on_both_replicas_until_the_block_ends() {
     let b = proxy(login_route(&up, Some(&store))).start().await;
     // Both replicas have their Redis connection before the first request.
     for p in [&a, &b] {
-        ready(p).await;
+        // Its store connected (`/readyz` is 200 before that, naming the store not
+        // connected yet), so the first request is decided by Redis, not `on_error`.
+        p.wait_store().await;
     }
     blocked_for_the_duration(&a, &b).await;
 
@@ -334,7 +326,7 @@ async fn the_state_and_the_limits_command_show_a_block_in_redis() {
     let store = store::redis(&server.url()).timeout("500ms");
     let config = long_block(&up, Some(&store));
     let proxy = proxy(config.clone()).start().await;
-    ready(&proxy).await;
+    proxy.wait_store().await;
     let ends = block_alice(&proxy).await;
     assert_state_shows_the_block(&proxy, ends).await;
 

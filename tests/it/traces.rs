@@ -601,7 +601,20 @@ async fn lines_logged_while_the_body_streams_carry_its_ids() {
             ),
         )
         .raw(&tracing_section(&receiver.endpoint("grpc"), "grpc", ""));
+    let admin = free_port();
+    let yaml = yaml.admin(&format!("127.0.0.1:{admin}"));
     let (child, port, _dir, _) = binary(yaml, &[], "/healthz-none", &[]).await;
+    // Redis connects in the background: until then the request would be decided by
+    // `on_error`, with nothing to settle. `/readyz` says a bare `ready` once it is connected.
+    let ready = format!("http://127.0.0.1:{admin}/readyz");
+    eventually("the store connected", PATIENCE, async || {
+        let (status, _, text) = exchange("GET", &ready, &[]).await;
+        until(
+            status == StatusCode::OK && text == "ready\n",
+            (status, text),
+        )
+    })
+    .await;
     let trace = CALLER_TRACE.replace("4bf9", "7bf9");
     let url = format!("http://127.0.0.1:{port}/respond?cost=20&hold=1");
     let incoming = first_chunk_of_sampled(&url, &trace, b"status 200").await;
