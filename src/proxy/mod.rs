@@ -167,6 +167,12 @@ impl Proxy {
         self.inner.runtime.load().limits.denials().remembers()
     }
 
+    /// Whether the running configuration's limit stage has a temporary override in force (set
+    /// here, or read from Redis by its watch): lets a test wait for a replica to have read one.
+    pub fn applies_overrides(&self) -> bool {
+        !self.inner.runtime.load().limits.overrides().is_empty()
+    }
+
     /// The record of callers' peak rates and the running configuration's limits, for
     /// `/limits/suggest`.
     pub fn suggest(&self) -> (Arc<crate::suggest::Suggest>, Arc<Config>) {

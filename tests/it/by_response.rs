@@ -183,13 +183,6 @@ async fn send_h2(addr: SocketAddr, path: &str, user: &str) -> (StatusCode, http:
     (status, headers)
 }
 
-/// Waits until a settlement in the background has landed (a client that left mid-body leaves
-/// the rest of the body, and the settlement at its end, to a task). A client that reads its
-/// response to the end needs no wait: the settlement is in the store before the end arrives.
-async fn settled() {
-    tokio::time::sleep(Duration::from_millis(100)).await;
-}
-
 /// A token budget of 10 tokens, refilled at one per second: what the upstream reports is
 /// charged, the balance goes below zero, and the refusals say exactly when it is repaid.
 async fn token_budget(redis: Option<&RedisServer>) {
@@ -276,12 +269,16 @@ async fn token_budget_redis() {
 #[tokio::test]
 async fn a_client_that_leaves_before_the_head_is_settled_on_the_answer() {
     let up = upstream().start().await;
-    let yaml = config().upstream(&up.url()).route(
+    let yaml = config().upstream(&up.url()).admin("127.0.0.1:0").route(
         route("login")
             .prefix("/")
             .limit(limit::sliding_log(1, "1h").count_statuses([401])),
     );
     let proxy = proxy(yaml).start().await;
+    let state = format!(
+        "http://{}/limits/state?route=login&identity=127.0.0.1",
+        proxy.admin.unwrap()
+    );
     let leave = |path: &'static str| {
         tokio::time::timeout(Duration::from_millis(200), send(proxy.addr, path, "u"))
     };
@@ -290,9 +287,15 @@ async fn a_client_that_leaves_before_the_head_is_settled_on_the_answer() {
         "the client gave up first"
     );
     // The app answers 200 at 600 ms: the unit comes back.
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    eventually("the unit given back", PATIENCE, async || {
+        let (_, _, text) = exchange("GET", &state, &[]).await;
+        let state: serde_json::Value = serde_json::from_str(&text).unwrap();
+        until(state["limits"][0]["allowed"] == true, text)
+    })
+    .await;
     assert!(leave("/respond?status=401&ms=600").await.is_err());
-    // The app answers 401 at 600 ms: the unit stays taken.
+    // The app answers 401 at 600 ms: the unit stays taken. The wait is the scenario (a
+    // correct settlement changes nothing visible; the check below holds before it too).
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(send(proxy.addr, "/respond?status=401", "u").await.0, 429);
     assert_eq!(up.request_count(), 2);
@@ -408,9 +411,28 @@ async fn streamed_budget_settles_at_the_end_or_when_the_client_leaves() {
     let first = answer.frame().await.unwrap().unwrap();
     assert!(first.is_data());
     drop(answer);
-    settled().await;
+    // Let the proxy see the client go first (the scenario: a trailer that comes after it
+    // left; were it seen later, the trailer would be charged all the same).
+    tokio::time::sleep(Duration::from_millis(100)).await;
     up.release.notify_one();
-    settled().await;
+    // The rest of the body, and the settlement at its end, are left to a task: wait for it
+    // in /limits/state, which takes nothing (until then only the up-front unit is taken, and a
+    // request would be admitted and charged). A client that reads its response to the end
+    // needs no wait: the settlement is in the store before the end arrives.
+    let state = format!(
+        "http://{}/limits/state?route=llm&identity=e",
+        proxy.admin.unwrap()
+    );
+    eventually(
+        "the trailer charged after the client left",
+        PATIENCE,
+        async || {
+            let (_, _, text) = exchange("GET", &state, &[]).await;
+            let state: serde_json::Value = serde_json::from_str(&text).unwrap();
+            until(state["limits"][0]["allowed"] == false, text)
+        },
+    )
+    .await;
     let (status, headers) = send_h2(proxy.addr, "/respond?cost=1", "e").await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(headers["retry-after"], "31");

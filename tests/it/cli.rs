@@ -502,7 +502,9 @@ async fn sigterm_drains_the_in_flight_request_refuses_new_ones_and_exits_0() {
     let mut running = Running::spawn(command, port);
     running.wait_until_listening().await;
 
-    let url = running.url("/sleep?ms=1500");
+    // The upstream answers when the test releases it: the request is in flight for as long
+    // as the test needs.
+    let url = running.url("/sleep?release=1");
     let in_flight = tokio::spawn(async move {
         let response = http1_client().request(get(&url)).await?;
         let status = response.status();
@@ -520,25 +522,20 @@ async fn sigterm_drains_the_in_flight_request_refuses_new_ones_and_exits_0() {
     running.signal("TERM");
     let signalled = Instant::now();
 
-    // The listener closes at once: new connections are refused while the request still runs.
+    // The listener closes: new connections are refused while the request still runs.
     // (A connect racing the close may instead be accepted into the backlog or reset; retry.)
-    loop {
+    eventually("connections refused after SIGTERM", PATIENCE, async || {
         match tokio::net::TcpStream::connect(running.addr).await {
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break,
-            other => {
-                assert!(
-                    signalled.elapsed() < Duration::from_secs(1),
-                    "connections not refused 1s after SIGTERM (last: {other:?}); stderr:\n{}",
-                    running.stderr()
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(()),
+            other => Err(format!("{other:?}; stderr:\n{}", running.stderr())),
         }
-    }
+    })
+    .await;
     assert!(
         !in_flight.is_finished(),
         "the in-flight request should still be running when new connections are refused"
     );
+    up.release.notify_one();
 
     let (status, body) = in_flight
         .await
@@ -549,6 +546,7 @@ async fn sigterm_drains_the_in_flight_request_refuses_new_ones_and_exits_0() {
 
     let exit = running.wait_exit(SHUTDOWN_TIMEOUT).await;
     assert_eq!(exit.code(), Some(0), "stderr:\n{}", running.stderr());
+    // timeout under test: the shutdown timeout (it exits once drained, before it).
     assert!(signalled.elapsed() < SHUTDOWN_TIMEOUT);
     assert!(
         running.stderr().contains("SIGTERM received"),

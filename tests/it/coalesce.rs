@@ -220,6 +220,7 @@ async fn a_frozen_server_fails_every_queued_decision_in_time_and_limiting_resume
             matches!(result, Err(StoreError::Timeout(t)) if t == timeout),
             "{result:?}"
         );
+        // timeout under test: the store's timeout, and a second's slack.
         assert!(took < timeout + Duration::from_secs(1), "took {took:?}");
     }
     server.resume();

@@ -61,45 +61,71 @@ async fn send(addr: SocketAddr, path: &str, user: &str) -> StatusCode {
         .unwrap_or_else(|_| panic!("{path} was not answered within 15 s"))
 }
 
-/// Waits (at most 10 s) until the upstream has seen `n` requests.
+/// Waits (at most `PATIENCE`) until the upstream has seen `n` requests.
 async fn upstream_saw(up: &Upstream, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while up.request_count() < n {
-        assert!(
-            Instant::now() < deadline,
-            "the upstream saw {} requests, not {n}",
-            up.request_count()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        &format!("the upstream sees {n} requests"),
+        PATIENCE,
+        async || {
+            let seen = up.request_count();
+            until(seen >= n, seen)
+        },
+    )
+    .await;
 }
 
-/// A concurrency limit of 1 and a 3-second app: a client that hangs up right after sending
-/// keeps its slot until the app answers. Meanwhile every other request is refused and never
-/// reaches the app; the slot frees when the app answers, not before.
+/// Waits until the proxy has seen every client connection go (its connection gauge at 0).
+async fn clients_gone(proxy: &ProxyHandle) {
+    let admin = proxy.admin.unwrap();
+    eventually("the proxy sees the client go", PATIENCE, async || {
+        let open = metric(admin, "tollgate_client_connections").await;
+        until(open == Some(0.0), open)
+    })
+    .await;
+}
+
+/// Waits until `user`'s state on the route `login` shows `n` remaining (a settlement gave
+/// its unit back).
+async fn remaining_to(proxy: &ProxyHandle, user: &str, n: u64) {
+    let url = format!(
+        "http://{}/limits/state?route=login&identity={user}",
+        proxy.admin.unwrap()
+    );
+    eventually(&format!("{user} has {n} left"), PATIENCE, async || {
+        let (_, _, text) = exchange("GET", &url, &[]).await;
+        let state: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let left = state["limits"][0]["remaining"].as_u64();
+        until(left == Some(n), text)
+    })
+    .await;
+}
+
+/// A concurrency limit of 1 and an app that answers when the test lets it: a client that
+/// hangs up right after sending keeps its slot until the app answers. Meanwhile every other
+/// request is refused and never reaches the app; the slot frees when the app answers, not
+/// before.
 async fn a_slot_outlives_a_client_that_hangs_up(redis: Option<&RedisServer>) {
     let up = upstream().start().await;
     let slow = route("slow").prefix("/sleep").limit(limit::concurrency(1));
     let proxy = proxy(per_user(&up, slow, redis)).start().await;
     proxy.wait_ready().await;
 
-    let sent = Instant::now();
     hang_up(
         proxy.addr,
-        "/sleep?ms=3000",
+        "/sleep?release=1",
         "mallory",
         Duration::from_millis(100),
     )
     .await;
     upstream_saw(&up, 1).await;
-    // Give the proxy time to see the client go (it drops the request's future).
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The proxy has seen the client go (it drops the request's future).
+    clients_gone(&proxy).await;
 
     // Hang-ups and patient clients alike: refused while the app works on the first.
     for i in 0..3 {
         hang_up(
             proxy.addr,
-            "/sleep?ms=3000",
+            "/sleep?release=1",
             "mallory",
             Duration::from_millis(100),
         )
@@ -107,33 +133,27 @@ async fn a_slot_outlives_a_client_that_hangs_up(redis: Option<&RedisServer>) {
         let status = send(proxy.addr, "/sleep?ms=0", "mallory").await;
         assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "request {i}");
     }
-    assert!(
-        sent.elapsed() < Duration::from_millis(2900),
-        "the machine is too slow for this test's timeline: {:?}",
-        sent.elapsed()
-    );
     assert_eq!(
         up.request_count(),
         1,
         "the app saw exactly the first request"
     );
 
-    // The slot frees when the app answers (3 s after the first request), not before.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let status = send(proxy.addr, "/sleep?ms=0", "mallory").await;
-        if status == StatusCode::OK {
-            break;
-        }
-        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
-        assert!(Instant::now() < deadline, "the slot never freed");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(
-        sent.elapsed() >= Duration::from_millis(2900),
-        "the slot freed before the app answered: {:?}",
-        sent.elapsed()
-    );
+    // The slot frees when the app answers, not before.
+    up.release.notify_one();
+    eventually(
+        "the slot frees once the app answered",
+        PATIENCE,
+        async || {
+            let status = send(proxy.addr, "/sleep?ms=0", "mallory").await;
+            assert!(
+                status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS,
+                "{status}"
+            );
+            until(status == StatusCode::OK, status)
+        },
+    )
+    .await;
     assert_eq!(up.request_count(), 2);
 }
 
@@ -176,7 +196,7 @@ async fn a_slot_outlives_a_client_that_leaves_mid_body(redis: Option<&RedisServe
         seen.extend_from_slice(&buffer[..n]);
     }
     drop(stream);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    clients_gone(&proxy).await;
     assert_eq!(
         send(proxy.addr, "/hold", "mallory").await,
         StatusCode::TOO_MANY_REQUESTS,
@@ -186,17 +206,16 @@ async fn a_slot_outlives_a_client_that_leaves_mid_body(redis: Option<&RedisServe
 
     // The app ends the body: the slot frees.
     up.release.notify_one();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    eventually("the slot frees once the body ended", PATIENCE, async || {
         // A path the route covers, which the app answers at once.
         let status = send(proxy.addr, "/holdfast", "mallory").await;
-        if status == StatusCode::OK {
-            break;
-        }
-        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
-        assert!(Instant::now() < deadline, "the slot never freed");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        assert!(
+            status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS,
+            "{status}"
+        );
+        until(status == StatusCode::OK, status)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -231,7 +250,9 @@ async fn hang_ups_are_settled_on_the_answer(redis: Option<&RedisServer>) {
         .await;
     }
     upstream_saw(&up, 2).await;
-    // The app answers 500 ms after each request; then the settlements are made.
+    // The app answers 500 ms after each request; then the settlements are made. The wait is
+    // the scenario (a correct settlement changes nothing visible: the reservations stay);
+    // a slow machine only makes the check below come early, where it holds all the same.
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert_eq!(
         send(proxy.addr, "/respond?status=401", "mallory").await,
@@ -254,7 +275,8 @@ async fn hang_ups_are_settled_on_the_answer(redis: Option<&RedisServer>) {
         .await;
         // Each reaches the app: the one before gave its unit back.
         upstream_saw(&up, 3 + i).await;
-        tokio::time::sleep(Duration::from_millis(600)).await;
+        // Its unit is back once the app answered (`remaining` counts the next request: 1).
+        remaining_to(&proxy, "alice", 1).await;
     }
     assert_eq!(up.request_count(), 6);
     assert_eq!(
@@ -298,7 +320,8 @@ async fn an_unknown_outcome_counts_as_failing(redis: Option<&RedisServer>) {
         Duration::from_millis(50),
     )
     .await;
-    // The hung-up exchange times out 300 ms after it was sent.
+    // The hung-up exchange times out 300 ms after it was sent. The wait is the scenario
+    // (upstream_timeout running out; nothing shows it), as in the test above.
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(
         send(proxy.addr, "/respond?status=401", "mallory").await,
@@ -395,13 +418,15 @@ async fn shutdown_waits_for_an_exchange_whose_client_left() {
     )
     .await;
     upstream_saw(&up, 1).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    clients_gone(&proxy).await;
     proxy.shutdown();
     let task = proxy.task.take().unwrap();
     tokio::time::timeout(Duration::from_secs(10), task)
         .await
         .expect("shut down within the timeout")
         .unwrap();
+    // timeout under test: the app's 1.5 s answer (a lower bound: a busy machine only makes
+    // it later).
     assert!(
         sent.elapsed() >= Duration::from_millis(1400),
         "shutdown did not wait for the app's answer: {:?}",

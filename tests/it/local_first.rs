@@ -23,8 +23,12 @@ const LIMIT: usize = 100;
 /// replicas, a six-node cluster and 400 clients at once delay a 100 ms round's write past
 /// 75 ms often enough to fail one run in three, which would test the machine, not the
 /// arithmetic. At 250 ms the precondition holds; the other tests keep 100 ms.
+// not a bound: the configured sync intervals.
 const BOUND_SYNC: Duration = Duration::from_millis(250);
 const SYNC: Duration = Duration::from_millis(100);
+/// The interval of the frozen-Redis test, long enough that the freeze lands between the
+/// reads and the next tick on a busy machine too.
+const FREEZE_SYNC: Duration = Duration::from_secs(1);
 /// Waves of the bound tests, one interval apart. The last units of a limit are shared out a
 /// unit or two per replica per interval, and a share is raised by the read 3/4 into the
 /// interval: a wave that falls between a tick and the read finds the shares spent though
@@ -107,14 +111,61 @@ async fn replicas(up: &Upstream, yaml: &Config) -> Vec<ProxyHandle> {
         proxies.push(proxy(yaml.clone().upstream(&up.url())).start().await);
     }
     for p in &proxies {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while status_of(p.addr, "/warm", "warm-up").await != StatusCode::OK {
-            assert!(Instant::now() < deadline, "replica never reached its store");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        eventually("the replica reaches its store", PATIENCE, async || {
+            let status = status_of(p.addr, "/warm", "warm-up").await;
+            until(status == StatusCode::OK, status)
+        })
+        .await;
     }
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    for p in &proxies {
+        let admin = p.admin.unwrap();
+        eventually("every replica sees R = 4", PATIENCE, async || {
+            let replicas = metric(admin, "tollgate_sync_replicas").await;
+            until(replicas == Some(REPLICAS as f64), replicas)
+        })
+        .await;
+    }
     proxies
+}
+
+/// The count the shared state of `bob` on `/fw` holds in Redis (0 before there is one).
+async fn shared_count(redis: &RedisServer) -> usize {
+    let mut client = redis.client().await;
+    let keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg(format!("{PREFIX}*fw*bob*"))
+        .query_async(&mut client)
+        .await
+        .unwrap();
+    let Some(state_key) = keys.first() else {
+        return 0;
+    };
+    let state: String = ::redis::cmd("GET")
+        .arg(state_key)
+        .query_async(&mut client)
+        .await
+        .unwrap();
+    state.split(' ').nth(2).unwrap().parse().unwrap()
+}
+
+/// Waits until every replica completed `rounds` more sync rounds than it had.
+async fn more_rounds(proxies: &[ProxyHandle], rounds: f64) {
+    const OK: &str = "tollgate_sync_rounds_total{result=\"ok\"}";
+    let mut before = Vec::new();
+    for p in proxies {
+        before.push(metric(p.admin.unwrap(), OK).await.unwrap_or(0.0));
+    }
+    for (p, before) in proxies.iter().zip(before) {
+        let admin = p.admin.unwrap();
+        eventually(
+            &format!("{rounds} more sync rounds"),
+            PATIENCE,
+            async || {
+                let now = metric(admin, OK).await.unwrap_or(0.0);
+                until(now >= before + rounds, now)
+            },
+        )
+        .await;
+    }
 }
 
 /// Waves one interval apart of `per_replica` concurrent clients on every replica, all on one
@@ -244,42 +295,37 @@ async fn frozen_redis_divides_the_limit_and_its_return_counts_every_unit_once() 
     let _turn = TURN.lock().await;
     let redis = RedisServer::start();
     let up = upstream().start().await;
-    let proxies = replicas(&up, &replica_config(&redis.url(), TOTAL, SYNC)).await;
+    // A 1 s interval: Redis is frozen in the last quarter of one (see freeze_after_the_reads),
+    // a window a busy machine still hits.
+    let proxies = replicas(&up, &replica_config(&redis.url(), TOTAL, FREEZE_SYNC)).await;
     // Shared counting: 20 per replica (a share may be spent for the interval: wait for the
     // next), then a few rounds so Redis holds them.
     for p in &proxies {
         let mut admitted = 0;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while admitted < 20 {
-            match status_of(p.addr, "/fw", "bob").await {
-                StatusCode::OK => admitted += 1,
-                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        eventually("20 of 400 admitted", PATIENCE, async || {
+            if status_of(p.addr, "/fw", "bob").await == StatusCode::OK {
+                admitted += 1;
             }
-            assert!(Instant::now() < deadline, "20 of 400 never admitted");
-        }
+            until(admitted == 20, admitted)
+        })
+        .await;
     }
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    eventually("Redis holds the 80 admitted", PATIENCE, async || {
+        let count = shared_count(&redis).await;
+        until(count == 4 * 20, count)
+    })
+    .await;
+    // Every replica has read the round that recorded them.
+    more_rounds(&proxies, 2.0).await;
 
-    // Frozen 90 ms into an interval of the store's clock: after every replica's read of the
-    // round (75 ms in), before the next tick's write is recorded, so each one's last recorded
-    // tick is the one of its last complete view. (Frozen between a round's write and its read,
-    // a replica keeps to its share instead: the others could hold the view it missed.)
-    let mut client = redis.client().await;
-    let (secs, micros): (i64, i64) = ::redis::cmd("TIME").query_async(&mut client).await.unwrap();
-    let phase = (secs * 1_000_000 + micros).rem_euclid(SYNC.as_micros() as i64);
-    let until = (90_000 - phase).rem_euclid(SYNC.as_micros() as i64);
-    tokio::time::sleep(Duration::from_micros(until as u64)).await;
-    redis.pause();
+    freeze_after_the_reads(&redis, &proxies).await;
     // Past the late threshold (2 intervals): every replica decides alone on limit / R of what
-    // the last complete view left (400 − 4 × 20).
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    let started = Instant::now();
-    let alone = hammer(&proxies, "/fw", "bob", 150, 1, 0, SYNC).await;
-    let took = started.elapsed();
-    assert!(
-        took < Duration::from_secs(2),
-        "requests waited on a frozen Redis: {took:?}"
-    );
+    // the last complete view left (400 − 4 × 20). The wait is the scenario (the rounds going
+    // late), not a wait for something to be ready.
+    tokio::time::sleep(FREEZE_SYNC * 3).await;
+    let alone = hammer(&proxies, "/fw", "bob", 150, 1, 0, Duration::ZERO).await;
+    // No request waited on the frozen Redis: one that did would have been cut at the store's
+    // 300 ms timeout and denied (`on_error: deny`), and the counts would be short.
     assert_eq!(
         alone,
         vec![(TOTAL - 4 * 20) / REPLICAS; REPLICAS],
@@ -287,8 +333,18 @@ async fn frozen_redis_divides_the_limit_and_its_return_counts_every_unit_once() 
     );
 
     redis.resume();
-    // A few rounds: the rounds lost to the freeze are sent again and applied once.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // The rounds lost to the freeze are sent again and applied once: wait for all of them,
+    // then for two more complete rounds on every replica (a round applied twice would show).
+    eventually(
+        "the rounds lost to the freeze reach Redis",
+        PATIENCE,
+        async || {
+            let count = shared_count(&redis).await;
+            until(count >= TOTAL, count)
+        },
+    )
+    .await;
+    more_rounds(&proxies, 2.0).await;
     let mut client = redis.client().await;
     let keys: Vec<String> = ::redis::cmd("KEYS")
         .arg(format!("{PREFIX}*fw*bob*"))
@@ -316,6 +372,48 @@ async fn frozen_redis_divides_the_limit_and_its_return_counts_every_unit_once() 
             StatusCode::TOO_MANY_REQUESTS
         );
     }
+}
+
+/// Freezes Redis in the last eighth of an interval of the store's clock (`FREEZE_SYNC`): after
+/// every replica's read of the round (3/4 in), before the next tick's write is recorded, so
+/// each one's last recorded tick is the one of its last complete view. (Frozen between a
+/// round's write and its read, a replica keeps to its share instead: the others could hold the
+/// view it missed.) A busy machine may wake the test too late for that window: the freeze is
+/// then known to have missed it (from the store's clock read just before and the time the
+/// signal took), so Redis is thawed, two rounds are let pass, and the freeze is tried again.
+async fn freeze_after_the_reads(redis: &RedisServer, proxies: &[ProxyHandle]) {
+    let interval = FREEZE_SYNC.as_micros() as i64;
+    // An eighth past the reads, to let a replica woken late finish its own; then to just
+    // before the next tick.
+    let (from, to) = (interval * 7 / 8, interval - interval / 50);
+    let mut client = redis.client().await;
+    let mut missed = Vec::new();
+    for _ in 0..10 {
+        let asked = Instant::now();
+        let (secs, micros): (i64, i64) =
+            ::redis::cmd("TIME").query_async(&mut client).await.unwrap();
+        let phase = (secs * 1_000_000 + micros).rem_euclid(interval);
+        let wait = (from + interval / 100 - phase).rem_euclid(interval);
+        tokio::time::sleep(Duration::from_micros(wait as u64)).await;
+        redis.pause();
+        // The store's clock at the freeze lies between the TIME answer plus the wait and the
+        // TIME answer plus everything since the question was sent.
+        let earliest = phase + wait;
+        let latest = phase + asked.elapsed().as_micros() as i64;
+        if earliest.rem_euclid(interval) >= from
+            && earliest.div_euclid(interval) == latest.div_euclid(interval)
+            && latest.rem_euclid(interval) < to
+        {
+            return;
+        }
+        missed.push((earliest.rem_euclid(interval), latest - earliest));
+        redis.resume();
+        more_rounds(proxies, 2.0).await;
+    }
+    panic!(
+        "never froze Redis in [{from}, {to}) µs of an interval: (phase, uncertainty) in µs \
+         {missed:?}"
+    );
 }
 
 /// Headers stay truthful: a lone client denied by a local-first limit and retrying exactly at

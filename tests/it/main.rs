@@ -48,6 +48,7 @@ mod store_causes;
 mod structure;
 mod suggest;
 mod throttle;
+mod timing;
 mod tls;
 mod traces;
 mod upstream_pool;

@@ -9,6 +9,7 @@ use crate::support::{CapacityApp, OpenLoop};
 use futures_util::{SinkExt, StreamExt};
 use http_body_util::BodyExt;
 
+// not a bound: a unit.
 const MS: Duration = Duration::from_millis(1);
 
 /// 2 slots × 50 ms is 40 requests a second: 80 sent in one second are all served, the last one

@@ -23,6 +23,7 @@ use futures_util::{SinkExt, StreamExt};
 use http_body_util::BodyExt;
 use serde_json::Value;
 
+// not a bound: a unit, and the app's configured service time.
 const MS: Duration = Duration::from_millis(1);
 const SLOTS: usize = 4;
 const SERVICE: Duration = Duration::from_millis(25);

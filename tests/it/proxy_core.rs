@@ -386,21 +386,35 @@ async fn graceful_shutdown_lets_the_in_flight_request_finish() {
         .unwrap();
     assert_eq!(ready.status(), 200);
 
-    let url = proxy.url("/sleep?ms=700");
+    // The app answers once released: the request is in flight for as long as the test needs.
+    let url = proxy.url("/sleep?release=1");
     let in_flight = tokio::spawn(async move { http1_client().request(get(&url)).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    eventually("the request reaches the app", PATIENCE, async || {
+        let seen = up.request_count();
+        until(seen == 1, seen)
+    })
+    .await;
     proxy.shutdown();
-    tokio::time::sleep(Duration::from_millis(100)).await;
 
-    let ready = http1_client()
-        .request(get(&format!("http://{admin}/readyz")))
-        .await
-        .unwrap();
-    assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert!(
-        tokio::net::TcpStream::connect(proxy.addr).await.is_err(),
-        "the listener must be closed at once"
-    );
+    // Draining: not ready, and the listener closed, while the request is still in flight.
+    eventually("/readyz says draining", PATIENCE, async || {
+        let ready = http1_client()
+            .request(get(&format!("http://{admin}/readyz")))
+            .await
+            .unwrap();
+        until(
+            ready.status() == StatusCode::SERVICE_UNAVAILABLE,
+            ready.status(),
+        )
+    })
+    .await;
+    eventually("the listener closed", PATIENCE, async || {
+        let connected = tokio::net::TcpStream::connect(proxy.addr).await.is_ok();
+        until(!connected, connected)
+    })
+    .await;
+    assert!(!in_flight.is_finished(), "the request is still in flight");
+    up.release.notify_one();
     let response = in_flight
         .await
         .unwrap()

@@ -279,6 +279,7 @@ fn start_load(
     tasks
 }
 
+// timeout under test: the store's own timeout (`store.redis.timeout`).
 const STORE_TIMEOUT: Duration = Duration::from_millis(300);
 /// Scheduling slack on a busy shared machine on top of the store timeout.
 const MARGIN: Duration = Duration::from_millis(1500);

@@ -60,6 +60,21 @@ async fn quota(proxy: &ProxyHandle, user: &str) -> Value {
     serde_json::from_str(&body).unwrap()
 }
 
+/// Waits until `proxy` applies alice's override with `field` at `value` (`/_quota` reads the
+/// limit stage's own table of overrides, and consumes nothing).
+async fn override_applied(proxy: &ProxyHandle, field: &str, value: f64) {
+    eventually(
+        &format!("the override's {field} {value} applied"),
+        PATIENCE,
+        async || {
+            let answer = quota(proxy, "alice").await;
+            let shown = answer["routes"][0]["override"][field].clone();
+            until(shown.as_f64() == Some(value), shown)
+        },
+    )
+    .await;
+}
+
 /// The first limit of the first route in a `/_quota` answer.
 fn first_limit(quota: &Value) -> &Value {
     &quota["routes"][0]["limits"][0]
@@ -468,8 +483,8 @@ async fn usage_follows_the_override(admin: &ProxyHandle, proxy: &ProxyHandle) {
         admitted_fields(proxy).await;
     }
     override_on(admin, "POST", "alice", "&multiply=10&for=1h").await;
-    // Another replica follows at once (announced on Redis); 100ms is slack for a busy machine.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Another replica follows (announced on Redis): wait until it applies it.
+    override_applied(proxy, "multiply", 10.0).await;
     let mut last = None;
     for _ in 0..7 {
         last = Some(admitted_fields(proxy).await);
@@ -500,7 +515,7 @@ async fn usage_follows_the_override(admin: &ProxyHandle, proxy: &ProxyHandle) {
     // A limit instead: 20 a minute (the shortest period) and the hour scaled as much (10 ->
     // 40, never 20 an hour), on the same count (8 spent).
     override_on(admin, "POST", "alice", "&limit=20&for=30m").await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    override_applied(proxy, "limit", 20.0).await;
     let last = admitted_fields(proxy).await;
     assert_eq!(last.0, "\"calls\";q=20;w=60, \"hourly\";q=40;w=3600");
     let answer = quota_agrees_with_responses(proxy, &last).await;

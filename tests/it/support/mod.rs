@@ -13,6 +13,7 @@ pub mod raw_upstream;
 pub mod redis;
 pub mod rng;
 pub mod upstream;
+pub mod wait;
 
 pub use capacity_app::CapacityApp;
 pub use cluster::*;
@@ -25,3 +26,4 @@ pub use raw_upstream::*;
 pub use redis::*;
 pub use rng::Rng;
 pub use upstream::*;
+pub use wait::*;

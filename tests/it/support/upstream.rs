@@ -179,8 +179,13 @@ async fn handle(mut req: Request<Incoming>, state: Upstream) -> Response<Body> {
             Response::new(full("early"))
         }
         "/sleep" => {
-            let ms: u64 = q.get("ms").and_then(|s| s.parse().ok()).unwrap_or(1000);
-            tokio::time::sleep(Duration::from_millis(ms)).await;
+            // `?release=1`: until the test notifies `release` instead of `ms`.
+            if q.contains_key("release") {
+                state.release.notified().await;
+            } else {
+                let ms: u64 = q.get("ms").and_then(|s| s.parse().ok()).unwrap_or(1000);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
             Response::new(full("slept"))
         }
         "/respond" => {
