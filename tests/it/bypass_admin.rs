@@ -295,6 +295,7 @@ async fn quota(addr: SocketAddr, client: &str) -> u16 {
 /// each answered 200, every flood request answered, and the limited caller never answered
 /// more than its limit per window.
 async fn a_flood_of_new_addresses_never_locks_out_a_newcomer(store: Store) {
+    let _turn = heavy_turn().await;
     let up = upstream().start().await;
     let served = serve(&usage_config(&up.url(), store)).await;
     let limited = "198.51.100.7".to_owned();
@@ -358,6 +359,7 @@ async fn a_flood_of_new_addresses_never_locks_out_a_newcomer_in_redis() {
 /// The flood: every /64 of one IPv6 /48 once (65,536 addresses, the table's size).
 /// The /48 is limited as one network; callers elsewhere are answered.
 async fn a_flood_from_one_network_is_limited_as_that_network(store: Store) {
+    let _turn = heavy_turn().await;
     let up = upstream().start().await;
     let served = serve(&usage_config(&up.url(), store)).await;
     let flood: Vec<String> = (0..TABLE as u128)

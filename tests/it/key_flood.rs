@@ -210,6 +210,7 @@ async fn flood_and_check(instance: &Instance, store: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_flood_on_the_memory_store_leaves_new_callers_admitted_and_the_table_bounded() {
+    let _turn = heavy_turn().await;
     let up = upstream().start().await;
     let config = routes(
         config()
@@ -248,6 +249,7 @@ async fn commands(redis: &RedisServer) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_flood_on_local_first_limits_leaves_new_callers_admitted_and_redis_calm() {
+    let _turn = heavy_turn().await;
     let redis = RedisServer::start();
     let up = upstream().start().await;
     let config = routes(
@@ -340,6 +342,7 @@ async fn gets_per_heartbeat(redis: &RedisServer, rounds: u64) -> f64 {
 /// before the flood, whose copy was dropped, is still limited (decided on the fleet's count).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_key_flood_cold_local_first_copies_are_dropped_and_redis_goes_quiet() {
+    let _turn = heavy_turn().await;
     let redis = RedisServer::start();
     let up = upstream().start().await;
     let config = routes(

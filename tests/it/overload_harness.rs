@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::support::open_loop::Outcome;
-use crate::support::{CapacityApp, OpenLoop};
+use crate::support::{heavy_turn, CapacityApp, OpenLoop};
 use futures_util::{SinkExt, StreamExt};
 use http_body_util::BodyExt;
 
@@ -17,6 +17,7 @@ const MS: Duration = Duration::from_millis(1);
 /// holds the excess meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn app_of_two_slots_of_50ms_serves_40_per_second() {
+    let _turn = heavy_turn().await;
     let app = CapacityApp::start(2, 50 * MS);
     assert_eq!(app.capacity_per_second(), 40.0);
     let report = OpenLoop::new(app.url())
@@ -48,6 +49,7 @@ async fn app_of_two_slots_of_50ms_serves_40_per_second() {
 /// Requests go out on schedule whatever the server does, phase by phase and class by class.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_loop_keeps_its_rate_and_shares() {
+    let _turn = heavy_turn().await;
     let app = CapacityApp::start(1000, Duration::ZERO);
     let load = OpenLoop::new(app.url())
         .rate(200.0, 1000 * MS)
@@ -96,6 +98,7 @@ async fn open_loop_keeps_its_rate_and_shares() {
 /// serves requests whose client gave up, and the client counts each kind apart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn app_changes_while_it_runs_and_the_client_counts_each_outcome() {
+    let _turn = heavy_turn().await;
     let app = CapacityApp::start(4, 10 * MS);
     app.set_error_fraction(0.25);
     let report = OpenLoop::new(app.url()).rate(100.0, 400 * MS).run().await;
@@ -153,6 +156,7 @@ async fn app_changes_while_it_runs_and_the_client_counts_each_outcome() {
 /// `/stream` and `/ws` stay open without holding a slot; `release_streams` ends the streams.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_lived_exchanges_hold_no_slot() {
+    let _turn = heavy_turn().await;
     let app = CapacityApp::start(1, 50 * MS);
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<http_body_util::Empty<bytes::Bytes>>();

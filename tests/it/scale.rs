@@ -15,9 +15,6 @@ use std::time::{Duration, Instant};
 use crate::support::*;
 use http::{Request, StatusCode};
 
-/// One heavy setup at a time.
-static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 const PREFIX: &str = "tg-scale:";
 const REPLICAS: usize = 4;
 const CLIENTS_PER_REPLICA: usize = 100;
@@ -148,14 +145,14 @@ async fn exact_across_replicas(target: Store, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_replicas_on_standalone_redis_admit_exactly_the_limit() {
-    let _turn = TURN.lock().await;
+    let _turn = heavy_turn().await;
     let redis = RedisServer::start();
     exact_across_replicas(standalone(&redis.url()), "standalone redis").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_keeps_limits_exact_and_each_decision_in_one_slot() {
-    let _turn = TURN.lock().await;
+    let _turn = heavy_turn().await;
     let cluster = tokio::task::block_in_place(RedisCluster::start);
     exact_across_replicas(cluster_target(&cluster), "redis cluster").await;
 
@@ -371,7 +368,7 @@ async fn limiting_resumed(proxies: &[ProxyHandle], user: &str, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_primary_failover_follows_on_error_then_limits_on_the_promoted_replica() {
-    let _turn = TURN.lock().await;
+    let _turn = heavy_turn().await;
     let mut cluster = tokio::task::block_in_place(RedisCluster::start);
     let up = upstream().start().await;
     let yaml = failover_routes().store(store_of(cluster_target(&cluster), "300ms"));
@@ -427,14 +424,14 @@ async fn cluster_primary_failover_follows_on_error_then_limits_on_the_promoted_r
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_replicas_on_sentinel_admit_exactly_the_limit() {
-    let _turn = TURN.lock().await;
+    let _turn = heavy_turn().await;
     let setup = tokio::task::block_in_place(SentinelSetup::start);
     exact_across_replicas(sentinel_target(&setup), "sentinel").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_master_failover_follows_on_error_then_limits_on_the_promoted_replica() {
-    let _turn = TURN.lock().await;
+    let _turn = heavy_turn().await;
     let mut setup = tokio::task::block_in_place(SentinelSetup::start);
     let up = upstream().start().await;
     let yaml = failover_routes().store(store_of(sentinel_target(&setup), "300ms"));
@@ -550,7 +547,7 @@ async fn tls_with_custom_ca_client_certificate_and_acl_user() {
 /// docs/scaling.md: printed, and bounded so a change that bloats the state shows up here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_usage_per_key_for_each_algorithm() {
-    let _turn = TURN.lock().await;
+    let _turn = heavy_turn().await;
     let redis = RedisServer::start();
     let up = upstream().start().await;
     let yaml = exact_routes().store(store_of(standalone(&redis.url()), "2s"));

@@ -27,3 +27,12 @@ pub use redis::*;
 pub use rng::Rng;
 pub use upstream::*;
 pub use wait::*;
+
+/// One heavy test at a time across the whole binary: fleets of replicas, Redis clusters and
+/// Sentinels, key floods and capacity measurements each want both of the machine's cores (and
+/// the capacity tests measure the app beside them), while the light tests running alongside
+/// mostly wait on sockets. A heavy test holds the guard for its whole run.
+pub async fn heavy_turn() -> tokio::sync::MutexGuard<'static, ()> {
+    static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    HEAVY.lock().await
+}
