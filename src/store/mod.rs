@@ -26,7 +26,16 @@
 //!
 //! The probe runs every [`HEALTH_PROBE_EVERY`] whether or not traffic flows, so it also
 //! finds a store lost while idle (down) and connections broken by a quick restart it never
-//! saw as down (replaced). Before the first connection the store is down as well.
+//! saw as down (replaced).
+//!
+//! **Before that, the first connection attempt** (connecting and loading the scripts, see
+//! `connect_redis`): a request that arrives while it is being made waits for it, at most the
+//! store timeout, and is then decided by Redis, or by `on_error` once the attempt failed (or
+//! the wait ran out: cause [`Cause::NotConnected`]). So a fresh replica limits from its first
+//! request instead of failing open until it connects; the wait costs nothing once the store is
+//! connected (it is taken only while the connected store's slot is still empty). Readiness
+//! says not ready until the attempt has ended ([`Stores::connecting`]), whatever `on_error`
+//! says; after a failed attempt the store is down, as above, and retried with backoff.
 //!
 //! One [`Stores`] serves one configuration; a reload that keeps the store settings carries it
 //! over (the same memory state, connection, breaker and up flag), so limits that did not change
@@ -59,6 +68,47 @@ const SWEEP_EVERY: Duration = Duration::from_secs(10);
 const HEALTH_PROBE_EVERY: Duration = Duration::from_millis(500);
 /// Backoff bounds while the first Redis connection cannot be made.
 const CONNECT_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
+
+/// Whether the first connection attempt of a Redis store has ended (connected or failed), and
+/// a wake-up for the requests waiting for it (see the module docs).
+struct FirstAttempt {
+    ended: AtomicBool,
+    done: tokio::sync::Notify,
+    /// Set once a request's wait ran out while the attempt went on (logged once).
+    waits_ran_out: AtomicBool,
+}
+
+impl FirstAttempt {
+    fn new(ended: bool) -> FirstAttempt {
+        FirstAttempt {
+            ended: AtomicBool::new(ended),
+            done: tokio::sync::Notify::new(),
+            waits_ran_out: AtomicBool::new(false),
+        }
+    }
+
+    fn ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+
+    /// The attempt has ended (its outcome is in place first): wakes every waiting request.
+    fn end(&self) {
+        self.ended.store(true, Ordering::Release);
+        self.done.notify_waiters();
+    }
+
+    /// Waits until the attempt has ended, at most `bound`: false when the wait ran out.
+    async fn wait(&self, bound: Duration) -> bool {
+        let done = self.done.notified();
+        tokio::pin!(done);
+        // Registered before the flag is read, so an end between the two is not missed.
+        done.as_mut().enable();
+        if self.ended() {
+            return true;
+        }
+        tokio::time::timeout(bound, done).await.is_ok()
+    }
+}
 
 /// The slot of the shared (Redis) store: empty until the background connection is made.
 /// Clones share the slot; the health probe runs while any clone is held.
@@ -116,8 +166,11 @@ pub struct Health {
     /// The circuit breaker refuses calls (after repeated failures, until a probe answers).
     pub breaker_open: bool,
     pub on_error: OnError,
-    /// Why it is down (None while up, or when no failure was seen yet).
+    /// Why it is down (None while up; `NotConnected` before the first connection when no
+    /// failure was seen yet).
     pub cause: Option<Cause>,
+    /// Its first connection attempt is being made (neither connected nor failed yet).
+    pub connecting: bool,
 }
 
 /// The cause of the store's current failure, shared by everyone who sees one: 0 while none is
@@ -160,6 +213,10 @@ pub struct Stores {
     cause: CauseCell,
     /// The server's persistence against what the configuration keeps in Redis.
     persistence: persistence::Check,
+    /// The first connection attempt (see the module docs); ended from the start without Redis.
+    first: Arc<FirstAttempt>,
+    /// How long a request waits for the first connection attempt: the store timeout.
+    first_wait: Duration,
 }
 
 impl Stores {
@@ -178,6 +235,8 @@ impl Stores {
                 probe_now: previous.probe_now.clone(),
                 cause: previous.cause.clone(),
                 persistence: previous.persistence.clone(),
+                first: previous.first.clone(),
+                first_wait: previous.first_wait,
             };
         }
         let memory = MemoryStore::new();
@@ -197,6 +256,7 @@ impl Stores {
             breaker::DEFAULT_COOL_DOWN,
             probe_timeout,
         ));
+        let first = Arc::new(FirstAttempt::new(matches!(config, StoreConfig::Memory)));
         let shared = match config {
             StoreConfig::Memory => {
                 tracing::info!("no store configured: limits live in this process's memory and are not shared between instances");
@@ -213,6 +273,7 @@ impl Stores {
                         probe_now: probe_now.clone(),
                         cause: cause.clone(),
                         persistence: persistence.clone(),
+                        first: first.clone(),
                     },
                 ));
                 Some(Shared(cell))
@@ -228,6 +289,8 @@ impl Stores {
             probe_now,
             cause,
             persistence,
+            first,
+            first_wait: probe_timeout,
         }
     }
 
@@ -275,17 +338,29 @@ impl Stores {
             breaker_open: self.breaker.is_open(),
             on_error: self.on_error,
             cause: self.cause(),
+            connecting: self.connecting(),
         }
     }
 
+    /// True while the first connection attempt of the Redis store is being made: neither
+    /// connected nor failed yet (see the module docs). Never with the memory store.
+    pub fn connecting(&self) -> bool {
+        !self.first.ended()
+    }
+
     /// Why the shared store is down: None while it answers (or with no shared store). What
-    /// the requests it fails are counted under (`other` when nothing more is known).
+    /// the requests it fails are counted under (`other` when nothing more is known). Not
+    /// connected and no failure seen: [`Cause::NotConnected`].
     pub fn cause(&self) -> Option<Cause> {
-        let up = self.shared().is_some() && self.up.load(Ordering::Relaxed);
+        let connected = self.shared().is_some();
+        let up = connected && self.up.load(Ordering::Relaxed);
         if self.shared.is_none() || up && !self.breaker.is_open() {
             return None;
         }
-        self.cause.get()
+        match self.cause.get() {
+            None if !connected => Some(Cause::NotConnected),
+            cause => cause,
+        }
     }
 
     /// The persistence check of the shared store: the configuration using these stores says
@@ -306,16 +381,25 @@ impl Stores {
 
     /// One atomic decision of `checks` by the shared store, with `on_error` applied when it
     /// fails (or is known down, not connected, or the breaker is open): how it was decided, or
-    /// None when `on_error: deny` refuses.
+    /// None when `on_error: deny` refuses. While the first connection is being made, waits
+    /// for it first (see the module docs).
     pub async fn decide_shared(&self, checks: &[Check<'_>]) -> Option<(Decision, How)> {
         if !self.up.load(Ordering::Relaxed) {
             // Known down: the probe brings it back; asking Redis now would only wait.
             return self.apply_on_error(checks).await;
         }
-        let result = match (self.shared(), self.breaker.permit()) {
-            (None, _) => Err(StoreError::Protocol("not connected yet".into())),
-            (Some(_), breaker::Permit::Refuse) => Err(StoreError::CircuitOpen),
-            (Some(store), breaker::Permit::Call) => {
+        let store = match self.shared() {
+            Some(store) => store,
+            // Boxed: the rare case (before the first connection), whose future would
+            // otherwise size every request's.
+            None => match Box::pin(self.first_connection()).await {
+                Some(store) => store,
+                None => return self.apply_on_error(checks).await,
+            },
+        };
+        let result = match self.breaker.permit() {
+            breaker::Permit::Refuse => Err(StoreError::CircuitOpen),
+            breaker::Permit::Call => {
                 // Boxed: a Redis call's future is large (the client's command and reply
                 // state), and in place it would size every request's future, including the
                 // ones that never ask Redis (unrouted, local-first), which are moved as they
@@ -339,7 +423,7 @@ impl Stores {
             // Only the probe marks the store up again: it checks every connection first.
             Ok(decision) => Some((decision, How::Answered)),
             Err(error) => {
-                if !matches!(error, StoreError::CircuitOpen) && self.shared().is_some() {
+                if !matches!(error, StoreError::CircuitOpen) {
                     self.cause.set(error.cause());
                 }
                 if self.up.swap(false, Ordering::Relaxed) {
@@ -349,6 +433,20 @@ impl Stores {
                 self.apply_on_error(checks).await
             }
         }
+    }
+
+    /// The connected store, once the first connection attempt (being made now) has ended, or
+    /// None when it failed (the attempt marked the store down and named its cause) or the wait
+    /// ran out (at most the store timeout; logged once, with the cause `not_connected`).
+    async fn first_connection(&self) -> Option<&Store> {
+        if !self.first.wait(self.first_wait).await {
+            if !self.first.waits_ran_out.swap(true, Ordering::Relaxed) {
+                let error = StoreError::NotConnected;
+                tracing::error!(store_cause = error.cause().as_str(), cause = %crate::error::chain(&error), waited = ?self.first_wait, on_error = %self.on_error, "the rate limit store's first connection is still being made; applying on_error to requests that waited for it as long as the store timeout");
+            }
+            return None;
+        }
+        self.shared()
     }
 
     /// Logs the failure that marked the store down, with its cause looked into first (in a
@@ -404,6 +502,7 @@ struct Probe {
     probe_now: Arc<tokio::sync::Notify>,
     cause: CauseCell,
     persistence: persistence::Check,
+    first: Arc<FirstAttempt>,
 }
 
 async fn connect_redis(config: RedisConfig, cell: Arc<OnceCell<Store>>, probe: Probe) {
@@ -417,6 +516,7 @@ async fn connect_redis(config: RedisConfig, cell: Arc<OnceCell<Store>>, probe: P
                 probe.cause.clear();
                 probe.up.store(true, Ordering::Relaxed);
                 let _ = cell.set(store);
+                probe.first.end();
                 probe.persistence.check(&redis).await;
                 break redis;
             }
@@ -430,6 +530,9 @@ async fn connect_redis(config: RedisConfig, cell: Arc<OnceCell<Store>>, probe: P
                     logged = Some(cause);
                 }
                 probe.up.store(false, Ordering::Relaxed);
+                // The first attempt failed: `on_error` applies from now on, and readiness
+                // says so (the requests waiting for the attempt are decided by it).
+                probe.first.end();
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(CONNECT_BACKOFF.1);
             }
