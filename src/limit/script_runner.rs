@@ -265,11 +265,15 @@ impl ScriptRunner {
 
     /// `SCRIPT LOAD` of `scripts` on every node (every primary at least), so the first calls
     /// need no fallback: all at once (pipelined on the connection, one round trip's wait),
-    /// each bounded by the timeout. Best effort: a node that missed it (down now, added or
+    /// together bounded by the timeout. Best effort: a node that missed it (down now, added or
     /// restarted later) answers `NOSCRIPT` once and gets the script through `EVAL` then.
     pub async fn preload(&self, scripts: &[&LuaScript]) {
-        let loads = scripts.iter().map(|script| self.load(script));
-        for loaded in futures_util::future::join_all(loads).await {
+        let loads = futures_util::future::join_all(scripts.iter().map(|s| self.load(s)));
+        let Ok(loaded) = tokio::time::timeout(self.timeout, loads).await else {
+            tracing::warn!(timeout = ?self.timeout, "could not preload the Lua scripts in time; nodes without them get them on first use");
+            return;
+        };
+        for loaded in loaded {
             if let Err(e) = loaded {
                 tracing::warn!(cause = %crate::error::chain(&e), "could not preload a Lua script; nodes without it get it on first use");
             }

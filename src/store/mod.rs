@@ -29,8 +29,8 @@
 //! saw as down (replaced).
 //!
 //! **Before that, the first connection attempt** (connecting and loading the scripts, see
-//! `connect_redis`): a request that arrives while it is being made waits for it, at most the
-//! store timeout, and is then decided by Redis, or by `on_error` once the attempt failed (or
+//! `connect_redis`): a request that arrives while it is being made waits for it, at most as
+//! long as the attempt may take (twice the store timeout), and is then decided by Redis, or by `on_error` once the attempt failed (or
 //! the wait ran out: cause [`Cause::NotConnected`]). So a fresh replica limits from its first
 //! request instead of failing open until it connects; the wait costs nothing once the store is
 //! connected (it is taken only while the connected store's slot is still empty). Readiness
@@ -66,6 +66,10 @@ pub use holder::Holder;
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// How often the store is checked (for its loss while up, for its return while down).
 const HEALTH_PROBE_EVERY: Duration = Duration::from_millis(500);
+/// The first connection attempt takes at most this many store timeouts: one to connect, one
+/// to load the scripts (or, when connecting timed out, to find out why). A request waits for
+/// it as long (from its arrival, so a little longer than the attempt has left).
+const FIRST_ATTEMPT_BOUND: u32 = 2;
 /// Backoff bounds while the first Redis connection cannot be made.
 const CONNECT_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
 
@@ -74,8 +78,10 @@ const CONNECT_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Durat
 struct FirstAttempt {
     ended: AtomicBool,
     done: tokio::sync::Notify,
+    /// Set once a request waited for the attempt (logged once).
+    waited: AtomicBool,
     /// Set once a request's wait ran out while the attempt went on (logged once).
-    waits_ran_out: AtomicBool,
+    ran_out: AtomicBool,
 }
 
 impl FirstAttempt {
@@ -83,7 +89,8 @@ impl FirstAttempt {
         FirstAttempt {
             ended: AtomicBool::new(ended),
             done: tokio::sync::Notify::new(),
-            waits_ran_out: AtomicBool::new(false),
+            waited: AtomicBool::new(false),
+            ran_out: AtomicBool::new(false),
         }
     }
 
@@ -215,7 +222,8 @@ pub struct Stores {
     persistence: persistence::Check,
     /// The first connection attempt (see the module docs); ended from the start without Redis.
     first: Arc<FirstAttempt>,
-    /// How long a request waits for the first connection attempt: the store timeout.
+    /// How long a request waits for the first connection attempt at most: as long as the
+    /// attempt may take (see [`FIRST_ATTEMPT_BOUND`]).
     first_wait: Duration,
 }
 
@@ -290,7 +298,7 @@ impl Stores {
             cause,
             persistence,
             first,
-            first_wait: probe_timeout,
+            first_wait: probe_timeout * FIRST_ATTEMPT_BOUND,
         }
     }
 
@@ -437,12 +445,16 @@ impl Stores {
 
     /// The connected store, once the first connection attempt (being made now) has ended, or
     /// None when it failed (the attempt marked the store down and named its cause) or the wait
-    /// ran out (at most the store timeout; logged once, with the cause `not_connected`).
+    /// ran out (twice the store timeout). The first wait and the first wait that ran out are
+    /// logged, with the cause `not_connected`.
     async fn first_connection(&self) -> Option<&Store> {
+        if !self.first.ended() && !self.first.waited.swap(true, Ordering::Relaxed) {
+            tracing::info!(store_cause = Cause::NotConnected.as_str(), at_most = ?self.first_wait, "a request waits for the rate limit store's first connection (not connected yet)");
+        }
         if !self.first.wait(self.first_wait).await {
-            if !self.first.waits_ran_out.swap(true, Ordering::Relaxed) {
+            if !self.first.ran_out.swap(true, Ordering::Relaxed) {
                 let error = StoreError::NotConnected;
-                tracing::error!(store_cause = error.cause().as_str(), cause = %crate::error::chain(&error), waited = ?self.first_wait, on_error = %self.on_error, "the rate limit store's first connection is still being made; applying on_error to requests that waited for it as long as the store timeout");
+                tracing::error!(store_cause = error.cause().as_str(), cause = %crate::error::chain(&error), waited = ?self.first_wait, on_error = %self.on_error, "the rate limit store's first connection is still being made; applying on_error to requests that waited for it as long as it may take");
             }
             return None;
         }
@@ -669,6 +681,44 @@ mod tests {
         let (second, how) = local.decide_shared(&check).await.unwrap();
         assert_eq!(how, How::LocalFallback);
         assert!(!second.allowed, "the fallback counts in memory");
+    }
+
+    /// A first connection that hangs (a port that accepts and never answers): the store is
+    /// `connecting`, a decision waits for it at most twice the store timeout and then gets
+    /// `on_error` under the cause `NotConnected`; a store that refuses ends its first attempt
+    /// at once, and its decisions do not wait.
+    #[tokio::test]
+    async fn a_decision_waits_for_the_first_connection_at_most_the_timeout() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = silent.local_addr().unwrap().port();
+        let config = throttle(&format!(
+            "store:\n  redis: {{ url: \"redis://127.0.0.1:{port}\", timeout: 200ms }}\n  on_error: allow\n"
+        ));
+        let hanging = stores(&config, None);
+        assert!(hanging.connecting() && !hanging.ready());
+        assert_eq!(hanging.cause(), Some(Cause::NotConnected));
+        let started = std::time::Instant::now();
+        let (_, how) = hanging.decide_shared(&[one_per_minute("k")]).await.unwrap();
+        assert_eq!(how, How::FailedOpen);
+        assert!(started.elapsed() >= Duration::from_millis(400));
+        // The attempt timed out (connecting, then finding out why) while the request waited:
+        // a store down for a timeout; or the wait ran out first: not connected yet.
+        let cause = hanging.cause();
+        assert!(
+            matches!(cause, Some(Cause::Timeout | Cause::NotConnected)),
+            "{cause:?}"
+        );
+
+        let refused = stores(&unreachable("allow"), None);
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while refused.connecting() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("a refused first attempt ends");
+        assert_eq!(refused.cause(), Some(Cause::Refused));
+        drop(silent);
     }
 
     /// A reload keeps the stores (and their counts) when the store settings are the same,
