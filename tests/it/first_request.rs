@@ -327,11 +327,14 @@ async fn a_request_during_the_first_connection_waits_and_is_decided_by_redis() {
 #[tokio::test]
 async fn a_failed_first_connection_applies_on_error_at_once() {
     let up = upstream().start().await;
-    let nobody = format!("redis://127.0.0.1:{}", free_port());
+    // Port 1: nothing listens there (a free port picked now could be taken by another test's
+    // server before tollgate connects).
     let config = limited(
         &up,
         limit::fixed_window(1, "1h"),
-        store::redis(&nobody).timeout("5s").on_error("allow"),
+        store::redis("redis://127.0.0.1:1")
+            .timeout("5s")
+            .on_error("allow"),
     );
     let replica = Replica::start(&config).await;
     let started = Instant::now();
@@ -343,7 +346,9 @@ async fn a_failed_first_connection_applies_on_error_at_once() {
         replica
             .metric("tollgate_store_errors_total{cause=\"refused\"}")
             .await,
-        2.0
+        2.0,
+        "{}",
+        replica.admin_get("/metrics").await.1
     );
     replica
         .wait_readyz((
