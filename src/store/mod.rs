@@ -1,6 +1,7 @@
 //! The stores limits live in, and everything about owning them: the memory store (swept in
 //! the background), the shared Redis store connected in the background with backoff (tollgate
-//! starts, and applies `on_error`, while Redis is not there yet), its health probe, the
+//! starts while Redis is not there yet; requests wait for its first attempt, then `on_error`
+//! applies until it connects), its health probe, the
 //! circuit breaker in front of it (`breaker.rs`), whether it is up, readiness, and `on_error`
 //! for a decision the shared store could not make.
 //!
@@ -30,9 +31,9 @@
 //!
 //! **Before that, the first connection attempt** (connecting and loading the scripts, see
 //! `connect_redis`): a request that arrives while it is being made waits for it, at most as
-//! long as the attempt may take (twice the store timeout), and is then decided by Redis, or by `on_error` once the attempt failed (or
-//! the wait ran out: cause [`Cause::NotConnected`]). So a fresh replica limits from its first
-//! request instead of failing open until it connects; the wait costs nothing once the store is
+//! long as the attempt may take (twice the store timeout), and is then decided by Redis, or
+//! by `on_error` once the attempt failed (or the wait ran out: cause [`Cause::NotConnected`]).
+//! So a fresh replica limits from its first request instead of failing open until it connects; the wait costs nothing once the store is
 //! connected (it is taken only while the connected store's slot is still empty). Readiness
 //! says not ready until the attempt has ended ([`Stores::connecting`]), whatever `on_error`
 //! says; after a failed attempt the store is down, as above, and retried with backoff.
@@ -688,7 +689,7 @@ mod tests {
     /// `on_error` under the cause `NotConnected`; a store that refuses ends its first attempt
     /// at once, and its decisions do not wait.
     #[tokio::test]
-    async fn a_decision_waits_for_the_first_connection_at_most_the_timeout() {
+    async fn a_decision_waits_for_the_first_connection_as_long_as_it_may_take() {
         let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = silent.local_addr().unwrap().port();
         let config = throttle(&format!(
