@@ -31,7 +31,9 @@
 //!
 //! **Before that, the first connection attempt** (connecting and loading the scripts, see
 //! `connect_redis`): a request that arrives while it is being made waits for it, at most as
-//! long as the attempt may take (twice the store timeout), and is then decided by Redis, or
+//! long as the attempt may take (twice the store timeout from when it began, or from the
+//! request's arrival if later; a second more for an attempt running late on a busy node),
+//! and is then decided by Redis, or
 //! by `on_error` once the attempt failed (or the wait ran out: cause [`Cause::NotConnected`]).
 //! So a fresh replica limits from its first request instead of failing open until it connects; the wait costs nothing once the store is
 //! connected (it is taken only while the connected store's slot is still empty). Readiness
@@ -52,8 +54,8 @@ pub mod persistence;
 pub mod replicas;
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
 
 use tokio::sync::OnceCell;
 
@@ -67,17 +69,26 @@ pub use holder::Holder;
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// How often the store is checked (for its loss while up, for its return while down).
 const HEALTH_PROBE_EVERY: Duration = Duration::from_millis(500);
-/// The first connection attempt takes at most this many store timeouts: one to connect, one
-/// to load the scripts (or, when connecting timed out, to find out why). A request waits for
-/// it as long (from its arrival, so a little longer than the attempt has left).
+/// The first connection attempt takes at most this many store timeouts from when it began:
+/// one to connect, one to load the scripts (or, when connecting timed out, to find out why).
+/// A request waits for it as long (see [`FirstAttempt::wait`]), and [`FIRST_ATTEMPT_GRACE`].
 const FIRST_ATTEMPT_BOUND: u32 = 2;
+/// How much longer than the first attempt's bound a request waits for its outcome: the
+/// attempt's timers run on the main thread, which on a busy node runs late (seen: 200 ms
+/// late beside two CPU-bound processes), and a request that gave up on an attempt that then
+/// connected would fail open for nothing. Only waited through when the attempt runs late.
+const FIRST_ATTEMPT_GRACE: Duration = Duration::from_secs(1);
 /// Backoff bounds while the first Redis connection cannot be made.
 const CONNECT_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
 
-/// Whether the first connection attempt of a Redis store has ended (connected or failed), and
-/// a wake-up for the requests waiting for it (see the module docs).
+/// Whether the first connection attempt of a Redis store has begun and ended (connected or
+/// failed), and a wake-up for the requests waiting for it (see the module docs).
 struct FirstAttempt {
     ended: AtomicBool,
+    /// When the attempt began: its task's first run, which on a busy node may come after the
+    /// listeners took their first requests.
+    began: OnceLock<Instant>,
+    /// Wakes the waiting requests when the attempt begins and when it ends.
     done: tokio::sync::Notify,
     /// Set once a request waited for the attempt (logged once).
     waited: AtomicBool,
@@ -89,6 +100,7 @@ impl FirstAttempt {
     fn new(ended: bool) -> FirstAttempt {
         FirstAttempt {
             ended: AtomicBool::new(ended),
+            began: OnceLock::new(),
             done: tokio::sync::Notify::new(),
             waited: AtomicBool::new(false),
             ran_out: AtomicBool::new(false),
@@ -99,22 +111,50 @@ impl FirstAttempt {
         self.ended.load(Ordering::Acquire)
     }
 
+    /// The attempt begins now (its deadlines count from here).
+    fn begin(&self) {
+        if self.began.set(Instant::now()).is_ok() {
+            self.done.notify_waiters();
+        }
+    }
+
     /// The attempt has ended (its outcome is in place first): wakes every waiting request.
     fn end(&self) {
         self.ended.store(true, Ordering::Release);
         self.done.notify_waiters();
     }
 
-    /// Waits until the attempt has ended, at most `bound`: false when the wait ran out.
+    /// Waits until the attempt has ended: false when it did not end within `bound` (as long as
+    /// it may take) from when it began, or from this request's arrival if that was later. An
+    /// attempt not begun yet is waited for at most `bound` to begin.
     async fn wait(&self, bound: Duration) -> bool {
-        let done = self.done.notified();
-        tokio::pin!(done);
-        // Registered before the flag is read, so an end between the two is not missed.
-        done.as_mut().enable();
-        if self.ended() {
-            return true;
+        let arrived = Instant::now();
+        loop {
+            let woken = self.done.notified();
+            tokio::pin!(woken);
+            // Registered before the state is read, so a change between the two is not missed.
+            woken.as_mut().enable();
+            if self.ended() {
+                return true;
+            }
+            let deadline = match self.began.get() {
+                Some(&began) => began.max(arrived) + bound,
+                None => arrived + bound,
+            };
+            if tokio::time::timeout_at(deadline.into(), woken)
+                .await
+                .is_err()
+            {
+                // Out of time, unless the attempt began just now (its own deadline is later).
+                let later = self
+                    .began
+                    .get()
+                    .is_some_and(|&began| began.max(arrived) + bound > Instant::now());
+                if !later {
+                    return self.ended();
+                }
+            }
         }
-        tokio::time::timeout(bound, done).await.is_ok()
     }
 }
 
@@ -224,7 +264,7 @@ pub struct Stores {
     /// The first connection attempt (see the module docs); ended from the start without Redis.
     first: Arc<FirstAttempt>,
     /// How long a request waits for the first connection attempt at most: as long as the
-    /// attempt may take (see [`FIRST_ATTEMPT_BOUND`]).
+    /// attempt may take, and a grace (see [`FIRST_ATTEMPT_BOUND`]).
     first_wait: Duration,
 }
 
@@ -299,7 +339,7 @@ impl Stores {
             cause,
             persistence,
             first,
-            first_wait: probe_timeout * FIRST_ATTEMPT_BOUND,
+            first_wait: probe_timeout * FIRST_ATTEMPT_BOUND + FIRST_ATTEMPT_GRACE,
         }
     }
 
@@ -446,7 +486,7 @@ impl Stores {
 
     /// The connected store, once the first connection attempt (being made now) has ended, or
     /// None when it failed (the attempt marked the store down and named its cause) or the wait
-    /// ran out (twice the store timeout). The first wait and the first wait that ran out are
+    /// ran out (see [`FirstAttempt::wait`]). The first wait and the first wait that ran out are
     /// logged, with the cause `not_connected`.
     async fn first_connection(&self) -> Option<&Store> {
         if !self.first.ended() && !self.first.waited.swap(true, Ordering::Relaxed) {
@@ -519,6 +559,7 @@ struct Probe {
 }
 
 async fn connect_redis(config: RedisConfig, cell: Arc<OnceCell<Store>>, probe: Probe) {
+    probe.first.begin();
     let mut backoff = CONNECT_BACKOFF.0;
     let mut logged = None;
     let redis = loop {
