@@ -1,8 +1,8 @@
 //! A replica decides in Redis from its first request: a request that arrives while the store's
-//! first connection is being made waits for it (at most twice `store.redis.timeout`: as long
-//! as the attempt may take) instead of
-//! failing open, `/readyz` is not ready until that attempt has ended, and "not connected yet"
-//! is a cause of its own (`not_connected`) in the log, the metrics and `/readyz`.
+//! first connection is being made waits for it (as long as the attempt may take: twice
+//! `store.redis.timeout`, with a second's grace for a busy node) instead of failing open,
+//! `/readyz` is not ready until that attempt has ended, and "not connected yet" is a cause of
+//! its own (`not_connected`) in the log and `/readyz`.
 //!
 //! tollgate runs as its own process here (a fresh replica's start, JSON log read from a file).
 
