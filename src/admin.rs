@@ -47,6 +47,7 @@ use crate::control::caller::CallerError;
 use crate::control::offenders::{self, View};
 use crate::control::overrides;
 use crate::control::results::{to_json, AuditParameters};
+use crate::limit::Cause;
 use crate::proxy::Proxy;
 use crate::throttle::overrides::Adjust;
 
@@ -71,20 +72,22 @@ impl Health {
         self.draining.store(true, Ordering::Release);
     }
 
-    /// Ready or not, in the words `/readyz` answers with. A store that is down names its cause
-    /// (refused, timed out, authentication failed, ..., or not connected yet), also when
-    /// `on_error` keeps this instance ready: a second line then says so. So a bare `ready`
-    /// means the store is deciding (or there is none).
+    /// Ready or not, in the words `/readyz` answers with. Not ready while the store's first
+    /// connection is being made. A store that is down names its cause (refused, timed out,
+    /// authentication failed, ...), also when `on_error` keeps this instance ready: a second
+    /// line then says so. So a bare `ready` means the store is deciding (or there is none).
     pub fn readiness(&self) -> Result<String, String> {
         if self.draining.load(Ordering::Acquire) {
             return Err("draining\n".into());
         }
         let health = self.proxy.store_health();
-        let cause = match health.cause {
-            Some(cause) => Some(cause.describe()),
-            None if health.shared && !health.connected => Some(NOT_CONNECTED),
-            None => None,
-        };
+        if health.connecting {
+            return Err(format!(
+                "rate limit store {}: its first connection is being made\n",
+                Cause::NotConnected.describe()
+            ));
+        }
+        let cause = health.cause.map(Cause::describe);
         if !self.proxy.store_ready() {
             Err(match cause {
                 Some(cause) => format!("rate limit store unreachable (on_error: deny): {cause}\n"),
@@ -101,10 +104,6 @@ impl Health {
         }
     }
 }
-
-/// What `/readyz` gives as the cause while the Redis store has not connected yet and no
-/// attempt has failed (the first connection is being made).
-const NOT_CONNECTED: &str = "not connected yet";
 
 /// Callers per route `/limits/top` lists unless `?k=` says otherwise.
 pub const DEFAULT_TOP: usize = 10;

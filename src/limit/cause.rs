@@ -1,5 +1,5 @@
 //! Why the store failed, named: a refused connection, a connection lost (reset), a timeout,
-//! failed authentication, a Lua script error, or something else. One small closed set, so it
+//! failed authentication, a Lua script error, no connection made yet, or something else. One small closed set, so it
 //! can be a metric label (`tollgate_store_errors_total{cause}`), a log field and a word in
 //! `/readyz`, and an operator reads "refused" (Redis is not running) apart from "timed out"
 //! (Redis is running but not answering) and "authentication failed" (the password is wrong)
@@ -22,18 +22,21 @@ pub enum Cause {
     AuthFailed,
     /// A Lua script failed inside Redis (a runtime or compile error, `BUSY`).
     ScriptError,
+    /// The first connection is still being made: nothing was asked of Redis yet.
+    NotConnected,
     /// Anything else (a malformed reply, a server error of another kind).
     Other,
 }
 
 impl Cause {
     /// Every cause, in label order: the metric registers one series per cause.
-    pub const ALL: [Cause; 6] = [
+    pub const ALL: [Cause; 7] = [
         Cause::Refused,
         Cause::Reset,
         Cause::Timeout,
         Cause::AuthFailed,
         Cause::ScriptError,
+        Cause::NotConnected,
         Cause::Other,
     ];
 
@@ -45,6 +48,7 @@ impl Cause {
             Cause::Timeout => "timeout",
             Cause::AuthFailed => "auth_failed",
             Cause::ScriptError => "script_error",
+            Cause::NotConnected => "not_connected",
             Cause::Other => "other",
         }
     }
@@ -57,6 +61,7 @@ impl Cause {
             Cause::Timeout => "timed out",
             Cause::AuthFailed => "authentication failed",
             Cause::ScriptError => "script error",
+            Cause::NotConnected => "not connected yet",
             Cause::Other => "error",
         }
     }

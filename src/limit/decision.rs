@@ -91,6 +91,10 @@ pub enum StoreError {
     /// Not called: recent calls failed and the circuit breaker is cooling down.
     #[error("store circuit open after repeated errors")]
     CircuitOpen,
+    /// Not called: the first connection to the store was still being made when the request
+    /// had waited as long as it may for it.
+    #[error("store not connected yet")]
+    NotConnected,
 }
 
 impl StoreError {
@@ -102,6 +106,7 @@ impl StoreError {
             StoreError::Timeout(_) => Cause::Timeout,
             StoreError::Redis(e) => Cause::of_redis(e),
             StoreError::Protocol(_) | StoreError::CircuitOpen => Cause::Other,
+            StoreError::NotConnected => Cause::NotConnected,
         }
     }
 }
@@ -155,6 +160,11 @@ mod tests {
         assert_eq!(timeout.cause(), Cause::Timeout);
         assert_eq!(timeout.to_string(), "store timed out after 50ms");
         assert_eq!(StoreError::CircuitOpen.cause(), Cause::Other);
+        assert_eq!(StoreError::NotConnected.cause(), Cause::NotConnected);
+        assert_eq!(
+            StoreError::NotConnected.to_string(),
+            "store not connected yet"
+        );
     }
 
     #[test]

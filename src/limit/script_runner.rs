@@ -264,39 +264,49 @@ impl ScriptRunner {
     }
 
     /// `SCRIPT LOAD` of `scripts` on every node (every primary at least), so the first calls
-    /// need no fallback. Best effort: a node that missed it (down now, added or restarted
-    /// later) answers `NOSCRIPT` once and gets the script through `EVAL` then.
+    /// need no fallback: all at once (pipelined on the connection, one round trip's wait),
+    /// together bounded by the timeout. Best effort: a node that missed it (down now, added or
+    /// restarted later) answers `NOSCRIPT` once and gets the script through `EVAL` then.
     pub async fn preload(&self, scripts: &[&LuaScript]) {
-        for script in scripts {
-            let mut load = redis::cmd("SCRIPT");
-            load.arg("LOAD").arg(&script.source);
-            let loaded = match &self.conn {
-                Conn::Cluster(cluster, _) => {
-                    let mut cluster = cluster.clone();
-                    let everywhere = RoutingInfo::MultiNode((
-                        MultipleNodeRoutingInfo::AllNodes,
-                        Some(ResponsePolicy::AllSucceeded),
-                    ));
-                    let primaries = RoutingInfo::MultiNode((
-                        MultipleNodeRoutingInfo::AllMasters,
-                        Some(ResponsePolicy::AllSucceeded),
-                    ));
-                    match self
-                        .bounded(cluster.route_command(load.clone(), everywhere))
-                        .await
-                    {
-                        Ok(_) => Ok(()),
-                        Err(_) => self
-                            .bounded(cluster.route_command(load, primaries))
-                            .await
-                            .map(drop),
-                    }
-                }
-                _ => self.query::<String>(&load).await.map(drop),
-            };
+        let loads = futures_util::future::join_all(scripts.iter().map(|s| self.load(s)));
+        let Ok(loaded) = tokio::time::timeout(self.timeout, loads).await else {
+            tracing::warn!(timeout = ?self.timeout, "could not preload the Lua scripts in time; nodes without them get them on first use");
+            return;
+        };
+        for loaded in loaded {
             if let Err(e) = loaded {
                 tracing::warn!(cause = %crate::error::chain(&e), "could not preload a Lua script; nodes without it get it on first use");
             }
+        }
+    }
+
+    /// `SCRIPT LOAD` of one script (see [`ScriptRunner::preload`]).
+    async fn load(&self, script: &LuaScript) -> Result<(), StoreError> {
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(&script.source);
+        match &self.conn {
+            Conn::Cluster(cluster, _) => {
+                let mut cluster = cluster.clone();
+                let everywhere = RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllNodes,
+                    Some(ResponsePolicy::AllSucceeded),
+                ));
+                let primaries = RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllMasters,
+                    Some(ResponsePolicy::AllSucceeded),
+                ));
+                match self
+                    .bounded(cluster.route_command(load.clone(), everywhere))
+                    .await
+                {
+                    Ok(_) => Ok(()),
+                    Err(_) => self
+                        .bounded(cluster.route_command(load, primaries))
+                        .await
+                        .map(drop),
+                }
+            }
+            _ => self.query::<String>(&load).await.map(drop),
         }
     }
 

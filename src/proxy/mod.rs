@@ -196,12 +196,13 @@ impl Proxy {
             .json()
     }
 
-    /// Whether this instance should receive traffic as far as the store is concerned: a store
-    /// that cannot be reached matters only when `on_error: deny` would refuse everything.
+    /// Whether this instance should receive traffic as far as the store is concerned: not
+    /// while the first connection is being made (requests would wait for it); after that, a
+    /// store that cannot be reached matters only when `on_error: deny` would refuse everything.
     pub fn store_ready(&self) -> bool {
         let runtime = self.inner.runtime.load();
         let stores = runtime.limits.stores();
-        stores.ready() || stores.on_error() != crate::config::OnError::Deny
+        stores.ready() || !stores.connecting() && stores.on_error() != crate::config::OnError::Deny
     }
 
     /// Sends the spans still queued, within `timeout` (shutdown).

@@ -1,6 +1,7 @@
 //! The stores limits live in, and everything about owning them: the memory store (swept in
 //! the background), the shared Redis store connected in the background with backoff (tollgate
-//! starts, and applies `on_error`, while Redis is not there yet), its health probe, the
+//! starts while Redis is not there yet; requests wait for its first attempt, then `on_error`
+//! applies until it connects), its health probe, the
 //! circuit breaker in front of it (`breaker.rs`), whether it is up, readiness, and `on_error`
 //! for a decision the shared store could not make.
 //!
@@ -26,7 +27,18 @@
 //!
 //! The probe runs every [`HEALTH_PROBE_EVERY`] whether or not traffic flows, so it also
 //! finds a store lost while idle (down) and connections broken by a quick restart it never
-//! saw as down (replaced). Before the first connection the store is down as well.
+//! saw as down (replaced).
+//!
+//! **Before that, the first connection attempt** (connecting and loading the scripts, see
+//! `connect_redis`): a request that arrives while it is being made waits for it, at most as
+//! long as the attempt may take (twice the store timeout from when it began, or from the
+//! request's arrival if later; a second more for an attempt running late on a busy node),
+//! and is then decided by Redis, or
+//! by `on_error` once the attempt failed (or the wait ran out: cause [`Cause::NotConnected`]).
+//! So a fresh replica limits from its first request instead of failing open until it connects; the wait costs nothing once the store is
+//! connected (it is taken only while the connected store's slot is still empty). Readiness
+//! says not ready until the attempt has ended ([`Stores::connecting`]), whatever `on_error`
+//! says; after a failed attempt the store is down, as above, and retried with backoff.
 //!
 //! One [`Stores`] serves one configuration; a reload that keeps the store settings carries it
 //! over (the same memory state, connection, breaker and up flag), so limits that did not change
@@ -42,8 +54,8 @@ pub mod persistence;
 pub mod replicas;
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
 
 use tokio::sync::OnceCell;
 
@@ -57,8 +69,94 @@ pub use holder::Holder;
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// How often the store is checked (for its loss while up, for its return while down).
 const HEALTH_PROBE_EVERY: Duration = Duration::from_millis(500);
+/// The first connection attempt takes at most this many store timeouts from when it began:
+/// one to connect, one to load the scripts (or, when connecting timed out, to find out why).
+/// A request waits for it as long (see [`FirstAttempt::wait`]), and [`FIRST_ATTEMPT_GRACE`].
+const FIRST_ATTEMPT_BOUND: u32 = 2;
+/// How much longer than the first attempt's bound a request waits for its outcome: the
+/// attempt's timers run on the main thread, which on a busy node runs late (seen: 200 ms
+/// late beside two CPU-bound processes), and a request that gave up on an attempt that then
+/// connected would fail open for nothing. Only waited through when the attempt runs late.
+const FIRST_ATTEMPT_GRACE: Duration = Duration::from_secs(1);
 /// Backoff bounds while the first Redis connection cannot be made.
 const CONNECT_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
+
+/// Whether the first connection attempt of a Redis store has begun and ended (connected or
+/// failed), and a wake-up for the requests waiting for it (see the module docs).
+struct FirstAttempt {
+    ended: AtomicBool,
+    /// When the attempt began: its task's first run, which on a busy node may come after the
+    /// listeners took their first requests.
+    began: OnceLock<Instant>,
+    /// Wakes the waiting requests when the attempt begins and when it ends.
+    done: tokio::sync::Notify,
+    /// Set once a request waited for the attempt (logged once).
+    waited: AtomicBool,
+    /// Set once a request's wait ran out while the attempt went on (logged once).
+    ran_out: AtomicBool,
+}
+
+impl FirstAttempt {
+    fn new(ended: bool) -> FirstAttempt {
+        FirstAttempt {
+            ended: AtomicBool::new(ended),
+            began: OnceLock::new(),
+            done: tokio::sync::Notify::new(),
+            waited: AtomicBool::new(false),
+            ran_out: AtomicBool::new(false),
+        }
+    }
+
+    fn ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+
+    /// The attempt begins now (its deadlines count from here).
+    fn begin(&self) {
+        if self.began.set(Instant::now()).is_ok() {
+            self.done.notify_waiters();
+        }
+    }
+
+    /// The attempt has ended (its outcome is in place first): wakes every waiting request.
+    fn end(&self) {
+        self.ended.store(true, Ordering::Release);
+        self.done.notify_waiters();
+    }
+
+    /// Waits until the attempt has ended: false when it did not end within `bound` (as long as
+    /// it may take) from when it began, or from this request's arrival if that was later. An
+    /// attempt not begun yet is waited for at most `bound` to begin.
+    async fn wait(&self, bound: Duration) -> bool {
+        let arrived = Instant::now();
+        loop {
+            let woken = self.done.notified();
+            tokio::pin!(woken);
+            // Registered before the state is read, so a change between the two is not missed.
+            woken.as_mut().enable();
+            if self.ended() {
+                return true;
+            }
+            let deadline = match self.began.get() {
+                Some(&began) => began.max(arrived) + bound,
+                None => arrived + bound,
+            };
+            if tokio::time::timeout_at(deadline.into(), woken)
+                .await
+                .is_err()
+            {
+                // Out of time, unless the attempt began just now (its own deadline is later).
+                let later = self
+                    .began
+                    .get()
+                    .is_some_and(|&began| began.max(arrived) + bound > Instant::now());
+                if !later {
+                    return self.ended();
+                }
+            }
+        }
+    }
+}
 
 /// The slot of the shared (Redis) store: empty until the background connection is made.
 /// Clones share the slot; the health probe runs while any clone is held.
@@ -116,8 +214,11 @@ pub struct Health {
     /// The circuit breaker refuses calls (after repeated failures, until a probe answers).
     pub breaker_open: bool,
     pub on_error: OnError,
-    /// Why it is down (None while up, or when no failure was seen yet).
+    /// Why it is down (None while up; `NotConnected` before the first connection when no
+    /// failure was seen yet).
     pub cause: Option<Cause>,
+    /// Its first connection attempt is being made (neither connected nor failed yet).
+    pub connecting: bool,
 }
 
 /// The cause of the store's current failure, shared by everyone who sees one: 0 while none is
@@ -160,6 +261,11 @@ pub struct Stores {
     cause: CauseCell,
     /// The server's persistence against what the configuration keeps in Redis.
     persistence: persistence::Check,
+    /// The first connection attempt (see the module docs); ended from the start without Redis.
+    first: Arc<FirstAttempt>,
+    /// How long a request waits for the first connection attempt at most: as long as the
+    /// attempt may take, and a grace (see [`FIRST_ATTEMPT_BOUND`]).
+    first_wait: Duration,
 }
 
 impl Stores {
@@ -178,6 +284,8 @@ impl Stores {
                 probe_now: previous.probe_now.clone(),
                 cause: previous.cause.clone(),
                 persistence: previous.persistence.clone(),
+                first: previous.first.clone(),
+                first_wait: previous.first_wait,
             };
         }
         let memory = MemoryStore::new();
@@ -197,6 +305,7 @@ impl Stores {
             breaker::DEFAULT_COOL_DOWN,
             probe_timeout,
         ));
+        let first = Arc::new(FirstAttempt::new(matches!(config, StoreConfig::Memory)));
         let shared = match config {
             StoreConfig::Memory => {
                 tracing::info!("no store configured: limits live in this process's memory and are not shared between instances");
@@ -213,6 +322,7 @@ impl Stores {
                         probe_now: probe_now.clone(),
                         cause: cause.clone(),
                         persistence: persistence.clone(),
+                        first: first.clone(),
                     },
                 ));
                 Some(Shared(cell))
@@ -228,6 +338,8 @@ impl Stores {
             probe_now,
             cause,
             persistence,
+            first,
+            first_wait: probe_timeout * FIRST_ATTEMPT_BOUND + FIRST_ATTEMPT_GRACE,
         }
     }
 
@@ -275,17 +387,29 @@ impl Stores {
             breaker_open: self.breaker.is_open(),
             on_error: self.on_error,
             cause: self.cause(),
+            connecting: self.connecting(),
         }
     }
 
+    /// True while the first connection attempt of the Redis store is being made: neither
+    /// connected nor failed yet (see the module docs). Never with the memory store.
+    pub fn connecting(&self) -> bool {
+        !self.first.ended()
+    }
+
     /// Why the shared store is down: None while it answers (or with no shared store). What
-    /// the requests it fails are counted under (`other` when nothing more is known).
+    /// the requests it fails are counted under (`other` when nothing more is known). Not
+    /// connected and no failure seen: [`Cause::NotConnected`].
     pub fn cause(&self) -> Option<Cause> {
-        let up = self.shared().is_some() && self.up.load(Ordering::Relaxed);
+        let connected = self.shared().is_some();
+        let up = connected && self.up.load(Ordering::Relaxed);
         if self.shared.is_none() || up && !self.breaker.is_open() {
             return None;
         }
-        self.cause.get()
+        match self.cause.get() {
+            None if !connected => Some(Cause::NotConnected),
+            cause => cause,
+        }
     }
 
     /// The persistence check of the shared store: the configuration using these stores says
@@ -306,16 +430,25 @@ impl Stores {
 
     /// One atomic decision of `checks` by the shared store, with `on_error` applied when it
     /// fails (or is known down, not connected, or the breaker is open): how it was decided, or
-    /// None when `on_error: deny` refuses.
+    /// None when `on_error: deny` refuses. While the first connection is being made, waits
+    /// for it first (see the module docs).
     pub async fn decide_shared(&self, checks: &[Check<'_>]) -> Option<(Decision, How)> {
         if !self.up.load(Ordering::Relaxed) {
             // Known down: the probe brings it back; asking Redis now would only wait.
             return self.apply_on_error(checks).await;
         }
-        let result = match (self.shared(), self.breaker.permit()) {
-            (None, _) => Err(StoreError::Protocol("not connected yet".into())),
-            (Some(_), breaker::Permit::Refuse) => Err(StoreError::CircuitOpen),
-            (Some(store), breaker::Permit::Call) => {
+        let store = match self.shared() {
+            Some(store) => store,
+            // Boxed: the rare case (before the first connection), whose future would
+            // otherwise size every request's.
+            None => match Box::pin(self.first_connection()).await {
+                Some(store) => store,
+                None => return self.apply_on_error(checks).await,
+            },
+        };
+        let result = match self.breaker.permit() {
+            breaker::Permit::Refuse => Err(StoreError::CircuitOpen),
+            breaker::Permit::Call => {
                 // Boxed: a Redis call's future is large (the client's command and reply
                 // state), and in place it would size every request's future, including the
                 // ones that never ask Redis (unrouted, local-first), which are moved as they
@@ -339,7 +472,7 @@ impl Stores {
             // Only the probe marks the store up again: it checks every connection first.
             Ok(decision) => Some((decision, How::Answered)),
             Err(error) => {
-                if !matches!(error, StoreError::CircuitOpen) && self.shared().is_some() {
+                if !matches!(error, StoreError::CircuitOpen) {
                     self.cause.set(error.cause());
                 }
                 if self.up.swap(false, Ordering::Relaxed) {
@@ -349,6 +482,24 @@ impl Stores {
                 self.apply_on_error(checks).await
             }
         }
+    }
+
+    /// The connected store, once the first connection attempt (being made now) has ended, or
+    /// None when it failed (the attempt marked the store down and named its cause) or the wait
+    /// ran out (see [`FirstAttempt::wait`]). The first wait and the first wait that ran out are
+    /// logged, with the cause `not_connected`.
+    async fn first_connection(&self) -> Option<&Store> {
+        if !self.first.ended() && !self.first.waited.swap(true, Ordering::Relaxed) {
+            tracing::info!(store_cause = Cause::NotConnected.as_str(), at_most = ?self.first_wait, "a request waits for the rate limit store's first connection (not connected yet)");
+        }
+        if !self.first.wait(self.first_wait).await {
+            if !self.first.ran_out.swap(true, Ordering::Relaxed) {
+                let error = StoreError::NotConnected;
+                tracing::error!(store_cause = error.cause().as_str(), cause = %crate::error::chain(&error), waited = ?self.first_wait, on_error = %self.on_error, "the rate limit store's first connection is still being made; applying on_error to requests that waited for it as long as it may take");
+            }
+            return None;
+        }
+        self.shared()
     }
 
     /// Logs the failure that marked the store down, with its cause looked into first (in a
@@ -404,9 +555,11 @@ struct Probe {
     probe_now: Arc<tokio::sync::Notify>,
     cause: CauseCell,
     persistence: persistence::Check,
+    first: Arc<FirstAttempt>,
 }
 
 async fn connect_redis(config: RedisConfig, cell: Arc<OnceCell<Store>>, probe: Probe) {
+    probe.first.begin();
     let mut backoff = CONNECT_BACKOFF.0;
     let mut logged = None;
     let redis = loop {
@@ -417,6 +570,7 @@ async fn connect_redis(config: RedisConfig, cell: Arc<OnceCell<Store>>, probe: P
                 probe.cause.clear();
                 probe.up.store(true, Ordering::Relaxed);
                 let _ = cell.set(store);
+                probe.first.end();
                 probe.persistence.check(&redis).await;
                 break redis;
             }
@@ -430,6 +584,9 @@ async fn connect_redis(config: RedisConfig, cell: Arc<OnceCell<Store>>, probe: P
                     logged = Some(cause);
                 }
                 probe.up.store(false, Ordering::Relaxed);
+                // The first attempt failed: `on_error` applies from now on, and readiness
+                // says so (the requests waiting for the attempt are decided by it).
+                probe.first.end();
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(CONNECT_BACKOFF.1);
             }
@@ -566,6 +723,44 @@ mod tests {
         let (second, how) = local.decide_shared(&check).await.unwrap();
         assert_eq!(how, How::LocalFallback);
         assert!(!second.allowed, "the fallback counts in memory");
+    }
+
+    /// A first connection that hangs (a port that accepts and never answers): the store is
+    /// `connecting`, a decision waits for it at most twice the store timeout and then gets
+    /// `on_error` under the cause `NotConnected`; a store that refuses ends its first attempt
+    /// at once, and its decisions do not wait.
+    #[tokio::test]
+    async fn a_decision_waits_for_the_first_connection_as_long_as_it_may_take() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = silent.local_addr().unwrap().port();
+        let config = throttle(&format!(
+            "store:\n  redis: {{ url: \"redis://127.0.0.1:{port}\", timeout: 200ms }}\n  on_error: allow\n"
+        ));
+        let hanging = stores(&config, None);
+        assert!(hanging.connecting() && !hanging.ready());
+        assert_eq!(hanging.cause(), Some(Cause::NotConnected));
+        let started = std::time::Instant::now();
+        let (_, how) = hanging.decide_shared(&[one_per_minute("k")]).await.unwrap();
+        assert_eq!(how, How::FailedOpen);
+        assert!(started.elapsed() >= Duration::from_millis(400));
+        // The attempt timed out (connecting, then finding out why) while the request waited:
+        // a store down for a timeout; or the wait ran out first: not connected yet.
+        let cause = hanging.cause();
+        assert!(
+            matches!(cause, Some(Cause::Timeout | Cause::NotConnected)),
+            "{cause:?}"
+        );
+
+        let refused = stores(&unreachable("allow"), None);
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while refused.connecting() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("a refused first attempt ends");
+        assert_eq!(refused.cause(), Some(Cause::Refused));
+        drop(silent);
     }
 
     /// A reload keeps the stores (and their counts) when the store settings are the same,

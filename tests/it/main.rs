@@ -20,6 +20,7 @@ mod disconnects;
 mod exchange_record;
 mod explain;
 mod faults;
+mod first_request;
 mod fleet_top;
 mod grpc;
 mod hostile;

@@ -111,6 +111,7 @@ async fn metrics_count_decisions_and_upstream_responses_per_route() {
         "timeout",
         "auth_failed",
         "script_error",
+        "not_connected",
         "other",
     ] {
         assert_has(

@@ -419,9 +419,9 @@ async fn readyz_names_the_cause_while_on_error_keeps_the_instance_ready() {
     assert!(counted > 0.0, "no store error counted");
 }
 
-/// While the first connection is being made, `/readyz` says so: a bare `ready` would tell an
-/// operator (and a test) that the store decides while every request still fails open. Redis
-/// frozen from the start keeps the first attempt waiting for the store's timeout.
+/// While the first connection is being made, `/readyz` says so, and is not ready whatever
+/// `on_error` says: requests arriving then wait for the connection (see first_request.rs).
+/// Redis frozen from the start keeps the first attempt waiting for the store's timeout.
 #[tokio::test]
 async fn readyz_says_the_store_is_not_connected_yet_until_it_is() {
     let redis = RedisServer::start();
@@ -431,10 +431,10 @@ async fn readyz_says_the_store_is_not_connected_yet_until_it_is() {
         limited(&redis, &up).store(store::redis(&redis.url()).timeout("5s").on_error("allow"));
     let tollgate = start(config, no_change).await;
     let (status, readyz) = tollgate.admin_get("/readyz").await;
-    assert_eq!(status, StatusCode::OK, "{readyz}");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{readyz}");
     assert_eq!(
         readyz,
-        "ready\nrate limit store down (not connected yet); on_error: allow applies\n"
+        "rate limit store not connected yet: its first connection is being made\n"
     );
     redis.resume();
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -444,4 +444,5 @@ async fn readyz_says_the_store_is_not_connected_yet_until_it_is() {
     }
     assert_eq!(tollgate.request().await, StatusCode::OK);
     assert_eq!(tollgate.store_errors("other").await, 0.0);
+    assert_eq!(tollgate.store_errors("not_connected").await, 0.0);
 }

@@ -100,8 +100,8 @@ pub async fn serve(config: &super::config::Config) -> Served {
     let deadline = Instant::now() + Duration::from_secs(10);
     let ready = format!("http://{}/readyz", served.admin);
     loop {
-        // A bare `ready`: with `on_error: allow` or `local` the instance is ready before its
-        // store connects, and a second line says so.
+        // A bare `ready`: with `on_error: allow` or `local` an instance whose store failed
+        // is ready too, and a second line says so.
         if let Ok(response) = super::http1_client().request(super::get(&ready)).await {
             if response.status() == http::StatusCode::OK && super::text(response).await == "ready\n"
             {

@@ -68,8 +68,9 @@ impl ProxyBuilder {
 
 impl ProxyHandle {
     /// Waits (at most 5 s) until its admin listener's `/readyz` answers a bare `ready`: a Redis
-    /// store connects in the background, and with `on_error: allow` or `local` the instance is
-    /// ready (with a second line saying so) before its store decides anything.
+    /// store connects in the background (`/readyz` is 503 until its first attempt ends), and
+    /// with `on_error: allow` or `local` an instance whose store failed is ready with a second
+    /// line saying so.
     pub async fn wait_ready(&self) {
         let admin = self.admin.expect("an admin listener");
         let mut last = String::new();
