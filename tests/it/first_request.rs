@@ -199,6 +199,7 @@ fn limited(up: &Upstream, limit: Limit, store: Store) -> Config {
 /// request is decided in Redis: exactly 10, in each of five rounds with fresh replicas and keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_fresh_replicas_admit_exactly_the_limit_from_their_first_request() {
+    let _turn = heavy_turn().await;
     let redis = RedisServer::start();
     let up = upstream().start().await;
     let spinners = [Spinner::start(), Spinner::start()];
