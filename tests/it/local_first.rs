@@ -13,6 +13,9 @@ use http::{Request, StatusCode};
 
 const PREFIX: &str = "tg-sync:";
 
+/// One fleet of four replicas at a time: their bounds are timed in sync intervals.
+static FLEET: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 const REPLICAS: usize = 4;
 const CLIENTS_PER_REPLICA: usize = 100;
 const LIMIT: usize = 100;
@@ -206,6 +209,7 @@ async fn hammer(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_replicas_stay_within_the_bound_for_every_algorithm() {
+    let _fleet = FLEET.lock().await;
     let _turn = heavy_turn().await;
     let redis = RedisServer::start();
     within_the_bound(
@@ -218,6 +222,7 @@ async fn four_replicas_stay_within_the_bound_for_every_algorithm() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_replicas_stay_within_the_bound_on_a_cluster() {
+    let _fleet = FLEET.lock().await;
     let _turn = heavy_turn().await;
     let cluster = tokio::task::block_in_place(RedisCluster::start);
     let target = store::cluster(cluster.urls());
@@ -290,6 +295,7 @@ async fn within_the_bound(yaml: &Config, what: &str, late_write: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_redis_divides_the_limit_and_its_return_counts_every_unit_once() {
     const TOTAL: usize = 400;
+    let _fleet = FLEET.lock().await;
     let _turn = heavy_turn().await;
     let redis = RedisServer::start();
     let up = upstream().start().await;
@@ -418,6 +424,7 @@ async fn freeze_after_the_reads(redis: &RedisServer, proxies: &[ProxyHandle]) {
 /// its Retry-After is admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_client_retrying_at_retry_after_succeeds() {
+    let _fleet = FLEET.lock().await;
     let _turn = heavy_turn().await;
     let redis = RedisServer::start();
     let up = upstream().start().await;
@@ -544,6 +551,7 @@ async fn flood_addrs(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn continuous_traffic_over_all_replicas_spends_the_whole_limit() {
     const FLOOD_LIMIT: usize = 200;
+    let _fleet = FLEET.lock().await;
     let _turn = heavy_turn().await;
     let redis = RedisServer::start();
     let up = upstream().start().await;
@@ -645,6 +653,7 @@ async fn late_rounds(proxies: &[ProxyHandle]) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rounds_made_late_again_and_again_keep_the_bound() {
     const FLOOD_LIMIT: usize = 200;
+    let _fleet = FLEET.lock().await;
     let _turn = heavy_turn().await;
     let redis = RedisServer::start();
     let up = upstream().start().await;
