@@ -9,7 +9,7 @@
 //! an application reads whole. And the lingering close's bounds, with a raw client that never
 //! stops sending.
 //!
-//! The tools come from Debian packages (`.ci/run` installs them): python3-requests,
+//! The tools come from Debian packages (`tests/run.sh` installs them): python3-requests,
 //! python3-flask, gunicorn, curl, nodejs, npm (and `npm ci` in tests/clients for Express). A
 //! test whose tool is missing fails, naming the package; none is skipped.
 
@@ -53,7 +53,7 @@ fn require_tool(program: &str, package: &str) {
         .stderr(Stdio::null())
         .status();
     if !ran.is_ok_and(|status| status.success()) {
-        panic!("`{program}` is missing: install the Debian package `{package}` (.ci/run does)");
+        panic!("`{program}` is missing: install the Debian package `{package}` (tests/run.sh does)");
     }
 }
 
@@ -67,7 +67,7 @@ fn require_python(module: &str, package: &str) {
         .status();
     if !ran.is_ok_and(|status| status.success()) {
         panic!(
-            "{python} cannot import `{module}`: install the Debian package `{package}` (.ci/run does)"
+            "{python} cannot import `{module}`: install the Debian package `{package}` (tests/run.sh does)"
         );
     }
 }
@@ -76,7 +76,7 @@ fn require_express() {
     require_tool("node", "nodejs");
     if !clients_dir().join("node_modules/express").is_dir() {
         panic!(
-            "Express is missing: run `npm ci` in tests/clients (Debian package `npm`; .ci/run does)"
+            "Express is missing: run `npm ci` in tests/clients (Debian package `npm`; tests/run.sh does)"
         );
     }
 }

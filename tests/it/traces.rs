@@ -41,7 +41,7 @@ impl Receiver {
         let python = root.join("tests/clients/.venv-otlp/bin/python");
         assert!(
             python.exists(),
-            "{} is missing: .ci/run creates it (python3 -m venv, then pip install grpcio protobuf opentelemetry-proto)",
+            "{} is missing: tests/run.sh creates it (python3 -m venv, then pip install grpcio protobuf opentelemetry-proto)",
             python.display()
         );
         let mut child = Command::new(&python)

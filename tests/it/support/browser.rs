@@ -31,7 +31,7 @@ fn find(env: &str, names: &[&str]) -> PathBuf {
         }
     }
     panic!(
-        "{} not found: install the Debian packages chromium and chromium-driver (.ci/run does), \
+        "{} not found: install the Debian packages chromium and chromium-driver (tests/run.sh does), \
          or set {env} to the binary",
         names[0]
     );
