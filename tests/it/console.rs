@@ -553,7 +553,9 @@ async fn console_protect_panel_names_its_fields_for_a_person() {
     let browser = browser::launch("protect").await;
     browser.goto(&console_url(&proxy)).await;
     browser
-        .until_text("#protect", "the protection's state", |t| !t.is_empty())
+        .until_text("#protect", "the protection's state to its last row", |t| {
+            t.contains("low priority")
+        })
         .await;
     let labels = browser.texts("#protect dt").await;
     assert_eq!(

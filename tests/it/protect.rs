@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use crate::support::{heavy_turn, proxy, CapacityApp, OpenLoop, ProxyHandle};
+use crate::support::{heavy_alone, proxy, CapacityApp, OpenLoop, ProxyHandle};
 use futures_util::{SinkExt, StreamExt};
 use http_body_util::BodyExt;
 use serde_json::Value;
@@ -35,9 +35,6 @@ const CAPACITY: f64 = 160.0;
 /// 13–14 (2026-11-27, two CPU-bound loops beside other builds). A limit of 3 for the 4 slots
 /// serves at most 75 %.
 const GOODPUT_SHARE: f64 = 0.8;
-
-/// One scenario at a time: each measures, and two at once would measure each other.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The proxy with an admin listener in front of `app`, with `extra` YAML (routes, protect).
 async fn front(app: &CapacityApp, extra: &str) -> ProxyHandle {
@@ -114,8 +111,7 @@ async fn measured_capacity(app: &CapacityApp) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_three_times_capacity_goodput_and_latency_hold() {
-    let _serial = SERIAL.lock().await;
-    let _turn = heavy_turn().await;
+    let _alone = heavy_alone().await;
     let app = CapacityApp::start(SLOTS, SERVICE);
     let front = front(&app, PROTECT).await;
     let capacity = measured_capacity(&app).await;
@@ -144,8 +140,7 @@ async fn at_three_times_capacity_goodput_and_latency_hold() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_high_fifth_is_served_while_low_is_shed() {
-    let _serial = SERIAL.lock().await;
-    let _turn = heavy_turn().await;
+    let _alone = heavy_alone().await;
     let app = CapacityApp::start(SLOTS, SERVICE);
     let routes = "routes:\n  - name: urgent\n    match: { headers: { X-Priority: high } }\n    priority: high\n  - name: rest\n    match: { path_prefix: / }\n    priority: low\n";
     let front = front(&app, &format!("{PROTECT}{routes}")).await;
@@ -182,8 +177,7 @@ async fn the_high_fifth_is_served_while_low_is_shed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_half_of_capacity_nothing_is_shed() {
-    let _serial = SERIAL.lock().await;
-    let _turn = heavy_turn().await;
+    let _alone = heavy_alone().await;
     let app = CapacityApp::start(SLOTS, SERVICE);
     let front = front(&app, PROTECT).await;
     let report = OpenLoop::new(format!("http://{}", front.addr))
@@ -198,8 +192,7 @@ async fn at_half_of_capacity_nothing_is_shed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_degraded_app_is_followed_within_two_seconds_and_its_recovery_within_five() {
-    let _serial = SERIAL.lock().await;
-    let _turn = heavy_turn().await;
+    let _alone = heavy_alone().await;
     let app = CapacityApp::start(SLOTS, SERVICE);
     let front = front(&app, PROTECT).await;
     let capacity = measured_capacity(&app).await;
@@ -244,8 +237,7 @@ async fn a_degraded_app_is_followed_within_two_seconds_and_its_recovery_within_f
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_tunnel_and_a_streaming_response_do_not_pin_the_limit() {
-    let _serial = SERIAL.lock().await;
-    let _turn = heavy_turn().await;
+    let _alone = heavy_alone().await;
     let app = CapacityApp::start(SLOTS, SERVICE);
     // A limit of at most 10: ten long-lived exchanges would hold all of it if they counted.
     let front = front(&app, "protect:\n  max_wait: 50ms\n  max_limit: 10\n").await;
@@ -324,8 +316,7 @@ async fn a_websocket_tunnel_and_a_streaming_response_do_not_pin_the_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shadow_mode_never_sheds_and_reports_what_it_would_have() {
-    let _serial = SERIAL.lock().await;
-    let _turn = heavy_turn().await;
+    let _alone = heavy_alone().await;
     let app = CapacityApp::start(SLOTS, SERVICE);
     let front = front(&app, "protect:\n  mode: shadow\n").await;
     unloaded_p99(&front).await;
@@ -356,8 +347,7 @@ async fn shadow_mode_never_sheds_and_reports_what_it_would_have() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_from_the_app_bring_the_limit_down() {
-    let _serial = SERIAL.lock().await;
-    let _turn = heavy_turn().await;
+    let _alone = heavy_alone().await;
     let app = CapacityApp::start(SLOTS, SERVICE);
     let front = front(&app, PROTECT).await;
     let before = state(&front).await["limit"].as_u64().unwrap();
@@ -377,8 +367,7 @@ async fn errors_from_the_app_bring_the_limit_down() {
 /// was served at, a paced level, and the last cut with its cause, when, from what to what.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn protect_shows_why_the_limit_is_where_it_is() {
-    let _serial = SERIAL.lock().await;
-    let _turn = heavy_turn().await;
+    let _alone = heavy_alone().await;
     let app = CapacityApp::start(SLOTS, SERVICE);
     let front = front(&app, PROTECT).await;
     let fresh = state(&front).await;
@@ -427,8 +416,7 @@ async fn protect_shows_why_the_limit_is_where_it_is() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_protect_nothing_is_shed_and_nothing_of_it_shows() {
-    let _serial = SERIAL.lock().await;
-    let _turn = heavy_turn().await;
+    let _alone = heavy_alone().await;
     let app = CapacityApp::start(SLOTS, SERVICE);
     let front = front(&app, "").await;
     let report = OpenLoop::new(format!("http://{}", front.addr))
@@ -449,8 +437,7 @@ async fn without_protect_nothing_is_shed_and_nothing_of_it_shows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shed_request_is_told_the_app_is_overloaded() {
-    let _serial = SERIAL.lock().await;
-    let _turn = heavy_turn().await;
+    let _alone = heavy_alone().await;
     // One slot of a long time, a limit of one, no wait: the second request is shed.
     let app = CapacityApp::start(1, Duration::from_millis(800));
     let front = front(
@@ -494,8 +481,7 @@ async fn a_shed_request_is_told_the_app_is_overloaded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_over_its_quota_never_takes_a_slot() {
-    let _serial = SERIAL.lock().await;
-    let _turn = heavy_turn().await;
+    let _alone = heavy_alone().await;
     let app = CapacityApp::start(SLOTS, SERVICE);
     let front = front(
         &app,

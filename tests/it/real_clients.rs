@@ -53,7 +53,9 @@ fn require_tool(program: &str, package: &str) {
         .stderr(Stdio::null())
         .status();
     if !ran.is_ok_and(|status| status.success()) {
-        panic!("`{program}` is missing: install the Debian package `{package}` (tests/run.sh does)");
+        panic!(
+            "`{program}` is missing: install the Debian package `{package}` (tests/run.sh does)"
+        );
     }
 }
 
