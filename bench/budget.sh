@@ -9,6 +9,11 @@
 #   exact         tollgate, one exact gcra limit: one EVALSHA per request (/allowed/)
 #   local-first   tollgate, the same limit with `sync: 100ms`                  (/allowed/)
 #
+# Per request means the work a request adds: what a server does by itself on its timers is
+# measured in an idle window and taken out, and so are the tasks that run once an interval
+# (the local-first sync rounds, the suggest record's publication; see `measure` and `APART`
+# below). About a minute and a half.
+#
 # and fails (exit 1) when a path is over its budget:
 #
 #   plain ≤ 1.10 × floor,  exact ≤ 1.10 × floor+redis,  local-first ≤ 1.15 × floor
@@ -16,13 +21,13 @@
 # Exit 2: the measurement itself failed (a server did not start, a request was not answered
 # 2xx, nothing was counted). The budgets are in docs/performance.md.
 #
-# The build: one cargo profile for tollgate and the floor, so that the ratios compare like
-# with like. By default `budget` (Cargo.toml: release without fat LTO, 16 codegen units, a
-# fraction of the release build's time on two cores). Both servers spend most of their
-# instructions in hyper, Tokio and redis-rs, generic code that is inlined into the crate
-# using it whatever the LTO setting, and the ratios of a budget build and of the shipped
-# release build agree to within about 1 % (docs/performance.md); `PROFILE=release` checks the
-# shipped build itself.
+# The build: the shipped release profile (fat LTO, one codegen unit) for tollgate and the
+# floor alike, so that the ratios are those of what ships. A profile of its own would not be
+# cheaper: with fat LTO the dependencies are compiled to bitcode only and generated once, at
+# the link, while a profile without LTO generates code for every dependency; on the 2-core
+# machine a fresh build of both took 9 min 15 s of CPU for release and 10 min for release
+# without LTO and with 16 codegen units (10.8 and 18.5 min of wall time, each beside another
+# engineer's test build). PROFILE=NAME measures another profile's builds.
 #
 # Needs (installs nothing): valgrind (callgrind_control), wrk, nginx (the upstream, in
 # /usr/sbin or on PATH), redis-server, curl, python3, cargo. Debian packages: valgrind wrk
@@ -30,7 +35,7 @@
 #
 # Usage: bench/budget.sh
 # Knobs (environment):
-#   PROFILE=budget         the cargo profile both servers are built with
+#   PROFILE=release        the cargo profile both servers are built with
 #   NO_BUILD=1             measure what target/<profile>/ holds
 #   TOLLGATE_BIN, FLOOR_BIN  measure these binaries instead (implies no build)
 #   SECONDS_MEASURED=4     seconds of load counted per server, after 1 s of warm-up
@@ -41,7 +46,7 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
-PROFILE=${PROFILE:-budget}
+PROFILE=${PROFILE:-release}
 MEASURED=${SECONDS_MEASURED:-4}
 BUDGET_PLAIN=${BUDGET_PLAIN:-1.10}
 BUDGET_EXACT=${BUDGET_EXACT:-1.10}
@@ -60,10 +65,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   exit 2
 fi
 
-# cargo names the release profile's directory `release`, any other profile's after itself.
+# cargo builds profile `dev` into target/debug, every other into target/<profile>.
 TARGET_DIR=${CARGO_TARGET_DIR:-"$ROOT/target"}
-TOLLGATE=${TOLLGATE_BIN:-"$TARGET_DIR/$PROFILE/tollgate"}
-FLOOR=${FLOOR_BIN:-"$TARGET_DIR/$PROFILE/examples/hyper_floor"}
+OUT_DIR=$PROFILE
+[ "$PROFILE" = dev ] && OUT_DIR=debug
+TOLLGATE=${TOLLGATE_BIN:-"$TARGET_DIR/$OUT_DIR/tollgate"}
+FLOOR=${FLOOR_BIN:-"$TARGET_DIR/$OUT_DIR/examples/hyper_floor"}
 if [ "${NO_BUILD:-0}" != 1 ] && [ -z "${TOLLGATE_BIN:-}${FLOOR_BIN:-}" ]; then
   log "building tollgate and the hyper floor (profile $PROFILE)"
   started=$SECONDS
@@ -100,14 +107,15 @@ config_head 1 >"$WORK/floor-redis.yaml"
 { config_head 1; routes | sed -E 's/^( *- \{ algorithm: .*[^ ]) *\} *$/\1, sync: 100ms }/'; } >"$WORK/local.yaml"
 grep -q 'sync: 100ms' "$WORK/local.yaml" || { log "no local-first limit in $WORK/local.yaml"; exit 2; }
 
-# measure NAME BIN CONFIG SCENARIO: prints "<requests> <per request> <background per second>".
-# After start-up and 1 s of warm-up, two windows are counted: SECONDS_MEASURED seconds with no
-# load (what the server's timers do by themselves: the configuration file's poll, the metrics'
-# upkeep, the sync rounds, the suggest record's publication), then as long under `wrk -t1 -c1`
-# (bench/wrk.lua's SCENARIO). Per request is the loaded window less the idle window's rate of
-# background work over its length, divided by the requests answered: under callgrind a server
-# answers a few hundred requests a second, and how many depends on what else runs on the
-# machine, so background work per second counted per request would move with the machine's load.
+# measure NAME BIN CONFIG SCENARIO: prints "<requests> <per request> <idle work per second>
+# <interval tasks' work per second>". After start-up and 1 s of warm-up, two windows are
+# counted: SECONDS_MEASURED seconds with no load (what the server's timers do by themselves:
+# the configuration file's poll, the metrics' upkeep, the watches of the store), then as long
+# under `wrk -t1 -c1` (bench/wrk.lua's SCENARIO). Per request is the loaded window less the
+# interval tasks (APART) and less the idle window's rate over its length, divided by the
+# requests answered: under callgrind a server answers a few hundred to a few thousand requests
+# a second, as the machine's load lets it, so work per second counted per request would move
+# with that load.
 measure() {
   local name=$1 bin=$2 config=$3 scenario=$4 out="$WORK/$1.callgrind"
   valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out" \
@@ -154,33 +162,38 @@ measure() {
     cp "$out".1 "$KEEP/$name.idle.callgrind"
     cp "$out".2 "$KEEP/$name.callgrind"
   fi
-  local idle loaded rounds_idle rounds_loaded
+  local idle loaded apart_idle apart_loaded rounds_loaded
   idle=$(awk '/^summary:/ { print $2 }' "$out".1)
   loaded=$(awk '/^summary:/ { print $2 }' "$out".2)
-  rounds_idle=$(rounds "$out".1)
-  rounds_loaded=$(rounds "$out".2)
+  apart_idle=$(inclusive "$out".1 "${APART[@]}")
+  apart_loaded=$(inclusive "$out".2 "${APART[@]}")
+  rounds_loaded=$(inclusive "$out".2 "${APART[0]}")
   if [ "$name" = local-first ] && [ "$rounds_loaded" = 0 ]; then
-    log "$name: no $ROUNDS_FN in the profile (renamed? update bench/budget.sh)"
+    log "$name: no ${APART[0]} in the profile (renamed? update APART in bench/budget.sh)"
     return 1
   fi
   python3 -c "
-idle_rate = ($idle - $rounds_idle) / ($t1 - $t0)
-per = ($loaded - $rounds_loaded - idle_rate * ($t2 - $t1)) / $requests
-print($requests, round(per), round(idle_rate), round($rounds_loaded / ($t2 - $t1)))"
+idle_rate = ($idle - $apart_idle) / ($t1 - $t0)
+per = ($loaded - $apart_loaded - idle_rate * ($t2 - $t1)) / $requests
+print($requests, round(per), round(idle_rate), round($apart_loaded / ($t2 - $t1)))"
 }
 
-# The local-first sync rounds' task: a round every interval whatever the traffic, its cost per
-# round growing with the keys it carries. Under callgrind a round falls every few dozen
-# requests (at full speed, every several thousand), and how many depends on the machine's
-# load, so its instructions are counted apart (bench/sync_cost.sh measures a round's cost).
-ROUNDS_FN='tollgate::control::sync::rounds::{{closure}}'
-rounds() { # profile: the inclusive instructions of ROUNDS_FN in it (0 without)
-  callgrind_annotate --inclusive=yes --threshold=100 "$1" 2>/dev/null |
-    awk -v fn="$ROUNDS_FN" 'index($0, ":" fn " [") { gsub(",", "", $1); n += $1 } END { print n + 0 }'
-}
-
-load() { # scenario seconds: wrk's summary line
-  SCENARIO=$1 wrk -t1 -c1 -d"$2"s -s "$HERE/wrk.lua" "http://127.0.0.1:$PORT" | grep WRKSUMMARY
+# Tasks that run once an interval whatever the traffic, their cost per run growing with the
+# keys they carry: the local-first sync rounds (every `sync` interval) and the publication of
+# the suggest record (every 5 s). Under callgrind a server answers a few hundred to a few
+# thousand requests a second, so a round falls every few dozen requests (at full speed, every
+# several thousand) and a 4 s window holds a publication or none: their instructions are
+# counted apart, by the inclusive cost of each task's future (bench/sync_cost.sh measures a
+# round's cost). The first must be found in the local-first run.
+APART=('tollgate::control::sync::rounds::{{closure}}' 'tollgate::suggest::publish_loop::{{closure}}')
+inclusive() { # profile fn...: the inclusive instructions of these functions in it (0 without)
+  local profile=$1
+  shift
+  callgrind_annotate --inclusive=yes --threshold=100 "$profile" 2>/dev/null |
+    awk -v fns="$(printf '%s\n' "$@")" '
+      BEGIN { n = split(fns, want, "\n") }
+      { for (i = 1; i <= n; i++) if (want[i] != "" && index($0, ":" want[i] " [")) { gsub(",", "", $1); sum += $1 } }
+      END { print sum + 0 }'
 }
 
 declare -A PER
@@ -190,9 +203,9 @@ for run in "floor $FLOOR floor plain" "floor+redis $FLOOR floor-redis allowed" \
   read -r name bin config scenario <<<"$run"
   log "$name: ${MEASURED}s under callgrind"
   result=$(measure "$name" "$bin" "$WORK/$config.yaml" "$scenario") || exit 2
-  read -r n per background rounds_rate <<<"$result"
+  read -r n per background apart_rate <<<"$result"
   PER[$name]=$per
-  log "$name: $n requests, $per instructions each; apart: $background a second idle, sync rounds $rounds_rate a second"
+  log "$name: $n requests, $per instructions each; apart: $background a second idle, interval tasks $apart_rate a second"
 done
 
 python3 - "${PER[floor]}" "${PER[floor+redis]}" "${PER[plain]}" "${PER[exact]}" \
