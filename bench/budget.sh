@@ -38,7 +38,7 @@
 #   PROFILE=release        the cargo profile both servers are built with
 #   NO_BUILD=1             measure what target/<profile>/ holds
 #   TOLLGATE_BIN, FLOOR_BIN  measure these binaries instead (implies no build)
-#   SECONDS_MEASURED=4     seconds of load counted per server, after 1 s of warm-up
+#   SECONDS_MEASURED=6     seconds counted idle, then as many under load, per server
 #   KEEP=DIR               keep each callgrind profile in DIR, for callgrind_annotate
 #   BUDGET_PLAIN=1.10 BUDGET_EXACT=1.10 BUDGET_LOCAL=1.15
 # Everything listens on 127.0.0.1; every process started here is stopped on exit.
@@ -47,7 +47,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
 PROFILE=${PROFILE:-release}
-MEASURED=${SECONDS_MEASURED:-4}
+MEASURED=${SECONDS_MEASURED:-6}
 BUDGET_PLAIN=${BUDGET_PLAIN:-1.10}
 BUDGET_EXACT=${BUDGET_EXACT:-1.10}
 BUDGET_LOCAL=${BUDGET_LOCAL:-1.15}
@@ -194,6 +194,10 @@ inclusive() { # profile fn...: the inclusive instructions of these functions in 
       BEGIN { n = split(fns, want, "\n") }
       { for (i = 1; i <= n; i++) if (want[i] != "" && index($0, ":" want[i] " [")) { gsub(",", "", $1); sum += $1 } }
       END { print sum + 0 }'
+}
+
+load() { # scenario seconds: wrk's summary line
+  SCENARIO=$1 wrk -t1 -c1 -d"$2"s -s "$HERE/wrk.lua" "http://127.0.0.1:$PORT" | grep WRKSUMMARY
 }
 
 declare -A PER
