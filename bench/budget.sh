@@ -80,6 +80,7 @@ fi
 for bin in "$TOLLGATE" "$FLOOR"; do
   [ -x "$bin" ] || { log "no $bin"; exit 2; }
 done
+log "measuring $TOLLGATE against $FLOOR"
 
 WORK=$(mktemp -d)
 CLEANUP_DIR=$WORK
@@ -182,9 +183,11 @@ print($requests, round(per), round(idle_rate), round($apart_loaded / ($t2 - $t1)
 # keys they carry: the local-first sync rounds (every `sync` interval) and the publication of
 # the suggest record (every 5 s). Under callgrind a server answers a few hundred to a few
 # thousand requests a second, so a round falls every few dozen requests (at full speed, every
-# several thousand) and a 4 s window holds a publication or none: their instructions are
-# counted apart, by the inclusive cost of each task's future (bench/sync_cost.sh measures a
-# round's cost). The first must be found in the local-first run.
+# several thousand) and a window of a few seconds holds a publication or none: their
+# instructions are counted apart, by the inclusive cost of each task's future
+# (bench/sync_cost.sh measures a round's cost). The first must be found in the local-first
+# run. What the rounds cost elsewhere (the Redis connection's task reading their replies)
+# still counts per request: local-first moves by up to 10 % between runs.
 APART=('tollgate::control::sync::rounds::{{closure}}' 'tollgate::suggest::publish_loop::{{closure}}')
 inclusive() { # profile fn...: the inclusive instructions of these functions in it (0 without)
   local profile=$1
