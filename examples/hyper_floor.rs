@@ -7,7 +7,8 @@
 //! accepting on the shared listener and keeping its own stack of keep-alive upstream
 //! connections (a checkout pops, the end of the response body pushes back).
 //!
-//! Not a product: `bench/floor.sh` runs it beside nginx and tollgate (docs/performance.md).
+//! Not a product: `bench/run.sh` runs it beside nginx and tollgate, and `bench/budget.sh` holds
+//! tollgate's instructions per request to a budget against it (docs/performance.md).
 //!
 //! It reads tollgate's own configuration file (`listen`, `upstream.url` and `workers`, nothing
 //! else), so the benchmark scripts can run it in tollgate's place:
@@ -222,6 +223,9 @@ fn main() -> std::io::Result<()> {
                     Some((client, key_prefix)) => Some(Decider::connect(client, key_prefix).await),
                     None => None,
                 };
+                // bench/budget.sh waits for one such line per thread, so that no start-up
+                // work lands in what it counts.
+                eprintln!("hyper_floor: serving thread ready");
                 serve(listener, upstream, decider).await
             })
         }));

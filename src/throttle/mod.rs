@@ -197,6 +197,17 @@ impl LimitStage {
         &self.denials
     }
 
+    /// Whether `route` decides nothing for any caller: no limits, no tiers, and no allow list
+    /// (the route's or the global one) that would admit a caller as exempt. Such a route's
+    /// requests are admitted as [`LimitStage::limit`] would admit them (undecided, identity
+    /// "none") without identifying the caller.
+    pub fn decides_nothing(&self, route: &Route) -> bool {
+        route.limits.is_empty()
+            && route.tiers.is_empty()
+            && route.allow.is_empty()
+            && self.config.allow.is_empty()
+    }
+
     /// The limit stage: decides for `caller` on `route`. An allow-listed caller is admitted
     /// without a decision; a caller the deny cache knows to be over a limit is refused without
     /// asking the store. `Err`: an identity refused the caller (a credential refused by an

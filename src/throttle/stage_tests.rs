@@ -207,3 +207,34 @@ async fn delay_mode_waits_for_room_within_max_delay_then_refuses() {
     }
     assert!(refused > 0, "all ten fitted within 500 ms");
 }
+
+/// A route that decides nothing (no limits, tiers or allow list, here or global) is admitted
+/// by the proxy without asking the stage (`LimitStage::decides_nothing`): what the stage would
+/// answer must be what the proxy assumes, undecided with identity "none"; a tier or an allow
+/// list on such a route needs the stage.
+#[tokio::test]
+async fn a_route_that_decides_nothing_is_admitted_undecided_as_the_proxy_assumes() {
+    let bare = "routes:\n  - name: api\n";
+    let plain = config(&format!("{USER}{bare}"));
+    let plain_stage = stage(&plain);
+    let plain_route = route(&plain);
+    assert!(plain_stage.decides_nothing(plain_route));
+    for user in [Some("alice"), None] {
+        let outcome = admitted(limit(&plain_stage, plain_route, user).await);
+        assert_eq!(outcome.reason, AdmitReason::Decided);
+        assert_eq!(outcome.identity, "none");
+        assert!(std::ptr::eq(outcome.set, &plain_route.limits));
+        assert!(outcome.verdicts.is_empty() && outcome.key.is_empty());
+        assert!(outcome.leases.is_none() && outcome.settlement.is_none());
+        assert!(outcome.policy.is_none());
+    }
+    for needs_the_stage in [
+        format!("{USER}allow:\n  client_ips: [198.51.100.0/24]\n{bare}"),
+        format!("{USER}{bare}    allow:\n      identities:\n        user: [vip]\n"),
+        format!("{USER}{bare}    key: user\n    overrides:\n      - {{ name: partner, values: [p], limits: [ {{ algorithm: fixed_window, limit: 3, period: 1m }} ] }}\n"),
+        format!("{USER}routes:\n  - name: api\n    limits:\n      - {{ algorithm: fixed_window, limit: 1, period: 1m }}\n"),
+    ] {
+        let other = config(&needs_the_stage);
+        assert!(!stage(&other).decides_nothing(route(&other)), "{needs_the_stage}");
+    }
+}

@@ -32,6 +32,21 @@ pub async fn limit<'a>(
     let Some(routed) = routes.routed else {
         return Ok(None);
     };
+    // A route without limits, tiers or allow lists: admitted as the store path below would
+    // admit it (identity "none", nothing decided, nothing owed), without identifying the
+    // caller or building the decision's future.
+    if routes.also.is_empty() && runtime.limits.decides_nothing(routed.route) {
+        let outcome = crate::throttle::admitted_undecided(
+            &routed.route.limits,
+            "none",
+            crate::throttle::AdmitReason::Decided,
+        );
+        record.decided(&outcome);
+        return match outcome {
+            LimitOutcome::Admitted(admitted) => Ok(Some(admitted)),
+            _ => unreachable!("admitted_undecided admits"),
+        };
+    }
     // Boxed: the rare case, whose future would otherwise size every request's.
     let also_held = match routes.also.is_empty() {
         true => Holdings::default(),
