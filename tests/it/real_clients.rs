@@ -284,6 +284,7 @@ async fn limited_proxy(upstream: &str) -> ProxyHandle {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_http_client_uploads_over_the_limit_get_their_413_every_time() {
+    let _turn = heavy_turn().await;
     let up = upstream().start().await;
     let proxy = limited_proxy(&up.url()).await;
     let url = proxy.url("/upload");
@@ -310,6 +311,7 @@ async fn python_http_client_uploads_over_the_limit_get_their_413_every_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_client_library_gets_the_413_of_an_upload_over_the_limit() {
+    let _turn = heavy_turn().await;
     let up = upstream().start().await;
     let proxy = limited_proxy(&up.url()).await;
     let url = proxy.url("/upload");
@@ -345,6 +347,7 @@ async fn every_client_library_gets_the_413_of_an_upload_over_the_limit() {
 /// answer and nothing lingers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_413_reaches_clients_over_tls_and_http2() {
+    let _turn = heavy_turn().await;
     let dir = tempfile::tempdir().unwrap();
     write_private_ca(
         dir.path(),
@@ -433,6 +436,7 @@ async fn the_413_reaches_clients_over_tls_and_http2() {
 /// reads and discards it; either way the client, still sending, gets the answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_apps_early_401_or_413_to_an_upload_reaches_the_client() {
+    let _turn = heavy_turn().await;
     let flask = App::flask().await;
     let express = App::express().await;
     let size = (3 * MIB).to_string();
@@ -460,6 +464,7 @@ async fn an_apps_early_401_or_413_to_an_upload_reaches_the_client() {
 /// Uploads under the limit reach the applications whole, from every client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uploads_under_the_limit_reach_flask_and_express_whole() {
+    let _turn = heavy_turn().await;
     require_python("requests", "python3-requests");
     let flask = App::flask().await;
     let express = App::express().await;
@@ -500,6 +505,7 @@ async fn uploads_under_the_limit_reach_flask_and_express_whole() {
 /// reports it; past the limit each client reads a 429 and its `Retry-After`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alive_clients_back_to_back_and_the_retry_after_of_a_429() {
+    let _turn = heavy_turn().await;
     require_python("requests", "python3-requests");
     let flask = App::flask().await;
     let express = App::express().await;
@@ -592,6 +598,7 @@ fn assert_retry_after(out: &Value, client: &str) {
 /// admitted and read whole by the app, the rest are refused and still reach `http.client`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limits_429_to_an_upload_reaches_http_client() {
+    let _turn = heavy_turn().await;
     let flask = App::flask().await;
     let yaml = config()
         .upstream(&flask.url())
@@ -655,6 +662,7 @@ async fn upload_without_end(
 /// the proxy serves on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_stops_sending_is_cut_at_the_bound() {
+    let _turn = heavy_turn().await;
     let up = upstream().start().await;
     let start = |bounds: &str| {
         let yaml = config()

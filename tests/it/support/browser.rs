@@ -44,10 +44,14 @@ pub struct Browser {
     _profile: tempfile::TempDir,
     /// The test's name: its screenshots are `<name>-<step>.png`.
     name: String,
+    /// Chromium is heavy for a 2-core machine: a browser counts as a heavy test while it
+    /// lives (see `super::heavy_turn`).
+    _turn: tokio::sync::SemaphorePermit<'static>,
 }
 
 /// Starts chromedriver and a headless Chromium session for test `name`.
 pub async fn launch(name: &str) -> Browser {
+    let turn = super::heavy_turn().await;
     let chromium = find(
         "CHROMIUM",
         &["chromium", "chromium-browser", "google-chrome"],
@@ -116,6 +120,7 @@ pub async fn launch(name: &str) -> Browser {
         stopped: false,
         _profile: profile,
         name: name.to_owned(),
+        _turn: turn,
     }
 }
 
