@@ -552,33 +552,34 @@ async fn console_protect_panel_names_its_fields_for_a_person() {
     assert_eq!(status, StatusCode::OK, "{state}");
     let browser = browser::launch("protect").await;
     browser.goto(&console_url(&proxy)).await;
-    browser
-        .until_text("#protect", "the protection's state to its last row", |t| {
-            t.contains("low priority")
-        })
-        .await;
-    let labels = browser.texts("#protect dt").await;
-    assert_eq!(
-        labels,
-        [
-            "mode",
-            "limit",
-            "in flight",
-            "waiting",
-            "latency now",
-            "baseline latency",
-            "target",
-            "errors",
-            "state",
-            "last cut",
-            "settings",
-            "critical priority",
-            "high priority",
-            "normal priority",
-            "low priority"
-        ]
-    );
-    let values = browser.texts("#protect dd").await;
+    let expected = [
+        "mode",
+        "limit",
+        "in flight",
+        "waiting",
+        "latency now",
+        "baseline latency",
+        "target",
+        "errors",
+        "state",
+        "last cut",
+        "settings",
+        "critical priority",
+        "high priority",
+        "normal priority",
+        "low priority",
+    ];
+    // The panel is redrawn on every refresh, and each label is read with a WebDriver call of
+    // its own: a read that straddles a redraw sees part of it, so read until one is whole.
+    let (labels, values) = eventually("the protect panel's labels", PATIENCE, async || {
+        let labels = browser.texts("#protect dt").await;
+        let values = browser.texts("#protect dd").await;
+        match labels == expected && values.len() == labels.len() {
+            true => Ok((labels, values)),
+            false => Err((labels, values)),
+        }
+    })
+    .await;
     let shown = |label: &str| &values[labels.iter().position(|l| l == label).unwrap()];
     assert_eq!(shown("mode"), "shadow");
     assert_eq!(
