@@ -1,9 +1,9 @@
 //! The stores limits live in, and everything about owning them: the memory store (swept in
 //! the background), the shared Redis store connected in the background with backoff (tollgate
 //! starts while Redis is not there yet; requests wait for its first attempt, then `on_error`
-//! applies until it connects), its health probe, the
-//! circuit breaker in front of it (`breaker.rs`), whether it is up, readiness, and `on_error`
-//! for a decision the shared store could not make.
+//! applies until it connects), its health probe, the circuit breaker in front of it
+//! (`breaker.rs`), whether it is up, readiness, and `on_error` for a decision the shared store
+//! could not make.
 //!
 //! Health, readiness and `on_error` follow one state, the shared `up` flag:
 //!
@@ -33,9 +33,9 @@
 //! `connect_redis`): a request that arrives while it is being made waits for it, at most as
 //! long as the attempt may take (twice the store timeout from when it began, or from the
 //! request's arrival if later; a second more for an attempt running late on a busy node),
-//! and is then decided by Redis, or
-//! by `on_error` once the attempt failed (or the wait ran out: cause [`Cause::NotConnected`]).
-//! So a fresh replica limits from its first request instead of failing open until it connects; the wait costs nothing once the store is
+//! and is then decided by Redis, or by `on_error` once the attempt failed (or the wait ran
+//! out: cause [`Cause::NotConnected`]). So a fresh replica limits from its first request
+//! instead of failing open until it connects; the wait costs nothing once the store is
 //! connected (it is taken only while the connected store's slot is still empty). Readiness
 //! says not ready until the attempt has ended ([`Stores::connecting`]), whatever `on_error`
 //! says; after a failed attempt the store is down, as above, and retried with backoff.
