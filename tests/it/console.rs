@@ -1144,14 +1144,17 @@ async fn console_per_limit_override_leaves_the_monthly_quota_alone_and_both_repl
         )
         .await;
     assert!(overridden.ends_with(" UTC"), "{overridden}");
-    assert_eq!(
-        browser
-            .texts(&format!(
-                "{route} .limit-state[data-limit=\"monthly\"] .override"
-            ))
-            .await,
-        ["—"]
-    );
+    // Read until one read is whole: the panel is redrawn on every refresh.
+    let monthly_override = format!("{route} .limit-state[data-limit=\"monthly\"] .override");
+    eventually(
+        "the monthly limit shown without an override",
+        PATIENCE,
+        async || {
+            let shown = browser.texts(&monthly_override).await;
+            until(shown == ["—"], shown)
+        },
+    )
+    .await;
     // The month: the same limit, its usage kept.
     let (_, after) = admin_json(&fleet.a, &state_path).await;
     let month_after = monthly(&after);
