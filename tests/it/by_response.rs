@@ -464,12 +464,15 @@ async fn a_failed_settlement_is_counted_and_holds_up_the_client_no_longer_than_t
     // Warm up: both scripts loaded into Redis, so the decision below is quick.
     assert_eq!(send(proxy.addr, "/respond?status=401", "w").await.0, 401);
     assert_eq!(send(proxy.addr, "/respond?status=200", "w").await.0, 200);
-    let answer = tokio::spawn(send(proxy.addr, "/respond?status=200&ms=1000", "u"));
-    // Decided once the app has it; the refund of the 200, a second later, finds Redis frozen.
-    while up.request_count() < 3 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let answer = tokio::spawn(send(proxy.addr, "/respond?status=200&release=1", "u"));
+    // Decided once the app has it; the app answers once Redis is frozen, so the refund of
+    // the 200 finds it frozen.
+    eventually("the app has the request", PATIENCE, async || {
+        until(up.request_count() >= 3, up.request_count())
+    })
+    .await;
     redis.pause();
+    up.release.notify_one();
     // Held for the settlement's timeout (1 s), then answered: never hung (the bound here is
     // only that, far above the timeout).
     let answered = tokio::time::timeout(Duration::from_secs(20), answer).await;

@@ -46,7 +46,7 @@ pub struct Browser {
     name: String,
     /// Chromium is heavy for a 2-core machine: a browser counts as a heavy test while it
     /// lives (see `super::heavy_turn`).
-    _turn: tokio::sync::SemaphorePermit<'static>,
+    _turn: super::Turn,
 }
 
 /// Starts chromedriver and a headless Chromium session for test `name`.

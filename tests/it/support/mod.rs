@@ -31,18 +31,58 @@ pub use wait::*;
 /// Heavy tests two at a time across the whole binary (as when each area was a binary of its
 /// own, on two test threads): fleets of replicas, Redis Clusters and Sentinels, key floods and
 /// capacity measurements each want a core, while the light tests running alongside mostly wait
-/// on sockets. A heavy test holds the permit for its whole run.
-pub async fn heavy_turn() -> tokio::sync::SemaphorePermit<'static> {
-    HEAVY.acquire().await.expect("never closed")
+/// on sockets. A heavy test holds the turn for its whole run.
+pub async fn heavy_turn() -> Turn {
+    Turn::take(1).await
 }
 
 /// No other heavy test beside this one, for the whole run: for tests that measure the app's
 /// capacity and what protect makes of it, which another heavy test would take a share of.
-pub async fn heavy_alone() -> tokio::sync::SemaphorePermit<'static> {
-    HEAVY
-        .acquire_many(HEAVY_AT_ONCE)
-        .await
-        .expect("never closed")
+pub async fn heavy_alone() -> Turn {
+    Turn::take(HEAVY_AT_ONCE).await
+}
+
+/// A heavy test's turn. With `TOLLGATE_TEST_TURNS=FILE` set, each turn appends a line to FILE
+/// when it ends: the test, seconds waited for the turn, seconds held. The turns are the
+/// suite's critical path, so that is where to look when it grows.
+pub struct Turn {
+    _permit: tokio::sync::SemaphorePermit<'static>,
+    asked: std::time::Instant,
+    granted: std::time::Instant,
+}
+
+impl Turn {
+    async fn take(permits: u32) -> Turn {
+        let asked = std::time::Instant::now();
+        let permit = HEAVY.acquire_many(permits).await.expect("never closed");
+        Turn {
+            _permit: permit,
+            asked,
+            granted: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let Some(file) = std::env::var_os("TOLLGATE_TEST_TURNS") else {
+            return;
+        };
+        let test = std::thread::current().name().unwrap_or("?").to_string();
+        let line = format!(
+            "{test} waited {:.1} held {:.1}\n",
+            (self.granted - self.asked).as_secs_f64(),
+            self.granted.elapsed().as_secs_f64()
+        );
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(file)
+        {
+            let _ = f.write_all(line.as_bytes());
+        }
+    }
 }
 
 const HEAVY_AT_ONCE: u32 = 2;

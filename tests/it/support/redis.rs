@@ -36,11 +36,30 @@ pub fn find_redis_server() -> PathBuf {
         )
 }
 
+/// A loopback port nothing listens on, for a process a test starts (Redis, a replica, a
+/// browser). Taken from 10000..20000, below the kernel's ephemeral range (32768..), so that no
+/// outgoing connection's local port and no `127.0.0.1:0` listener of another test can be handed
+/// the same port between this check and the process's own bind (which happened: a second
+/// Redis failed to bind, and its test talked to another test's server); a Redis Cluster's bus
+/// port (+10000) stays below that range too. Each call in this process takes the next port,
+/// from a start that differs per process, skipping any in use.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind an ephemeral port")
-        .port()
+    const FIRST: u32 = 10_000;
+    const SPAN: u32 = 10_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(2_654_435_761) % SPAN,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..SPAN {
+        let port = (FIRST + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {FIRST}..{}", FIRST + SPAN)
 }
 
 impl RedisServer {
@@ -89,6 +108,40 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("start {}: {e}", self.bin.display()));
         self.child = Some(child);
         self.wait_ready();
+        // The server that answered must be this one, not another on a port that was taken
+        // between `free_port` and the bind (then this one has exited).
+        let pid = self.child.as_ref().map(|c| c.id());
+        let answered = self.process_id();
+        assert_eq!(
+            answered, pid,
+            "port {} is answered by another redis-server than the one started",
+            self.port
+        );
+    }
+
+    /// The `process_id` of the server answering on the port (`INFO server`, after `AUTH`
+    /// when the server was started with `--requirepass`).
+    fn process_id(&self) -> Option<u32> {
+        use std::io::BufRead;
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        let mut reader = std::io::BufReader::new(s.try_clone().ok()?);
+        let mut line = String::new();
+        if let Some(i) = self.extra.iter().position(|a| a == "--requirepass") {
+            let password = self.extra.get(i + 1)?;
+            write!(s, "AUTH {password}\r\n").ok()?;
+            reader.read_line(&mut line).ok()?;
+        }
+        s.write_all(b"INFO server\r\n").ok()?;
+        line.clear();
+        reader.read_line(&mut line).ok()?;
+        let length: usize = line.trim_end().strip_prefix('$')?.parse().ok()?;
+        let mut body = vec![0; length + 2];
+        reader.read_exact(&mut body).ok()?;
+        String::from_utf8_lossy(&body)
+            .lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|v| v.trim().parse().ok())
     }
 
     fn wait_ready(&mut self) {

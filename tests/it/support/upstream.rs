@@ -189,9 +189,13 @@ async fn handle(mut req: Request<Incoming>, state: Upstream) -> Response<Body> {
             Response::new(full("slept"))
         }
         "/respond" => {
-            // `?status=401&ms=100&cost=35&trailer=20&hold=1`: after `ms`, answer `status` with
+            // `?status=401&ms=100&cost=35&trailer=20&hold=1`: after `ms` (or, with
+            // `release=1`, once the test notifies `release`), answer `status` with
             // `x-tokens-used: <cost>` in the head and/or `x-tokens-used: <trailer>` as a
             // trailer (values sent as given, so a test can send malformed ones).
+            if q.contains_key("release") {
+                state.release.notified().await;
+            }
             let ms: u64 = q.get("ms").and_then(|s| s.parse().ok()).unwrap_or(0);
             tokio::time::sleep(Duration::from_millis(ms)).await;
             let status: u16 = q.get("status").and_then(|s| s.parse().ok()).unwrap_or(200);
