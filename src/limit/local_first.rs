@@ -1899,12 +1899,13 @@ mod tests {
     }
 
     #[test]
-    fn a_million_key_flood_keeps_each_route_within_its_budget_and_loses_no_count() {
+    fn a_key_flood_200_times_the_budget_keeps_each_route_within_it_and_loses_no_count() {
+        // 200,000 new keys against a route budget of 1,000, a round every 10,000 keys.
         let mut replica = Replica::new(1_000);
         let p = params(Algorithm::FixedWindow, 5, 3_600 * SECOND);
         let busy = params(Algorithm::FixedWindow, 100_000, 3_600 * SECOND);
         let mut hot_uses = 0;
-        for i in 0..1_000_000u32 {
+        for i in 0..200_000u32 {
             let key = format!("t:{{login|f{i}}}:l");
             assert!(replica.request("login", &key, p), "new key {i} refused");
             if i % 100 == 0 {
@@ -1930,11 +1931,11 @@ mod tests {
         // once they are clean), and the keys that found no room were decided exactly.
         assert!(replica.engine.route_len("login") <= 1_000);
         assert!(
-            replica.engine.evicted() >= 95_000,
+            replica.engine.evicted() >= 18_000,
             "{}",
             replica.engine.evicted()
         );
-        assert!(replica.exact >= 900_000, "{}", replica.exact);
+        assert!(replica.exact >= 180_000, "{}", replica.exact);
         // Every unit admitted is in the shared state: none lost with a dropped copy.
         assert_eq!(replica.shared_units(), replica.admitted);
         // Alice kept her copy (decided locally throughout but for her first request).

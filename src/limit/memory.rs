@@ -790,7 +790,7 @@ mod tests {
     }
 
     #[test]
-    fn a_million_key_flood_stays_within_the_routes_budget_and_new_keys_are_admitted() {
+    fn a_key_flood_200_times_the_budget_stays_within_it_and_new_keys_are_admitted() {
         let (s, clock) = store();
         s.set_keys_per_route(1_000);
         assert_eq!(s.keys_per_route(), 1_008);
@@ -802,7 +802,7 @@ mod tests {
         assert!(s.decide(&[flood_check(other, limit)]).allowed);
         let mut hot_uses = 0;
         let mut key = String::new();
-        for i in 0..1_000_000u32 {
+        for i in 0..200_000u32 {
             key.clear();
             use std::fmt::Write;
             write!(key, "t:{{login|flood{i}}}:l").unwrap();
@@ -815,12 +815,12 @@ mod tests {
                 assert!(s.decide(&[flood_check(hot, busy)]).allowed);
                 hot_uses += 1;
             }
-            if i % 100_000 == 0 {
+            if i % 20_000 == 0 {
                 assert!(s.len() <= 1_008 + 1, "{} keys after {i}", s.len());
             }
         }
         assert!(s.len() <= 1_008 + 1, "{} keys", s.len());
-        assert_eq!(s.evicted(), 1_000_000 + 2 - s.len() as u64);
+        assert_eq!(s.evicted(), 200_000 + 2 - s.len() as u64);
         // The other route's key was never touched by the flood (peek counts the next request).
         assert_eq!(
             s.peek(&[flood_check(other, limit)]).verdicts[0].remaining,
