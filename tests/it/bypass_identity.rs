@@ -443,3 +443,246 @@ async fn an_authority_with_a_name_for_a_port_is_refused_in_redis() {
     let redis = RedisServer::start();
     an_authority_with_a_name_for_a_port_is_refused(redis_store(&redis)).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Round three: values apps decode or trim that a plain reading does not
+
+/// `GET target` with `lines` as raw header lines: the bytes matter (a Latin-1 `\xa0`, UTF-8).
+fn get_raw(target: &str, lines: &[&[u8]]) -> Vec<u8> {
+    let mut request = format!("GET {target} HTTP/1.1\r\nHost: app.example\r\n").into_bytes();
+    for line in lines {
+        request.extend_from_slice(line);
+        request.extend_from_slice(b"\r\n");
+    }
+    request.extend_from_slice(b"\r\n");
+    request
+}
+
+/// The token's owner spends `/open/` (`on_invalid: client_ip`, the default); then the same
+/// token behind Unicode whitespace (a Latin-1 `\xa0` or `\x85` byte, UTF-8 U+00A0 or U+2003),
+/// which Python's `split()`/`strip()` and JS's `trim()` read as whitespace, beside a fresh
+/// `X-User` the header source would key on, is 400 and never reaches the app. ASCII spellings
+/// of the one credential are read as before.
+async fn a_bearer_token_hidden_by_unicode_whitespace_is_refused(store: Store) {
+    let upstream = raw_upstream().await;
+    let served = serve(&limited(&upstream.url(), store)).await;
+    let owner = token("owner");
+    let bearer = format!("Authorization: Bearer {owner}");
+    for _ in 0..3 {
+        expect(
+            &served,
+            &get("/open/x", &[&bearer, "X-User: anything"]),
+            200,
+        )
+        .await;
+    }
+    expect(
+        &served,
+        &get("/open/x", &[&bearer, "X-User: anything"]),
+        429,
+    )
+    .await;
+
+    let hidden: Vec<Vec<u8>> = [
+        (&b"Bearer\xa0"[..], &b""[..]),
+        (b"\xa0Bearer ", b""),
+        (b"Bearer\x85", b""),
+        (b"Bearer\xc2\xa0", b""),
+        (b"\xc2\xa0Bearer ", b""),
+        (b"Bearer\xe2\x80\x83", b""),
+        (b"Bearer \xa0", b""),
+        (b"Bearer ", b"\xa0"),
+        (b"Bearer ", b"\x85"),
+    ]
+    .iter()
+    .map(|(before, after)| [&b"Authorization: "[..], before, owner.as_bytes(), after].concat())
+    .collect();
+    for (i, line) in hidden.iter().enumerate() {
+        let user = format!("X-User: fresh-{i}");
+        let response = expect(&served, &get_raw("/open/x", &[line, user.as_bytes()]), 400).await;
+        assert!(
+            response.body_text().contains("outside ASCII"),
+            "{}",
+            response.body_text()
+        );
+    }
+    assert_eq!(upstream.request_lines().len(), 3, "only the owner's 3");
+
+    // ASCII whitespace around the one credential: the owner's token, counted.
+    for spelling in ["bearer  {t}", "Bearer\t{t}", "BEARER {t} "] {
+        let line = format!("Authorization: {}", spelling.replace("{t}", &owner));
+        expect(&served, &get("/open/x", &[&line, "X-User: fresh"]), 429).await;
+    }
+    // Another caller without a token is keyed by its header as before.
+    expect(&served, &get("/open/x", &["X-User: alice"]), 200).await;
+    assert_eq!(upstream.request_lines().len(), 4);
+}
+
+#[tokio::test]
+async fn a_bearer_token_hidden_by_unicode_whitespace_is_refused_in_memory() {
+    a_bearer_token_hidden_by_unicode_whitespace_is_refused(store::memory()).await;
+}
+
+#[tokio::test]
+async fn a_bearer_token_hidden_by_unicode_whitespace_is_refused_in_redis() {
+    let redis = RedisServer::start();
+    a_bearer_token_hidden_by_unicode_whitespace_is_refused(redis_store(&redis)).await;
+}
+
+/// `victim` spends `/ck/` (cookie `sid`, 2 a day). Every spelling an app decodes to `victim`
+/// (percent escapes and Express's `j:` JSON cookies, as cookie-parser reads them; quotes) is
+/// counted against her bucket: 429. Spellings apps decode differently from each other (a
+/// backslash escape in quotes, which Python decodes and Express does not; an unbalanced quote;
+/// a `j:` value that is no JSON string; Unicode whitespace JS and Python trim) are 400. None
+/// reaches the app; a plain other caller still works, and shares its bucket with its spellings.
+async fn a_cookie_value_apps_decode_is_keyed_decoded(store: Store) {
+    let upstream = raw_upstream().await;
+    let served = serve(&limited(&upstream.url(), store)).await;
+    for _ in 0..2 {
+        expect(&served, &get("/ck/x", &["Cookie: sid=victim"]), 200).await;
+    }
+    for spelling in [
+        "sid=victim",
+        "sid=vic%74im",
+        "sid=%76%69%63%74%69%6D",
+        "sid=\"vic%74im\"",
+        "sid=\"victim\"",
+        "sid=j:\"victim\"",
+        "sid=j:\"victi\\u006d\"",
+        "sid=j%3A%22victim%22",
+        "sid=j: \"victim\" ",
+        "a=1; sid=victim ; b=2",
+    ] {
+        expect(
+            &served,
+            &get("/ck/x", &[&format!("Cookie: {spelling}")]),
+            429,
+        )
+        .await;
+    }
+    let forwarded = upstream.request_lines().len();
+    assert_eq!(forwarded, 2);
+
+    let refused: [&[u8]; 11] = [
+        b"Cookie: sid=\"victi\\155\"",
+        b"Cookie: sid=\"victim",
+        b"Cookie: sid=\"victim\\\"\"",
+        b"Cookie: sid=j:{\"u\":\"victim\"}",
+        b"Cookie: sid=j:[\"victim\"]",
+        b"Cookie: sid=j:victim",
+        b"Cookie: sid=j%3A7",
+        b"Cookie: sid=victim\xa0",
+        b"Cookie: sid=\x85victim",
+        b"Cookie: \xa0sid=victim",
+        b"Cookie: sid\xa0=victim",
+    ];
+    for line in refused {
+        let response = expect(&served, &get_raw("/ck/x", &[line]), 400).await;
+        assert!(
+            response.body_text().contains("decode it differently"),
+            "{}: {}",
+            String::from_utf8_lossy(line),
+            response.body_text()
+        );
+    }
+    // Unicode whitespace cannot hide a second value either.
+    let response = expect(
+        &served,
+        &get_raw("/ck/x", &[b"Cookie: sid=fresh; \xa0sid=victim"]),
+        400,
+    )
+    .await;
+    assert!(response.body_text().contains("more than once"));
+    assert_eq!(
+        upstream.request_lines().len(),
+        forwarded,
+        "none reached the app"
+    );
+
+    // Another caller: its spellings share one bucket of 2.
+    expect(&served, &get("/ck/x", &["Cookie: sid=bob"]), 200).await;
+    expect(
+        &served,
+        &get("/ck/x", &["Cookie: sid=j%3A%22b%6Fb%22"]),
+        200,
+    )
+    .await;
+    expect(&served, &get("/ck/x", &["Cookie: sid=\"bob\""]), 429).await;
+    // An escape that does not decode (`decodeURIComponent` fails, Express keeps the value):
+    // the value as sent.
+    expect(&served, &get("/ck/x", &["Cookie: sid=vic%ff"]), 200).await;
+    assert_eq!(upstream.request_lines().len(), forwarded + 3);
+}
+
+#[tokio::test]
+async fn a_cookie_value_apps_decode_is_keyed_decoded_in_memory() {
+    a_cookie_value_apps_decode_is_keyed_decoded(store::memory()).await;
+}
+
+#[tokio::test]
+async fn a_cookie_value_apps_decode_is_keyed_decoded_in_redis() {
+    let redis = RedisServer::start();
+    a_cookie_value_apps_decode_is_keyed_decoded(redis_store(&redis)).await;
+}
+
+/// `victim` spends `/q/` (query parameter `key`, 2 a day). The bracket and indexed forms
+/// Express's query parser (and PHP) read as that parameter (`key[]=victim`, `key[0]=victim`,
+/// `key%5B%5D=victim`) are counted against her bucket: 429. Two values in any mix of forms,
+/// and a bracket form that is a structure (`key[a]=`), are 400, never forwarded.
+async fn a_query_parameter_in_bracket_form_is_that_parameter(store: Store) {
+    let upstream = raw_upstream().await;
+    let served = serve(&limited(&upstream.url(), store)).await;
+    for _ in 0..2 {
+        expect(&served, &get("/q/x?key=victim", &[]), 200).await;
+    }
+    for target in [
+        "/q/x?key=victim",
+        "/q/x?key[]=victim",
+        "/q/x?key[0]=victim",
+        "/q/x?key[7]=victim",
+        "/q/x?key%5B%5D=victim",
+        "/q/x?k%65y%5b0%5d=victim",
+        "/q/x?other=1&key[]=victim&keys[]=x",
+    ] {
+        expect(&served, &get(target, &[]), 429).await;
+    }
+    let forwarded = upstream.request_lines().len();
+    assert_eq!(forwarded, 2);
+    for target in [
+        "/q/x?key[]=victim&key=fresh",
+        "/q/x?key=fresh&key%5B%5D=victim",
+        "/q/x?key[]=fresh&key[]=victim",
+        "/q/x?key[0]=fresh&key[1]=victim",
+        "/q/x?key[a]=victim",
+        "/q/x?key[][x]=victim",
+        "/q/x?key%5Bu%5D=victim",
+    ] {
+        let response = expect(&served, &get(target, &[]), 400).await;
+        assert!(
+            response.body_text().contains("query parameter"),
+            "{target}: {}",
+            response.body_text()
+        );
+    }
+    assert_eq!(
+        upstream.request_lines().len(),
+        forwarded,
+        "none reached the app"
+    );
+    // Another caller in bracket form, then plain: one bucket.
+    expect(&served, &get("/q/x?key[]=bob", &[]), 200).await;
+    expect(&served, &get("/q/x?key=bob", &[]), 200).await;
+    expect(&served, &get("/q/x?key%5B0%5D=bob", &[]), 429).await;
+    assert_eq!(upstream.request_lines().len(), forwarded + 2);
+}
+
+#[tokio::test]
+async fn a_query_parameter_in_bracket_form_is_that_parameter_in_memory() {
+    a_query_parameter_in_bracket_form_is_that_parameter(store::memory()).await;
+}
+
+#[tokio::test]
+async fn a_query_parameter_in_bracket_form_is_that_parameter_in_redis() {
+    let redis = RedisServer::start();
+    a_query_parameter_in_bracket_form_is_that_parameter(redis_store(&redis)).await;
+}
