@@ -20,6 +20,9 @@ pub enum Ambiguity {
     /// A query identity given twice (`user=a&user[]=b` is twice too), or in a bracket form apps
     /// read as a structure (`user[a]=b`).
     Query,
+    /// A form-field identity given twice, or in a bracket form apps read as a structure (as
+    /// [`Ambiguity::Query`], in an `application/x-www-form-urlencoded` body).
+    Form,
     /// `Authorization` holds a byte outside ASCII, read by a `bearer` or `jwt` source. Latin-1
     /// decoding apps see U+00A0 or U+0085 as whitespace around the scheme or the token
     /// (Python's `split()`, JS's `trim()`), so `Bearer\xa0<token>` is a bearer token to them and
@@ -40,6 +43,7 @@ impl Ambiguity {
             Ambiguity::Header => "ambiguous_header",
             Ambiguity::Cookie => "ambiguous_cookie",
             Ambiguity::Query => "ambiguous_query",
+            Ambiguity::Form => "ambiguous_form",
             Ambiguity::CredentialBytes => "non_ascii_credentials",
             Ambiguity::CookieSpelling => "ambiguous_cookie_spelling",
         }
@@ -53,6 +57,7 @@ impl Ambiguity {
             Ambiguity::Header => "header",
             Ambiguity::Cookie | Ambiguity::CookieSpelling => "cookie",
             Ambiguity::Query => "query",
+            Ambiguity::Form => "form",
         }
     }
 
@@ -70,6 +75,9 @@ impl Ambiguity {
             }
             Ambiguity::Query => {
                 "the request carries the query parameter that identifies the caller more than once (name, name[] and name[0] are one parameter) or as a structure (name[key]): send one value"
+            }
+            Ambiguity::Form => {
+                "the request body carries the form field that identifies the caller more than once (name, name[] and name[0] are one field) or as a structure (name[key]): send one value"
             }
             Ambiguity::CredentialBytes => {
                 "Authorization holds bytes outside ASCII (such as Unicode whitespace around the scheme or the token), which apps read differently: send the credential in ASCII"

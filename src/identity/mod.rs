@@ -44,6 +44,10 @@ pub enum Source {
     /// `name=value` in the query string, percent-decoded (form rules), `name[]=` and
     /// `name[0]=` too; empty = absent; the name twice is [`Ambiguity::Query`].
     Query(String),
+    /// A field of an `application/x-www-form-urlencoded` request body, read as a `query` source
+    /// reads the query string ([`FormBody`]: the proxy reads the body, bounded, only on routes
+    /// whose identities name a form field); absent without such a body.
+    Form(String),
     /// Cookie of that name from any Cookie header line, decoded as apps decode it
     /// ([`decode_cookie`]); empty = absent; the name twice is [`Ambiguity::Cookie`], a spelling
     /// apps decode differently [`Ambiguity::CookieSpelling`].
@@ -69,6 +73,7 @@ impl Source {
         match self {
             Source::Header(_) => "header",
             Source::Query(_) => "query",
+            Source::Form(_) => "form",
             Source::Cookie(_) => "cookie",
             Source::Bearer => "bearer",
             Source::Jwt(_) => "jwt",
@@ -84,7 +89,9 @@ impl Source {
     pub fn default_display(&self) -> Display {
         match self {
             Source::Header(name) if display::is_credential_name(name.as_str()) => Display::Digest,
-            Source::Query(name) | Source::Cookie(name) if display::is_credential_name(name) => {
+            Source::Query(name) | Source::Form(name) | Source::Cookie(name)
+                if display::is_credential_name(name) =>
+            {
                 Display::Digest
             }
             Source::Bearer => Display::Digest,
@@ -97,6 +104,7 @@ impl Source {
         match self {
             Source::Header(name) => format!("header {name}"),
             Source::Query(name) => format!("query {name}"),
+            Source::Form(name) => format!("form field {name}"),
             Source::Cookie(name) => format!("cookie {name}"),
             Source::Bearer => "bearer token".to_owned(),
             Source::Jwt(v) => format!("jwt claim {}", v.claim()),
@@ -130,9 +138,18 @@ impl Source {
                 header(&req.headers, name)?.map(|v| Identified::readable(kind, v, shown))
             }
             Source::Query(name) => match req.uri.query() {
-                Some(query) => query_param_once(query, name)?.and_then(|value| {
-                    non_empty(&value).map(|v| Identified::readable(kind, v, shown))
-                }),
+                Some(query) => query_param_once(query.as_bytes(), name, Ambiguity::Query)?
+                    .and_then(|value| {
+                        non_empty(&value).map(|v| Identified::readable(kind, v, shown))
+                    }),
+                None => None,
+            },
+            Source::Form(name) => match req.extensions.get::<FormBody>() {
+                Some(FormBody(body)) => {
+                    query_param_once(body, name, Ambiguity::Form)?.and_then(|value| {
+                        non_empty(&value).map(|v| Identified::readable(kind, v, shown))
+                    })
+                }
                 None => None,
             },
             Source::Cookie(name) => cookie(&req.headers, name.as_bytes())?
@@ -348,6 +365,7 @@ impl Identity {
             match source {
                 Source::Header(_)
                 | Source::Query(_)
+                | Source::Form(_)
                 | Source::Cookie(_)
                 | Source::Jwt(_)
                 | Source::PathSegment(_) => {
@@ -447,18 +465,26 @@ pub(crate) fn query_param(query: &str, name: &str) -> Option<Vec<u8>> {
 /// read them as the array `[v]`, which `String()` makes `v`; so `user[]=a&user=b` is the name
 /// twice. Any other bracket form (`name[a]=v`, `name[][x]=v`) is a structure to those apps and
 /// no value to others: ambiguous too.
-fn query_param_once(query: &str, name: &str) -> Result<Option<Vec<u8>>, Refusal> {
-    let ambiguous = Err(Refusal::Ambiguous(Ambiguity::Query));
+/// A form body is read the same way; `twice` is what a second value is.
+fn query_param_once(
+    query: &[u8],
+    name: &str,
+    twice: Ambiguity,
+) -> Result<Option<Vec<u8>>, Refusal> {
+    let ambiguous = Err(Refusal::Ambiguous(twice));
     let mut found = None;
-    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+    for pair in query.split(|&b| b == b'&').filter(|pair| !pair.is_empty()) {
+        let (k, v) = match pair.iter().position(|&b| b == b'=') {
+            Some(at) => (&pair[..at], &pair[at + 1..]),
+            None => (pair, &b""[..]),
+        };
         let decoded;
-        let k = match k.bytes().any(|b| b == b'%' || b == b'+') {
+        let k = match k.iter().any(|&b| b == b'%' || b == b'+') {
             true => {
-                decoded = percent_decode(k.as_bytes(), true);
+                decoded = percent_decode(k, true);
                 &decoded[..]
             }
-            false => k.as_bytes(),
+            false => k,
         };
         let Some(rest) = k.strip_prefix(name.as_bytes()) else {
             continue;
@@ -472,9 +498,23 @@ fn query_param_once(query: &str, name: &str) -> Result<Option<Vec<u8>>, Refusal>
         if found.is_some() {
             return ambiguous;
         }
-        found = Some(percent_decode(v.as_bytes(), true));
+        found = Some(percent_decode(v, true));
     }
     Ok(found)
+}
+
+/// The body of an `application/x-www-form-urlencoded` request, read (bounded) by the proxy
+/// before its caller is identified, on a route whose identities name a form field
+/// ([`Source::Form`]); kept in the request's extensions. The same bytes are forwarded.
+#[derive(Debug, Clone)]
+pub struct FormBody(pub bytes::Bytes);
+
+/// Whether `identity` reads a form field: a request on its routes has its form body read.
+pub fn reads_form(identity: &Identity) -> bool {
+    identity
+        .sources
+        .iter()
+        .any(|source| matches!(source, Source::Form(_)))
 }
 
 /// Every value of the query parameter `name`, decoded (form rules), in order.

@@ -686,3 +686,146 @@ async fn a_query_parameter_in_bracket_form_is_that_parameter_in_redis() {
     let redis = RedisServer::start();
     a_query_parameter_in_bracket_form_is_that_parameter(redis_store(&redis)).await;
 }
+
+/// `/post/`: keyed by the form field `user` (`form: user`), 2 a day; `/other/`: keyed by the
+/// query parameter `user` (no form field: its bodies are never read), 2 a day.
+fn forms(upstream: &str, store: Store) -> Config {
+    config()
+        .upstream(upstream)
+        .store(store)
+        .identity("poster", [source::form("user")])
+        .identity("asker", [source::query("user")])
+        .route(
+            route("post")
+                .prefix("/post/")
+                .key("poster")
+                .limit(limit::fixed_window(2, "24h")),
+        )
+        .route(
+            route("other")
+                .prefix("/other/")
+                .key("asker")
+                .limit(limit::fixed_window(2, "24h")),
+        )
+}
+
+/// `POST target` with a body of `content_type`, framed by Content-Length.
+fn post(target: &str, content_type: &str, body: &[u8]) -> Vec<u8> {
+    let head = format!(
+        "POST {target} HTTP/1.1\r\nHost: app.example\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    [head.as_bytes(), body].concat()
+}
+
+/// The same, chunked: one chunk.
+fn post_chunked(target: &str, content_type: &str, body: &[u8]) -> Vec<u8> {
+    let head = format!(
+        "POST {target} HTTP/1.1\r\nHost: app.example\r\nContent-Type: {content_type}\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n",
+        body.len()
+    );
+    [head.as_bytes(), body, b"\r\n0\r\n\r\n"].concat()
+}
+
+const FORM: &str = "application/x-www-form-urlencoded";
+
+/// Whether `needle` occurs in `haystack` (what the upstream received, over its connections).
+fn holds(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Tomcat's `getParameter("user")` reads `user=victim` from a form body. `victim` spends
+/// `/post/` through the body; every spelling of her field (bracket forms, percent escapes,
+/// chunked framing, a charset parameter) is counted against her bucket: 429. Two values are
+/// 400, a body past 64 KiB 413, none forwarded; the bodies forwarded are the bytes sent. A
+/// route that reads no form field never reads the body: a large one streams through.
+async fn a_form_body_field_is_an_identity(store: Store) {
+    let upstream = raw_upstream().await;
+    let served = serve(&forms(&upstream.url(), store)).await;
+    for body in [
+        &b"user=victim&note=a+b"[..],
+        b"note=%F0%9F%99%82&user=victim",
+    ] {
+        expect(&served, &post("/post/x", FORM, body), 200).await;
+        let received = upstream.received();
+        assert!(
+            holds(&received, &[b"\r\n\r\n", body].concat()),
+            "forwarded as sent: {:?}",
+            String::from_utf8_lossy(&received)
+        );
+    }
+    for request in [
+        post("/post/x", FORM, b"user=victim"),
+        post("/post/x", FORM, b"user[]=victim"),
+        post("/post/x", FORM, b"x=1&us%65r%5B0%5D=vic%74im"),
+        post(
+            "/post/x",
+            "Application/X-WWW-Form-Urlencoded; charset=UTF-8",
+            b"user=victim",
+        ),
+        post_chunked("/post/x", FORM, b"user=victim&z=1"),
+    ] {
+        expect(&served, &request, 429).await;
+    }
+    let forwarded = upstream.request_lines().len();
+    assert_eq!(forwarded, 2);
+    for body in [
+        &b"user=fresh&user=victim"[..],
+        b"user[]=victim&user=fresh",
+        b"user[a]=victim",
+    ] {
+        let response = expect(&served, &post("/post/x", FORM, body), 400).await;
+        assert!(
+            response.body_text().contains("form field"),
+            "{}",
+            response.body_text()
+        );
+    }
+    let big = [&b"user=fresh&pad="[..], &vec![b'a'; 70_000]].concat();
+    for request in [
+        post("/post/x", FORM, &big),
+        post_chunked("/post/x", FORM, &big),
+    ] {
+        let response = raw_exchange(served.addr, &request).await;
+        assert_eq!(response.status, 413, "{}", response.body_text());
+        assert!(
+            response.body_text().contains("65536"),
+            "{}",
+            response.body_text()
+        );
+    }
+    assert_eq!(
+        upstream.request_lines().len(),
+        forwarded,
+        "none reached the app"
+    );
+
+    // Another caller, chunked: read, and forwarded with the same bytes.
+    expect(&served, &post_chunked("/post/x", FORM, b"user=bob"), 200).await;
+    assert!(holds(&upstream.received(), b"\r\n\r\nuser=bob"));
+    // A body that is no form is not read: the caller has no field (its client IP keys it).
+    expect(
+        &served,
+        &post("/post/x", "application/json", b"{\"user\":\"victim\"}"),
+        200,
+    )
+    .await;
+    // A route that names no form field streams any body through unread.
+    expect(&served, &post("/other/x?user=carol", FORM, &big), 200).await;
+    assert!(holds(
+        &upstream.received(),
+        &[&b"\r\n\r\n"[..], &big].concat()
+    ));
+    assert_eq!(upstream.request_lines().len(), forwarded + 3);
+}
+
+#[tokio::test]
+async fn a_form_body_field_is_an_identity_in_memory() {
+    a_form_body_field_is_an_identity(store::memory()).await;
+}
+
+#[tokio::test]
+async fn a_form_body_field_is_an_identity_in_redis() {
+    let redis = RedisServer::start();
+    a_form_body_field_is_an_identity(redis_store(&redis)).await;
+}

@@ -1,0 +1,71 @@
+//! The form stage: on a route whose identities name a form field (`form: user`), the body of an
+//! `application/x-www-form-urlencoded` request is read, up to [`MAX_FORM_BODY`] bytes, before
+//! the caller is identified, and kept in the request's extensions for the identity
+//! ([`crate::identity::FormBody`]); the same bytes are forwarded. Every other request's body
+//! streams through unread: a route whose identities read no form field never sees its fields.
+
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use http::request::Parts;
+use http_body_util::{BodyExt, Either, Full, Limited};
+
+use crate::error::ProxyError;
+use crate::identity::FormBody;
+use crate::proxy::runtime::Runtime;
+use crate::proxy::stages::route::Routes;
+
+/// The most of a form body read to identify its caller: past it, 413.
+pub const MAX_FORM_BODY: usize = 64 * 1024;
+
+/// Whether `parts`, on `routes`, has its form body read: one of the routes it is limited on
+/// reads a form field, and it is a form. One branch for a configuration without form fields.
+pub fn wanted(runtime: &Runtime, routes: &Routes<'_>, parts: &Parts) -> bool {
+    let Some(reads) = runtime.reads_form.as_deref() else {
+        return false;
+    };
+    let routed = routes.routed.iter().chain(&routes.also);
+    routed.into_iter().any(|r| reads[r.index]) && is_form(parts)
+}
+
+/// `Content-Type: application/x-www-form-urlencoded` (parameters and case aside).
+fn is_form(parts: &Parts) -> bool {
+    let Some(value) = parts.headers.get(CONTENT_TYPE) else {
+        return false;
+    };
+    let media = value
+        .as_bytes()
+        .split(|&b| b == b';')
+        .next()
+        .unwrap_or_default();
+    media
+        .trim_ascii()
+        .eq_ignore_ascii_case(b"application/x-www-form-urlencoded")
+}
+
+/// Reads the form body of `parts` (at most [`MAX_FORM_BODY`] bytes) into its extensions, and
+/// gives back a body of the same bytes to forward; 413 past the bound (a declared length past
+/// it is refused unread), 400 when the body cannot be read (cut off, malformed framing).
+pub async fn read<B>(parts: &mut Parts, body: B) -> Result<Either<B, Full<Bytes>>, ProxyError>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<crate::body::BoxError>,
+{
+    let too_large = ProxyError::BodyTooLarge {
+        limit: MAX_FORM_BODY as u64,
+    };
+    let declared = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > MAX_FORM_BODY as u64) {
+        return Err(too_large);
+    }
+    let bytes = match Limited::new(body, MAX_FORM_BODY).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => return Err(too_large),
+        Err(_) => return Err(ProxyError::BadRequest("the request body could not be read")),
+    };
+    parts.extensions.insert(FormBody(bytes.clone()));
+    Ok(Either::Right(Full::new(bytes)))
+}
