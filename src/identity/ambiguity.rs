@@ -33,6 +33,10 @@ pub enum Ambiguity {
     /// (Express's cookie module drops both ends), a backslash escape in a quoted value (Python
     /// decodes it, Express does not), or a `j:` value that is not a JSON string.
     CookieSpelling,
+    /// A header identity whose value starts or ends with U+00A0 or U+0085 of a Latin-1
+    /// decoded header (the bytes `\xa0`, `\x85`): Python's `strip()` and JS's `trim()` drop
+    /// them, readers that trim ASCII whitespace only do not.
+    HeaderSpelling,
 }
 
 impl Ambiguity {
@@ -46,6 +50,7 @@ impl Ambiguity {
             Ambiguity::Form => "ambiguous_form",
             Ambiguity::CredentialBytes => "non_ascii_credentials",
             Ambiguity::CookieSpelling => "ambiguous_cookie_spelling",
+            Ambiguity::HeaderSpelling => "ambiguous_header_spelling",
         }
     }
 
@@ -54,7 +59,7 @@ impl Ambiguity {
     pub fn source_kind(self) -> &'static str {
         match self {
             Ambiguity::Credentials | Ambiguity::CredentialBytes => "bearer",
-            Ambiguity::Header => "header",
+            Ambiguity::Header | Ambiguity::HeaderSpelling => "header",
             Ambiguity::Cookie | Ambiguity::CookieSpelling => "cookie",
             Ambiguity::Query => "query",
             Ambiguity::Form => "form",
@@ -81,6 +86,9 @@ impl Ambiguity {
             }
             Ambiguity::CredentialBytes => {
                 "Authorization holds bytes outside ASCII (such as Unicode whitespace around the scheme or the token), which apps read differently: send the credential in ASCII"
+            }
+            Ambiguity::HeaderSpelling => {
+                "the header that identifies the caller has Unicode whitespace around its value, which apps trim differently: send it without"
             }
             Ambiguity::CookieSpelling => {
                 "the cookie that identifies the caller is spelled so that apps decode it differently (Unicode whitespace, an unbalanced quote, a backslash escape in quotes, or a j: value that is not a JSON string): send it plainly"

@@ -673,6 +673,7 @@ fn decode_cookie(raw: &[u8]) -> Result<Cow<'_, [u8]>, Refusal> {
 /// The value of header `name`, if present and non-empty. Two lines, or a comma in the value,
 /// are [`Ambiguity::Header`]: apps see the lines joined into a comma list (Node with `, `,
 /// gunicorn and werkzeug with `,`) and may take its first element, its last or the whole.
+/// `\xa0` or `\x85` around the value is [`Ambiguity::HeaderSpelling`] (Python and JS trim it).
 fn header<'a>(
     headers: &'a http::HeaderMap,
     name: &HeaderName,
@@ -684,7 +685,12 @@ fn header<'a>(
     if lines.next().is_some() || value.as_bytes().contains(&b',') {
         return Err(Refusal::Ambiguous(Ambiguity::Header));
     }
-    Ok(non_empty(value.as_bytes()))
+    let value = value.as_bytes();
+    // The field's ASCII whitespace is gone already: anything more trimmed is `\xa0`/`\x85`.
+    if trim_wide(value).len() != value.len() {
+        return Err(Refusal::Ambiguous(Ambiguity::HeaderSpelling));
+    }
+    Ok(non_empty(value))
 }
 
 /// The token of the request's one credential when it is `Bearer <token>` (scheme
@@ -1101,6 +1107,31 @@ mod tests {
             );
         }
         assert!(is_fallback(&ident.seen(&parts("/?users[]=v", &[]), peer())));
+    }
+
+    /// Latin-1 whitespace apps trim around a header identity's value is refused; inside it, or
+    /// UTF-8, it is part of the value.
+    #[test]
+    fn unicode_whitespace_around_a_header_value_is_ambiguous() {
+        let ident = one(Source::Header(HeaderName::from_static("x-user")));
+        for value in [
+            &b"victim\xa0"[..],
+            b"\xa0victim",
+            b"\x85victim",
+            b"victim \x85",
+        ] {
+            assert!(
+                is_ambiguous(
+                    &ident,
+                    &parts("/", &[("x-user", value)]),
+                    Ambiguity::HeaderSpelling
+                ),
+                "{}",
+                String::from_utf8_lossy(value)
+            );
+        }
+        let seen = ident.seen(&parts("/", &[("x-user", b"vic\xa0tim")]), peer());
+        assert!(seen.key_part.starts_with("header#"));
     }
 
     /// Credentials are ASCII: a byte outside it in `Authorization` is refused.

@@ -829,3 +829,40 @@ async fn a_form_body_field_is_an_identity_in_redis() {
     let redis = RedisServer::start();
     a_form_body_field_is_an_identity(redis_store(&redis)).await;
 }
+
+/// `alice` spends `/hdr/` (header `X-User`, 2 a day); then her name with a Latin-1 `\xa0` or
+/// `\x85` around it, which Python's `strip()` and JS's `trim()` drop, is 400, never a fresh
+/// bucket, never forwarded.
+async fn a_header_value_in_unicode_whitespace_is_refused(store: Store) {
+    let upstream = raw_upstream().await;
+    let served = serve(&limited(&upstream.url(), store)).await;
+    for _ in 0..2 {
+        expect(&served, &get("/hdr/x", &["X-User: alice"]), 200).await;
+    }
+    expect(&served, &get("/hdr/x", &["X-User: alice"]), 429).await;
+    for line in [
+        &b"X-User: alice\xa0"[..],
+        b"X-User: \xa0alice",
+        b"X-User: alice\x85",
+        b"X-User: \x85 alice \xa0",
+    ] {
+        let response = expect(&served, &get_raw("/hdr/x", &[line]), 400).await;
+        assert!(
+            response.body_text().contains("Unicode whitespace"),
+            "{}",
+            response.body_text()
+        );
+    }
+    assert_eq!(upstream.request_lines().len(), 2, "none reached the app");
+}
+
+#[tokio::test]
+async fn a_header_value_in_unicode_whitespace_is_refused_in_memory() {
+    a_header_value_in_unicode_whitespace_is_refused(store::memory()).await;
+}
+
+#[tokio::test]
+async fn a_header_value_in_unicode_whitespace_is_refused_in_redis() {
+    let redis = RedisServer::start();
+    a_header_value_in_unicode_whitespace_is_refused(redis_store(&redis)).await;
+}
