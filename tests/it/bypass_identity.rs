@@ -866,3 +866,80 @@ async fn a_header_value_in_unicode_whitespace_is_refused_in_redis() {
     let redis = RedisServer::start();
     a_header_value_in_unicode_whitespace_is_refused(redis_store(&redis)).await;
 }
+
+/// A token of `payload` (raw JSON text: a member twice, a string where a number belongs)
+/// signed RS256 with the identity fixtures' key.
+fn raw_token(payload: &str) -> String {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine as _;
+    use jsonwebtoken::{Algorithm, EncodingKey};
+    let message = format!(
+        "{}.{}",
+        URL_SAFE_NO_PAD.encode(r#"{"alg":"RS256","typ":"JWT"}"#),
+        URL_SAFE_NO_PAD.encode(payload)
+    );
+    let private = std::fs::read(format!("{FIXTURES}/rsa_private.pem")).unwrap();
+    let signature = jsonwebtoken::crypto::sign(
+        message.as_bytes(),
+        &EncodingKey::from_rsa_pem(&private).unwrap(),
+        Algorithm::RS256,
+    )
+    .unwrap();
+    format!("{message}.{signature}")
+}
+
+/// The owner spends `/open/` (`on_invalid: client_ip`); then tokens PyJWT (flask-jwt-extended)
+/// accepts for the owner and jsonwebtoken's strict reading refused (a numeric-string `exp`, a
+/// duplicate `sub` whose last is the owner's, a padded signature), beside a fresh `X-User`,
+/// are the owner's: 429, never a bucket per address. An expired one is still refused: 401
+/// under `on_invalid: reject`.
+async fn a_token_the_app_accepts_is_read_as_it_reads_it(store: Store) {
+    let upstream = raw_upstream().await;
+    let served = serve(&limited(&upstream.url(), store)).await;
+    let bearer = format!("Authorization: Bearer {}", token("owner"));
+    for _ in 0..3 {
+        expect(
+            &served,
+            &get("/open/x", &[&bearer, "X-User: anything"]),
+            200,
+        )
+        .await;
+    }
+    expect(
+        &served,
+        &get("/open/x", &[&bearer, "X-User: anything"]),
+        429,
+    )
+    .await;
+    let exp = now() + 600;
+    let padded = format!("{}=", token("owner"));
+    let tokens = [
+        raw_token(&format!(r#"{{"sub":"owner","exp":"{exp}"}}"#)),
+        raw_token(&format!(r#"{{"sub":"fresh","exp":{exp},"sub":"owner"}}"#)),
+        raw_token(&format!(
+            r#"{{"sub":"owner","exp":"{exp}","nbf":"{}"}}"#,
+            now() - 5
+        )),
+        padded,
+    ];
+    for (i, t) in tokens.iter().enumerate() {
+        let line = format!("Authorization: Bearer {t}");
+        let user = format!("X-User: fresh-{i}");
+        expect(&served, &get("/open/x", &[&line, &user]), 429).await;
+    }
+    assert_eq!(upstream.request_lines().len(), 3, "only the owner's 3");
+    let expired = raw_token(&format!(r#"{{"sub":"owner","exp":"{}"}}"#, now() - 60));
+    let line = format!("Authorization: Bearer {expired}");
+    expect(&served, &get("/api/x", &[&line, "X-User: fresh"]), 401).await;
+}
+
+#[tokio::test]
+async fn a_token_the_app_accepts_is_read_as_it_reads_it_in_memory() {
+    a_token_the_app_accepts_is_read_as_it_reads_it(store::memory()).await;
+}
+
+#[tokio::test]
+async fn a_token_the_app_accepts_is_read_as_it_reads_it_in_redis() {
+    let redis = RedisServer::start();
+    a_token_the_app_accepts_is_read_as_it_reads_it(redis_store(&redis)).await;
+}
