@@ -298,7 +298,13 @@ impl Proxy {
             let body = match form_body::wanted(&runtime, &routes, &parts) {
                 false => http_body_util::Either::Left(body),
                 // Boxed: the read's future would otherwise size every request's.
-                true => match Box::pin(form_body::read(&mut parts, body)).await {
+                true => match Box::pin(form_body::read(
+                    &mut parts,
+                    body,
+                    runtime.config.max_request_body,
+                ))
+                .await
+                {
                     Ok(body) => body,
                     Err(error) => {
                         record.rejected();

@@ -42,26 +42,31 @@ fn is_form(parts: &Parts) -> bool {
         .eq_ignore_ascii_case(b"application/x-www-form-urlencoded")
 }
 
-/// Reads the form body of `parts` (at most [`MAX_FORM_BODY`] bytes) into its extensions, and
-/// gives back a body of the same bytes to forward; 413 past the bound (a declared length past
-/// it is refused unread), 400 when the body cannot be read (cut off, malformed framing).
-pub async fn read<B>(parts: &mut Parts, body: B) -> Result<Either<B, Full<Bytes>>, ProxyError>
+/// Reads the form body of `parts` (at most [`MAX_FORM_BODY`] bytes, or `max_request_body`
+/// when that is less) into its extensions, and gives back a body of the same bytes to forward;
+/// 413 past the bound (a declared length past it is refused unread), 400 when the body cannot
+/// be read (cut off, malformed framing).
+pub async fn read<B>(
+    parts: &mut Parts,
+    body: B,
+    max_request_body: Option<u64>,
+) -> Result<Either<B, Full<Bytes>>, ProxyError>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<crate::body::BoxError>,
 {
-    let too_large = ProxyError::BodyTooLarge {
-        limit: MAX_FORM_BODY as u64,
-    };
+    let limit = max_request_body.map_or(MAX_FORM_BODY as u64, |max| max.min(MAX_FORM_BODY as u64));
+    let too_large = ProxyError::BodyTooLarge { limit };
     let declared = parts
         .headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > MAX_FORM_BODY as u64) {
+    if declared.is_some_and(|length| length > limit) {
         return Err(too_large);
     }
-    let bytes = match Limited::new(body, MAX_FORM_BODY).collect().await {
+    // At most MAX_FORM_BODY, which fits any usize.
+    let bytes = match Limited::new(body, limit as usize).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(error) if error.is::<http_body_util::LengthLimitError>() => return Err(too_large),
         Err(_) => return Err(ProxyError::BadRequest("the request body could not be read")),
