@@ -627,8 +627,12 @@ pub(crate) fn trim_wide(mut bytes: &[u8]) -> &[u8] {
 /// differently is no value either).
 fn decode_cookie(raw: &[u8]) -> Result<Cow<'_, [u8]>, Refusal> {
     let spelling = || Refusal::Ambiguous(Ambiguity::CookieSpelling);
-    // The common case: nothing any app decodes.
-    if !raw.iter().any(|&b| matches!(b, b'"' | b'%' | b'\\')) && !raw.starts_with(b"j:") {
+    // The common case: nothing any app decodes, all ASCII.
+    if !raw
+        .iter()
+        .any(|&b| matches!(b, b'"' | b'%' | b'\\') || !b.is_ascii())
+        && !raw.starts_with(b"j:")
+    {
         return Ok(Cow::Borrowed(raw));
     }
     let value = match raw {
@@ -641,33 +645,50 @@ fn decode_cookie(raw: &[u8]) -> Result<Cow<'_, [u8]>, Refusal> {
         [b'"', ..] => return Err(spelling()),
         _ => raw,
     };
-    let mut value = Cow::Borrowed(value);
-    if value.contains(&b'%') {
-        let escapes_whole = value
-            .iter()
-            .enumerate()
-            .filter(|(_, &b)| b == b'%')
-            .all(|(at, _)| {
-                value
-                    .get(at + 1..at + 3)
-                    .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
-            });
-        if escapes_whole {
-            let decoded: Vec<u8> = percent_encoding::percent_decode(&value).collect();
-            if std::str::from_utf8(&decoded).is_ok() {
-                value = Cow::Owned(decoded);
-            }
-        }
-    }
-    if let Some(json) = value.strip_prefix(b"j:") {
-        return match serde_json::from_slice::<serde_json::Value>(json) {
+    let text = cookie_text(value);
+    if let Some(json) = text.strip_prefix("j:") {
+        return match serde_json::from_str::<serde_json::Value>(json) {
             Ok(serde_json::Value::String(text)) if !text.is_empty() => {
                 Ok(Cow::Owned(text.into_bytes()))
             }
             _ => Err(spelling()),
         };
     }
-    Ok(value)
+    Ok(Cow::Owned(text.into_bytes()))
+}
+
+/// A cookie value as the string an app holds, in UTF-8: each byte outside ASCII the Latin-1
+/// character it is to Node and WSGI, and, when every `%` starts an escape and each run of
+/// escapes is UTF-8, the escapes decoded (`decodeURIComponent`; otherwise nothing is decoded,
+/// as Express keeps the value). So `\xe9`, `%C3%A9` and `%c3%a9` are one value.
+fn cookie_text(value: &[u8]) -> String {
+    let latin1 = |bytes: &[u8]| bytes.iter().map(|&b| char::from(b)).collect::<String>();
+    let decoded = || -> Option<String> {
+        let mut text = String::with_capacity(value.len());
+        let mut at = 0;
+        while at < value.len() {
+            let start = at;
+            while value.get(at) == Some(&b'%') {
+                let hex = value.get(at + 1..at + 3)?;
+                if !hex.iter().all(u8::is_ascii_hexdigit) {
+                    return None;
+                }
+                at += 3;
+            }
+            if at > start {
+                let run: Vec<u8> = percent_encoding::percent_decode(&value[start..at]).collect();
+                text.push_str(std::str::from_utf8(&run).ok()?);
+            } else {
+                text.push(char::from(value[at]));
+                at += 1;
+            }
+        }
+        Some(text)
+    };
+    match value.contains(&b'%') {
+        true => decoded().unwrap_or_else(|| latin1(value)),
+        false => latin1(value),
+    }
 }
 
 /// The value of header `name`, if present and non-empty. Two lines, or a comma in the value,
@@ -1073,8 +1094,16 @@ mod tests {
             &parts("/", &[("cookie", b"sid=a; \xa0sid=b")]),
             Ambiguity::Cookie
         ));
-        // UTF-8 inside a value is a value.
-        assert!(key("sid=caf\u{e9}".as_bytes()).starts_with("cookie#"));
+        // A byte outside ASCII is its Latin-1 character, as escapes decode it.
+        assert_eq!(key(b"sid=caf\xe9"), key(b"sid=caf%C3%A9"));
+        assert_eq!(key(b"sid=\xe9%41"), key(b"sid=\xe9A"));
+        assert_eq!(key(b"sid=j%3A%22caf%C3%A9%22"), key(b"sid=caf\xe9"));
+        assert!(key(b"sid=caf\xe9").starts_with("cookie#"));
+        // An escape run that is no UTF-8 leaves every escape as sent.
+        assert_eq!(
+            key(b"sid=%41%E9"),
+            format!("cookie{}", key::key_part(b"%41%E9"))
+        );
     }
 
     /// `name[]` and `name[<digits>]` are the parameter; other bracket forms are ambiguous.
