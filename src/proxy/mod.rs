@@ -302,6 +302,7 @@ impl Proxy {
                     &mut parts,
                     body,
                     runtime.config.max_request_body,
+                    runtime.config.header_read_timeout,
                 ))
                 .await
                 {

@@ -943,3 +943,28 @@ async fn a_token_the_app_accepts_is_read_as_it_reads_it_in_redis() {
     let redis = RedisServer::start();
     a_token_the_app_accepts_is_read_as_it_reads_it(redis_store(&redis)).await;
 }
+
+/// A form body read to identify its caller is read within `header_read_timeout`, like a head:
+/// a client that sends part of it and stops is answered 400 once the timeout has passed (not
+/// before), and nothing reaches the app.
+#[tokio::test]
+async fn a_form_body_that_stops_arriving_is_refused_after_the_header_read_timeout() {
+    let redis = RedisServer::start();
+    let upstream = raw_upstream().await;
+    let served =
+        serve(&forms(&upstream.url(), redis_store(&redis)).header_read_timeout("1s")).await;
+    let partial = format!(
+        "POST /post/x HTTP/1.1\r\nHost: app.example\r\nContent-Type: {FORM}\r\nContent-Length: 11\r\n\r\nuser=vic"
+    );
+    let started = std::time::Instant::now();
+    let response = raw_exchange(served.addr, partial.as_bytes()).await;
+    assert_eq!(response.status, 400, "{}", response.body_text());
+    assert!(
+        response.body_text().contains("header_read_timeout"),
+        "{}",
+        response.body_text()
+    );
+    // timeout under test: header_read_timeout 1s (a lower bound)
+    assert!(started.elapsed() >= std::time::Duration::from_secs(1));
+    assert!(upstream.request_lines().is_empty());
+}

@@ -45,11 +45,14 @@ fn is_form(parts: &Parts) -> bool {
 /// Reads the form body of `parts` (at most [`MAX_FORM_BODY`] bytes, or `max_request_body`
 /// when that is less) into its extensions, and gives back a body of the same bytes to forward;
 /// 413 past the bound (a declared length past it is refused unread), 400 when the body cannot
-/// be read (cut off, malformed framing).
+/// be read (cut off, malformed framing) or has not arrived within `within` (the
+/// `header_read_timeout`: the body is read before anything else happens, like a head, so a
+/// client trickling it holds no more than one trickling a head).
 pub async fn read<B>(
     parts: &mut Parts,
     body: B,
     max_request_body: Option<u64>,
+    within: std::time::Duration,
 ) -> Result<Either<B, Full<Bytes>>, ProxyError>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
@@ -66,10 +69,16 @@ where
         return Err(too_large);
     }
     // At most MAX_FORM_BODY, which fits any usize.
-    let bytes = match Limited::new(body, limit as usize).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => return Err(too_large),
-        Err(_) => return Err(ProxyError::BadRequest("the request body could not be read")),
+    let reading = tokio::time::timeout(within, Limited::new(body, limit as usize).collect());
+    let bytes = match reading.await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => return Err(too_large),
+        Ok(Err(_)) => return Err(ProxyError::BadRequest("the request body could not be read")),
+        Err(_) => {
+            return Err(ProxyError::BadRequest(
+                "the form body did not arrive within header_read_timeout",
+            ))
+        }
     };
     parts.extensions.insert(FormBody(bytes.clone()));
     Ok(Either::Right(Full::new(bytes)))
