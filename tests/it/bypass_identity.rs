@@ -10,6 +10,15 @@
 //!   parameter given twice: 400.
 //! - A Host that is no `host[:port]` (`api.example.com:abc`, `:80:80`, `:x:y`): 400; an empty
 //!   port is the host itself (counted); over HTTP/2 the same for `:authority` and `host`.
+//!
+//! Round three, values apps decode or trim (issue 53):
+//! - a bearer token behind Unicode whitespace (`Bearer\xa0<token>`): 400; `\xa0` or `\x85`
+//!   around a header identity: 400;
+//! - cookie spellings apps decode (`vic%74im`, `j:"victim"`) share the value's bucket; spellings
+//!   Express and Python decode differently (`"victi\155"`): 400;
+//! - `user[]=`, `user[0]=` are the query parameter `user`;
+//! - `form: user` reads a form body's field (bounded, forwarded as sent);
+//! - tokens PyJWT accepts (a numeric-string `exp`, a duplicate `sub`) are read as it reads them.
 
 use std::net::SocketAddr;
 
