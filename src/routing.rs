@@ -269,13 +269,25 @@ fn matches(route: &Route, path: &str, request: &Parts, host: Option<&str>) -> bo
 }
 
 /// Adds to `into` each method named in an override `value` (comma-separated entries, as
-/// apps upper-case them) that is not `own` nor already there, up to [`MAX_NAMED`].
+/// apps upper-case them) that is not `own` nor already there, up to [`MAX_NAMED`]. An entry is
+/// trimmed as apps trim it: Express's method-override uses JS `trim()`, which drops U+00A0 of
+/// the Latin-1 decoded header too, so `GET\xa0` names GET ([`crate::identity::trim_wide`]),
+/// and of a decoded query field's UTF-8 (`_method=GET%C2%A0`).
 fn named_methods(value: &[u8], own: &Method, into: &mut Vec<Method>) {
     for entry in value.split(|&b| b == b',') {
         if into.len() >= MAX_NAMED {
             return;
         }
-        let Ok(method) = Method::from_bytes(&entry.trim_ascii().to_ascii_uppercase()) else {
+        // A query field's value is UTF-8 to apps, whose `trim()` drops any Unicode whitespace
+        // (JS: U+FEFF too); a header's is Latin-1. Trimming more than an app would only counts
+        // more.
+        let entry = match std::str::from_utf8(entry) {
+            Ok(text) => text
+                .trim_matches(|c: char| c.is_whitespace() || c == '\u{feff}')
+                .as_bytes(),
+            Err(_) => crate::identity::trim_wide(entry),
+        };
+        let Ok(method) = Method::from_bytes(&entry.to_ascii_uppercase()) else {
             continue;
         };
         if method != *own && !into.contains(&method) {

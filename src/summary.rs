@@ -125,6 +125,32 @@ fn write_admin(out: &mut String, config: &Config, admin: std::net::SocketAddr) {
     );
 }
 
+/// A warning for each identity of the route's limits that keys a refused bearer token by client
+/// IP (`on_invalid: client_ip`, the default). tollgate refuses tokens an app may accept (PyJWT
+/// reads `"exp": "<digits>"`, JSON parsers take the last of two `sub`), and each address then
+/// gets a quota of its own while the app serves the token's owner; `reject` answers them 401.
+fn write_refused_token_warnings(out: &mut String, route: &Route) {
+    let mut warned: Vec<&str> = Vec::new();
+    for identity in route.limits.iter().flat_map(|limit| &limit.key) {
+        let reads_tokens = identity
+            .sources
+            .iter()
+            .any(|source| matches!(source, crate::identity::Source::Jwt(_)));
+        if !reads_tokens
+            || identity.on_invalid != crate::identity::OnInvalid::ClientIp
+            || warned.contains(&identity.name.as_str())
+        {
+            continue;
+        }
+        warned.push(&identity.name);
+        let _ = writeln!(
+            out,
+            "  warning identity {} keys a token it refuses by client IP (on_invalid: client_ip): a token the app accepts and tollgate does not (a numeric-string exp, a duplicate claim) gets a quota per address for its owner; set on_invalid: reject to answer such tokens 401",
+            identity.name
+        );
+    }
+}
+
 /// A route's line, then one line per limit and per tier; with `protect`, each says its
 /// priority.
 fn write_route(out: &mut String, route: &Route, priorities: bool) {
@@ -176,6 +202,7 @@ fn write_route(out: &mut String, route: &Route, priorities: bool) {
         priority(route.limits.priority)
     );
     write_limits(out, &route.limits, "  limit   ");
+    write_refused_token_warnings(out, route);
     if !route.allow.is_empty() {
         let mut who: Vec<String> = Vec::new();
         if !route.allow.client_ips.is_empty() {

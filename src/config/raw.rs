@@ -258,6 +258,8 @@ impl<'de> Deserialize<'de> for RawIdentity {
 pub enum RawSource {
     Header(String),
     Query(String),
+    /// A field of an `application/x-www-form-urlencoded` request body.
+    Form(String),
     Cookie(String),
     Bearer,
     Jwt(RawJwt),
@@ -268,6 +270,7 @@ pub enum RawSource {
 const SOURCE_KINDS: &[&str] = &[
     "header",
     "query",
+    "form",
     "cookie",
     "bearer",
     "jwt",
@@ -282,7 +285,7 @@ impl<'de> Deserialize<'de> for RawSource {
         impl<'de> Visitor<'de> for SourceVisitor {
             type Value = RawSource;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an identity source: `header: NAME`, `query: NAME`, `cookie: NAME`, `bearer: {}`, `jwt: {...}`, `path_segment: N` or `client_ip`")
+                f.write_str("an identity source: `header: NAME`, `query: NAME`, `form: NAME`, `cookie: NAME`, `bearer: {}`, `jwt: {...}`, `path_segment: N` or `client_ip`")
             }
             fn visit_str<E: Error>(self, v: &str) -> Result<RawSource, E> {
                 match v {
@@ -300,6 +303,7 @@ impl<'de> Deserialize<'de> for RawSource {
                 let source = match kind.as_str() {
                     "header" => RawSource::Header(map.next_value()?),
                     "query" => RawSource::Query(map.next_value()?),
+                    "form" => RawSource::Form(map.next_value()?),
                     "cookie" => RawSource::Cookie(map.next_value()?),
                     "bearer" => {
                         map.next_value::<Option<Empty>>()?;

@@ -504,6 +504,12 @@ fn request_of(route: &Route, raw: &[u8]) -> (http::request::Parts, IpAddr, Optio
                     identity.name
                 ))
             }
+            Some(Source::Form(name)) => {
+                note = Some(format!(
+                "`{}` reads the form field `{name}` of a request body: the request carries none",
+                identity.name
+            ))
+            }
             Some(Source::Global) | None => {}
         }
     }

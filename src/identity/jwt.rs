@@ -9,6 +9,12 @@
 //! refused never lets the identity fall through to a weaker source (see `Identity::identify`
 //! and its `on_invalid`).
 //!
+//! Where jsonwebtoken reads a token more strictly than the apps' libraries (PyJWT reads a
+//! numeric-string `exp` with `int()`, JSON parsers keep the last of a member named twice,
+//! base64 is decoded leniently), a token it refuses for that is verified and checked again as
+//! they read it: a token the app accepts must not be refused here, or under `on_invalid:
+//! client_ip` each address would get a quota of its own for its owner.
+//!
 //! Leeway defaults to 0 seconds: the proxy and the issuer are expected to keep NTP time. Raise
 //! it with [`JwtVerifier::with_leeway`] if clocks drift.
 
@@ -288,17 +294,182 @@ impl JwtVerifier {
         if token.is_empty() {
             return Err(Refusal::Malformed);
         }
-        let data = jsonwebtoken::decode::<Map<String, Value>>(
+        let decoded = jsonwebtoken::decode::<Map<String, Value>>(
             token,
             &self.checks.key,
             &self.checks.validation,
-        )
-        .map_err(|err| Refusal::of(&err))?;
-        match data.claims.get(&self.claim) {
+        );
+        let claims = match decoded {
+            Ok(data) => data.claims,
+            // What jsonwebtoken reads more strictly than the apps' libraries (a numeric-string
+            // `exp`, a claim named twice, base64 PyJWT decodes): verified and checked again as
+            // they read it, so that a token an app accepts is not refused here (under
+            // `on_invalid: client_ip` that would give each address a quota of its own).
+            Err(error) if Self::rereadable(&error, token) => self.check_as_apps_read(token)?,
+            Err(error) => return Err(Refusal::of(&error)),
+        };
+        match claims.get(&self.claim) {
             Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
             Some(Value::Number(n)) => Ok(n.to_string()),
             _ => Err(Refusal::NoIdentityClaim),
         }
+    }
+}
+
+impl JwtVerifier {
+    /// Whether jsonwebtoken refused `error` for a reading stricter than the apps' libraries:
+    /// base64 they decode, JSON with a member named twice (JSON parsers keep the last), a
+    /// required claim in a form they accept (`"exp": "1767225600"`, which PyJWT reads with
+    /// `int()`), a signature spelled otherwise than canonically (jsonwebtoken compares an
+    /// HMAC's text). Other signature, algorithm, time and issuer/audience refusals are final.
+    fn rereadable(error: &jsonwebtoken::errors::Error, token: &str) -> bool {
+        use jsonwebtoken::errors::ErrorKind;
+        match error.kind() {
+            ErrorKind::Base64(_)
+            | ErrorKind::Json(_)
+            | ErrorKind::Utf8(_)
+            | ErrorKind::MissingRequiredClaim(_) => true,
+            ErrorKind::InvalidSignature => {
+                use base64::Engine as _;
+                let signature = token.rsplit('.').next().unwrap_or_default();
+                lenient_base64(signature).is_some_and(|bytes| {
+                    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes) != signature
+                })
+            }
+            _ => false,
+        }
+    }
+
+    /// The token's claims read as PyJWT and JSON parsers read them, with every check of
+    /// [`JwtVerifier::check`]: exactly three parts; the header's `alg` (the last, if named
+    /// twice) the pinned algorithm; the signature verified with the pinned algorithm and key;
+    /// `exp` required and `nbf` checked (numbers, or strings of digits as Python's `int()`
+    /// reads them), `iss`/`aud` when configured. Base64 is decoded leniently (padding or
+    /// none, non-canonical trailing bits, `+` and `/` for `-` and `_`): the header and payload
+    /// are signed as written, so only the signature's spelling can vary, and its bytes are
+    /// what is verified.
+    fn check_as_apps_read(&self, token: &str) -> Result<Map<String, Value>, Refusal> {
+        let mut parts = token.split('.');
+        let (Some(header), Some(payload), Some(signature), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(Refusal::Malformed);
+        };
+        let json = |part: &str| -> Result<Map<String, Value>, Refusal> {
+            let bytes = lenient_base64(part).ok_or(Refusal::Malformed)?;
+            serde_json::from_slice(&bytes).map_err(|_| Refusal::Malformed)
+        };
+        let alg = match json(header)?.get("alg") {
+            Some(Value::String(alg)) => alg.parse::<Algorithm>().ok(),
+            _ => None,
+        };
+        if alg != Some(self.algorithm) {
+            return Err(Refusal::Algorithm);
+        }
+        let signature = lenient_base64(signature).ok_or(Refusal::Malformed)?;
+        let canonical = {
+            use base64::Engine as _;
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(signature)
+        };
+        let message = &token[..header.len() + 1 + payload.len()];
+        let verified = jsonwebtoken::crypto::verify(
+            &canonical,
+            message.as_bytes(),
+            &self.checks.key,
+            self.algorithm,
+        );
+        if !matches!(verified, Ok(true)) {
+            return Err(Refusal::Signature);
+        }
+        let claims = json(payload)?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()) as i128;
+        let leeway = self.checks.leeway as i128;
+        let exp = claims.get("exp").ok_or(Refusal::MissingClaim)?;
+        if numeric_date(exp).ok_or(Refusal::Malformed)? < now - leeway {
+            return Err(Refusal::Expired);
+        }
+        if let Some(nbf) = claims.get("nbf") {
+            if numeric_date(nbf).ok_or(Refusal::Malformed)? > now + leeway {
+                return Err(Refusal::NotYetValid);
+            }
+        }
+        if let Some(issuer) = &self.checks.issuer {
+            match claims.get("iss") {
+                None => return Err(Refusal::MissingClaim),
+                Some(Value::String(iss)) if iss == issuer => {}
+                Some(_) => return Err(Refusal::Issuer),
+            }
+        }
+        if let Some(audience) = &self.checks.audience {
+            let ours = |v: &Value| matches!(v, Value::String(aud) if aud == audience);
+            match claims.get("aud") {
+                None => return Err(Refusal::MissingClaim),
+                Some(Value::Array(auds)) if auds.iter().any(ours) => {}
+                Some(aud) if ours(aud) => {}
+                Some(_) => return Err(Refusal::Audience),
+            }
+        }
+        Ok(claims)
+    }
+}
+
+/// Base64url as PyJWT decodes it: padded or not, `+` and `/` read as `-` and `_`, trailing
+/// bits that a canonical encoding would have zeroed ignored. None when it is no base64.
+fn lenient_base64(part: &str) -> Option<Vec<u8>> {
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    use base64::Engine as _;
+    const LENIENT: GeneralPurpose = GeneralPurpose::new(
+        &base64::alphabet::URL_SAFE,
+        GeneralPurposeConfig::new()
+            .with_decode_padding_mode(DecodePaddingMode::Indifferent)
+            .with_decode_allow_trailing_bits(true),
+    );
+    let text: String = part
+        .chars()
+        .map(|c| match c {
+            '+' => '-',
+            '/' => '_',
+            c => c,
+        })
+        .collect();
+    LENIENT.decode(text).ok()
+}
+
+/// A NumericDate as PyJWT's `int()` reads it: a JSON number (its fraction dropped), or a
+/// string of ASCII digits with an optional sign, surrounding whitespace and single `_` between
+/// digits. None for anything else.
+fn numeric_date(value: &Value) -> Option<i128> {
+    match value {
+        Value::Number(n) => n
+            .as_i64()
+            .map(i128::from)
+            .or_else(|| n.as_u64().map(i128::from))
+            .or_else(|| {
+                n.as_f64()
+                    .filter(|f| f.is_finite())
+                    .map(|f| f.trunc() as i128)
+            }),
+        Value::String(text) => {
+            let text = text.trim();
+            let (negative, digits) = match text.as_bytes().first() {
+                Some(b'-') => (true, &text[1..]),
+                Some(b'+') => (false, &text[1..]),
+                _ => (false, text),
+            };
+            let well_formed = !digits.is_empty()
+                && !digits.starts_with('_')
+                && !digits.ends_with('_')
+                && !digits.contains("__")
+                && digits.bytes().all(|b| b.is_ascii_digit() || b == b'_');
+            if !well_formed {
+                return None;
+            }
+            let value: i128 = digits.replace('_', "").parse().ok()?;
+            Some(if negative { -value } else { value })
+        }
+        _ => None,
     }
 }
 
@@ -337,6 +508,133 @@ mod tests {
 
     fn b64(v: &Value) -> String {
         URL_SAFE_NO_PAD.encode(serde_json::to_vec(v).unwrap())
+    }
+
+    /// An HS256 token of raw header and payload JSON text (members named twice, strings
+    /// where numbers belong), signed with `key`.
+    fn raw_hs256(header: &str, payload: &str, key: &[u8]) -> String {
+        let message = format!(
+            "{}.{}",
+            URL_SAFE_NO_PAD.encode(header),
+            URL_SAFE_NO_PAD.encode(payload)
+        );
+        let signature = jsonwebtoken::crypto::sign(
+            message.as_bytes(),
+            &EncodingKey::from_secret(key),
+            Algorithm::HS256,
+        )
+        .unwrap();
+        format!("{message}.{signature}")
+    }
+
+    /// What PyJWT and JSON parsers accept is accepted too: a numeric-string `exp`/`nbf`
+    /// (Python's `int()`), a claim named twice (the last), base64 with padding or with
+    /// non-canonical trailing bits in the signature. Every check still holds on that path.
+    #[test]
+    fn tokens_the_apps_libraries_accept_are_accepted() {
+        let v = hmac_verifier();
+        let head = r#"{"alg":"HS256","typ":"JWT"}"#;
+        let exp = now() + 300;
+        let ok = |payload: String| v.check(&raw_hs256(head, &payload, SECRET));
+        assert_eq!(
+            ok(format!(r#"{{"sub":"victim","exp":"{exp}"}}"#)).as_deref(),
+            Ok("victim")
+        );
+        assert_eq!(
+            ok(format!(r#"{{"sub":"victim","exp":" +{exp} "}}"#)).as_deref(),
+            Ok("victim")
+        );
+        assert_eq!(
+            ok(format!(r#"{{"sub":"fresh","exp":{exp},"sub":"victim"}}"#)).as_deref(),
+            Ok("victim")
+        );
+        assert_eq!(
+            ok(format!(
+                r#"{{"sub":"victim","exp":"{exp}","nbf":"{}"}}"#,
+                now() - 5
+            ))
+            .as_deref(),
+            Ok("victim")
+        );
+        // Refused on that path as on the other.
+        assert_eq!(
+            ok(format!(r#"{{"sub":"victim","exp":"{}"}}"#, now() - 10)),
+            Err(Refusal::Expired)
+        );
+        assert_eq!(
+            ok(format!(
+                r#"{{"sub":"victim","exp":"{exp}","nbf":"{}"}}"#,
+                now() + 100
+            )),
+            Err(Refusal::NotYetValid)
+        );
+        assert_eq!(
+            ok(r#"{"sub":"victim","exp":"soon"}"#.into()),
+            Err(Refusal::Malformed)
+        );
+        assert_eq!(
+            ok(r#"{"sub":"victim","exp":"1__0"}"#.into()),
+            Err(Refusal::Malformed)
+        );
+        assert_eq!(
+            ok(r#"{"sub":"victim","sub":"again"}"#.into()),
+            Err(Refusal::MissingClaim)
+        );
+        let forged = raw_hs256(
+            head,
+            &format!(r#"{{"sub":"victim","exp":"{exp}"}}"#),
+            b"forger",
+        );
+        assert_eq!(v.check(&forged), Err(Refusal::Signature));
+        for header in [
+            r#"{"alg":"HS256","alg":"none"}"#,
+            r#"{"alg":"HS384"}"#,
+            r#"{}"#,
+        ] {
+            let token = raw_hs256(
+                header,
+                &format!(r#"{{"sub":"victim","exp":{exp}}}"#),
+                SECRET,
+            );
+            assert_eq!(v.check(&token), Err(Refusal::Algorithm), "{header}");
+        }
+        let last_alg = raw_hs256(
+            r#"{"alg":"none","alg":"HS256"}"#,
+            &format!(r#"{{"sub":"victim","exp":{exp}}}"#),
+            SECRET,
+        );
+        assert_eq!(v.check(&last_alg).as_deref(), Ok("victim"));
+        // The signature spelled otherwise: padded, `+`/`/`, non-canonical last character.
+        let token = hs256(&json!({"sub": "victim", "exp": exp}));
+        let (message, signature) = token.rsplit_once('.').unwrap();
+        let padded = format!("{message}.{signature}=");
+        assert_eq!(v.check(&padded).as_deref(), Ok("victim"));
+        let slashed = format!(
+            "{message}.{}",
+            signature.replace('-', "+").replace('_', "/")
+        );
+        assert_eq!(v.check(&slashed).as_deref(), Ok("victim"));
+        // 32 bytes are 43 characters, the last holding 2 bits of padding: set one.
+        let last = signature.chars().last().unwrap();
+        let alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        let index = alphabet.find(last).unwrap();
+        let bumped = alphabet.chars().nth(index | 1).unwrap();
+        let mut tweaked = signature.to_owned();
+        tweaked.pop();
+        tweaked.push(bumped);
+        if bumped != last {
+            assert_eq!(
+                v.check(&format!("{message}.{tweaked}")).as_deref(),
+                Ok("victim")
+            );
+        }
+        // Another signature is still another signature.
+        let mut other = signature.to_owned();
+        other.replace_range(..1, if signature.starts_with('A') { "B" } else { "A" });
+        assert_eq!(
+            v.check(&format!("{message}.{other}")),
+            Err(Refusal::Signature)
+        );
     }
 
     #[test]
@@ -584,8 +882,8 @@ mod tests {
                 Refusal::Oversized,
             ),
             ("not-a-jwt".to_owned(), Refusal::Malformed),
-            // `none` is no algorithm jsonwebtoken knows: the header does not parse.
-            (none, Refusal::Malformed),
+            // `none` is no algorithm jsonwebtoken knows: read again, it is no pinned one.
+            (none, Refusal::Algorithm),
             (other_size, Refusal::Algorithm),
         ] {
             assert_eq!(v.check(&token), Err(why), "{token:.40}");

@@ -24,6 +24,7 @@ pub mod display;
 pub mod jwt;
 pub mod key;
 
+use std::borrow::Cow;
 use std::net::IpAddr;
 
 use http::header::{AUTHORIZATION, COOKIE};
@@ -40,15 +41,20 @@ pub enum Source {
     /// The value of that header, if present and non-empty; two lines or a comma are
     /// [`Ambiguity::Header`].
     Header(HeaderName),
-    /// `name=value` in the query string, percent-decoded (form rules); empty = absent; the name
-    /// twice is [`Ambiguity::Query`].
+    /// `name=value` in the query string, percent-decoded (form rules), `name[]=` and
+    /// `name[0]=` too; empty = absent; the name twice is [`Ambiguity::Query`].
     Query(String),
-    /// Cookie of that name from any Cookie header line; empty = absent; the name twice is
-    /// [`Ambiguity::Cookie`].
+    /// A field of an `application/x-www-form-urlencoded` request body, read as a `query` source
+    /// reads the query string ([`FormBody`]: the proxy reads the body, bounded, only on routes
+    /// whose identities name a form field); absent without such a body.
+    Form(String),
+    /// Cookie of that name from any Cookie header line, decoded as apps decode it
+    /// ([`decode_cookie`]); empty = absent; the name twice is [`Ambiguity::Cookie`], a spelling
+    /// apps decode differently [`Ambiguity::CookieSpelling`].
     Cookie(String),
     /// The token of `Authorization: Bearer <token>` (scheme case-insensitive); its value is
     /// always hashed into the key, never stored raw. More than one credential is
-    /// [`Ambiguity::Credentials`].
+    /// [`Ambiguity::Credentials`], a byte outside ASCII [`Ambiguity::CredentialBytes`].
     Bearer,
     /// A verified claim of the bearer token; an unverifiable token counts as absent.
     Jwt(JwtVerifier),
@@ -67,6 +73,7 @@ impl Source {
         match self {
             Source::Header(_) => "header",
             Source::Query(_) => "query",
+            Source::Form(_) => "form",
             Source::Cookie(_) => "cookie",
             Source::Bearer => "bearer",
             Source::Jwt(_) => "jwt",
@@ -82,7 +89,9 @@ impl Source {
     pub fn default_display(&self) -> Display {
         match self {
             Source::Header(name) if display::is_credential_name(name.as_str()) => Display::Digest,
-            Source::Query(name) | Source::Cookie(name) if display::is_credential_name(name) => {
+            Source::Query(name) | Source::Form(name) | Source::Cookie(name)
+                if display::is_credential_name(name) =>
+            {
                 Display::Digest
             }
             Source::Bearer => Display::Digest,
@@ -95,6 +104,7 @@ impl Source {
         match self {
             Source::Header(name) => format!("header {name}"),
             Source::Query(name) => format!("query {name}"),
+            Source::Form(name) => format!("form field {name}"),
             Source::Cookie(name) => format!("cookie {name}"),
             Source::Bearer => "bearer token".to_owned(),
             Source::Jwt(v) => format!("jwt claim {}", v.claim()),
@@ -128,14 +138,22 @@ impl Source {
                 header(&req.headers, name)?.map(|v| Identified::readable(kind, v, shown))
             }
             Source::Query(name) => match req.uri.query() {
-                Some(query) => query_param_once(query, name)?.and_then(|value| {
-                    non_empty(&value).map(|v| Identified::readable(kind, v, shown))
-                }),
+                Some(query) => query_param_once(query.as_bytes(), name, Ambiguity::Query)?
+                    .and_then(|value| {
+                        non_empty(&value).map(|v| Identified::readable(kind, v, shown))
+                    }),
                 None => None,
             },
-            Source::Cookie(name) => {
-                cookie(&req.headers, name.as_bytes())?.map(|v| Identified::readable(kind, v, shown))
-            }
+            Source::Form(name) => match req.extensions.get::<FormBody>() {
+                Some(FormBody(body)) => {
+                    query_param_once(body, name, Ambiguity::Form)?.and_then(|value| {
+                        non_empty(&value).map(|v| Identified::readable(kind, v, shown))
+                    })
+                }
+                None => None,
+            },
+            Source::Cookie(name) => cookie(&req.headers, name.as_bytes())?
+                .map(|v| Identified::readable(kind, &v, shown)),
             Source::Bearer => bearer(&req.headers)?.map(|token| {
                 let mut key_part = String::with_capacity(kind.len() + 44);
                 key_part.push_str(kind);
@@ -347,6 +365,7 @@ impl Identity {
             match source {
                 Source::Header(_)
                 | Source::Query(_)
+                | Source::Form(_)
                 | Source::Cookie(_)
                 | Source::Jwt(_)
                 | Source::PathSegment(_) => {
@@ -441,23 +460,61 @@ pub(crate) fn query_param(query: &str, name: &str) -> Option<Vec<u8>> {
 /// The decoded value of the one `name=...` pair (as [`query_param`]); the name twice (however
 /// spelled: `user` and `us%65r` are one name) is [`Ambiguity::Query`], since apps take the first
 /// (Flask), the last (Django, PHP) or both (Express).
-fn query_param_once(query: &str, name: &str) -> Result<Option<Vec<u8>>, Refusal> {
+///
+/// `name[]=v` and `name[0]=v` (any digits) are the parameter too: Express's query parser and PHP
+/// read them as the array `[v]`, which `String()` makes `v`; so `user[]=a&user=b` is the name
+/// twice. Any other bracket form (`name[a]=v`, `name[][x]=v`) is a structure to those apps and
+/// no value to others: ambiguous too.
+/// A form body is read the same way; `twice` is what a second value is.
+fn query_param_once(
+    query: &[u8],
+    name: &str,
+    twice: Ambiguity,
+) -> Result<Option<Vec<u8>>, Refusal> {
+    let ambiguous = Err(Refusal::Ambiguous(twice));
     let mut found = None;
-    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let named = match k.bytes().any(|b| b == b'%' || b == b'+') {
-            true => percent_decode(k.as_bytes(), true) == name.as_bytes(),
-            false => k == name,
+    for pair in query.split(|&b| b == b'&').filter(|pair| !pair.is_empty()) {
+        let (k, v) = match pair.iter().position(|&b| b == b'=') {
+            Some(at) => (&pair[..at], &pair[at + 1..]),
+            None => (pair, &b""[..]),
         };
-        if !named {
+        let decoded;
+        let k = match k.iter().any(|&b| b == b'%' || b == b'+') {
+            true => {
+                decoded = percent_decode(k, true);
+                &decoded[..]
+            }
+            false => k,
+        };
+        let Some(rest) = k.strip_prefix(name.as_bytes()) else {
             continue;
+        };
+        match rest {
+            [] => {}
+            [b'[', index @ .., b']'] if index.iter().all(u8::is_ascii_digit) => {}
+            [b'[', ..] => return ambiguous,
+            _ => continue,
         }
         if found.is_some() {
-            return Err(Refusal::Ambiguous(Ambiguity::Query));
+            return ambiguous;
         }
-        found = Some(percent_decode(v.as_bytes(), true));
+        found = Some(percent_decode(v, true));
     }
     Ok(found)
+}
+
+/// The body of an `application/x-www-form-urlencoded` request, read (bounded) by the proxy
+/// before its caller is identified, on a route whose identities name a form field
+/// ([`Source::Form`]); kept in the request's extensions. The same bytes are forwarded.
+#[derive(Debug, Clone)]
+pub struct FormBody(pub bytes::Bytes);
+
+/// Whether `identity` reads a form field: a request on its routes has its form body read.
+pub fn reads_form(identity: &Identity) -> bool {
+    identity
+        .sources
+        .iter()
+        .any(|source| matches!(source, Source::Form(_)))
 }
 
 /// Every value of the query parameter `name`, decoded (form rules), in order.
@@ -502,36 +559,142 @@ fn hex_value(c: u8) -> Option<u8> {
     (c as char).to_digit(16).map(|d| d as u8)
 }
 
-/// The value of cookie `name` from any `Cookie` line (`a=1; b=2`); a value wrapped in double
-/// quotes is unwrapped (RFC 6265 allows both forms). Empty = absent. The name twice, in one line
-/// or across lines, is [`Ambiguity::Cookie`] (Express and Flask take the first, Django the last).
-fn cookie<'a>(headers: &'a http::HeaderMap, name: &[u8]) -> Result<Option<&'a [u8]>, Refusal> {
+/// The value of cookie `name` from any `Cookie` line (`a=1; b=2`), decoded as the apps behind
+/// tollgate decode it ([`decode_cookie`]). Empty = absent. The name twice, in one line or across
+/// lines, is [`Ambiguity::Cookie`] (Express and Flask take the first, Django the last).
+/// Whitespace apps trim beyond ASCII's (U+00A0, U+0085 of a Latin-1 decoded header: JS `trim()`,
+/// Python `strip()`) around the name or the value is [`Ambiguity::CookieSpelling`]: the name is
+/// still found under it, so the spelling cannot hide a second value either.
+fn cookie<'a>(headers: &'a http::HeaderMap, name: &[u8]) -> Result<Option<Cow<'a, [u8]>>, Refusal> {
     let mut found = None;
     for line in headers.get_all(COOKIE) {
         for pair in line.as_bytes().split(|&b| b == b';') {
-            let pair = pair.trim_ascii();
             let Some(eq) = pair.iter().position(|&b| b == b'=') else {
                 continue;
             };
-            if pair[..eq].trim_ascii() != name {
+            let (raw_name, raw_value) = (&pair[..eq], &pair[eq + 1..]);
+            if trim_wide(raw_name) != name {
                 continue;
             }
             if found.is_some() {
                 return Err(Refusal::Ambiguous(Ambiguity::Cookie));
             }
-            let mut value = pair[eq + 1..].trim_ascii();
-            if let [b'"', inner @ .., b'"'] = value {
-                value = inner;
+            let value = raw_value.trim_ascii();
+            if raw_name.trim_ascii() != name || trim_wide(raw_value) != value {
+                return Err(Refusal::Ambiguous(Ambiguity::CookieSpelling));
             }
             found = Some(value);
         }
     }
-    Ok(found.and_then(non_empty))
+    let Some(value) = found else {
+        return Ok(None);
+    };
+    Ok(Some(decode_cookie(value)?).filter(|v| !v.is_empty()))
+}
+
+/// Whitespace as apps trim it around cookie names and values and method overrides: ASCII's, and the Latin-1 bytes of
+/// U+0085 (Python) and U+00A0 (Python and JS).
+pub(crate) fn trim_wide(mut bytes: &[u8]) -> &[u8] {
+    let wide = |b: &u8| b.is_ascii_whitespace() || *b == 0x85 || *b == 0xa0;
+    while let [first, rest @ ..] = bytes {
+        if !wide(first) {
+            break;
+        }
+        bytes = rest;
+    }
+    while let [rest @ .., last] = bytes {
+        if !wide(last) {
+            break;
+        }
+        bytes = rest;
+    }
+    bytes
+}
+
+/// A cookie value as the apps behind tollgate read it, so that every spelling of a value shares
+/// its bucket; a spelling they read differently from each other is refused
+/// ([`Ambiguity::CookieSpelling`]).
+///
+/// The key is Express's reading (the `cookie` module, then cookie-parser): the wrapping double
+/// quotes dropped; percent escapes decoded when they all decode (`decodeURIComponent`: every
+/// `%` starts an escape and the bytes are UTF-8, else the value stays as sent); then a `j:`
+/// value is the JSON it holds. Python's readers (`http.cookies`, werkzeug, Starlette) drop the
+/// wrapping quotes and decode backslash escapes inside them (`"victi\155"` is `victim`), and
+/// do nothing else, so the key is a function of either reading except where the readings
+/// conflict, which is refused: a backslash in a quoted value, an opening quote without a closing
+/// one (`cookie` 0.x drops the last byte anyway), and a `j:` value that is not a JSON string
+/// (an object or a number is no single value; JSON that `JSON.parse` and serde read
+/// differently is no value either).
+fn decode_cookie(raw: &[u8]) -> Result<Cow<'_, [u8]>, Refusal> {
+    let spelling = || Refusal::Ambiguous(Ambiguity::CookieSpelling);
+    // The common case: nothing any app decodes, all ASCII.
+    if !raw
+        .iter()
+        .any(|&b| matches!(b, b'"' | b'%' | b'\\') || !b.is_ascii())
+        && !raw.starts_with(b"j:")
+    {
+        return Ok(Cow::Borrowed(raw));
+    }
+    let value = match raw {
+        [b'"', inner @ .., b'"'] => {
+            if inner.contains(&b'\\') {
+                return Err(spelling());
+            }
+            inner
+        }
+        [b'"', ..] => return Err(spelling()),
+        _ => raw,
+    };
+    let text = cookie_text(value);
+    if let Some(json) = text.strip_prefix("j:") {
+        return match serde_json::from_str::<serde_json::Value>(json) {
+            Ok(serde_json::Value::String(text)) if !text.is_empty() => {
+                Ok(Cow::Owned(text.into_bytes()))
+            }
+            _ => Err(spelling()),
+        };
+    }
+    Ok(Cow::Owned(text.into_bytes()))
+}
+
+/// A cookie value as the string an app holds, in UTF-8: each byte outside ASCII the Latin-1
+/// character it is to Node and WSGI, and, when every `%` starts an escape and each run of
+/// escapes is UTF-8, the escapes decoded (`decodeURIComponent`; otherwise nothing is decoded,
+/// as Express keeps the value). So `\xe9`, `%C3%A9` and `%c3%a9` are one value.
+fn cookie_text(value: &[u8]) -> String {
+    let latin1 = |bytes: &[u8]| bytes.iter().map(|&b| char::from(b)).collect::<String>();
+    let decoded = || -> Option<String> {
+        let mut text = String::with_capacity(value.len());
+        let mut at = 0;
+        while at < value.len() {
+            let start = at;
+            while value.get(at) == Some(&b'%') {
+                let hex = value.get(at + 1..at + 3)?;
+                if !hex.iter().all(u8::is_ascii_hexdigit) {
+                    return None;
+                }
+                at += 3;
+            }
+            if at > start {
+                let run: Vec<u8> = percent_encoding::percent_decode(&value[start..at]).collect();
+                text.push_str(std::str::from_utf8(&run).ok()?);
+            } else {
+                text.push(char::from(value[at]));
+                at += 1;
+            }
+        }
+        Some(text)
+    };
+    match value.contains(&b'%') {
+        true => decoded().unwrap_or_else(|| latin1(value)),
+        false => latin1(value),
+    }
 }
 
 /// The value of header `name`, if present and non-empty. Two lines, or a comma in the value,
 /// are [`Ambiguity::Header`]: apps see the lines joined into a comma list (Node with `, `,
 /// gunicorn and werkzeug with `,`) and may take its first element, its last or the whole.
+/// `\xa0` or `\x85` around the value is [`Ambiguity::HeaderSpelling`] (Python and JS trim it).
 fn header<'a>(
     headers: &'a http::HeaderMap,
     name: &HeaderName,
@@ -543,7 +706,12 @@ fn header<'a>(
     if lines.next().is_some() || value.as_bytes().contains(&b',') {
         return Err(Refusal::Ambiguous(Ambiguity::Header));
     }
-    Ok(non_empty(value.as_bytes()))
+    let value = value.as_bytes();
+    // The field's ASCII whitespace is gone already: anything more trimmed is `\xa0`/`\x85`.
+    if trim_wide(value).len() != value.len() {
+        return Err(Refusal::Ambiguous(Ambiguity::HeaderSpelling));
+    }
+    Ok(non_empty(value))
 }
 
 /// The token of the request's one credential when it is `Bearer <token>` (scheme
@@ -564,6 +732,11 @@ fn bearer(headers: &http::HeaderMap) -> Result<Option<&[u8]>, Refusal> {
     };
     if lines.next().is_some() {
         return ambiguous;
+    }
+    // Credentials are ASCII; a byte outside it is read as whitespace by some apps (U+00A0 and
+    // U+0085 of a Latin-1 decoded header) and as part of the scheme or token by others.
+    if !line.as_bytes().is_ascii() {
+        return Err(Refusal::Ambiguous(Ambiguity::CredentialBytes));
     }
     let value = line.as_bytes().trim_ascii();
     let has_comma = value.contains(&b',');
@@ -856,6 +1029,168 @@ mod tests {
         assert!(is_fallback(&c(&[b"sid="])));
         assert!(is_fallback(&c(&[b"sid=\"\""])));
         assert!(is_fallback(&c(&[b"sid"])));
+    }
+
+    /// Cookie values are keyed as apps decode them; spellings apps decode differently from
+    /// each other are refused.
+    #[test]
+    fn cookie_values_are_keyed_decoded() {
+        let ident = one(Source::Cookie("sid".into()));
+        let key = |line: &[u8]| {
+            ident
+                .seen(&parts("/", &[("cookie", line)]), peer())
+                .key_part
+        };
+        let plain = key(b"sid=victim");
+        assert_eq!(plain, "cookie=victim");
+        for same in [
+            &b"sid=vic%74im"[..],
+            b"sid=\"victim\"",
+            b"sid=\"vic%74im\"",
+            b"sid=j:\"victim\"",
+            b"sid=j:\"victi\\u006d\"",
+            b"sid=j%3A%22victim%22",
+            b" sid = victim ",
+        ] {
+            assert_eq!(key(same), plain, "{}", String::from_utf8_lossy(same));
+        }
+        // Escapes that do not all decode, or decode to no UTF-8: kept as sent.
+        assert_eq!(
+            key(b"sid=a%zz%41"),
+            format!("cookie{}", key::key_part(b"a%zz%41"))
+        );
+        assert_eq!(
+            key(b"sid=a%ff"),
+            format!("cookie{}", key::key_part(b"a%ff"))
+        );
+        assert_eq!(
+            key(b"sid=s%3Aabc.sig"),
+            format!("cookie{}", key::key_part(b"s:abc.sig"))
+        );
+        for refused in [
+            &b"sid=\"victi\\155\""[..],
+            b"sid=\"victim",
+            b"sid=\"",
+            b"sid=j:victim",
+            b"sid=j:1",
+            b"sid=j:\"\"",
+            b"sid=j:{\"a\":1}",
+            b"sid=victim\xa0",
+            b"sid=\x85victim",
+            b"\xa0sid=victim",
+        ] {
+            assert!(
+                is_ambiguous(
+                    &ident,
+                    &parts("/", &[("cookie", refused)]),
+                    Ambiguity::CookieSpelling
+                ),
+                "{}",
+                String::from_utf8_lossy(refused)
+            );
+        }
+        assert!(is_ambiguous(
+            &ident,
+            &parts("/", &[("cookie", b"sid=a; \xa0sid=b")]),
+            Ambiguity::Cookie
+        ));
+        // A byte outside ASCII is its Latin-1 character, as escapes decode it.
+        assert_eq!(key(b"sid=caf\xe9"), key(b"sid=caf%C3%A9"));
+        assert_eq!(key(b"sid=\xe9%41"), key(b"sid=\xe9A"));
+        assert_eq!(key(b"sid=j%3A%22caf%C3%A9%22"), key(b"sid=caf\xe9"));
+        assert!(key(b"sid=caf\xe9").starts_with("cookie#"));
+        // An escape run that is no UTF-8 leaves every escape as sent.
+        assert_eq!(
+            key(b"sid=%41%E9"),
+            format!("cookie{}", key::key_part(b"%41%E9"))
+        );
+    }
+
+    /// `name[]` and `name[<digits>]` are the parameter; other bracket forms are ambiguous.
+    #[test]
+    fn bracket_forms_of_a_query_parameter() {
+        let ident = one(Source::Query("user".into()));
+        let key = |uri: &str| ident.seen(&parts(uri, &[]), peer()).key_part;
+        for uri in [
+            "/?user=v",
+            "/?user[]=v",
+            "/?user[0]=v",
+            "/?user[12]=v",
+            "/?user%5B%5D=v",
+            "/?us%65r%5b3%5d=v",
+            "/?users=x&user[]=v&userx[]=y",
+        ] {
+            assert_eq!(key(uri), "query=v", "{uri}");
+        }
+        for uri in [
+            "/?user[]=v&user=w",
+            "/?user[0]=v&user[1]=w",
+            "/?user[a]=v",
+            "/?user[][]=v",
+            "/?user[0]x=v",
+            "/?user[x=v",
+        ] {
+            assert!(
+                is_ambiguous(&ident, &parts(uri, &[]), Ambiguity::Query),
+                "{uri}"
+            );
+        }
+        assert!(is_fallback(&ident.seen(&parts("/?users[]=v", &[]), peer())));
+    }
+
+    /// Latin-1 whitespace apps trim around a header identity's value is refused; inside it, or
+    /// UTF-8, it is part of the value.
+    #[test]
+    fn unicode_whitespace_around_a_header_value_is_ambiguous() {
+        let ident = one(Source::Header(HeaderName::from_static("x-user")));
+        for value in [
+            &b"victim\xa0"[..],
+            b"\xa0victim",
+            b"\x85victim",
+            b"victim \x85",
+        ] {
+            assert!(
+                is_ambiguous(
+                    &ident,
+                    &parts("/", &[("x-user", value)]),
+                    Ambiguity::HeaderSpelling
+                ),
+                "{}",
+                String::from_utf8_lossy(value)
+            );
+        }
+        let seen = ident.seen(&parts("/", &[("x-user", b"vic\xa0tim")]), peer());
+        assert!(seen.key_part.starts_with("header#"));
+    }
+
+    /// Credentials are ASCII: a byte outside it in `Authorization` is refused.
+    #[test]
+    fn non_ascii_authorization_is_ambiguous() {
+        for ident in [
+            one(Source::Bearer),
+            one(Source::Jwt(
+                JwtVerifier::hmac(b"s", Algorithm::HS256, "sub").unwrap(),
+            )),
+        ] {
+            for value in [
+                &b"Bearer\xa0abc"[..],
+                b"\xa0Bearer abc",
+                b"Bearer\x85abc",
+                b"Bearer\xc2\xa0abc",
+                b"Bearer abc\xa0",
+                b"Basic \xe9",
+            ] {
+                assert!(
+                    is_ambiguous(
+                        &ident,
+                        &parts("/", &[("authorization", value)]),
+                        Ambiguity::CredentialBytes
+                    ),
+                    "{}",
+                    String::from_utf8_lossy(value)
+                );
+            }
+        }
     }
 
     #[test]

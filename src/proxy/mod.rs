@@ -5,7 +5,8 @@
 //! 2. usage (`stages::usage`): a request to the configured `usage` path answered by
 //!    [`crate::usage`], never forwarded;
 //! 3. route (`stages::route`): the request's route ([`routing::Routed`]) and the routes a method
-//!    override reaches;
+//!    override reaches; where an identity of theirs names a form field, the form body is read
+//!    (`stages::form`, bounded) and forwarded as read;
 //! 4. identify and limit (`stages::identify`, `stages::limit`): the caller on each route, and
 //!    its limits decided ([`crate::throttle::LimitOutcome`]): an [`crate::throttle::Admitted`]
 //!    request, or the answer to a refused one;
@@ -45,7 +46,7 @@ use crate::metrics::Metrics;
 use crate::protect::Protector;
 use record::{BodyRecord, RequestRecord};
 use runtime::{Inner, Runtime};
-use stages::{forward, limit, protect, respond, route, usage};
+use stages::{form as form_body, forward, limit, protect, respond, route, usage};
 
 pub use answer_body::AnswerBody;
 pub use record::RecordedBody;
@@ -269,7 +270,7 @@ impl Proxy {
         B::Error: Into<body::BoxError>,
     {
         let runtime = self.inner.runtime.load_full();
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
         // Written when the response body ends, or here if this future is dropped first (the
         // client left).
         let mut record =
@@ -293,6 +294,25 @@ impl Proxy {
             }
             let routes = route::route(&runtime, &parts, &mut record);
             let routed = routes.routed;
+            // A form body is read only where an identity of the request's routes names a field.
+            let body = match form_body::wanted(&runtime, &routes, &parts) {
+                false => http_body_util::Either::Left(body),
+                // Boxed: the read's future would otherwise size every request's.
+                true => match Box::pin(form_body::read(
+                    &mut parts,
+                    body,
+                    runtime.config.max_request_body,
+                    runtime.config.header_read_timeout,
+                ))
+                .await
+                {
+                    Ok(body) => body,
+                    Err(error) => {
+                        record.rejected();
+                        break 'stages respond::refuse(Answer::Failed(&error), &mut record, form);
+                    }
+                },
+            };
             let limiting = limit::limit(&runtime, routes, &parts, conn.peer.ip(), &mut record);
             let mut admitted = match limiting.await {
                 Ok(admitted) => admitted,

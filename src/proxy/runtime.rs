@@ -51,6 +51,10 @@ pub struct Runtime {
     pub protect: Option<Arc<Protector>>,
     /// The Redis node decisions go to, as traces name it.
     pub trace_redis: Option<Arc<str>>,
+    /// Per route, in route order: whether an identity it uses (its limits', its tiers', its
+    /// allow-list's or the global allow-list's) names a form field. None: no route does, and
+    /// no request's body is read.
+    pub reads_form: Option<Box<[bool]>>,
 }
 
 impl Runtime {
@@ -116,7 +120,9 @@ impl Runtime {
                 None => Protector::new(settings, metrics.protect()),
             }
         });
+        let reads_form = reads_form(&config);
         Runtime {
+            reads_form,
             trace_redis: crate::traces::redis_node(&throttle.store),
             upstream,
             limits,
@@ -129,6 +135,30 @@ impl Runtime {
             config,
         }
     }
+}
+
+/// [`Runtime::reads_form`] of `config`.
+fn reads_form(config: &Config) -> Option<Box<[bool]>> {
+    use crate::identity::reads_form as reads;
+    let throttle = &config.throttle;
+    let keyed = |limits: &crate::config::LimitSet| {
+        limits.iter().flat_map(|limit| &limit.key).any(|i| reads(i))
+    };
+    let global = throttle.allow.identities.iter().any(|(i, _)| reads(i));
+    let per_route: Box<[bool]> = throttle
+        .routes
+        .iter()
+        .map(|route| {
+            global
+                || keyed(&route.limits)
+                || route.allow.identities.iter().any(|(i, _)| reads(i))
+                || route
+                    .tiers
+                    .iter()
+                    .any(|tier| reads(&tier.identity) || keyed(&tier.limits))
+        })
+        .collect();
+    per_route.contains(&true).then_some(per_route)
 }
 
 impl Runtime {

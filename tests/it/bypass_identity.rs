@@ -10,6 +10,15 @@
 //!   parameter given twice: 400.
 //! - A Host that is no `host[:port]` (`api.example.com:abc`, `:80:80`, `:x:y`): 400; an empty
 //!   port is the host itself (counted); over HTTP/2 the same for `:authority` and `host`.
+//!
+//! Round three, values apps decode or trim (issue 53):
+//! - a bearer token behind Unicode whitespace (`Bearer\xa0<token>`): 400; `\xa0` or `\x85`
+//!   around a header identity: 400;
+//! - cookie spellings apps decode (`vic%74im`, `j:"victim"`) share the value's bucket; spellings
+//!   Express and Python decode differently (`"victi\155"`): 400;
+//! - `user[]=`, `user[0]=` are the query parameter `user`;
+//! - `form: user` reads a form body's field (bounded, forwarded as sent);
+//! - tokens PyJWT accepts (a numeric-string `exp`, a duplicate `sub`) are read as it reads them.
 
 use std::net::SocketAddr;
 
@@ -442,4 +451,529 @@ async fn an_authority_with_a_name_for_a_port_is_refused_in_memory() {
 async fn an_authority_with_a_name_for_a_port_is_refused_in_redis() {
     let redis = RedisServer::start();
     an_authority_with_a_name_for_a_port_is_refused(redis_store(&redis)).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Round three: values apps decode or trim that a plain reading does not
+
+/// `GET target` with `lines` as raw header lines: the bytes matter (a Latin-1 `\xa0`, UTF-8).
+fn get_raw(target: &str, lines: &[&[u8]]) -> Vec<u8> {
+    let mut request = format!("GET {target} HTTP/1.1\r\nHost: app.example\r\n").into_bytes();
+    for line in lines {
+        request.extend_from_slice(line);
+        request.extend_from_slice(b"\r\n");
+    }
+    request.extend_from_slice(b"\r\n");
+    request
+}
+
+/// The token's owner spends `/open/` (`on_invalid: client_ip`, the default); then the same
+/// token behind Unicode whitespace (a Latin-1 `\xa0` or `\x85` byte, UTF-8 U+00A0 or U+2003),
+/// which Python's `split()`/`strip()` and JS's `trim()` read as whitespace, beside a fresh
+/// `X-User` the header source would key on, is 400 and never reaches the app. ASCII spellings
+/// of the one credential are read as before.
+async fn a_bearer_token_hidden_by_unicode_whitespace_is_refused(store: Store) {
+    let upstream = raw_upstream().await;
+    let served = serve(&limited(&upstream.url(), store)).await;
+    let owner = token("owner");
+    let bearer = format!("Authorization: Bearer {owner}");
+    for _ in 0..3 {
+        expect(
+            &served,
+            &get("/open/x", &[&bearer, "X-User: anything"]),
+            200,
+        )
+        .await;
+    }
+    expect(
+        &served,
+        &get("/open/x", &[&bearer, "X-User: anything"]),
+        429,
+    )
+    .await;
+
+    let hidden: Vec<Vec<u8>> = [
+        (&b"Bearer\xa0"[..], &b""[..]),
+        (b"\xa0Bearer ", b""),
+        (b"Bearer\x85", b""),
+        (b"Bearer\xc2\xa0", b""),
+        (b"\xc2\xa0Bearer ", b""),
+        (b"Bearer\xe2\x80\x83", b""),
+        (b"Bearer \xa0", b""),
+        (b"Bearer ", b"\xa0"),
+        (b"Bearer ", b"\x85"),
+    ]
+    .iter()
+    .map(|(before, after)| [&b"Authorization: "[..], before, owner.as_bytes(), after].concat())
+    .collect();
+    for (i, line) in hidden.iter().enumerate() {
+        let user = format!("X-User: fresh-{i}");
+        let response = expect(&served, &get_raw("/open/x", &[line, user.as_bytes()]), 400).await;
+        assert!(
+            response.body_text().contains("outside ASCII"),
+            "{}",
+            response.body_text()
+        );
+    }
+    assert_eq!(upstream.request_lines().len(), 3, "only the owner's 3");
+
+    // ASCII whitespace around the one credential: the owner's token, counted.
+    for spelling in ["bearer  {t}", "Bearer\t{t}", "BEARER {t} "] {
+        let line = format!("Authorization: {}", spelling.replace("{t}", &owner));
+        expect(&served, &get("/open/x", &[&line, "X-User: fresh"]), 429).await;
+    }
+    // Another caller without a token is keyed by its header as before.
+    expect(&served, &get("/open/x", &["X-User: alice"]), 200).await;
+    assert_eq!(upstream.request_lines().len(), 4);
+}
+
+#[tokio::test]
+async fn a_bearer_token_hidden_by_unicode_whitespace_is_refused_in_memory() {
+    a_bearer_token_hidden_by_unicode_whitespace_is_refused(store::memory()).await;
+}
+
+#[tokio::test]
+async fn a_bearer_token_hidden_by_unicode_whitespace_is_refused_in_redis() {
+    let redis = RedisServer::start();
+    a_bearer_token_hidden_by_unicode_whitespace_is_refused(redis_store(&redis)).await;
+}
+
+/// `victim` spends `/ck/` (cookie `sid`, 2 a day). Every spelling an app decodes to `victim`
+/// (percent escapes and Express's `j:` JSON cookies, as cookie-parser reads them; quotes) is
+/// counted against her bucket: 429. Spellings apps decode differently from each other (a
+/// backslash escape in quotes, which Python decodes and Express does not; an unbalanced quote;
+/// a `j:` value that is no JSON string; Unicode whitespace JS and Python trim) are 400. None
+/// reaches the app; a plain other caller still works, and shares its bucket with its spellings.
+async fn a_cookie_value_apps_decode_is_keyed_decoded(store: Store) {
+    let upstream = raw_upstream().await;
+    let served = serve(&limited(&upstream.url(), store)).await;
+    for _ in 0..2 {
+        expect(&served, &get("/ck/x", &["Cookie: sid=victim"]), 200).await;
+    }
+    for spelling in [
+        "sid=victim",
+        "sid=vic%74im",
+        "sid=%76%69%63%74%69%6D",
+        "sid=\"vic%74im\"",
+        "sid=\"victim\"",
+        "sid=j:\"victim\"",
+        "sid=j:\"victi\\u006d\"",
+        "sid=j%3A%22victim%22",
+        "sid=j: \"victim\" ",
+        "a=1; sid=victim ; b=2",
+    ] {
+        expect(
+            &served,
+            &get("/ck/x", &[&format!("Cookie: {spelling}")]),
+            429,
+        )
+        .await;
+    }
+    let forwarded = upstream.request_lines().len();
+    assert_eq!(forwarded, 2);
+
+    let refused: [&[u8]; 11] = [
+        b"Cookie: sid=\"victi\\155\"",
+        b"Cookie: sid=\"victim",
+        b"Cookie: sid=\"victim\\\"\"",
+        b"Cookie: sid=j:{\"u\":\"victim\"}",
+        b"Cookie: sid=j:[\"victim\"]",
+        b"Cookie: sid=j:victim",
+        b"Cookie: sid=j%3A7",
+        b"Cookie: sid=victim\xa0",
+        b"Cookie: sid=\x85victim",
+        b"Cookie: \xa0sid=victim",
+        b"Cookie: sid\xa0=victim",
+    ];
+    for line in refused {
+        let response = expect(&served, &get_raw("/ck/x", &[line]), 400).await;
+        assert!(
+            response.body_text().contains("decode it differently"),
+            "{}: {}",
+            String::from_utf8_lossy(line),
+            response.body_text()
+        );
+    }
+    // Unicode whitespace cannot hide a second value either.
+    let response = expect(
+        &served,
+        &get_raw("/ck/x", &[b"Cookie: sid=fresh; \xa0sid=victim"]),
+        400,
+    )
+    .await;
+    assert!(response.body_text().contains("more than once"));
+    assert_eq!(
+        upstream.request_lines().len(),
+        forwarded,
+        "none reached the app"
+    );
+
+    // Another caller: its spellings share one bucket of 2.
+    expect(&served, &get("/ck/x", &["Cookie: sid=bob"]), 200).await;
+    expect(
+        &served,
+        &get("/ck/x", &["Cookie: sid=j%3A%22b%6Fb%22"]),
+        200,
+    )
+    .await;
+    expect(&served, &get("/ck/x", &["Cookie: sid=\"bob\""]), 429).await;
+    // An escape that does not decode (`decodeURIComponent` fails, Express keeps the value):
+    // the value as sent.
+    expect(&served, &get("/ck/x", &["Cookie: sid=vic%ff"]), 200).await;
+    assert_eq!(upstream.request_lines().len(), forwarded + 3);
+}
+
+#[tokio::test]
+async fn a_cookie_value_apps_decode_is_keyed_decoded_in_memory() {
+    a_cookie_value_apps_decode_is_keyed_decoded(store::memory()).await;
+}
+
+#[tokio::test]
+async fn a_cookie_value_apps_decode_is_keyed_decoded_in_redis() {
+    let redis = RedisServer::start();
+    a_cookie_value_apps_decode_is_keyed_decoded(redis_store(&redis)).await;
+}
+
+/// `victim` spends `/q/` (query parameter `key`, 2 a day). The bracket and indexed forms
+/// Express's query parser (and PHP) read as that parameter (`key[]=victim`, `key[0]=victim`,
+/// `key%5B%5D=victim`) are counted against her bucket: 429. Two values in any mix of forms,
+/// and a bracket form that is a structure (`key[a]=`), are 400, never forwarded.
+async fn a_query_parameter_in_bracket_form_is_that_parameter(store: Store) {
+    let upstream = raw_upstream().await;
+    let served = serve(&limited(&upstream.url(), store)).await;
+    for _ in 0..2 {
+        expect(&served, &get("/q/x?key=victim", &[]), 200).await;
+    }
+    for target in [
+        "/q/x?key=victim",
+        "/q/x?key[]=victim",
+        "/q/x?key[0]=victim",
+        "/q/x?key[7]=victim",
+        "/q/x?key%5B%5D=victim",
+        "/q/x?k%65y%5b0%5d=victim",
+        "/q/x?other=1&key[]=victim&keys[]=x",
+    ] {
+        expect(&served, &get(target, &[]), 429).await;
+    }
+    let forwarded = upstream.request_lines().len();
+    assert_eq!(forwarded, 2);
+    for target in [
+        "/q/x?key[]=victim&key=fresh",
+        "/q/x?key=fresh&key%5B%5D=victim",
+        "/q/x?key[]=fresh&key[]=victim",
+        "/q/x?key[0]=fresh&key[1]=victim",
+        "/q/x?key[a]=victim",
+        "/q/x?key[][x]=victim",
+        "/q/x?key%5Bu%5D=victim",
+    ] {
+        let response = expect(&served, &get(target, &[]), 400).await;
+        assert!(
+            response.body_text().contains("query parameter"),
+            "{target}: {}",
+            response.body_text()
+        );
+    }
+    assert_eq!(
+        upstream.request_lines().len(),
+        forwarded,
+        "none reached the app"
+    );
+    // Another caller in bracket form, then plain: one bucket.
+    expect(&served, &get("/q/x?key[]=bob", &[]), 200).await;
+    expect(&served, &get("/q/x?key=bob", &[]), 200).await;
+    expect(&served, &get("/q/x?key%5B0%5D=bob", &[]), 429).await;
+    assert_eq!(upstream.request_lines().len(), forwarded + 2);
+}
+
+#[tokio::test]
+async fn a_query_parameter_in_bracket_form_is_that_parameter_in_memory() {
+    a_query_parameter_in_bracket_form_is_that_parameter(store::memory()).await;
+}
+
+#[tokio::test]
+async fn a_query_parameter_in_bracket_form_is_that_parameter_in_redis() {
+    let redis = RedisServer::start();
+    a_query_parameter_in_bracket_form_is_that_parameter(redis_store(&redis)).await;
+}
+
+/// `/post/`: keyed by the form field `user` (`form: user`), 2 a day; `/other/`: keyed by the
+/// query parameter `user` (no form field: its bodies are never read), 2 a day.
+fn forms(upstream: &str, store: Store) -> Config {
+    config()
+        .upstream(upstream)
+        .store(store)
+        .identity("poster", [source::form("user")])
+        .identity("asker", [source::query("user")])
+        .route(
+            route("post")
+                .prefix("/post/")
+                .key("poster")
+                .limit(limit::fixed_window(2, "24h")),
+        )
+        .route(
+            route("other")
+                .prefix("/other/")
+                .key("asker")
+                .limit(limit::fixed_window(2, "24h")),
+        )
+}
+
+/// `POST target` with a body of `content_type`, framed by Content-Length.
+fn post(target: &str, content_type: &str, body: &[u8]) -> Vec<u8> {
+    let head = format!(
+        "POST {target} HTTP/1.1\r\nHost: app.example\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    [head.as_bytes(), body].concat()
+}
+
+/// The same, chunked: one chunk.
+fn post_chunked(target: &str, content_type: &str, body: &[u8]) -> Vec<u8> {
+    let head = format!(
+        "POST {target} HTTP/1.1\r\nHost: app.example\r\nContent-Type: {content_type}\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n",
+        body.len()
+    );
+    [head.as_bytes(), body, b"\r\n0\r\n\r\n"].concat()
+}
+
+const FORM: &str = "application/x-www-form-urlencoded";
+
+/// Whether `needle` occurs in `haystack` (what the upstream received, over its connections).
+fn holds(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Tomcat's `getParameter("user")` reads `user=victim` from a form body. `victim` spends
+/// `/post/` through the body; every spelling of her field (bracket forms, percent escapes,
+/// chunked framing, a charset parameter) is counted against her bucket: 429. Two values are
+/// 400, a body past 64 KiB 413, none forwarded; the bodies forwarded are the bytes sent. A
+/// route that reads no form field never reads the body: a large one streams through.
+async fn a_form_body_field_is_an_identity(store: Store) {
+    let upstream = raw_upstream().await;
+    let served = serve(&forms(&upstream.url(), store)).await;
+    for body in [
+        &b"user=victim&note=a+b"[..],
+        b"note=%F0%9F%99%82&user=victim",
+    ] {
+        expect(&served, &post("/post/x", FORM, body), 200).await;
+        let received = upstream.received();
+        assert!(
+            holds(&received, &[b"\r\n\r\n", body].concat()),
+            "forwarded as sent: {:?}",
+            String::from_utf8_lossy(&received)
+        );
+    }
+    for request in [
+        post("/post/x", FORM, b"user=victim"),
+        post("/post/x", FORM, b"user[]=victim"),
+        post("/post/x", FORM, b"x=1&us%65r%5B0%5D=vic%74im"),
+        post(
+            "/post/x",
+            "Application/X-WWW-Form-Urlencoded; charset=UTF-8",
+            b"user=victim",
+        ),
+        post_chunked("/post/x", FORM, b"user=victim&z=1"),
+    ] {
+        expect(&served, &request, 429).await;
+    }
+    let forwarded = upstream.request_lines().len();
+    assert_eq!(forwarded, 2);
+    for body in [
+        &b"user=fresh&user=victim"[..],
+        b"user[]=victim&user=fresh",
+        b"user[a]=victim",
+    ] {
+        let response = expect(&served, &post("/post/x", FORM, body), 400).await;
+        assert!(
+            response.body_text().contains("form field"),
+            "{}",
+            response.body_text()
+        );
+    }
+    let big = [&b"user=fresh&pad="[..], &vec![b'a'; 70_000]].concat();
+    for request in [
+        post("/post/x", FORM, &big),
+        post_chunked("/post/x", FORM, &big),
+    ] {
+        let response = raw_exchange(served.addr, &request).await;
+        assert_eq!(response.status, 413, "{}", response.body_text());
+        assert!(
+            response.body_text().contains("65536"),
+            "{}",
+            response.body_text()
+        );
+    }
+    assert_eq!(
+        upstream.request_lines().len(),
+        forwarded,
+        "none reached the app"
+    );
+
+    // Another caller, chunked: read, and forwarded with the same bytes.
+    expect(&served, &post_chunked("/post/x", FORM, b"user=bob"), 200).await;
+    assert!(holds(&upstream.received(), b"\r\n\r\nuser=bob"));
+    // A body that is no form is not read: the caller has no field (its client IP keys it).
+    expect(
+        &served,
+        &post("/post/x", "application/json", b"{\"user\":\"victim\"}"),
+        200,
+    )
+    .await;
+    // A route that names no form field streams any body through unread.
+    expect(&served, &post("/other/x?user=carol", FORM, &big), 200).await;
+    assert!(holds(
+        &upstream.received(),
+        &[&b"\r\n\r\n"[..], &big].concat()
+    ));
+    assert_eq!(upstream.request_lines().len(), forwarded + 3);
+}
+
+#[tokio::test]
+async fn a_form_body_field_is_an_identity_in_memory() {
+    a_form_body_field_is_an_identity(store::memory()).await;
+}
+
+#[tokio::test]
+async fn a_form_body_field_is_an_identity_in_redis() {
+    let redis = RedisServer::start();
+    a_form_body_field_is_an_identity(redis_store(&redis)).await;
+}
+
+/// `alice` spends `/hdr/` (header `X-User`, 2 a day); then her name with a Latin-1 `\xa0` or
+/// `\x85` around it, which Python's `strip()` and JS's `trim()` drop, is 400, never a fresh
+/// bucket, never forwarded.
+async fn a_header_value_in_unicode_whitespace_is_refused(store: Store) {
+    let upstream = raw_upstream().await;
+    let served = serve(&limited(&upstream.url(), store)).await;
+    for _ in 0..2 {
+        expect(&served, &get("/hdr/x", &["X-User: alice"]), 200).await;
+    }
+    expect(&served, &get("/hdr/x", &["X-User: alice"]), 429).await;
+    for line in [
+        &b"X-User: alice\xa0"[..],
+        b"X-User: \xa0alice",
+        b"X-User: alice\x85",
+        b"X-User: \x85 alice \xa0",
+    ] {
+        let response = expect(&served, &get_raw("/hdr/x", &[line]), 400).await;
+        assert!(
+            response.body_text().contains("Unicode whitespace"),
+            "{}",
+            response.body_text()
+        );
+    }
+    assert_eq!(upstream.request_lines().len(), 2, "none reached the app");
+}
+
+#[tokio::test]
+async fn a_header_value_in_unicode_whitespace_is_refused_in_memory() {
+    a_header_value_in_unicode_whitespace_is_refused(store::memory()).await;
+}
+
+#[tokio::test]
+async fn a_header_value_in_unicode_whitespace_is_refused_in_redis() {
+    let redis = RedisServer::start();
+    a_header_value_in_unicode_whitespace_is_refused(redis_store(&redis)).await;
+}
+
+/// A token of `payload` (raw JSON text: a member twice, a string where a number belongs)
+/// signed RS256 with the identity fixtures' key.
+fn raw_token(payload: &str) -> String {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine as _;
+    use jsonwebtoken::{Algorithm, EncodingKey};
+    let message = format!(
+        "{}.{}",
+        URL_SAFE_NO_PAD.encode(r#"{"alg":"RS256","typ":"JWT"}"#),
+        URL_SAFE_NO_PAD.encode(payload)
+    );
+    let private = std::fs::read(format!("{FIXTURES}/rsa_private.pem")).unwrap();
+    let signature = jsonwebtoken::crypto::sign(
+        message.as_bytes(),
+        &EncodingKey::from_rsa_pem(&private).unwrap(),
+        Algorithm::RS256,
+    )
+    .unwrap();
+    format!("{message}.{signature}")
+}
+
+/// The owner spends `/open/` (`on_invalid: client_ip`); then tokens PyJWT (flask-jwt-extended)
+/// accepts for the owner and jsonwebtoken's strict reading refused (a numeric-string `exp`, a
+/// duplicate `sub` whose last is the owner's, a padded signature), beside a fresh `X-User`,
+/// are the owner's: 429, never a bucket per address. An expired one is still refused: 401
+/// under `on_invalid: reject`.
+async fn a_token_the_app_accepts_is_read_as_it_reads_it(store: Store) {
+    let upstream = raw_upstream().await;
+    let served = serve(&limited(&upstream.url(), store)).await;
+    let bearer = format!("Authorization: Bearer {}", token("owner"));
+    for _ in 0..3 {
+        expect(
+            &served,
+            &get("/open/x", &[&bearer, "X-User: anything"]),
+            200,
+        )
+        .await;
+    }
+    expect(
+        &served,
+        &get("/open/x", &[&bearer, "X-User: anything"]),
+        429,
+    )
+    .await;
+    let exp = now() + 600;
+    let padded = format!("{}=", token("owner"));
+    let tokens = [
+        raw_token(&format!(r#"{{"sub":"owner","exp":"{exp}"}}"#)),
+        raw_token(&format!(r#"{{"sub":"fresh","exp":{exp},"sub":"owner"}}"#)),
+        raw_token(&format!(
+            r#"{{"sub":"owner","exp":"{exp}","nbf":"{}"}}"#,
+            now() - 5
+        )),
+        padded,
+    ];
+    for (i, t) in tokens.iter().enumerate() {
+        let line = format!("Authorization: Bearer {t}");
+        let user = format!("X-User: fresh-{i}");
+        expect(&served, &get("/open/x", &[&line, &user]), 429).await;
+    }
+    assert_eq!(upstream.request_lines().len(), 3, "only the owner's 3");
+    let expired = raw_token(&format!(r#"{{"sub":"owner","exp":"{}"}}"#, now() - 60));
+    let line = format!("Authorization: Bearer {expired}");
+    expect(&served, &get("/api/x", &[&line, "X-User: fresh"]), 401).await;
+}
+
+#[tokio::test]
+async fn a_token_the_app_accepts_is_read_as_it_reads_it_in_memory() {
+    a_token_the_app_accepts_is_read_as_it_reads_it(store::memory()).await;
+}
+
+#[tokio::test]
+async fn a_token_the_app_accepts_is_read_as_it_reads_it_in_redis() {
+    let redis = RedisServer::start();
+    a_token_the_app_accepts_is_read_as_it_reads_it(redis_store(&redis)).await;
+}
+
+/// A form body read to identify its caller is read within `header_read_timeout`, like a head:
+/// a client that sends part of it and stops is answered 400 once the timeout has passed (not
+/// before), and nothing reaches the app.
+#[tokio::test]
+async fn a_form_body_that_stops_arriving_is_refused_after_the_header_read_timeout() {
+    let redis = RedisServer::start();
+    let upstream = raw_upstream().await;
+    let served =
+        serve(&forms(&upstream.url(), redis_store(&redis)).header_read_timeout("1s")).await;
+    let partial = format!(
+        "POST /post/x HTTP/1.1\r\nHost: app.example\r\nContent-Type: {FORM}\r\nContent-Length: 11\r\n\r\nuser=vic"
+    );
+    let started = std::time::Instant::now();
+    let response = raw_exchange(served.addr, partial.as_bytes()).await;
+    assert_eq!(response.status, 400, "{}", response.body_text());
+    assert!(
+        response.body_text().contains("header_read_timeout"),
+        "{}",
+        response.body_text()
+    );
+    // timeout under test: header_read_timeout 1s (a lower bound)
+    assert!(started.elapsed() >= std::time::Duration::from_secs(1));
+    assert!(upstream.request_lines().is_empty());
 }

@@ -224,6 +224,43 @@ fn check_accepts_a_good_file_and_prints_the_summary() {
     assert!(stdout.contains("workers   3 serving threads\n"), "{stdout}");
 }
 
+/// A route keyed by an identity with a `jwt` source under `on_invalid: client_ip` (the
+/// default) gets a warning: tokens the app accepts and tollgate refuses (a numeric-string
+/// `exp`, a duplicate claim) would get a quota per client address. `reject` silences it, and
+/// so does an identity without a `jwt` source. The file is still accepted.
+#[test]
+fn check_warns_when_a_refused_token_is_keyed_by_client_ip() {
+    let dir = TempDir::new().unwrap();
+    let path = write(
+        &dir,
+        "jwt.yaml",
+        "listen: 127.0.0.1:8080\nupstream:\n  url: http://127.0.0.1:3000\nidentities:\n  user:\n    - jwt: { claim: sub, secret_env: TG_CLI_TEST_JWT }\n    - header: x-user\n  strict:\n    sources:\n      - jwt: { claim: sub, secret_env: TG_CLI_TEST_JWT }\n    on_invalid: reject\n  member:\n    - header: x-user\nroutes:\n  - name: open\n    match: { path_prefix: /open }\n    key: user\n    limits:\n      - { algorithm: fixed_window, limit: 3, period: 10m }\n  - name: strict\n    match: { path_prefix: /strict }\n    key: strict\n    limits:\n      - { algorithm: fixed_window, limit: 3, period: 10m }\n  - name: plain\n    match: { path_prefix: /plain }\n    key: member\n    limits:\n      - { algorithm: fixed_window, limit: 3, period: 10m }\n",
+    );
+    let output = run_check(&path, &[("TG_CLI_TEST_JWT", "a-test-secret")]);
+    let stdout = stdout_of(&output);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "stderr: {}",
+        stderr_of(&output)
+    );
+    let warnings: Vec<&str> = stdout
+        .lines()
+        .filter(|line| line.trim_start().starts_with("warning"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{stdout}");
+    assert!(
+        warnings[0].contains("identity user keys a token it refuses by client IP")
+            && warnings[0].contains("set on_invalid: reject"),
+        "{stdout}"
+    );
+    // Under the route it concerns.
+    let open = stdout.find("route     open").unwrap();
+    let strict = stdout.find("route     strict").unwrap();
+    let warning = stdout.find(warnings[0]).unwrap();
+    assert!(open < warning && warning < strict, "{stdout}");
+}
+
 #[test]
 fn check_reports_an_unknown_key_with_position_and_the_allowed_keys() {
     let dir = TempDir::new().unwrap();

@@ -345,3 +345,72 @@ async fn a_route_reached_by_an_override_holds_and_settles_in_redis() {
     let redis = RedisServer::start();
     a_route_reached_by_an_override_holds_and_settles(redis_store(&redis)).await;
 }
+
+/// `method target` as `user`, with `extra` raw header lines (each ending `\r\n`).
+async fn send_raw(
+    served: &Served,
+    method: &str,
+    target: &str,
+    user: &str,
+    extra: &[u8],
+) -> RawResponse {
+    let head = format!("{method} {target} HTTP/1.1\r\nHost: app.example\r\nX-User: {user}\r\n");
+    let request = [head.as_bytes(), extra, b"Content-Length: 0\r\n\r\n"].concat();
+    raw_exchange(served.addr, &request).await
+}
+
+/// `GET /report` spent; then an override naming GET behind Unicode whitespace, which
+/// method-override's `trim()` drops (a Latin-1 `\xa0` byte in the header, UTF-8 U+00A0 or
+/// U+2003 in a decoded `_method` field), still names GET: 429, never forwarded.
+async fn an_override_behind_unicode_whitespace_names_its_method(store: Store) {
+    let upstream = raw_upstream().await;
+    let served = serve(&routes(&upstream.url(), store)).await;
+    for i in 0..3 {
+        let r = send(&served, "GET", "/report", "erin", "").await;
+        assert_eq!(r.status, 200, "GET #{i}");
+    }
+    for i in 0..2 {
+        let r = send(&served, "DELETE", "/items", "erin", "").await;
+        assert_eq!(r.status, 200, "DELETE #{i}");
+    }
+    let forwarded = upstream.request_lines().len();
+    for header in [
+        &b"X-HTTP-Method-Override: GET\xa0\r\n"[..],
+        b"X-HTTP-Method-Override: \xa0GET\r\n",
+        b"X-HTTP-Method: GET\x85\r\n",
+        b"X-Method-Override: \xa0get\xa0, PUT\r\n",
+    ] {
+        let r = send_raw(&served, "POST", "/report", "erin", header).await;
+        assert_eq!(
+            r.status,
+            429,
+            "POST /report with {:?}: {}",
+            String::from_utf8_lossy(header),
+            r.body_text()
+        );
+    }
+    for target in [
+        "/items?_method=DELETE%C2%A0",
+        "/items?_method=%E2%80%83delete",
+        "/items?_method=%EF%BB%BFDELETE",
+    ] {
+        let r = send(&served, "POST", target, "erin", "").await;
+        assert_eq!(r.status, 429, "POST {target}: {}", r.body_text());
+    }
+    assert_eq!(
+        upstream.request_lines().len(),
+        forwarded,
+        "no override of a spent method reached the app"
+    );
+}
+
+#[tokio::test]
+async fn an_override_behind_unicode_whitespace_names_its_method_in_memory() {
+    an_override_behind_unicode_whitespace_names_its_method(store::memory()).await;
+}
+
+#[tokio::test]
+async fn an_override_behind_unicode_whitespace_names_its_method_in_redis() {
+    let redis = RedisServer::start();
+    an_override_behind_unicode_whitespace_names_its_method(redis_store(&redis)).await;
+}

@@ -76,7 +76,7 @@ pub(super) fn identities(v: &mut Validator, raw: OrderedMap<RawIdentity>) -> Vec
             path.clone()
         };
         if raw.sources.is_empty() {
-            v.error(&sources_path, "needs at least one source (header, query, cookie, bearer, jwt, path_segment, client_ip)");
+            v.error(&sources_path, "needs at least one source (header, query, form, cookie, bearer, jwt, path_segment, client_ip)");
         }
         let on_invalid = on_invalid(v, &path, raw.on_invalid.as_deref(), &raw.sources);
         let display = display(v, &path, raw.display.as_deref());
@@ -157,9 +157,10 @@ fn source(v: &mut Validator, path: &str, raw: RawSource) -> Option<Source> {
             }
         },
         RawSource::Query(name) if !name.is_empty() => Source::Query(name),
+        RawSource::Form(name) if !name.is_empty() => Source::Form(name),
         RawSource::Cookie(name) if !name.is_empty() => Source::Cookie(name),
-        RawSource::Query(_) | RawSource::Cookie(_) => {
-            v.error(path, "needs a parameter or cookie name");
+        RawSource::Query(_) | RawSource::Form(_) | RawSource::Cookie(_) => {
+            v.error(path, "needs a parameter, field or cookie name");
             return None;
         }
         RawSource::Bearer => Source::Bearer,

@@ -644,6 +644,11 @@ pub mod source {
         one("cookie", name.into())
     }
 
+    /// A field of an `application/x-www-form-urlencoded` body.
+    pub fn form(name: &str) -> Source {
+        one("form", name.into())
+    }
+
     /// `bearer: {}`.
     pub fn bearer() -> Source {
         one("bearer", Value::Mapping(Mapping::new()))
