@@ -471,8 +471,19 @@ async fn every_serving_thread_serves_limits_stay_exact_and_shutdown_closes_the_l
     let addr = proxy.addr;
     proxy.shutdown();
     proxy.task.take().unwrap().await.unwrap();
-    assert!(
-        tokio::net::TcpStream::connect(addr).await.is_err(),
-        "the listener is closed after shutdown"
-    );
+    // Closed: the port can be bound again. Another test's `127.0.0.1:0` listener may have been
+    // handed the freed port meanwhile; then a request there must not reach this proxy's app.
+    if std::net::TcpListener::bind(addr).is_err() {
+        let before = up.request_count();
+        let _ = tokio::time::timeout(
+            PATIENCE,
+            http1_client().request(get(&format!("http://{addr}/download?size=1"))),
+        )
+        .await;
+        assert_eq!(
+            up.request_count(),
+            before,
+            "the listener is closed after shutdown"
+        );
+    }
 }
