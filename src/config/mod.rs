@@ -32,9 +32,9 @@ pub use model::{
     DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, MAX_WORKERS,
 };
+pub use model::{CallerContext, OtlpProtocol, Propagators, Sampling, Traces};
 pub use model::{LatencyTarget, Priority, Protect, ProtectMode};
 pub use model::{MatchCase, MethodOverride, DEFAULT_UPGRADES, METHOD_OVERRIDE_HEADERS};
-pub use model::{OtlpProtocol, Propagators, Sampling, Traces};
 use raw::RawConfig;
 
 /// Reads, substitutes, parses and validates the file at `path`.

@@ -1,0 +1,306 @@
+//! Denial of service through tollgate's own levers, black-box, on the Redis store:
+//!
+//! - Malformed request framing (a chunk size of `0x0`, not hex, overflowing, a chunk
+//!   extension with a bare newline) is the client's 400, never the app's 502: it is not counted
+//!   as the app's 5xx and is no input to protect, so a flood of it does not cut protect's limit
+//!   and ordinary requests keep being served.
+//! - The admin listener is bounded like the proxy listener: silent and trickling admin
+//!   connections are closed after the header read timeout, and the proxy answers while the
+//!   admin listener is flooded.
+//! - A lookup by short form (`/limits/state?identity=sha256:<12 hex>`) among ~90,000 callers
+//!   of one route answers: the scan of the store's keys is linear.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+use http::StatusCode;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// How late past a configured timeout a busy machine may see it fire.
+const MARGIN: Duration = Duration::from_secs(2);
+
+fn redis_store(redis: &RedisServer, prefix: &str) -> Store {
+    store::redis(&redis.url())
+        .key_prefix(prefix)
+        .on_error("deny")
+}
+
+/// `path` on the admin listener as JSON, with its status.
+async fn admin_json(admin: SocketAddr, path: &str) -> (StatusCode, Value) {
+    let (status, _, text) = exchange("GET", &format!("http://{admin}{path}"), &[]).await;
+    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, value)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Malformed framing is the client's error
+
+/// Chunked bodies hyper refuses to read, each with what is wrong with it.
+const MALFORMED: [(&str, &[u8]); 4] = [
+    ("a chunk size of 0x0", b"0x0\r\n\r\n"),
+    ("a chunk size that is not hex", b"zz\r\nhello\r\n0\r\n\r\n"),
+    (
+        "a chunk extension with a bare newline",
+        b"5;name=a\nb\r\nhello\r\n0\r\n\r\n",
+    ),
+    (
+        "a chunk size that overflows",
+        b"fffffffffffffffffffff\r\nhello\r\n0\r\n\r\n",
+    ),
+];
+
+/// `POST /echo` with `Transfer-Encoding: chunked` and `body` as its raw framing.
+fn chunked_post(body: &[u8]) -> Vec<u8> {
+    let mut request = b"POST /echo HTTP/1.1\r\nHost: app.example\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n".to_vec();
+    request.extend_from_slice(body);
+    request
+}
+
+/// protect on (its limit starts at 20, the most it may be here), a Redis-limited route for
+/// every path.
+fn framing_config(app: &str, redis: &RedisServer) -> Config {
+    config()
+        .upstream(app)
+        .admin("127.0.0.1:0")
+        .access_log(false)
+        .store(redis_store(redis, "dos-framing:"))
+        .route(
+            route("api")
+                .prefix("/")
+                .key("client_ip")
+                .limit(limit::fixed_window(1_000_000, "10m")),
+        )
+        .raw("protect:\n  max_limit: 20\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_chunked_bodies_are_the_clients_400_and_never_cut_protect() {
+    let _turn = heavy_turn().await;
+    let redis = RedisServer::start();
+    let app = upstream().start().await;
+    let proxy = proxy(framing_config(&app.url(), &redis)).start().await;
+    proxy.wait_ready().await;
+    let admin = proxy.admin.unwrap();
+
+    for (what, body) in MALFORMED {
+        let answer = raw_exchange(proxy.addr, &chunked_post(body)).await;
+        assert_eq!(answer.status, 400, "{what}: {}", answer.body_text());
+    }
+    // Four loops of malformed posts, as a flood would send them.
+    let addr = proxy.addr;
+    let loops: Vec<_> = (0..4)
+        .map(|i| {
+            tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                for n in 0..100 {
+                    let (_, body) = MALFORMED[(i + n) % MALFORMED.len()];
+                    statuses.push(raw_exchange(addr, &chunked_post(body)).await.status);
+                }
+                statuses
+            })
+        })
+        .collect();
+    for flood in loops {
+        let statuses = flood.await.unwrap();
+        assert!(statuses.iter().all(|s| *s == 400), "{statuses:?}");
+    }
+
+    // None of it was the app's failure: no 5xx counted for it, no cut of protect's limit.
+    let fives = metric(
+        admin,
+        "tollgate_upstream_responses_total{route=\"api\",status_class=\"5xx\"}",
+    )
+    .await;
+    assert!(fives.unwrap_or(0.0) == 0.0, "5xx counted: {fives:?}");
+    let (status, protect) = admin_json(admin, "/protect").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(protect["limit"].as_f64(), Some(20.0), "{protect:#}");
+    assert_eq!(protect["last_cut"], Value::Null, "{protect:#}");
+    assert_eq!(protect["error_share"].as_f64(), Some(0.0), "{protect:#}");
+
+    // Ordinary requests are served, all of them.
+    for _ in 0..40 {
+        let (status, _, _) = exchange("GET", &proxy.url("/echo"), &[]).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The admin listener under a flood of silent and trickling connections
+
+/// Reads until the peer closes; panics if it is still open after `within`.
+async fn closed_within(stream: &mut TcpStream, within: Duration) -> Vec<u8> {
+    let mut all = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Err(_) => panic!(
+                "connection still open after {within:?} (read so far: {:?})",
+                String::from_utf8_lossy(&all)
+            ),
+            Ok(Ok(0)) | Ok(Err(_)) => return all,
+            Ok(Ok(n)) => all.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// 300 silent and 300 trickling admin connections (more than the admin listener's default
+/// cap of 128): the proxy answers throughout, a silent admin connection is closed once the
+/// header read timeout (the top-level one, which the admin listener takes unless
+/// `admin.header_read_timeout` says otherwise) has passed, and once the flood is cut the admin
+/// listener answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooded_admin_listener_cuts_silent_peers_and_the_proxy_serves_on() {
+    let _turn = heavy_turn().await;
+    let app = upstream().start().await;
+    let proxy = proxy(
+        config()
+            .upstream(&app.url())
+            .admin("127.0.0.1:0")
+            .access_log(false)
+            .header_read_timeout("1s")
+            .idle_timeout("2s"),
+    )
+    .start()
+    .await;
+    let admin = proxy.admin.unwrap();
+    // One silent connection before the flood: it holds a slot, and must lose it.
+    let mut first = TcpStream::connect(admin).await.unwrap();
+    let opened = Instant::now();
+
+    let mut attackers = Vec::new();
+    for i in 0..600 {
+        attackers.push(tokio::spawn(async move {
+            let Ok(mut s) = TcpStream::connect(admin).await else {
+                return;
+            };
+            if i % 2 == 1 {
+                if s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                // The scenario: a head trickled a byte at a time, never finished.
+                for _ in 0..100 {
+                    if s.write_all(b"a").await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            let mut buf = [0u8; 64];
+            let _ = tokio::time::timeout(Duration::from_secs(30), s.read(&mut buf)).await;
+        }));
+    }
+
+    // The proxy listener answers while the admin listener is flooded, and the first silent
+    // connection is cut meanwhile.
+    let served = async {
+        for _ in 0..10 {
+            let (status, _, _) = exchange("GET", &proxy.url("/echo"), &[]).await;
+            assert_eq!(status, StatusCode::OK);
+        }
+    };
+    let cut = async {
+        let read = closed_within(&mut first, PATIENCE).await;
+        (opened.elapsed(), read)
+    };
+    let ((), (cut_after, read)) = tokio::join!(served, cut);
+    assert!(read.is_empty(), "{:?}", String::from_utf8_lossy(&read));
+    // timeout under test: header_read_timeout 1s (the admin listener's by default)
+    assert!(
+        cut_after <= Duration::from_secs(1) + MARGIN,
+        "a silent admin connection was cut after {cut_after:?}"
+    );
+
+    // As the timeouts cut the flood, the admin listener answers again.
+    eventually("the admin listener answers", PATIENCE, async || {
+        let answered = tokio::time::timeout(Duration::from_secs(2), async {
+            exchange("GET", &format!("http://{admin}/healthz"), &[])
+                .await
+                .0
+        })
+        .await;
+        until(answered == Ok(StatusCode::OK), answered)
+    })
+    .await;
+    for attacker in attackers {
+        attacker.abort();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Admin lookups by short form among many callers
+
+/// The short form of `initech` (the first 6 bytes of its SHA-256).
+const INITECH_SHORT: &str = "sha256:4cdc1a4207f4";
+const CALLERS: usize = 90_000;
+
+/// `initech` and 90,000 other callers of `r1` in Redis (their keys copied from the real
+/// one's, so each has the shape tollgate wrote): `/limits/state` by `initech`'s short form
+/// answers with its state, well within the lookup's bound. A duplicate check by a linear
+/// search per key made this lookup quadratic: minutes at this size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_form_lookup_among_many_callers_answers() {
+    let _turn = heavy_turn().await;
+    let redis = RedisServer::start();
+    let app = upstream().start().await;
+    let proxy = proxy(
+        config()
+            .upstream(&app.url())
+            .admin("127.0.0.1:0")
+            .access_log(false)
+            .store(redis_store(&redis, "dos-lookup:"))
+            .identity("user", [source::header("x-user")])
+            .route(
+                route("r1")
+                    .prefix("/")
+                    .key("user")
+                    .limit(limit::fixed_window(3, "10m")),
+            ),
+    )
+    .start()
+    .await;
+    proxy.wait_ready().await;
+    let admin = proxy.admin.unwrap();
+    let (status, _, _) = exchange("GET", &proxy.url("/echo"), &[("x-user", "initech")]).await;
+    assert_eq!(status, StatusCode::OK);
+
+    let mut conn = redis.client().await;
+    let keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg("dos-lookup:*initech*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let dumped: Vec<u8> = ::redis::cmd("DUMP")
+        .arg(&keys[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for batch in (0..CALLERS).collect::<Vec<_>>().chunks(10_000) {
+        let mut pipe = ::redis::pipe();
+        for n in batch {
+            let key = keys[0].replace("initech", &format!("caller-{n:06}"));
+            pipe.cmd("RESTORE")
+                .arg(key)
+                .arg(600_000)
+                .arg(&dumped)
+                .ignore();
+        }
+        let () = pipe.query_async(&mut conn).await.unwrap();
+    }
+
+    let path = format!("/limits/state?route=r1&identity={INITECH_SHORT}");
+    let answered = tokio::time::timeout(Duration::from_secs(30), admin_json(admin, &path))
+        .await
+        .expect("the lookup answered within 30 s");
+    let (status, state) = answered;
+    assert_eq!(status, StatusCode::OK, "{state:#}");
+    assert_eq!(state["identity"], "initech", "{state:#}");
+}
