@@ -748,11 +748,19 @@ async fn top<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
         Some(sketch) => sketch.top_of(k, view).await,
         None => offenders::Top {
             view: View::Local,
-            reason: None,
             replicas: 1,
-            routes: Vec::new(),
+            ..offenders::Top::default()
         },
     };
+    // A route's networks and per-limit lists go with its entry; a list without its route's
+    // (the route's own list is never empty when they are not) is left out.
+    let mut networks: std::collections::HashMap<String, Vec<offenders::Offender>> =
+        top.networks.into_iter().collect();
+    let mut by_limit: std::collections::HashMap<String, Vec<(String, Vec<offenders::Offender>)>> =
+        std::collections::HashMap::new();
+    for (route, limit, callers) in top.by_limit {
+        by_limit.entry(route).or_default().push((limit, callers));
+    }
     let routes: Vec<Value> = top
         .routes
         .into_iter()
@@ -763,7 +771,32 @@ async fn top<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
                 .into_iter()
                 .map(|o| o.to_json(shown.item(&o.item)))
                 .collect();
-            json!({ "route": route, "top": callers })
+            let nets: Vec<Value> = networks
+                .remove(&route)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|o| {
+                    json!({
+                        "network": o.item,
+                        "count": o.count,
+                        "error": o.error,
+                        "replicas": o.replicas,
+                    })
+                })
+                .collect();
+            let limits: Vec<Value> = by_limit
+                .remove(&route)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(limit, callers)| {
+                    let callers: Vec<Value> = callers
+                        .into_iter()
+                        .map(|o| o.to_json(shown.item(&o.item)))
+                        .collect();
+                    json!({ "limit": limit, "top": callers })
+                })
+                .collect();
+            json!({ "route": route, "top": callers, "networks": nets, "by_limit": limits })
         })
         .collect();
     let mut body = json!({
@@ -852,6 +885,42 @@ fn top_text(body: &Value) -> String {
                     Some(n) => format!("{n} replicas"),
                 }
             ));
+        }
+        let networks = route["networks"].as_array().cloned().unwrap_or_default();
+        if !networks.is_empty() {
+            out.push_str(
+                "  by client network
+",
+            );
+        }
+        for network in networks {
+            out.push_str(&format!(
+                "  {:>8}  {}{}\n",
+                network["count"],
+                network["network"].as_str().unwrap_or("?"),
+                match network["error"].as_u64() {
+                    Some(0) | None => String::new(),
+                    Some(e) => format!(" ±{e}"),
+                },
+            ));
+        }
+        for limit in route["by_limit"].as_array().into_iter().flatten() {
+            out.push_str(&format!(
+                "  refused by limit {}\n",
+                limit["limit"].as_str().unwrap_or("?")
+            ));
+            for caller in limit["top"].as_array().into_iter().flatten() {
+                out.push_str(&format!(
+                    "  {:>8}  {} ({}){}\n",
+                    caller["count"],
+                    caller["identity"].as_str().unwrap_or("?"),
+                    caller["source"].as_str().unwrap_or("?"),
+                    match caller["error"].as_u64() {
+                        Some(0) | None => String::new(),
+                        Some(e) => format!(" ±{e}"),
+                    },
+                ));
+            }
         }
     }
     out

@@ -304,3 +304,108 @@ async fn a_short_form_lookup_among_many_callers_answers() {
     assert_eq!(status, StatusCode::OK, "{state:#}");
     assert_eq!(state["identity"], "initech", "{state:#}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Top offenders under a flood of one-off decoys
+
+/// `path` from `client` (through the test's trusted proxy) as `user`: the status.
+async fn as_client(proxy: SocketAddr, client: &str, user: &str) -> StatusCode {
+    let (status, _, _) = exchange(
+        "GET",
+        &format!("http://{proxy}/item"),
+        &[("x-user", user), ("x-forwarded-for", client)],
+    )
+    .await;
+    status
+}
+
+/// An abuser refused 30 times from 198.51.100.7, and 1,500 decoys from 203.0.113.0/24 each
+/// refused once (one admitted request, one refused): `/limits/top` lists, beside the route's
+/// callers, its client networks, where the decoys are one network counted whole and the
+/// abuser's network has its own 30, both exactly (two networks are far below the sketch's
+/// capacity).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_off_decoys_from_one_network_show_as_that_network_beside_the_abuser() {
+    let _turn = heavy_turn().await;
+    const DECOYS: usize = 1_500;
+    let redis = RedisServer::start();
+    let app = upstream().start().await;
+    let proxy = proxy(
+        config()
+            .upstream(&app.url())
+            .admin("127.0.0.1:0")
+            .access_log(false)
+            .store(redis_store(&redis, "dos-top:"))
+            .trusted_proxies(["127.0.0.1/32"])
+            .identity("user", [source::header("x-user")])
+            .route(
+                route("api")
+                    .prefix("/")
+                    .key("user")
+                    .limit(limit::fixed_window(1, "10m")),
+            ),
+    )
+    .start()
+    .await;
+    proxy.wait_ready().await;
+    let (addr, admin) = (proxy.addr, proxy.admin.unwrap());
+
+    assert_eq!(
+        as_client(addr, "198.51.100.7", "mallory").await,
+        StatusCode::OK
+    );
+    let abuser = tokio::spawn(async move {
+        for _ in 0..30 {
+            assert_eq!(
+                as_client(addr, "198.51.100.7", "mallory").await,
+                StatusCode::TOO_MANY_REQUESTS
+            );
+        }
+    });
+    let lanes: Vec<_> = (0..8)
+        .map(|lane| {
+            tokio::spawn(async move {
+                for n in (lane..DECOYS).step_by(8) {
+                    let (client, user) =
+                        (format!("203.0.113.{}", n % 250 + 1), format!("decoy-{n}"));
+                    assert_eq!(as_client(addr, &client, &user).await, StatusCode::OK);
+                    assert_eq!(
+                        as_client(addr, &client, &user).await,
+                        StatusCode::TOO_MANY_REQUESTS
+                    );
+                }
+            })
+        })
+        .collect();
+    abuser.await.unwrap();
+    for lane in lanes {
+        lane.await.unwrap();
+    }
+
+    let (status, top) = admin_json(admin, "/limits/top?k=10").await;
+    assert_eq!(status, StatusCode::OK, "{top:#}");
+    let api = top["routes"]
+        .as_array()
+        .and_then(|routes| routes.iter().find(|r| r["route"] == "api"))
+        .unwrap_or_else(|| panic!("no route api in {top:#}"));
+    let networks: Vec<(String, u64, u64)> = api["networks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no networks in {api:#}"))
+        .iter()
+        .map(|n| {
+            (
+                n["network"].as_str().unwrap().to_owned(),
+                n["count"].as_u64().unwrap(),
+                n["error"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        networks,
+        [
+            ("203.0.113.0/24".to_owned(), DECOYS as u64, 0),
+            ("198.51.100.0/24".to_owned(), 30, 0),
+        ],
+        "{api:#}"
+    );
+}
