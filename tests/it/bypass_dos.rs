@@ -234,6 +234,61 @@ async fn a_flooded_admin_listener_cuts_silent_peers_and_the_proxy_serves_on() {
     }
 }
 
+/// The binary allowed 200 descriptors, and 190 admin connections that never speak (more than
+/// it has descriptors left): the admin listener takes at most its cap (`admin.max_connections`,
+/// 128 by default) and the proxy listener answers 5 of 5 meanwhile. The timeouts are long here
+/// (60 s), so that the cap alone is what keeps the proxy serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_admin_connections_cannot_take_the_proxys_descriptors() {
+    let _turn = heavy_turn().await;
+    let app = upstream().start().await;
+    let served = serve_with_descriptors(
+        &config()
+            .upstream(&app.url())
+            .access_log(false)
+            .header_read_timeout("60s")
+            .idle_timeout("60s"),
+        Some(200),
+    )
+    .await;
+    let before = served.open_descriptors();
+    let mut silent = Vec::new();
+    // More than the descriptors left, fewer than the cap plus the kernel's backlog (128):
+    // past that, connecting would wait on SYN retries.
+    for _ in 0..190 {
+        silent.push(TcpStream::connect(served.admin).await.unwrap());
+    }
+    // The admin listener has taken most of what it will take (its cap is 128).
+    eventually(
+        "the admin listener accepted its share",
+        PATIENCE,
+        async || {
+            let open = served.open_descriptors();
+            until(open >= before + 100, open)
+        },
+    )
+    .await;
+    for i in 0..5 {
+        let answered = tokio::time::timeout(
+            Duration::from_secs(10),
+            exchange("GET", &served.url("/echo"), &[]),
+        )
+        .await;
+        assert!(
+            matches!(answered, Ok((StatusCode::OK, _, _))),
+            "request {i} of 5 with the admin listener flooded: {:?} ({} descriptors open)",
+            answered.map(|a| a.0),
+            served.open_descriptors()
+        );
+    }
+    assert!(
+        served.open_descriptors() < 200,
+        "{} descriptors open",
+        served.open_descriptors()
+    );
+    drop(silent);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Admin lookups by short form among many callers
 
