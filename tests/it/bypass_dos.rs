@@ -128,6 +128,62 @@ async fn malformed_chunked_bodies_are_the_clients_400_and_never_cut_protect() {
     }
 }
 
+/// A field of a JSON log line, at its top or under `fields`.
+fn log_field<'l>(line: &'l Value, name: &str) -> &'l Value {
+    match &line[name] {
+        Value::Null => &line["fields"][name],
+        found => found,
+    }
+}
+
+/// Through the binary, with JSON logs: a malformed chunked body is logged as the client's
+/// refusal (`request refused`, `side` `client`, status 400), never as a request the upstream
+/// failed.
+#[tokio::test]
+async fn malformed_framing_is_logged_as_the_clients() {
+    let app = upstream().start().await;
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_config(
+        &dir,
+        &config()
+            .listen(&format!("127.0.0.1:{port}"))
+            .upstream(&app.url())
+            .yaml(),
+    );
+    let child = std::process::Command::new(TOLLGATE_BIN)
+        .args(["--config", file.to_str().unwrap(), "--log-format", "json"])
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    eventually("tollgate listens", PATIENCE, async || {
+        let up = TcpStream::connect(addr).await.is_ok();
+        until(up, up)
+    })
+    .await;
+    for (what, body) in MALFORMED {
+        let answer = raw_exchange(addr, &chunked_post(body)).await;
+        assert_eq!(answer.status, 400, "{what}: {}", answer.body_text());
+    }
+    let stderr = stop_for_stderr(child).await;
+    let lines: Vec<Value> = stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let refused: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l.to_string().contains("request refused"))
+        .collect();
+    assert_eq!(refused.len(), MALFORMED.len(), "{stderr}");
+    for line in refused {
+        assert_eq!(log_field(line, "side"), "client", "{line}");
+        assert_eq!(log_field(line, "status"), 400, "{line}");
+    }
+    assert!(!stderr.contains("request failed"), "{stderr}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // The admin listener under a flood of silent and trickling connections
 
@@ -298,7 +354,8 @@ const CALLERS: usize = 90_000;
 
 /// `initech` and 90,000 other callers of `r1` in Redis (their keys copied from the real
 /// one's, so each has the shape tollgate wrote): `/limits/state` by `initech`'s short form
-/// answers with its state, well within the lookup's bound. A duplicate check by a linear
+/// answers with its state, well within the lookup's bound, and so does the console's caller
+/// search. A duplicate check by a linear
 /// search per key made this lookup quadratic: minutes at this size.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_form_lookup_among_many_callers_answers() {
@@ -358,6 +415,17 @@ async fn a_short_form_lookup_among_many_callers_answers() {
     let (status, state) = answered;
     assert_eq!(status, StatusCode::OK, "{state:#}");
     assert_eq!(state["identity"], "initech", "{state:#}");
+
+    // The console's caller search finds it the same way.
+    let path = format!("/console/api/caller?identity={INITECH_SHORT}");
+    let answered = tokio::time::timeout(Duration::from_secs(30), admin_json(admin, &path))
+        .await
+        .expect("the console's search answered within 30 s");
+    let (status, caller) = answered;
+    assert_eq!(status, StatusCode::OK, "{caller:#}");
+    let r1 = &caller["routes"][0];
+    assert_eq!(r1["route"], "r1", "{caller:#}");
+    assert_eq!(r1["state"]["identity"], "initech", "{caller:#}");
 }
 
 // ---------------------------------------------------------------------------------------------
