@@ -36,6 +36,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin_endpoints::ENDPOINTS;
@@ -47,6 +48,7 @@ use crate::control::caller::CallerError;
 use crate::control::offenders::{self, View};
 use crate::control::overrides;
 use crate::control::results::{to_json, AuditParameters};
+use crate::idle::{Activity, IdleIo, Idleness};
 use crate::limit::Cause;
 use crate::proxy::Proxy;
 use crate::throttle::overrides::Adjust;
@@ -123,14 +125,39 @@ pub async fn serve(
         .unwrap_or(false);
     // `GET /console` and the JSON behind it (see [`crate::console`]).
     let console = Arc::new(Console::start(proxy.clone(), stop.clone()));
+    // Bounded as the proxy listener's connections are (`admin.header_read_timeout`,
+    // `admin.idle_timeout`, `admin.max_connections`), so that silent or trickling peers
+    // cannot hold this listener's descriptors, nor take the proxy listener's.
+    let bounds = proxy.config().admin_connections;
+    let h1 = crate::conn::http1_builder(bounds.header_read_timeout);
+    let permits = Arc::new(Semaphore::new(bounds.max_connections));
     loop {
+        // Past max_connections, new connections wait in the kernel's backlog.
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => p,
+            _ = stop.cancelled() => return,
+        };
+        let Ok(permit) = permit else { return };
         let accepted: std::io::Result<(TcpStream, SocketAddr)> = tokio::select! {
             r = listener.accept() => r,
             _ = stop.cancelled() => return,
         };
-        let Ok((stream, peer)) = accepted else {
-            continue;
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(target: "tollgate::admin", cause = %crate::error::chain(&e), "admin accept failed");
+                tokio::select! {
+                    _ = tokio::time::sleep(crate::conn::ACCEPT_BACKOFF) => continue,
+                    _ = stop.cancelled() => return,
+                }
+            }
         };
+        // Ends the connection's input once nothing is in flight and no byte has moved for
+        // idle_timeout; hyper bounds each request head by header_read_timeout.
+        let activity = Arc::new(Activity::default());
+        let stream =
+            IdleIo::with_hook(stream, Idleness::new(bounds.idle_timeout, activity.clone()));
         let health = health.clone();
         let proxy = proxy.clone();
         let console = console.clone();
@@ -138,7 +165,9 @@ pub async fn serve(
             let health = health.clone();
             let proxy = proxy.clone();
             let console = console.clone();
+            let in_flight = activity.start();
             async move {
+                let _in_flight = in_flight;
                 let client = AdminClient { peer, loopback };
                 if let Err(why) = check_host(&request, &proxy.config().admin_hosts) {
                     tracing::warn!(target: "tollgate::admin", peer = %client.peer, path = request.uri().path(), result = "refused", why, "admin request for another host refused");
@@ -161,10 +190,10 @@ pub async fn serve(
                 Ok::<_, Infallible>(respond(&request, &health, &proxy, client).await)
             }
         });
+        let h1 = h1.clone();
         tokio::spawn(async move {
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let _ = h1.serve_connection(TokioIo::new(stream), service).await;
+            drop(permit);
         });
     }
 }
@@ -719,11 +748,19 @@ async fn top<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
         Some(sketch) => sketch.top_of(k, view).await,
         None => offenders::Top {
             view: View::Local,
-            reason: None,
             replicas: 1,
-            routes: Vec::new(),
+            ..offenders::Top::default()
         },
     };
+    // A route's networks and per-limit lists go with its entry; a list without its route's
+    // (the route's own list is never empty when they are not) is left out.
+    let mut networks: std::collections::HashMap<String, Vec<offenders::Offender>> =
+        top.networks.into_iter().collect();
+    let mut by_limit: std::collections::HashMap<String, Vec<(String, Vec<offenders::Offender>)>> =
+        std::collections::HashMap::new();
+    for (route, limit, callers) in top.by_limit {
+        by_limit.entry(route).or_default().push((limit, callers));
+    }
     let routes: Vec<Value> = top
         .routes
         .into_iter()
@@ -734,7 +771,32 @@ async fn top<B>(request: &Request<B>, proxy: &Proxy) -> Response<ProxyBody> {
                 .into_iter()
                 .map(|o| o.to_json(shown.item(&o.item)))
                 .collect();
-            json!({ "route": route, "top": callers })
+            let nets: Vec<Value> = networks
+                .remove(&route)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|o| {
+                    json!({
+                        "network": o.item,
+                        "count": o.count,
+                        "error": o.error,
+                        "replicas": o.replicas,
+                    })
+                })
+                .collect();
+            let limits: Vec<Value> = by_limit
+                .remove(&route)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(limit, callers)| {
+                    let callers: Vec<Value> = callers
+                        .into_iter()
+                        .map(|o| o.to_json(shown.item(&o.item)))
+                        .collect();
+                    json!({ "limit": limit, "top": callers })
+                })
+                .collect();
+            json!({ "route": route, "top": callers, "networks": nets, "by_limit": limits })
         })
         .collect();
     let mut body = json!({
@@ -824,6 +886,42 @@ fn top_text(body: &Value) -> String {
                 }
             ));
         }
+        let networks = route["networks"].as_array().cloned().unwrap_or_default();
+        if !networks.is_empty() {
+            out.push_str(
+                "  by client network
+",
+            );
+        }
+        for network in networks {
+            out.push_str(&format!(
+                "  {:>8}  {}{}\n",
+                network["count"],
+                network["network"].as_str().unwrap_or("?"),
+                match network["error"].as_u64() {
+                    Some(0) | None => String::new(),
+                    Some(e) => format!(" ±{e}"),
+                },
+            ));
+        }
+        for limit in route["by_limit"].as_array().into_iter().flatten() {
+            out.push_str(&format!(
+                "  refused by limit {}\n",
+                limit["limit"].as_str().unwrap_or("?")
+            ));
+            for caller in limit["top"].as_array().into_iter().flatten() {
+                out.push_str(&format!(
+                    "  {:>8}  {} ({}){}\n",
+                    caller["count"],
+                    caller["identity"].as_str().unwrap_or("?"),
+                    caller["source"].as_str().unwrap_or("?"),
+                    match caller["error"].as_u64() {
+                        Some(0) | None => String::new(),
+                        Some(e) => format!(" ±{e}"),
+                    },
+                ));
+            }
+        }
     }
     out
 }
@@ -870,7 +968,9 @@ fn caller_error(e: CallerError) -> Response<ProxyBody> {
         | CallerError::UnknownShortForm { .. }
         | CallerError::HashedShortForm { .. } => StatusCode::NOT_FOUND,
         CallerError::TooManyOverrides { .. } => StatusCode::CONFLICT,
-        CallerError::Store(_) | CallerError::NotConnected => StatusCode::SERVICE_UNAVAILABLE,
+        CallerError::Store(_) | CallerError::NotConnected | CallerError::LookupTimedOut { .. } => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
     };
     error(status, e.to_string())
 }

@@ -283,6 +283,7 @@ fn failure_detail(error: &ProxyError) -> Cow<'static, str> {
         }
         ProxyError::UpstreamConnect(_) => "the upstream is unreachable".into(),
         ProxyError::Upstream(_) => "the upstream failed".into(),
+        ProxyError::ClientBody(_) => "the request body is malformed or was cut off".into(),
         ProxyError::UpstreamTimeout(_) => "the upstream did not answer in time".into(),
         ProxyError::StoreUnavailable => failed_store().1,
     }
@@ -377,6 +378,7 @@ mod tests {
                 "upstream",
             ),
             (ProxyError::Upstream("reset".into()), 502, "upstream"),
+            (ProxyError::ClientBody("bad chunk".into()), 400, "client"),
             (
                 ProxyError::UpstreamTimeout(Duration::from_secs(1)),
                 504,

@@ -221,19 +221,30 @@ impl Shared {
 pub fn hyper_builders(
     config: &crate::config::Config,
 ) -> (http1::Builder, http2::Builder<TokioExecutor>) {
-    let mut h1 = http1::Builder::new();
-    // max_buf_size alone is checked only between reads, so a head that arrives whole in one
-    // read can pass it; max_header_size checks the parsed head.
-    h1.timer(TokioTimer::new())
-        .header_read_timeout(config.header_read_timeout)
-        .max_buf_size(MAX_HEAD_BYTES)
-        .max_header_size(MAX_HEAD_BYTES);
+    let h1 = http1_builder(config.header_read_timeout);
     let mut h2 = http2::Builder::new(TokioExecutor::new());
     h2.timer(TokioTimer::new())
         .max_concurrent_streams(config.http2_max_concurrent_streams)
         .max_header_list_size(MAX_HEAD_BYTES as u32);
     (h1, h2)
 }
+
+/// hyper's HTTP/1 settings for a listener whose request heads must be whole within
+/// `header_read_timeout`: the proxy listener's and the admin listener's.
+pub fn http1_builder(header_read_timeout: Duration) -> http1::Builder {
+    let mut h1 = http1::Builder::new();
+    // max_buf_size alone is checked only between reads, so a head that arrives whole in one
+    // read can pass it; max_header_size checks the parsed head.
+    h1.timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .max_header_size(MAX_HEAD_BYTES);
+    h1
+}
+
+/// How long an accept loop waits after a failed accept (EMFILE and friends: out of
+/// descriptors until some connection closes) instead of spinning on the error.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// Serves one plain-TCP connection until it closes; see the module docs.
 pub async fn serve_plain(mut stream: TcpStream, info: ConnInfo, shared: Arc<Shared>) {

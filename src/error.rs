@@ -55,6 +55,11 @@ pub enum ProxyError {
     /// The upstream broke the exchange (reset, garbage instead of HTTP, closed early).
     #[error("upstream failed: {0}")]
     Upstream(#[source] BoxError),
+    /// The client's request body could not be read while it was being forwarded: malformed
+    /// chunked framing (a chunk size that is not hex, an extension with a bare newline, a
+    /// size that overflows) or a connection cut mid-body. The client's fault, not the app's.
+    #[error("the request body could not be read: {0}")]
+    ClientBody(#[source] BoxError),
     /// The limit store failed and `on_error: deny` says to refuse.
     #[error("rate limit store unavailable")]
     StoreUnavailable,
@@ -63,7 +68,7 @@ pub enum ProxyError {
 impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BadRequest(_) | ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::UpstreamConnect(_) | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -74,13 +79,44 @@ impl ProxyError {
     /// Who is at fault.
     pub fn side(&self) -> Side {
         match self {
-            ProxyError::BadRequest(_) | ProxyError::BodyTooLarge { .. } => Side::Client,
+            ProxyError::BadRequest(_)
+            | ProxyError::BodyTooLarge { .. }
+            | ProxyError::ClientBody(_) => Side::Client,
             ProxyError::UpstreamConnect(_)
             | ProxyError::UpstreamTimeout(_)
             | ProxyError::Upstream(_) => Side::Upstream,
             ProxyError::StoreUnavailable => Side::Store,
         }
     }
+}
+
+impl ProxyError {
+    /// A failed upstream send: the client's fault when the request body the client is
+    /// streaming failed to read (hyper reports the body's own error as a user error with that
+    /// error as its source), the upstream's otherwise.
+    pub fn from_send(error: BoxError) -> ProxyError {
+        if client_body_failed(&*error) {
+            ProxyError::ClientBody(error)
+        } else {
+            ProxyError::Upstream(error)
+        }
+    }
+}
+
+/// Whether a send error's chain holds hyper's "the user's body stream failed" with a cause:
+/// the outgoing body is the client's incoming one, so its failure is a read error on the
+/// client's connection (bad framing, a cut connection), never something the upstream did.
+fn client_body_failed(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if let Some(h) = e.downcast_ref::<hyper::Error>() {
+            if h.is_user() && std::error::Error::source(h).is_some() {
+                return true;
+            }
+        }
+        next = e.source();
+    }
+    false
 }
 
 /// An error and its sources as one sentence, joined with ": " (`upstream unreachable: client

@@ -619,6 +619,10 @@ impl Metrics {
                 "tollgate_trace_spans_dropped_total",
                 vec![Label::new("reason", "export_failed")],
             ),
+            dropped_rate_limited: counter(
+                "tollgate_trace_spans_dropped_total",
+                vec![Label::new("reason", "rate_limited")],
+            ),
         }
     }
 

@@ -305,7 +305,7 @@ async fn accept_loop(
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
                 tracing::warn!(cause = %crate::error::chain(&e), "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                tokio::time::sleep(conn::ACCEPT_BACKOFF).await;
                 continue;
             }
         };

@@ -64,17 +64,21 @@ pub fn check(config: &Config) -> String {
         );
     }
     if let Some(traces) = &config.traces {
-        let sampling = match traces.sampling.parent_based {
-            true => "callers' sampled traces and",
-            false => "ignoring callers' flags,",
+        let sampling = match (traces.sampling.parent_based, traces.caller_context) {
+            (true, crate::config::CallerContext::TrustedProxies) => {
+                "trusted proxies' sampled traces and"
+            }
+            (true, crate::config::CallerContext::Any) => "callers' sampled traces and",
+            (false, _) => "ignoring callers' flags,",
         };
         let _ = writeln!(
             out,
-            "traces    {} over {} as service {}; {sampling} {}% of new traces",
+            "traces    {} over {} as service {}; {sampling} {}% of new traces; at most {} spans/s",
             traces.endpoint,
             traces.protocol.as_str(),
             traces.service_name,
-            traces.sampling.ratio * 100.0
+            traces.sampling.ratio * 100.0,
+            traces.max_spans_per_second
         );
     }
     if config.throttle.routes.is_empty() {
@@ -122,6 +126,14 @@ fn write_admin(out: &mut String, config: &Config, admin: std::net::SocketAddr) {
     let _ = writeln!(
         out,
         "          answers Host: IP addresses, localhost{names} (any other: 421)"
+    );
+    let bounds = &config.admin_connections;
+    let _ = writeln!(
+        out,
+        "          at most {} connections; a head within {}, idle ones closed after {}",
+        bounds.max_connections,
+        humantime::format_duration(bounds.header_read_timeout),
+        humantime::format_duration(bounds.idle_timeout)
     );
 }
 
@@ -351,7 +363,7 @@ mod tests {
         let config = crate::config::parse(std::path::Path::new("t.yaml"), text, |_| None).unwrap();
         let summary = super::check(&config);
         assert!(
-            summary.contains("traces    http://c:4317 over grpc as service tollgate; callers' sampled traces and 1% of new traces"),
+            summary.contains("traces    http://c:4317 over grpc as service tollgate; trusted proxies' sampled traces and 1% of new traces; at most 1000 spans/s"),
             "{summary}"
         );
         let without = crate::config::parse(

@@ -32,9 +32,9 @@ pub use model::{
     DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, MAX_WORKERS,
 };
+pub use model::{CallerContext, OtlpProtocol, Propagators, Sampling, Traces};
 pub use model::{LatencyTarget, Priority, Protect, ProtectMode};
 pub use model::{MatchCase, MethodOverride, DEFAULT_UPGRADES, METHOD_OVERRIDE_HEADERS};
-pub use model::{OtlpProtocol, Propagators, Sampling, Traces};
 use raw::RawConfig;
 
 /// Reads, substitutes, parses and validates the file at `path`.
@@ -336,6 +336,42 @@ mod tests {
         assert!(all.contains("must not have a path"), "{all}");
         assert!(all.contains("use `preserve`"), "{all}");
         assert!(all.contains("t.yaml:3:8: admin:"), "{all}");
+    }
+
+    /// The admin listener's connection bounds: the proxy listener's timeouts unless given,
+    /// a cap of its own; a cap of 0 is refused.
+    #[test]
+    fn admin_connections_take_the_proxy_timeouts_unless_given() {
+        let base = "listen: 127.0.0.1:0\nupstream: { url: \"http://a:1\" }\nheader_read_timeout: 3s\nidle_timeout: 20s\n";
+        let c = parse_ok(&format!("{base}admin: 127.0.0.1:9901\n"));
+        assert_eq!(
+            c.admin_connections,
+            model::AdminConnections {
+                header_read_timeout: Duration::from_secs(3),
+                idle_timeout: Duration::from_secs(20),
+                max_connections: model::DEFAULT_ADMIN_MAX_CONNECTIONS,
+            }
+        );
+        let c = parse_ok(&format!(
+            "{base}admin: {{ address: 127.0.0.1:9901, header_read_timeout: 1s, idle_timeout: 5s, max_connections: 16 }}\n"
+        ));
+        assert_eq!(
+            c.admin_connections,
+            model::AdminConnections {
+                header_read_timeout: Duration::from_secs(1),
+                idle_timeout: Duration::from_secs(5),
+                max_connections: 16,
+            }
+        );
+        let errors = parse_err(&format!(
+            "{base}admin: {{ address: 127.0.0.1:9901, max_connections: 0, idle_timeout: 0s }}\n"
+        ));
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(
+            errors[0].contains("admin.max_connections: must be at least 1")
+                || errors[1].contains("admin.max_connections: must be at least 1"),
+            "{errors:?}"
+        );
     }
 
     /// `admin.hosts`: names, `*.` wildcards and pinned ports; anything else is refused at

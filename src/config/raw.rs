@@ -33,7 +33,8 @@ pub struct RawConfig {
 }
 
 /// `tracing: { enabled, endpoint, protocol, headers, service_name, resource, sample_ratio,
-/// timeout, queue_size, batch_size, interval, propagators }`: OTLP trace export.
+/// timeout, queue_size, batch_size, interval, propagators, caller_context,
+/// max_spans_per_second }`: OTLP trace export.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawTracing {
@@ -51,6 +52,8 @@ pub struct RawTracing {
     pub batch_size: Option<u64>,
     pub interval: Option<String>,
     pub propagators: Option<Vec<String>>,
+    pub caller_context: Option<String>,
+    pub max_spans_per_second: Option<u64>,
 }
 
 /// `protect: { mode, latency, max_wait, min_limit, max_limit }`.
@@ -87,6 +90,10 @@ pub struct RawAdminFull {
     /// Host names the admin listener answers besides addresses and `localhost`.
     #[serde(default)]
     pub hosts: Vec<String>,
+    /// The admin listener's own connection bounds, named as the proxy listener's.
+    pub header_read_timeout: Option<String>,
+    pub idle_timeout: Option<String>,
+    pub max_connections: Option<u64>,
 }
 
 /// `listen: "addr"`, `listen: ["addr", ...]` or a list of `{address, tls}`.

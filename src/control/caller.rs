@@ -77,6 +77,12 @@ pub enum CallerError {
     HashedShortForm { route: String, form: String },
     #[error("no caller on route `{route}` has the short form `{form}` (looked among the tiers' values, the overrides, the top offenders and the route's store keys): name it by its value")]
     UnknownShortForm { route: String, form: String },
+    #[error("looking for the caller whose short form is `{form}` on route `{route}` took longer than {within:?}: name it by its value")]
+    LookupTimedOut {
+        route: String,
+        form: String,
+        within: std::time::Duration,
+    },
 }
 
 /// What the operators' endpoints work on: the stores, the deny cache and the top-offenders

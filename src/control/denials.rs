@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
-use crate::config::LimitSet;
+use crate::config::{Limit, LimitSet};
 use crate::throttle::{headers, keys, Denial, Limited};
 
 /// Entries kept: callers (by limit and reason) denied within [`WINDOW`].
@@ -79,6 +79,19 @@ pub struct RecentDenials {
     ring: Mutex<VecDeque<Denied>>,
 }
 
+/// The limit whose refusal a denial reports (the one its headers name).
+pub fn refusing_limit<'s>(limited: &Limited<'s>) -> Option<&'s Limit> {
+    let set: &LimitSet = limited.set;
+    let index = match &limited.denial {
+        Denial::Decided(verdicts) => headers::reported(set, verdicts),
+        Denial::Remembered { denial, at } => {
+            let verdicts: Vec<_> = denial.aged(*at).collect();
+            headers::reported(set, &verdicts)
+        }
+    };
+    index.and_then(|i| set.get(i))
+}
+
 impl RecentDenials {
     /// Remembers one denial (see the module docs).
     pub fn record(&self, key_prefix: &str, limited: &Limited<'_>) {
@@ -86,14 +99,11 @@ impl RecentDenials {
         let Some(item) = keys::identity_of(key_prefix, set, &limited.key) else {
             return;
         };
-        let (index, reason) = match &limited.denial {
-            Denial::Decided(verdicts) => (headers::reported(set, verdicts), None),
-            Denial::Remembered { denial, at } => {
-                let verdicts: Vec<_> = denial.aged(*at).collect();
-                (headers::reported(set, &verdicts), Some(Reason::DenyCache))
-            }
+        let reason = match &limited.denial {
+            Denial::Decided(_) => None,
+            Denial::Remembered { .. } => Some(Reason::DenyCache),
         };
-        let Some(limit) = index.and_then(|i| set.get(i)) else {
+        let Some(limit) = refusing_limit(limited) else {
             return;
         };
         let reason = if limited.by_fallback {

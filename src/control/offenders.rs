@@ -13,11 +13,25 @@
 //! tests drive it. The proxy records each limited request here, by the store key the limit
 //! stage denied ([`Offenders::record_denial`]).
 //!
+//! Beside its callers, each route ranks its refused callers' client networks (an IPv4 /24, an
+//! IPv6 /48: [`network_of`]) and, on a route with several limits, the callers each limit
+//! refused, in sketches of the same kind. A flood of one-off callers (each refused once) fills
+//! a route's caller list with counters near the sketch's floor, and an abuser refused less
+//! than `total / capacity` times may drop out of it; the same flood from one network is one
+//! item in the network list, counted exactly while fewer than [`CAPACITY`] networks are
+//! refused in a sub-window, so the flooding network and the abuser's own both show there.
+//! A flood on one limit does not crowd out a caller another limit refuses, either. The bound
+//! per list is the sketch's: anything refused more than `total / capacity` times in that
+//! list is listed.
+//!
 //! With a Redis store the sketch is also linked to it ([`Offenders::link`]): a background task
 //! publishes this replica's lists once a second and [`Offenders::top_of`] merges every
 //! replica's ([`super::fleet`]); recording a denial stays a local increment either way.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -30,6 +44,11 @@ use crate::throttle::keys;
 
 /// Counters per route and sub-window.
 pub const CAPACITY: usize = 128;
+
+/// Marks a list kept beside a route's callers, in the route's name (`<route>\u{1}networks`,
+/// `<route>\u{1}limit\u{1}<limit>`): not a character a route name may have, so such a list
+/// never meets a route's own, and the fleet's lists carry them like any route's.
+const BESIDE: char = '\u{1}';
 /// Sub-windows making up the minute.
 pub const WINDOWS: usize = 6;
 /// Length of one sub-window (milliseconds).
@@ -263,9 +282,10 @@ pub struct Offenders {
 }
 
 /// Which view `/limits/top` shows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum View {
     /// Every replica's denials, merged through Redis.
+    #[default]
     Fleet,
     /// This replica's own.
     Local,
@@ -276,7 +296,7 @@ pub const MEMORY_STORE: &str = "memory store: each replica counts its own denial
 pub const STORE_UNAVAILABLE: &str = "store unavailable";
 
 /// A top list as `/limits/top` shows it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Top {
     /// What it covers.
     pub view: View,
@@ -286,6 +306,30 @@ pub struct Top {
     pub replicas: usize,
     /// Per route with denials, its top `k`, routes by name.
     pub routes: Vec<(String, Vec<Offender>)>,
+    /// Per route with denials, its top `k` client networks (`203.0.113.0/24`), routes by name.
+    pub networks: Vec<(String, Vec<Offender>)>,
+    /// Per route and limit (on routes with several limits), the top `k` callers that limit
+    /// refused, by route then limit name.
+    pub by_limit: Vec<(String, String, Vec<Offender>)>,
+}
+
+impl Top {
+    /// The lists in `all` (each route's, and those kept beside them) sorted into their kinds.
+    fn sorted(mut self, all: Vec<(String, Vec<Offender>)>) -> Top {
+        for (name, top) in all {
+            match name.split_once(BESIDE) {
+                None => self.routes.push((name, top)),
+                Some((route, "networks")) => self.networks.push((route.to_owned(), top)),
+                Some((route, rest)) => {
+                    if let Some(limit) = rest.strip_prefix("limit\u{1}") {
+                        self.by_limit
+                            .push((route.to_owned(), limit.to_owned(), top));
+                    }
+                }
+            }
+        }
+        self
+    }
 }
 
 impl std::fmt::Debug for Offenders {
@@ -367,11 +411,14 @@ impl Offenders {
     /// one's as it is now) when the store is Redis and answers; otherwise this replica's,
     /// saying why.
     pub async fn top_of(&self, k: usize, view: View) -> Top {
-        let local = |reason| Top {
-            view: View::Local,
-            reason,
-            replicas: 1,
-            routes: self.top(k),
+        let local = |reason| {
+            Top {
+                view: View::Local,
+                reason,
+                replicas: 1,
+                ..Top::default()
+            }
+            .sorted(self.top(k))
         };
         if view == View::Local {
             return local(None);
@@ -414,8 +461,9 @@ impl Offenders {
             view: View::Fleet,
             reason: None,
             replicas: snapshots.len(),
-            routes,
+            ..Top::default()
         }
+        .sorted(routes)
     }
 
     fn now_ms(&self) -> u64 {
@@ -438,11 +486,28 @@ impl Offenders {
     }
 
     /// Counts a denial under `set` (`key`: the store key of its first limit, in `key_prefix`),
-    /// under the route's name (a tier's denials count for its route).
-    pub fn record_denial(&self, key_prefix: &str, set: &LimitSet, key: &str) {
+    /// under the route's name (a tier's denials count for its route); under the client's
+    /// network (`client`: the client address, as `client_ip` reads it); and, when `limit`
+    /// names the limit that refused on a route with several, under that limit.
+    pub fn record_denial(
+        &self,
+        key_prefix: &str,
+        set: &LimitSet,
+        key: &str,
+        limit: Option<&str>,
+        client: IpAddr,
+    ) {
+        let route = set.route.split('~').next().unwrap_or(&set.route);
         if let Some(item) = keys::identity_of(key_prefix, set, key) {
-            self.record(&set.route, item);
+            self.record(route, item);
+            if let Some(limit) = limit.filter(|_| set.len() > 1) {
+                self.record(&format!("{route}{BESIDE}limit{BESIDE}{limit}"), item);
+            }
         }
+        self.record(
+            &format!("{route}{BESIDE}networks"),
+            &network_of(client).to_string(),
+        );
     }
 
     /// The last denials this replica answered.
@@ -468,6 +533,16 @@ impl Offenders {
         let routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
         routes.get(route).map_or(0, Minute::counters)
     }
+}
+
+/// The network a client counts in for the network lists: an IPv4 /24, an IPv6 /48 (one
+/// site's allocation), IPv4-mapped IPv6 as IPv4.
+pub fn network_of(ip: IpAddr) -> IpNet {
+    let (ip, bits) = match ip.to_canonical() {
+        ip @ IpAddr::V4(_) => (ip, 24),
+        ip @ IpAddr::V6(_) => (ip, 48),
+    };
+    IpNet::new(ip, bits).map_or(IpNet::from(ip), |net| net.trunc())
 }
 
 /// Publishes the sketch's lists every [`fleet::PUBLISH_EVERY`] while it is linked to a
@@ -639,5 +714,37 @@ mod tests {
         let top = offenders.top(10);
         assert_eq!(top.len(), 1);
         assert_eq!((top[0].0.as_str(), top[0].1[0].count), ("api", 2));
+    }
+
+    #[test]
+    fn a_network_is_a_24_or_a_48() {
+        let net = |ip: &str| network_of(ip.parse().unwrap()).to_string();
+        assert_eq!(net("203.0.113.77"), "203.0.113.0/24");
+        assert_eq!(net("2001:db8:1:2::5"), "2001:db8:1::/48");
+        assert_eq!(net("::ffff:10.1.2.3"), "10.1.2.0/24");
+    }
+
+    #[test]
+    fn the_lists_beside_a_route_are_sorted_into_their_kinds() {
+        let offenders = Offenders::default();
+        for _ in 0..3 {
+            offenders.record("api", "header=a");
+        }
+        offenders.record(&format!("api{BESIDE}networks"), "10.0.0.0/24");
+        offenders.record(&format!("api{BESIDE}limit{BESIDE}burst"), "header=a");
+        let top = Top::default().sorted(offenders.top(10));
+        let names = |list: &[(String, Vec<Offender>)]| -> Vec<(String, String, u64)> {
+            list.iter()
+                .flat_map(|(r, o)| o.iter().map(|o| (r.clone(), o.item.clone(), o.count)))
+                .collect()
+        };
+        assert_eq!(names(&top.routes), [("api".into(), "header=a".into(), 3)]);
+        assert_eq!(
+            names(&top.networks),
+            [("api".into(), "10.0.0.0/24".into(), 1)]
+        );
+        assert_eq!(top.by_limit.len(), 1);
+        assert_eq!((&*top.by_limit[0].0, &*top.by_limit[0].1), ("api", "burst"));
+        assert_eq!(top.by_limit[0].2[0].item, "header=a");
     }
 }

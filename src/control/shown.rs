@@ -11,7 +11,8 @@
 //! `last4` form, which holds that digest). The server cannot turn a digest back into a value,
 //! so it looks among the values it knows for the route: the tiers' values, the overrides, the
 //! top offenders (the fleet's) and, with Redis, the identities in the route's store keys
-//! (`SCAN`, at most [`SCAN_MOST`] keys). A value that store keys hold only hashed (a bearer
+//! (`SCAN`, at most [`SCAN_MOST`] keys, duplicates dropped by hash so the work is linear in
+//! the keys read, and for at most [`LOOKUP_TIME`]). A value that store keys hold only hashed (a bearer
 //! token, a value longer than 64 bytes or with unsafe characters) cannot be found back: its
 //! short form is refused with that reason, and the caller is named by its value.
 
@@ -24,6 +25,11 @@ use crate::limit::Store;
 
 /// The most store keys a lookup by short form scans.
 pub const SCAN_MOST: usize = 100_000;
+
+/// The longest a lookup by short form scans the store: past it the lookup is refused (name
+/// the caller by its value). The scan is linear in the keys it reads, so this only bites
+/// when the store itself is slow.
+pub const LOOKUP_TIME: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How a route shows its callers' values.
 #[derive(Debug, Clone, Default)]
@@ -222,21 +228,37 @@ impl Control {
             return Ok(matched.as_bytes().to_vec());
         }
         let mut hashed_only = known.iter().any(|v| v == digest);
-        for set in sets(found) {
-            for item in self.scan_identities(set).await? {
-                for value in values_of(&item) {
-                    if is_digest(&value) {
-                        hashed_only |= value == digest;
-                    } else if digest_matches(value.as_bytes(), digest) {
-                        return Ok(value.into_bytes());
+        let scanning = async {
+            for set in sets(found) {
+                for item in self.scan_identities(set).await? {
+                    for value in values_of(&item) {
+                        if is_digest(&value) {
+                            hashed_only |= value == digest;
+                        } else if digest_matches(value.as_bytes(), digest) {
+                            return Ok(Some(value.into_bytes()));
+                        }
                     }
                 }
             }
-        }
+            Ok::<_, CallerError>(None)
+        };
+        let scanned = tokio::time::timeout(LOOKUP_TIME, scanning).await;
         let (route, form) = (
             route.to_owned(),
             String::from_utf8_lossy(given).into_owned(),
         );
+        match scanned {
+            Ok(Ok(Some(found))) => return Ok(found),
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                return Err(CallerError::LookupTimedOut {
+                    route,
+                    form,
+                    within: LOOKUP_TIME,
+                })
+            }
+        }
         Err(match hashed_only {
             true => CallerError::HashedShortForm { route, form },
             false => CallerError::UnknownShortForm { route, form },
@@ -256,6 +278,9 @@ impl Control {
         let pattern = format!("{}*", glob_escape(&head));
         let (mut cursor, mut scanned) = (0u64, 0usize);
         let mut items = Vec::new();
+        // A caller has one key per limit and window: duplicates are many, so they are found
+        // by hash, keeping the pass linear in the keys scanned.
+        let mut seen = std::collections::HashSet::new();
         loop {
             let (next, keys): (u64, Vec<String>) = redis
                 .command(
@@ -280,7 +305,8 @@ impl Control {
                     continue;
                 }
                 let item = generic_identity_part(&key);
-                if !item.is_empty() && !items.iter().any(|i: &String| i == item) {
+                if !item.is_empty() && !seen.contains(item) {
+                    seen.insert(item.to_owned());
                     items.push(item.to_owned());
                 }
             }

@@ -114,7 +114,7 @@ impl Http1Pool {
                         retried = true;
                         request = copy;
                     }
-                    _ => return Err(ProxyError::Upstream(Box::new(failed.into_error()))),
+                    _ => return Err(ProxyError::from_send(Box::new(failed.into_error()))),
                 },
             }
         }

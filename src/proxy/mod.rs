@@ -62,7 +62,11 @@ impl Proxy {
     pub fn new(config: Arc<Config>) -> Self {
         let metrics = Metrics::new();
         let tracing = config.traces.as_ref().and_then(|traces| {
-            match crate::traces::Tracing::start(traces, metrics.traces()) {
+            match crate::traces::Tracing::start(
+                traces,
+                metrics.traces(),
+                &config.throttle.trusted_proxies,
+            ) {
                 Ok(tracing) => {
                     tracing::info!(endpoint = %traces.endpoint, protocol = traces.protocol.as_str(), "traces: exporting spans");
                     Some(Arc::new(tracing))

@@ -128,7 +128,7 @@ impl UpstreamClient {
                     match requested?.await {
                         Ok(response) => Ok(response.map(UpstreamBody::Legacy)),
                         Err(e) if e.is_connect() => Err(ProxyError::UpstreamConnect(Box::new(e))),
-                        Err(e) => Err(ProxyError::Upstream(Box::new(e))),
+                        Err(e) => Err(ProxyError::from_send(Box::new(e))),
                     }
                 })
             }

@@ -4,7 +4,8 @@
 //!
 //! The export never slows or fails a request: finished spans go into a bounded queue
 //! ([`Bounded`], in front of the SDK's batch span processor) and a full queue drops the span
-//! and counts it; the batches are sent by a thread of its own (`tollgate-traces`, with its own
+//! and counts it; so does a span past `max_spans_per_second` ([`SpanRate`]), which bounds
+//! what any traffic, however it is sampled, can cost to export; the batches are sent by a thread of its own (`tollgate-traces`, with its own
 //! Tokio runtime, so the export's connections never share the serving threads); a failed
 //! export is counted and logged at most once a minute. With tracing off nothing here exists,
 //! and the request path builds no span (the record holds `None`).
@@ -34,7 +35,8 @@ use opentelemetry_sdk::trace::{
 };
 use opentelemetry_sdk::Resource;
 
-use crate::config::{OtlpProtocol, Traces};
+use crate::config::{CallerContext, OtlpProtocol, Traces};
+use crate::identity::TrustedProxies;
 pub use span::{BodyEnd, DecisionSpan, RequestSpan, StoreKind};
 
 /// A failed export is logged at most this often (with how many failed since the last line).
@@ -51,6 +53,9 @@ pub struct TraceMetrics {
     /// `tollgate_trace_spans_dropped_total{reason="export_failed"}`: spans in a batch the
     /// collector refused or did not answer in time.
     pub dropped_export_failed: Counter,
+    /// `tollgate_trace_spans_dropped_total{reason="rate_limited"}`: spans past
+    /// `tracing.max_spans_per_second`.
+    pub dropped_rate_limited: Counter,
 }
 
 /// What the queue bound and the exporter share: the spans taken in and not yet handed to an
@@ -83,7 +88,13 @@ pub struct Tracing {
 impl Tracing {
     /// Starts the export thread and the provider; an Err says why (a URL the exporter cannot
     /// use, a thread that cannot start).
-    pub fn start(config: &Traces, metrics: TraceMetrics) -> Result<Tracing, String> {
+    /// `trusted` are the peers whose trace context is followed under `caller_context:
+    /// trusted_proxies` (`client_ip.trusted_proxies`).
+    pub fn start(
+        config: &Traces,
+        metrics: TraceMetrics,
+        trusted: &TrustedProxies,
+    ) -> Result<Tracing, String> {
         let shared = Arc::new(Shared {
             queued: AtomicUsize::new(0),
             metrics,
@@ -141,6 +152,7 @@ impl Tracing {
             inner: processor,
             shared,
             limit: config.queue_size,
+            rate: SpanRate::new(config.max_spans_per_second),
         };
         let sampler = match config.sampling.parent_based {
             true => {
@@ -169,6 +181,10 @@ impl Tracing {
             extraction: span::Extraction {
                 propagators: config.propagators,
                 ratio: config.sampling.ratio,
+                trusted: match config.caller_context {
+                    CallerContext::TrustedProxies => Some(trusted.clone()),
+                    CallerContext::Any => None,
+                },
             },
             _stop: stop_tx,
         })
@@ -346,12 +362,48 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
 }
 
 /// The queue's bound, in front of the batch processor: a sampled span that finds `limit`
-/// spans waiting is dropped and counted, never waited for.
+/// spans waiting, or comes past the span rate, is dropped and counted, never waited for.
 #[derive(Debug)]
 struct Bounded<P> {
     inner: P,
     shared: Arc<Shared>,
     limit: usize,
+    rate: SpanRate,
+}
+
+/// `max_spans_per_second` as a token bucket holding at most one second's worth: a burst of
+/// that many spans goes out at once, and past it a span goes out as a token comes back.
+/// Taken only by sampled spans, so unsampled requests never touch its lock.
+#[derive(Debug)]
+struct SpanRate {
+    per_second: f64,
+    /// Tokens left, and when they were counted.
+    bucket: Mutex<(f64, Instant)>,
+}
+
+impl SpanRate {
+    fn new(per_second: u32) -> SpanRate {
+        let per_second = f64::from(per_second.max(1));
+        SpanRate {
+            per_second,
+            bucket: Mutex::new((per_second, Instant::now())),
+        }
+    }
+
+    /// Whether one more span may go out now (and a token is taken for it).
+    fn take(&self) -> bool {
+        self.take_at(Instant::now())
+    }
+
+    fn take_at(&self, now: Instant) -> bool {
+        let mut bucket = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
+        let (tokens, counted) = *bucket;
+        let refilled = now.saturating_duration_since(counted).as_secs_f64() * self.per_second;
+        let tokens = (tokens + refilled).min(self.per_second);
+        let taken = tokens >= 1.0;
+        *bucket = (if taken { tokens - 1.0 } else { tokens }, now.max(counted));
+        taken
+    }
 }
 
 impl<P: SpanProcessor> SpanProcessor for Bounded<P> {
@@ -361,6 +413,10 @@ impl<P: SpanProcessor> SpanProcessor for Bounded<P> {
 
     fn on_end(&self, span: SpanData) {
         if !span.span_context.is_sampled() {
+            return;
+        }
+        if !self.rate.take() {
+            self.shared.metrics.dropped_rate_limited.increment(1);
             return;
         }
         if self.shared.queued.fetch_add(1, Ordering::Relaxed) >= self.limit {
@@ -426,5 +482,21 @@ mod tests {
         );
         assert_eq!(node("redis://cache").as_deref(), Some("cache"));
         assert_eq!(redis_node(&crate::config::StoreConfig::Memory), None);
+    }
+
+    #[test]
+    fn the_span_rate_lets_a_second_s_worth_through_then_one_per_token() {
+        let rate = SpanRate::new(10);
+        let start = Instant::now();
+        let burst = (0..25).filter(|_| rate.take_at(start)).count();
+        assert_eq!(burst, 10);
+        // A tenth of a second gives one token back; half a second five.
+        assert!(rate.take_at(start + Duration::from_millis(100)));
+        assert!(!rate.take_at(start + Duration::from_millis(100)));
+        let later = start + Duration::from_millis(600);
+        assert_eq!((0..25).filter(|_| rate.take_at(later)).count(), 5);
+        // Never more than a second's worth, however long it was idle.
+        let much_later = start + Duration::from_secs(3600);
+        assert_eq!((0..25).filter(|_| rate.take_at(much_later)).count(), 10);
     }
 }

@@ -11,7 +11,15 @@
 //! The caller's context is read from `traceparent` (W3C) or, without one, from B3 (`b3`, or
 //! `X-B3-TraceId`/`SpanId`/`Sampled`), as `tracing.propagators` allows; the upstream request
 //! carries `traceparent`, and B3 too in the form the caller sent it. A B3 caller that left the
-//! decision to us (no sampled flag) is sampled by the root ratio, on its own trace id.
+//! decision to us (no sampled flag) is sampled by the root ratio, drawn by tollgate (never
+//! from the caller's trace id, which the caller chooses).
+//!
+//! Only a caller tollgate trusts has its context read (`tracing.caller_context`: by default a
+//! peer in `client_ip.trusted_proxies`): anyone else's request is a root of its own, with a
+//! trace id tollgate draws, sampled by the ratio. So no caller decides what is exported
+//! (`traceparent …-01`, `X-B3-Sampled: 1`, `X-B3-Flags: 1`, a trace id chosen to pass the
+//! ratio). Its B3 form is still noted, so that a sampled request's B3 headers upstream are
+//! tollgate's, not the caller's.
 //!
 //! The server span and the upstream's client span end when the response body has gone out
 //! whole (or the client left mid-body, `tollgate.client_closed`), not when its head did: a
@@ -21,7 +29,7 @@
 //! request keeps the caller's `traceparent` or B3 headers (if any) untouched, as without
 //! tracing.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -40,12 +48,23 @@ use opentelemetry_sdk::trace::{
 use super::b3::{self, B3};
 
 use crate::config::Propagators;
+use crate::identity::TrustedProxies;
 
-/// How the caller's context is read, and the root ratio a deferred B3 caller is sampled by.
+/// How the caller's context is read, whose is read, and the root ratio a deferred B3 caller
+/// is sampled by.
 #[derive(Debug, Clone)]
 pub(super) struct Extraction {
     pub propagators: Propagators,
     pub ratio: f64,
+    /// The peers whose context is followed; None: any caller's.
+    pub trusted: Option<TrustedProxies>,
+}
+
+impl Extraction {
+    /// Whether a request from `peer` has its trace context read.
+    fn follows(&self, peer: IpAddr) -> bool {
+        self.trusted.as_ref().is_none_or(|t| t.contains(peer))
+    }
 }
 
 /// Where a decision was made, as the trace tells it.
@@ -131,7 +150,10 @@ impl RequestSpan {
         peer: SocketAddr,
         extraction: &Extraction,
     ) -> Box<RequestSpan> {
-        let (parent, b3) = extract(headers, extraction);
+        let (parent, b3) = match extraction.follows(peer.ip()) {
+            true => extract(headers, extraction),
+            false => (Context::new(), b3_form(headers, &extraction.propagators)),
+        };
         let mut server = tracer
             .span_builder(method.as_str().to_owned())
             .with_kind(SpanKind::Server)
@@ -165,15 +187,7 @@ impl RequestSpan {
 /// on in (whichever context won: an upstream that reads B3 must not see the caller's).
 fn extract(headers: &HeaderMap, extraction: &Extraction) -> (Context, Option<b3::Form>) {
     let wanted = &extraction.propagators;
-    let form = match (
-        wanted.b3 && headers.contains_key("b3"),
-        wanted.b3 && headers.contains_key("x-b3-traceid"),
-    ) {
-        (true, true) => Some(b3::Form::Both),
-        (true, false) => Some(b3::Form::Single),
-        (false, true) => Some(b3::Form::Multiple),
-        (false, false) => None,
-    };
+    let form = b3_form(headers, wanted);
     if wanted.tracecontext && headers.contains_key("traceparent") {
         let cx = TraceContextPropagator::new()
             .extract_with_context(&Context::new(), &HeaderExtractor(headers));
@@ -208,12 +222,20 @@ fn extract(headers: &HeaderMap, extraction: &Extraction) -> (Context, Option<b3:
         return (Context::new().with_remote_span_context(context), form);
     }
     // Only W3C's sampled bit goes on: a caller that deferred the decision is sampled as a
-    // root request would be, by the ratio over its own trace id.
+    // root request would be, by the ratio over a trace id tollgate draws (the caller's own
+    // id is the caller's choice: one ending in 0001 would pass any ratio).
     let sampled = match found.trace_flags() & b3::DEFERRED == b3::DEFERRED {
         false => found.is_sampled(),
         true => matches!(
             Sampler::TraceIdRatioBased(extraction.ratio)
-                .should_sample(None, found.trace_id(), "", &SpanKind::Server, &[], &[])
+                .should_sample(
+                    None,
+                    RandomIdGenerator::default().new_trace_id(),
+                    "",
+                    &SpanKind::Server,
+                    &[],
+                    &[]
+                )
                 .decision,
             SamplingDecision::RecordAndSample
         ),
@@ -226,6 +248,19 @@ fn extract(headers: &HeaderMap, extraction: &Extraction) -> (Context, Option<b3:
         TraceState::default(),
     );
     (Context::new().with_remote_span_context(context), form)
+}
+
+/// The B3 form the caller sent its context in, if `wanted` reads B3.
+fn b3_form(headers: &HeaderMap, wanted: &Propagators) -> Option<b3::Form> {
+    match (
+        wanted.b3 && headers.contains_key("b3"),
+        wanted.b3 && headers.contains_key("x-b3-traceid"),
+    ) {
+        (true, true) => Some(b3::Form::Both),
+        (true, false) => Some(b3::Form::Single),
+        (false, true) => Some(b3::Form::Multiple),
+        (false, false) => None,
+    }
 }
 
 fn protocol_version(version: Version) -> &'static str {

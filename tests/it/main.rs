@@ -6,6 +6,7 @@ mod support;
 mod admin;
 mod by_response;
 mod bypass_admin;
+mod bypass_dos;
 mod bypass_identity;
 mod calendar;
 mod callers;

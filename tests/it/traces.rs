@@ -114,10 +114,19 @@ impl Drop for Receiver {
     }
 }
 
+/// The `tracing` section, and the test client's address as a trusted proxy: only a trusted
+/// peer's trace context is followed (`caller_context: trusted_proxies`, the default).
 fn tracing_section(endpoint: &str, protocol: &str, extra: &str) -> String {
     format!(
-        "tracing:\n  endpoint: {endpoint}\n  protocol: {protocol}\n  service_name: edge-test\n  resource: {{ deployment.environment: test }}\n  interval: 50ms\n{extra}"
+        "tracing:\n  endpoint: {endpoint}\n  protocol: {protocol}\n  service_name: edge-test\n  resource: {{ deployment.environment: test }}\n  interval: 50ms\n{extra}{TRUSTED_CLIENT}"
     )
+}
+
+const TRUSTED_CLIENT: &str = "client_ip: { trusted_proxies: [127.0.0.1/32] }\n";
+
+/// The `tracing` section alone: the test client is an untrusted peer.
+fn untrusted_tracing_section(endpoint: &str, extra: &str) -> String {
+    tracing_section(endpoint, "grpc", extra).replace(TRUSTED_CLIENT, "")
 }
 
 fn traceparent(trace: &str, span: &str, flags: &str) -> String {
@@ -495,7 +504,10 @@ async fn the_environment_alone_exports_logs_carry_ids_and_shutdown_flushes() {
     let parent = traceparent(&trace, CALLER_SPAN, "01");
     let endpoint = receiver.endpoint("http");
     let (child, _, _dir, status) = binary(
-        config().upstream(&app.url()).shutdown_timeout("5s"),
+        config()
+            .upstream(&app.url())
+            .shutdown_timeout("5s")
+            .trusted_proxies(["127.0.0.1/32"]),
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
@@ -910,4 +922,144 @@ async fn a_slow_or_dead_collector_adds_no_latency_and_drops_are_counted() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The caller's sampling headers of request `i`, each asking to be sampled: W3C's sampled
+/// flag, B3's `X-B3-Sampled: 1` and `X-B3-Flags: 1` (debug), and B3 ids with no decision
+/// whose trace id ends in ...0001, which passes any ratio taken over the trace id. Every
+/// trace id ends in [`CHOSEN`].
+fn asking_to_be_sampled(i: usize) -> Vec<(&'static str, String)> {
+    let trace = format!("{:016x}{CHOSEN}", i + 1);
+    let span = format!("{:016x}", i + 1);
+    match i % 4 {
+        0 => vec![("traceparent", traceparent(&trace, &span, "01"))],
+        1 => vec![
+            ("x-b3-traceid", trace),
+            ("x-b3-spanid", span),
+            ("x-b3-sampled", "1".into()),
+        ],
+        2 => vec![
+            ("x-b3-traceid", trace),
+            ("x-b3-spanid", span),
+            ("x-b3-flags", "1".into()),
+        ],
+        _ => vec![("b3", format!("{trace}-{span}"))],
+    }
+}
+
+const CHOSEN: &str = "0000000000000001";
+
+/// With `sample_ratio: 0.01`, 2,000 requests from an untrusted peer each asking to be
+/// sampled (four ways, see [`asking_to_be_sampled`]) are sampled as any request is, by
+/// tollgate: about 1 % of them are exported (20 expected; fewer than 100 asserted), none in a
+/// caller's trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_caller_does_not_choose_to_be_sampled() {
+    let _turn = heavy_turn().await;
+    const REQUESTS: usize = 2_000;
+    let receiver = Receiver::start();
+    let app = upstream().start().await;
+    let yaml = config()
+        .upstream(&app.url())
+        .admin("127.0.0.1:0")
+        .access_log(false)
+        .raw(&untrusted_tracing_section(
+            &receiver.endpoint("grpc"),
+            "  sample_ratio: 0.01\n",
+        ))
+        .yaml();
+    let mut proxy = proxy(yaml).start().await;
+    let addr = proxy.addr;
+    let loops: Vec<_> = (0..8)
+        .map(|lane| {
+            tokio::spawn(async move {
+                let client = http1_client();
+                for i in (lane..REQUESTS).step_by(8) {
+                    let mut request = Request::get(format!("http://{addr}/item/{i}"));
+                    for (name, value) in asking_to_be_sampled(i) {
+                        request = request.header(name, value);
+                    }
+                    let response = client
+                        .request(request.body(body("")).unwrap())
+                        .await
+                        .unwrap();
+                    assert_eq!(response.status(), StatusCode::OK);
+                    response.into_body().collect().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for lane in loops {
+        lane.await.unwrap();
+    }
+    // Shutdown sends whatever is still queued.
+    proxy.shutdown();
+    proxy.task.take().unwrap().await.unwrap();
+    let spans = receiver.all();
+    let servers = by_kind(&spans, SERVER, "GET");
+    assert!(
+        servers.len() < 100,
+        "{} of {REQUESTS} requests exported",
+        servers.len()
+    );
+    let followed: Vec<&Value> = spans
+        .iter()
+        .filter(|s| s["trace_id"].as_str().unwrap().ends_with(CHOSEN))
+        .collect();
+    assert!(
+        followed.is_empty(),
+        "spans in a caller's trace: {followed:#?}"
+    );
+}
+
+/// `max_spans_per_second` bounds what is exported: every request sampled (`sample_ratio: 1`,
+/// two spans each), a rate of 20 spans a second lets at most a second's worth plus 20 a
+/// second of the run through; the rest are counted as dropped for the rate, none lost
+/// uncounted.
+#[tokio::test]
+async fn exported_spans_are_bounded_per_second() {
+    const REQUESTS: u64 = 150;
+    let receiver = Receiver::start();
+    let app = upstream().start().await;
+    let yaml = config()
+        .upstream(&app.url())
+        .admin("127.0.0.1:0")
+        .access_log(false)
+        .raw(&untrusted_tracing_section(
+            &receiver.endpoint("grpc"),
+            "  sample_ratio: 1\n  max_spans_per_second: 20\n",
+        ))
+        .yaml();
+    let proxy = proxy(yaml).start().await;
+    let started = Instant::now();
+    for i in 0..REQUESTS {
+        let (status, _) = send(&proxy, &format!("/item/{i}"), &[]).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let took = started.elapsed();
+    let allowed = 20 + (20.0 * took.as_secs_f64()).ceil() as u64;
+    eventually("every span exported or counted", PATIENCE, async || {
+        let text = metrics(&proxy).await;
+        let exported = metric(&text, "tollgate_trace_spans_exported_total");
+        let limited = metric(
+            &text,
+            "tollgate_trace_spans_dropped_total{reason=\"rate_limited\"}",
+        );
+        until(
+            exported + limited == 2 * REQUESTS,
+            format!("exported {exported}, rate_limited {limited}"),
+        )
+    })
+    .await;
+    let text = metrics(&proxy).await;
+    let exported = metric(&text, "tollgate_trace_spans_exported_total");
+    assert!(
+        exported <= allowed,
+        "{exported} spans exported in {took:?}, at most {allowed} allowed"
+    );
+    assert!(
+        exported >= 20,
+        "a second's worth goes out at once: {exported}"
+    );
+    assert_eq!(receiver.all().len() as u64, exported);
 }

@@ -20,6 +20,8 @@ pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// The admin listener's connection cap: probes, a scraper and a few consoles need far fewer.
+pub const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = 128;
 /// More serving threads than this only costs memory: each holds its own connection pools.
 pub const MAX_WORKERS: usize = crate::workers::MAX_THREADS;
 pub const DEFAULT_H2_STREAMS: u32 = 100;
@@ -35,6 +37,8 @@ pub struct Config {
     /// Host names the admin listener answers besides IP addresses and `localhost`
     /// (`admin.hosts`); any other `Host` is refused (see `crate::admin`).
     pub admin_hosts: Vec<AdminHost>,
+    /// How the admin listener bounds its connections (see [`AdminConnections`]).
+    pub admin_connections: AdminConnections,
     pub upstream: Upstream,
     /// Requests with a larger body are answered 413 (`None`: no limit).
     pub max_request_body: Option<u64>,
@@ -60,6 +64,23 @@ pub struct Config {
     /// OTLP trace export (`tracing`, or the `OTEL_*` environment); None: off, and no span is
     /// built.
     pub traces: Option<Traces>,
+}
+
+/// The admin listener's connection bounds, as the proxy listener's fields of the same names
+/// bound its connections: a request head must be whole within `header_read_timeout` of the
+/// connection's start or of the previous answer (a silent or trickling peer is closed), a
+/// connection with nothing in flight and no byte moving for `idle_timeout` is closed, and at
+/// most `max_connections` are open at once (more wait in the kernel's backlog). The admin
+/// listener's own cap keeps a flood of it from taking the descriptors the proxy listener
+/// serves with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdminConnections {
+    /// `admin.header_read_timeout`; the top-level `header_read_timeout` when left out.
+    pub header_read_timeout: Duration,
+    /// `admin.idle_timeout`; the top-level `idle_timeout` when left out.
+    pub idle_timeout: Duration,
+    /// `admin.max_connections`; [`DEFAULT_ADMIN_MAX_CONNECTIONS`] when left out.
+    pub max_connections: usize,
 }
 
 /// One entry of `admin.hosts`: a host name (lower-case, without a trailing dot; `*.` first

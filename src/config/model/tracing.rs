@@ -10,6 +10,7 @@ pub const DEFAULT_TRACES_QUEUE: usize = 2048;
 pub const DEFAULT_TRACES_BATCH: usize = 512;
 pub const DEFAULT_TRACES_INTERVAL: Duration = Duration::from_secs(5);
 pub const DEFAULT_SERVICE_NAME: &str = "tollgate";
+pub const DEFAULT_MAX_SPANS_PER_SECOND: u32 = 1000;
 
 /// The validated `tracing:` section, merged with the `OTEL_*` environment variables. None in
 /// `Config` when neither turned export on: then nothing about traces runs at all.
@@ -36,6 +37,32 @@ pub struct Traces {
     pub interval: Duration,
     /// The forms of a caller's trace context that are read.
     pub propagators: Propagators,
+    /// Whose trace context (its trace id, its sampled flag) is followed.
+    pub caller_context: CallerContext,
+    /// The most spans handed to the export per second (a bucket of one second's worth);
+    /// more are dropped and counted, so that callers cannot run up the tracing bill.
+    pub max_spans_per_second: u32,
+}
+
+/// Whose trace context tollgate follows (`tracing.caller_context`). A context it does not
+/// follow is not read at all: the request starts a trace of its own, sampled by
+/// `sample_ratio` on tollgate's own random trace id, so no caller chooses to be sampled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallerContext {
+    /// Only a peer in `client_ip.trusted_proxies` (the default; with no trusted proxies, no
+    /// caller's context is followed).
+    TrustedProxies,
+    /// Any caller (tollgate behind an edge of your own that is not listed as a trusted proxy).
+    Any,
+}
+
+impl CallerContext {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallerContext::TrustedProxies => "trusted_proxies",
+            CallerContext::Any => "any",
+        }
+    }
 }
 
 /// The forms of a caller's trace context tollgate reads (`tracing.propagators`,

@@ -7,10 +7,10 @@ use http::uri::Scheme;
 
 use super::validator::Validator;
 use crate::config::model::{
-    AdminHost, Config, HostMode, Listener, Secret, Throttle, TlsFiles, Upstream,
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_H2_STREAMS, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_MAX_CONNECTIONS, DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT,
-    DEFAULT_UPSTREAM_TIMEOUT, MAX_WORKERS,
+    AdminConnections, AdminHost, Config, HostMode, Listener, Secret, Throttle, TlsFiles, Upstream,
+    DEFAULT_ADMIN_MAX_CONNECTIONS, DEFAULT_CONNECT_TIMEOUT, DEFAULT_H2_STREAMS,
+    DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, MAX_WORKERS,
 };
 use crate::config::raw::{
     RawAdmin, RawConfig, RawLingeringClose, RawListen, RawListener, RawSize, RawTls, RawUpstream,
@@ -48,6 +48,8 @@ pub(super) fn config(v: &mut Validator, raw: &RawConfig, throttle: Throttle) -> 
         DEFAULT_SHUTDOWN_TIMEOUT,
     );
     let (max_connections, workers, http2_max_concurrent_streams) = counts(v, raw);
+    let admin_connections =
+        admin_connections(v, raw.admin.as_ref(), header_read_timeout, idle_timeout);
     if let (Some(admin), Some(listeners)) = (admin, listeners.as_ref()) {
         if admin.port() != 0 && listeners.iter().any(|l| l.address == admin) {
             v.error(
@@ -62,6 +64,7 @@ pub(super) fn config(v: &mut Validator, raw: &RawConfig, throttle: Throttle) -> 
         admin,
         admin_token,
         admin_hosts,
+        admin_connections,
         upstream: upstream?,
         max_request_body,
         header_read_timeout,
@@ -196,6 +199,44 @@ fn admin(v: &mut Validator, raw: Option<&RawAdmin>) -> (Option<SocketAddr>, Opti
             });
             (address, token)
         }
+    }
+}
+
+/// `admin.header_read_timeout`, `admin.idle_timeout` and `admin.max_connections`: the proxy
+/// listener's timeouts unless given, and a cap of the admin listener's own.
+fn admin_connections(
+    v: &mut Validator,
+    raw: Option<&RawAdmin>,
+    header_read_timeout: std::time::Duration,
+    idle_timeout: std::time::Duration,
+) -> AdminConnections {
+    let Some(RawAdmin::Full(full)) = raw else {
+        return AdminConnections {
+            header_read_timeout,
+            idle_timeout,
+            max_connections: DEFAULT_ADMIN_MAX_CONNECTIONS,
+        };
+    };
+    let max_connections = match full.max_connections {
+        Some(0) => {
+            v.error("admin.max_connections", "must be at least 1");
+            DEFAULT_ADMIN_MAX_CONNECTIONS
+        }
+        Some(n) => n as usize,
+        None => DEFAULT_ADMIN_MAX_CONNECTIONS,
+    };
+    AdminConnections {
+        header_read_timeout: v.duration(
+            "admin.header_read_timeout",
+            full.header_read_timeout.as_deref(),
+            header_read_timeout,
+        ),
+        idle_timeout: v.duration(
+            "admin.idle_timeout",
+            full.idle_timeout.as_deref(),
+            idle_timeout,
+        ),
+        max_connections,
     }
 }
 

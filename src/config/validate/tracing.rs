@@ -5,8 +5,9 @@
 
 use super::validator::Validator;
 use crate::config::model::{
-    OtlpProtocol, Propagators, Sampling, Secret, Traces, DEFAULT_SERVICE_NAME,
-    DEFAULT_TRACES_BATCH, DEFAULT_TRACES_INTERVAL, DEFAULT_TRACES_QUEUE, DEFAULT_TRACES_TIMEOUT,
+    CallerContext, OtlpProtocol, Propagators, Sampling, Secret, Traces,
+    DEFAULT_MAX_SPANS_PER_SECOND, DEFAULT_SERVICE_NAME, DEFAULT_TRACES_BATCH,
+    DEFAULT_TRACES_INTERVAL, DEFAULT_TRACES_QUEUE, DEFAULT_TRACES_TIMEOUT,
 };
 use crate::config::raw::RawTracing;
 
@@ -49,6 +50,8 @@ pub(super) fn traces(v: &mut Validator, raw: Option<&RawTracing>) -> Option<Trac
         batch_size: None,
         interval: None,
         propagators: None,
+        caller_context: None,
+        max_spans_per_second: None,
     };
     let raw = raw.unwrap_or(&empty);
     let protocol = protocol_of(v, raw);
@@ -68,6 +71,28 @@ pub(super) fn traces(v: &mut Validator, raw: Option<&RawTracing>) -> Option<Trac
     );
     let (queue_size, batch_size) = sizes_of(v, raw);
     let propagators = propagators_of(v, raw);
+    let caller_context = match raw.caller_context.as_deref().map(str::trim) {
+        None | Some("trusted_proxies") => CallerContext::TrustedProxies,
+        Some("any") => CallerContext::Any,
+        Some(other) => {
+            v.error(
+                "tracing.caller_context",
+                format!("`{other}` is not whose context to follow: write trusted_proxies (the peers in client_ip.trusted_proxies) or any"),
+            );
+            CallerContext::TrustedProxies
+        }
+    };
+    let max_spans_per_second = match raw.max_spans_per_second {
+        None => DEFAULT_MAX_SPANS_PER_SECOND,
+        Some(n @ 1..=1_000_000) => n as u32,
+        Some(_) => {
+            v.error(
+                "tracing.max_spans_per_second",
+                "must be from 1 to 1000000 (set sample_ratio: 0 or enabled: false for none)",
+            );
+            DEFAULT_MAX_SPANS_PER_SECOND
+        }
+    };
     Some(Traces {
         endpoint,
         protocol,
@@ -80,6 +105,8 @@ pub(super) fn traces(v: &mut Validator, raw: Option<&RawTracing>) -> Option<Trac
         batch_size,
         interval,
         propagators,
+        caller_context,
+        max_spans_per_second,
     })
 }
 
@@ -436,6 +463,7 @@ fn sampler(v: &mut Validator, name: Option<String>, arg: Option<String>) -> Samp
 mod tests {
     use std::path::Path;
 
+    use crate::config::model::{CallerContext, DEFAULT_MAX_SPANS_PER_SECOND};
     use crate::config::{parse, OtlpProtocol, Sampling, Traces};
 
     const BASE: &str = "listen: 127.0.0.1:8080\nupstream: { url: http://127.0.0.1:3000 }\n";
@@ -633,6 +661,36 @@ mod tests {
         let err = traces("", &env("xray")).unwrap_err();
         assert!(
             err.contains("OTEL_PROPAGATORS: `xray` is not a propagator"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn caller_context_and_the_span_rate_have_defaults_and_bounds() {
+        let t = traces("tracing: { endpoint: http://c:4318 }\n", &[])
+            .unwrap()
+            .unwrap();
+        assert_eq!(t.caller_context, CallerContext::TrustedProxies);
+        assert_eq!(t.max_spans_per_second, DEFAULT_MAX_SPANS_PER_SECOND);
+        let t = traces(
+            "tracing: { endpoint: http://c:4318, caller_context: any, max_spans_per_second: 50 }\n",
+            &[],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(t.caller_context, CallerContext::Any);
+        assert_eq!(t.max_spans_per_second, 50);
+        let err = traces(
+            "tracing: { endpoint: http://c:4318, caller_context: everyone, max_spans_per_second: 0 }\n",
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("tracing.caller_context: `everyone` is not"),
+            "{err}"
+        );
+        assert!(
+            err.contains("tracing.max_spans_per_second: must be from 1"),
             "{err}"
         );
     }

@@ -65,7 +65,7 @@ pub async fn limit<'a>(
     };
     record.decided(&outcome);
     record.store_cause(|| runtime.limits.stores().cause());
-    let mut admitted = admitted_or_refused(runtime, outcome, routed)?;
+    let mut admitted = admitted_or_refused(runtime, outcome, routed, parts, peer)?;
     if !also_held.is_empty() {
         let mut held = Holdings::take_from(&mut admitted);
         held.join(also_held);
@@ -95,7 +95,7 @@ async fn limit_also<'a>(
                 };
                 record.decided(&outcome);
                 record.store_cause(|| runtime.limits.stores().cause());
-                admitted_or_refused(runtime, outcome, other)
+                admitted_or_refused(runtime, outcome, other, parts, peer)
             }
             Err(refusal) => Err(identify::refuse(refusal, record)),
         };
@@ -116,15 +116,25 @@ fn admitted_or_refused<'a>(
     runtime: &'a Runtime,
     outcome: LimitOutcome<'a>,
     routed: Routed<'_>,
+    parts: &Parts,
+    peer: IpAddr,
 ) -> Result<Admitted<'a>, Refused<'a>> {
     let throttle = &runtime.config.throttle;
     runtime.suggest.observe(&throttle.key_prefix, &outcome);
     match outcome {
         LimitOutcome::Admitted(admitted) => Ok(owed(runtime, admitted, routed)),
         LimitOutcome::Limited(limited) => {
-            runtime
-                .offenders
-                .record_denial(&throttle.key_prefix, limited.set, &limited.key);
+            // Read here, on a denial only: the admitted path pays nothing for the networks.
+            let client =
+                crate::identity::client_ip(peer, &parts.headers, &throttle.trusted_proxies);
+            let limit = crate::control::denials::refusing_limit(&limited);
+            runtime.offenders.record_denial(
+                &throttle.key_prefix,
+                limited.set,
+                &limited.key,
+                limit.map(|l| l.name.as_str()),
+                client,
+            );
             runtime
                 .offenders
                 .recent()

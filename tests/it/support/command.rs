@@ -61,6 +61,11 @@ impl Served {
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }
+
+    /// The descriptors the process has open now (from `/proc`).
+    pub fn open_descriptors(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id())).map_or(0, |dir| dir.count())
+    }
 }
 
 impl Drop for Served {
@@ -74,6 +79,12 @@ impl Drop for Served {
 /// ports) and returns once `/readyz` answers a bare `ready` (with Redis: once it is connected
 /// and answering). Fails after 10 s.
 pub async fn serve(config: &super::config::Config) -> Served {
+    serve_with_descriptors(config, None).await
+}
+
+/// [`serve`], with the process allowed at most `nofile` open descriptors (`ulimit -n`) when
+/// given.
+pub async fn serve_with_descriptors(config: &super::config::Config, nofile: Option<u32>) -> Served {
     use std::time::{Duration, Instant};
     let (port, admin) = (super::free_port(), super::free_port());
     let dir = tempfile::TempDir::new().unwrap();
@@ -83,7 +94,20 @@ pub async fn serve(config: &super::config::Config) -> Served {
         .admin(&format!("127.0.0.1:{admin}"))
         .yaml();
     let file = write_config(&dir, &yaml);
-    let child = std::process::Command::new(TOLLGATE_BIN)
+    let mut command = match nofile {
+        None => std::process::Command::new(TOLLGATE_BIN),
+        Some(n) => {
+            // The shell sets the limit and becomes tollgate (same process id).
+            let mut sh = std::process::Command::new("sh");
+            sh.args([
+                "-c",
+                &format!("ulimit -n {n} && exec \"$0\" \"$@\""),
+                TOLLGATE_BIN,
+            ]);
+            sh
+        }
+    };
+    let child = command
         .arg("--config")
         .arg(&file)
         .stdin(std::process::Stdio::null())
