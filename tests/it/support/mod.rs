@@ -42,6 +42,9 @@ pub async fn heavy_alone() -> Turn {
     Turn::take(HEAVY_AT_ONCE).await
 }
 
+/// When the first test asked for a turn: a turn's log line says when it began from there.
+static START: std::sync::LazyLock<std::time::Instant> = std::sync::LazyLock::new(std::time::Instant::now);
+
 /// A heavy test's turn. With `TOLLGATE_TEST_TURNS=FILE` set, each turn appends a line to FILE
 /// when it ends: the test, seconds waited for the turn, seconds held. The turns are the
 /// suite's critical path, so that is where to look when it grows.
@@ -53,6 +56,7 @@ pub struct Turn {
 
 impl Turn {
     async fn take(permits: u32) -> Turn {
+        std::sync::LazyLock::force(&START);
         let asked = std::time::Instant::now();
         let permit = HEAVY.acquire_many(permits).await.expect("never closed");
         Turn {
@@ -70,9 +74,10 @@ impl Drop for Turn {
         };
         let test = std::thread::current().name().unwrap_or("?").to_string();
         let line = format!(
-            "{test} waited {:.1} held {:.1}\n",
+            "{test} waited {:.1} held {:.1} from {:.1}\n",
             (self.granted - self.asked).as_secs_f64(),
-            self.granted.elapsed().as_secs_f64()
+            self.granted.elapsed().as_secs_f64(),
+            (self.granted - *START).as_secs_f64()
         );
         use std::io::Write;
         if let Ok(mut f) = std::fs::OpenOptions::new()
