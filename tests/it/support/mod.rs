@@ -43,7 +43,8 @@ pub async fn heavy_alone() -> Turn {
 }
 
 /// When the first test asked for a turn: a turn's log line says when it began from there.
-static START: std::sync::LazyLock<std::time::Instant> = std::sync::LazyLock::new(std::time::Instant::now);
+static START: std::sync::LazyLock<std::time::Instant> =
+    std::sync::LazyLock::new(std::time::Instant::now);
 
 /// A heavy test's turn. With `TOLLGATE_TEST_TURNS=FILE` set, each turn appends a line to FILE
 /// when it ends: the test, seconds waited for the turn, seconds held. The turns are the
