@@ -472,10 +472,14 @@ async fn a_failed_settlement_is_counted_and_holds_up_the_client_no_longer_than_t
     })
     .await;
     redis.pause();
+    let frozen = redis.state();
+    let app_had = up.request_count();
     up.release.notify_one();
+    let released = std::time::Instant::now();
     // Held for the settlement's timeout (1 s), then answered: never hung (the bound here is
     // only that, far above the timeout).
     let answered = tokio::time::timeout(Duration::from_secs(20), answer).await;
+    let held = released.elapsed();
     redis.resume();
     let (status, _) = answered
         .expect("the client was held past the store's timeout")
@@ -486,7 +490,9 @@ async fn a_failed_settlement_is_counted_and_holds_up_the_client_no_longer_than_t
         metrics
             .lines()
             .any(|l| l == "tollgate_settlement_errors_total{route=\"login\"} 1"),
-        "{metrics}"
+        "answered {held:?} after the release; Redis was {frozen:?} and the app had {app_had} \
+         requests then, {} now; {metrics}",
+        up.request_count()
     );
 }
 

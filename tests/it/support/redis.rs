@@ -189,6 +189,13 @@ impl RedisServer {
         assert!(status.success(), "kill {sig} {pid} failed");
     }
 
+    /// The server process's state letter from /proc (`T` once stopped), for failure messages.
+    pub fn state(&self) -> Option<char> {
+        let pid = self.child.as_ref()?.id();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(") ")?.1.chars().next()
+    }
+
     /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
     pub fn pause(&self) {
         self.signal("-STOP");
