@@ -53,6 +53,7 @@ fuzz_target!(|data: &[u8]| {
             Source::ClientIp,
         ],
         on_invalid: OnInvalid::default(),
+        display: None,
     };
     let peer: IpAddr = "203.0.113.9".parse().unwrap();
     for i in 0..identity.sources.len() {
@@ -60,6 +61,7 @@ fuzz_target!(|data: &[u8]| {
             name: "one".into(),
             sources: vec![identity.sources[i].clone()],
             on_invalid: OnInvalid::default(),
+            display: None,
         };
         assert_key_safe(&one.identify(&parts, peer).key_part);
     }
