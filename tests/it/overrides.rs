@@ -740,3 +740,94 @@ async fn overrides_and_resets_reach_another_replica_at_once_on_a_cluster() {
     wait_listening([&a, &b], None).await;
     changes_apply_on_the_other_replica_at_once(&a, &b).await;
 }
+
+/// An override of every limit (`--multiply 3`, no limit name) on a caller with a monthly
+/// quota mostly used keeps counting the month: 980 of 1000 used leaves 2020 of 3000, and the
+/// requests under the override still count once it ends. (`/limits/state`'s `remaining` is
+/// what the next request would leave: one less.)
+#[tokio::test]
+async fn a_multiplied_override_keeps_the_months_usage() {
+    let redis = RedisServer::start();
+    let up = upstream().start().await;
+    let yaml = config()
+        .upstream(&up.url())
+        .admin("127.0.0.1:0")
+        .store(redis_store(&redis, "ovm:"))
+        .identity("user", [source::header("x-user")])
+        .route(
+            route("api")
+                .prefix("/")
+                .key("user")
+                .limit(limit::sliding_window(100, "1m").name("per-minute"))
+                .limit(limit::fixed_window(1000, "30d").name("monthly")),
+        );
+    let proxy = start(&yaml).await;
+    // 980 of the month used: a few requests through the proxy, the rest written as the
+    // monthly counter holds them (one key per window; its name read from the state).
+    for _ in 0..2 {
+        assert_eq!(call(&proxy, "dave").await, StatusCode::OK);
+    }
+    let (_, state) = admin_json(&proxy, "GET", "/limits/state?route=api&identity=dave").await;
+    let monthly = state["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["limit_name"] == "monthly")
+        .unwrap_or_else(|| panic!("{state}"))
+        .clone();
+    assert_eq!(monthly["remaining"], 997, "{state}");
+    let mut conn = ::redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg("ovm:*monthly*")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let stored: String = ::redis::cmd("GET").arg(&keys[0]).query(&mut conn).unwrap();
+    // "1 <window> <count>": the count becomes 980.
+    let (window, count) = stored.rsplit_once(' ').unwrap();
+    assert_eq!(count, "2", "{stored}");
+    let used_980 = format!("{window} 980");
+    let ttl: i64 = ::redis::cmd("PTTL").arg(&keys[0]).query(&mut conn).unwrap();
+    let () = ::redis::cmd("SET")
+        .arg(&keys[0])
+        .arg(&used_980)
+        .arg("PX")
+        .arg(ttl)
+        .query(&mut conn)
+        .unwrap();
+
+    let monthly_left = async || {
+        let (_, state) = admin_json(&proxy, "GET", "/limits/state?route=api&identity=dave").await;
+        let l = state["limits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["limit_name"] == "monthly")
+            .unwrap_or_else(|| panic!("{state}"))
+            .clone();
+        (
+            l["remaining"].as_u64().unwrap(),
+            l["limit"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(monthly_left().await, (19, 1000));
+    let (status, done) = admin_json(
+        &proxy,
+        "POST",
+        "/limits/override?route=api&identity=dave&multiply=3&for=30m",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert_eq!(monthly_left().await, (2019, 3000));
+    assert_eq!(call(&proxy, "dave").await, StatusCode::OK);
+    assert_eq!(monthly_left().await, (2018, 3000));
+
+    // Removed: the month counts the request made under the override too.
+    let (status, gone) =
+        admin_json(&proxy, "DELETE", "/limits/override?route=api&identity=dave").await;
+    assert_eq!(status, StatusCode::OK, "{gone}");
+    assert_eq!(monthly_left().await, (18, 1000));
+}
