@@ -344,18 +344,11 @@ pub async fn live(config: &Config, explanation: &mut Explanation) -> Result<(), 
     if explanation.limits.is_empty() {
         return Ok(());
     }
-    let store = match &config.throttle.store {
+    let redis = match &config.throttle.store {
         crate::config::StoreConfig::Memory => {
             return Err("limits live in each proxy's memory (no store.redis section): there is no shared state to read".into())
         }
-        crate::config::StoreConfig::Redis(redis) => {
-            let mut redis = redis.clone();
-            // A one-off command-line read: give a slow link more than the proxy's budget.
-            redis.timeout = redis.timeout.max(std::time::Duration::from_secs(2));
-            crate::limit::redis_store::RedisStore::open(&redis)
-                .await
-                .map_err(|e| format!("cannot reach the store: {e}"))?
-        }
+        crate::config::StoreConfig::Redis(redis) => redis,
     };
     // Limits with `scope: local` live in each proxy's memory: the store knows nothing of them.
     let global: Vec<usize> = (0..explanation.limits.len())
@@ -364,19 +357,23 @@ pub async fn live(config: &Config, explanation: &mut Explanation) -> Result<(), 
     if global.is_empty() {
         return Ok(());
     }
-    let checks: Vec<crate::limit::Check<'_>> = global
-        .iter()
-        .map(|&i| {
-            let l = &explanation.limits[i];
-            l.limit.check(&l.key)
-        })
-        .collect();
-    let decision = store
-        .peek(&checks)
+    let mut redis = redis.clone();
+    // A one-off command-line read: give a slow link more than the proxy's budget.
+    redis.timeout = redis.timeout.max(std::time::Duration::from_secs(2));
+    let store = crate::limit::redis_store::RedisStore::open(&redis)
         .await
-        .map_err(|e| format!("the store failed: {e}"))?;
-    drop(checks);
-    for (&i, verdict) in global.iter().zip(decision.verdicts) {
+        .map_err(|e| format!("cannot reach the store: {e}"))?;
+    // Read as the limit stage decides: under the overrides in force in the store.
+    let control = crate::control::caller::Control::direct(
+        config.throttle.clone(),
+        crate::limit::Store::Redis(store),
+    );
+    for &i in &global {
+        let l = &explanation.limits[i];
+        let verdict = control
+            .peek(&l.limit, &l.key)
+            .await
+            .map_err(|e| format!("the store failed: {e}"))?;
         explanation.limits[i].live = Some(verdict);
     }
     Ok(())

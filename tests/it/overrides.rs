@@ -741,6 +741,88 @@ async fn overrides_and_resets_reach_another_replica_at_once_on_a_cluster() {
     changes_apply_on_the_other_replica_at_once(&a, &b).await;
 }
 
+/// `explain --live` on the command line, `/limits/explain` on the admin listener, the
+/// caller's `/limits/state` and the next response's RateLimit fields all read a caller under
+/// an override the same way: the override's limit, and what the next request leaves.
+#[tokio::test]
+async fn explain_reads_a_caller_under_an_override_as_the_state_and_the_next_response_do() {
+    let redis = RedisServer::start();
+    let up = upstream().start().await;
+    let yaml = api_config(
+        &up,
+        Some(redis_store(&redis, "ovx:")),
+        limit::sliding_log(20, "1h").name("per-minute"),
+    );
+    let proxy = start(&yaml).await;
+    for _ in 0..3 {
+        assert_eq!(call(&proxy, "carol").await, StatusCode::OK);
+    }
+    let (status, done) = admin_json(
+        &proxy,
+        "POST",
+        "/limits/override?route=api&identity=carol&limit=100&limit_name=per-minute&for=1h",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+
+    // The state: 100, of which the 3 used in the window are still counted (its `remaining`,
+    // like explain's, is what the next request would leave).
+    let (status, state) = admin_json(&proxy, "GET", "/limits/state?route=api&identity=carol").await;
+    assert_eq!(status, StatusCode::OK, "{state}");
+    assert_eq!(state["limits"][0]["overridden"], true, "{state}");
+    assert_eq!(state["limits"][0]["limit"], 100, "{state}");
+    let left = state["limits"][0]["remaining"].as_u64().unwrap();
+    assert_eq!(left, 96, "{state}");
+
+    // The admin listener's explain: the same, of 100.
+    let (status, explained) = admin_json(
+        &proxy,
+        "GET",
+        "/limits/explain?url=/api/x&header=x-user:carol&live=true",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{explained}");
+    let live = &explained["limits"][0]["live"];
+    assert_eq!(live["limit"], 100, "{explained}");
+    assert_eq!(live["remaining"], left, "{explained}");
+    assert_eq!(live["allowed"], true, "{explained}");
+
+    // The command line, straight to Redis: the same figures.
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_config(&dir, &yaml.clone().without_admin().yaml());
+    let output = tokio::process::Command::new(TOLLGATE_BIN)
+        .args(["explain", "--config", file.to_str().unwrap()])
+        .args(["--live", "-H", "x-user: carol", "/api/x"])
+        .output()
+        .await
+        .unwrap();
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        out.contains(&format!("would pass: {left} of 100 left")),
+        "{out}"
+    );
+
+    // The next response says the same.
+    let request = Request::get(proxy.url("/api/x"))
+        .header("x-user", "carol")
+        .body(body(""))
+        .unwrap();
+    let response = http1_client().request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let field = response.headers()["ratelimit"].to_str().unwrap().to_owned();
+    assert!(
+        field.starts_with(&format!("\"per-minute\";r={left};")),
+        "{field}"
+    );
+    let policy = response.headers()["ratelimit-policy"].to_str().unwrap();
+    assert!(policy.contains(";q=100;"), "{policy}");
+}
+
 /// An override of every limit (`--multiply 3`, no limit name) on a caller with a monthly
 /// quota mostly used keeps counting the month: 980 of 1000 used leaves 2020 of 3000, and the
 /// requests under the override still count once it ends. (`/limits/state`'s `remaining` is
