@@ -284,3 +284,32 @@ async fn a_body_that_breaks_off_is_recorded_as_failed() {
         "a warning says so:\n{stderr}"
     );
 }
+
+/// A response that ends with a trailer, read to its end (the trailer too) by an HTTP/2 client:
+/// its line says `body: complete` with every byte, never `client_left`.
+#[tokio::test]
+async fn a_response_with_a_trailer_read_to_its_end_is_logged_complete() {
+    let up = upstream().start().await;
+    let config = config()
+        .upstream(&up.url())
+        .http2()
+        .route(route("files").prefix("/"));
+    let (child, addr, admin, _dir) = start(config).await;
+    let request = Request::get(format!("http://{addr}/respond?cost=3&trailer=7"))
+        .version(http::Version::HTTP_2)
+        .header("te", "trailers")
+        .body(body(""))
+        .unwrap();
+    let response = h2c_client().request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let whole = response.into_body().collect().await.unwrap();
+    assert_eq!(whole.trailers().unwrap()["x-tokens-used"], "7");
+    let bytes = whole.to_bytes().len() as u64;
+    assert!(bytes > 0);
+    all_written(admin).await;
+    let stderr = stop_for_stderr(child).await;
+    let lines = access_lines(&stderr);
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert_eq!(lines[0]["body"], "complete", "{stderr}");
+    assert_eq!(lines[0]["bytes"], bytes, "{stderr}");
+}
