@@ -57,6 +57,9 @@ pub struct LimitExplained {
     pub identities: Vec<(String, String, String)>,
     /// Filled by `--live`.
     pub live: Option<Verdict>,
+    /// The route it belongs to when that is not the request's own: one reached by a method
+    /// the request names in a method override, which the request counts against too.
+    pub by_method_override: Option<String>,
 }
 
 pub fn request_parts(described: &Described) -> Result<Parts, String> {
@@ -98,7 +101,9 @@ pub fn request_parts(described: &Described) -> Result<Parts, String> {
 /// functions the proxy runs), without deciding anything.
 pub fn explain(config: &Config, parts: &Parts, peer: IpAddr) -> Explanation {
     let throttle = &config.throttle;
-    let routed = routing::route(&throttle.routes, parts);
+    // The routes the proxy counts the request against: its own, and those reached by a method
+    // it names in a method override.
+    let (routed, also) = routing::routes_of(&throttle.routes, parts);
     let mut caller = identity::caller::identify(parts, peer, &throttle.trusted_proxies);
     let mut explanation = Explanation {
         method: parts.method.clone(),
@@ -166,7 +171,29 @@ pub fn explain(config: &Config, parts: &Parts, peer: IpAddr) -> Explanation {
             key,
             identities,
             live: None,
+            by_method_override: None,
         });
+    }
+    for other in also {
+        let tiers::Applied::Keyed { set, keys, .. } =
+            tiers::applied(throttle, other.route, &mut caller)
+        else {
+            continue;
+        };
+        for (limit, key) in set.limits.iter().zip(keys) {
+            let identities = limit
+                .key
+                .iter()
+                .map(|identity| describe_identity(identity, parts, caller.key_ip()))
+                .collect();
+            explanation.limits.push(LimitExplained {
+                limit: limit.clone(),
+                key,
+                identities,
+                live: None,
+                by_method_override: Some(other.route.name.clone()),
+            });
+        }
     }
     explanation
 }
@@ -255,10 +282,14 @@ impl Explanation {
     fn limit_text(&self, l: &LimitExplained) -> String {
         let mut out = String::new();
         out.push_str(&format!(
-            "limit     {} ({} {})\n",
+            "limit     {} ({} {}){}\n",
             l.limit.name,
             l.limit.params.algorithm.name(),
-            crate::summary::limit(&l.limit)
+            crate::summary::limit(&l.limit),
+            match &l.by_method_override {
+                Some(route) => format!(", of route {route}: counted too by the method override"),
+                None => String::new(),
+            }
         ));
         for (name, source, value) in &l.identities {
             out.push_str(&format!("  identity  {name} = {value} (from {source})\n"));
@@ -314,6 +345,7 @@ impl Explanation {
             "tier": self.tier,
             "limits": self.limits.iter().map(|l| json!({
                 "name": l.limit.name,
+                "by_method_override": l.by_method_override,
                 "algorithm": l.limit.params.algorithm.name(),
                 "limit": l.limit.params.limit,
                 "period_seconds": l.limit.params.period_us as f64 / 1e6,
