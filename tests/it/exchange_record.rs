@@ -310,13 +310,19 @@ async fn a_response_with_a_trailer_read_to_its_end_is_logged_complete() {
     let (child, addr, admin, _dir) = start(config).await;
     let mut sent = Vec::new();
     // An HTTP/1.1 client that does not ask for trailers (curl's default) and one that does,
-    // and an HTTP/2 one.
-    for (version, te) in [
-        (http::Version::HTTP_11, None),
-        (http::Version::HTTP_11, Some("trailers")),
-        (http::Version::HTTP_2, Some("trailers")),
+    // and an HTTP/2 one; GET and POST (which tollgate may send upstream on another client than
+    // its pool of idle HTTP/1.1 connections).
+    for (method, version, te) in [
+        ("GET", http::Version::HTTP_11, None),
+        ("GET", http::Version::HTTP_11, Some("trailers")),
+        ("GET", http::Version::HTTP_2, Some("trailers")),
+        ("POST", http::Version::HTTP_11, None),
+        ("POST", http::Version::HTTP_11, Some("trailers")),
+        ("POST", http::Version::HTTP_2, Some("trailers")),
     ] {
-        let mut request = Request::get(format!("http://{addr}/respond?cost=3&trailer=7"))
+        let mut request = Request::builder()
+            .method(method)
+            .uri(format!("http://{addr}/respond?cost=3&trailer=7"))
             .version(version)
             .header("x-user", "u1");
         if let Some(te) = te {
