@@ -281,8 +281,7 @@ impl Control {
             Some(table) => table,
             None => {
                 compiled = Overrides::default();
-                let records = self.overrides_in_force().await?;
-                compiled.replace(super::overrides::compile(&self.throttle, &records));
+                compiled.replace(self.table_in_force().await?);
                 &compiled
             }
         };

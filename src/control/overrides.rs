@@ -699,6 +699,12 @@ impl Control {
         Ok(records)
     }
 
+    /// The table the limit stage would compile from every override in force now.
+    pub(super) async fn table_in_force(&self) -> Result<HashMap<String, Active>, CallerError> {
+        let records = self.overrides_in_force().await?;
+        Ok(compile(&self.throttle, &records))
+    }
+
     /// `GET /limits/overrides`: every override in force, each as [`Record::shown`] shows it.
     pub async fn overrides_list(&self) -> Result<OverridesList, CallerError> {
         let records = self.overrides_in_force().await?;

@@ -199,7 +199,8 @@ async fn live_reads_the_store_without_consuming() {
     let config = config_file(dir.path(), Some(store.clone()));
     let yaml = explain_config(&up.url(), Some(store));
     let proxy = proxy(yaml).start().await;
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // Counted in Redis, not in memory while the store connects.
+    proxy.wait_store().await;
     for _ in 0..2 {
         let r = http1_client()
             .request(
