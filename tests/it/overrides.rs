@@ -821,7 +821,7 @@ async fn explain_reads_a_caller_under_an_override_as_the_state_and_the_next_resp
 }
 
 /// An override of every limit (`--multiply 3`, no limit name) on a caller with a monthly
-/// quota mostly used keeps counting the month: 980 of 1000 used leaves 2020 of 3000, and the
+/// quota (a calendar month in Europe/Berlin) mostly used keeps counting the month: 980 of 1000 used leaves 2020 of 3000, and the
 /// requests under the override still count once it ends. (`/limits/state`'s `remaining` is
 /// what the next request would leave: one less.)
 #[tokio::test]
@@ -839,7 +839,18 @@ async fn a_multiplied_override_keeps_the_months_usage() {
                 .key("user")
                 .limit(limit::sliding_window(100, "1m").name("per-minute"))
                 .limit(limit::fixed_window(1000, "30d").name("monthly")),
-        );
+        )
+        .yaml();
+    // A calendar month in Berlin, as sold: `window: month` in place of the period.
+    let period = yaml
+        .lines()
+        .find(|l| l.trim() == "period: 30d")
+        .unwrap_or_else(|| panic!("{yaml}"));
+    let indent = &period[..period.len() - period.trim_start().len()];
+    let yaml = yaml.replace(
+        period,
+        &format!("{indent}window: month\n{indent}timezone: Europe/Berlin"),
+    );
     let proxy = start(&yaml).await;
     // 980 of the month used: a few requests through the proxy, the rest written as the
     // monthly counter holds them (one key per window; its name read from the state).
