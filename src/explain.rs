@@ -57,6 +57,9 @@ pub struct LimitExplained {
     pub identities: Vec<(String, String, String)>,
     /// Filled by `--live`.
     pub live: Option<Verdict>,
+    /// The route it belongs to when that is not the request's own: one reached by a method
+    /// the request names in a method override, which the request counts against too.
+    pub by_method_override: Option<String>,
 }
 
 pub fn request_parts(described: &Described) -> Result<Parts, String> {
@@ -98,7 +101,9 @@ pub fn request_parts(described: &Described) -> Result<Parts, String> {
 /// functions the proxy runs), without deciding anything.
 pub fn explain(config: &Config, parts: &Parts, peer: IpAddr) -> Explanation {
     let throttle = &config.throttle;
-    let routed = routing::route(&throttle.routes, parts);
+    // The routes the proxy counts the request against: its own, and those reached by a method
+    // it names in a method override.
+    let (routed, also) = routing::routes_of(&throttle.routes, parts);
     let mut caller = identity::caller::identify(parts, peer, &throttle.trusted_proxies);
     let mut explanation = Explanation {
         method: parts.method.clone(),
@@ -166,7 +171,29 @@ pub fn explain(config: &Config, parts: &Parts, peer: IpAddr) -> Explanation {
             key,
             identities,
             live: None,
+            by_method_override: None,
         });
+    }
+    for other in also {
+        let tiers::Applied::Keyed { set, keys, .. } =
+            tiers::applied(throttle, other.route, &mut caller)
+        else {
+            continue;
+        };
+        for (limit, key) in set.limits.iter().zip(keys) {
+            let identities = limit
+                .key
+                .iter()
+                .map(|identity| describe_identity(identity, parts, caller.key_ip()))
+                .collect();
+            explanation.limits.push(LimitExplained {
+                limit: limit.clone(),
+                key,
+                identities,
+                live: None,
+                by_method_override: Some(other.route.name.clone()),
+            });
+        }
     }
     explanation
 }
@@ -255,10 +282,14 @@ impl Explanation {
     fn limit_text(&self, l: &LimitExplained) -> String {
         let mut out = String::new();
         out.push_str(&format!(
-            "limit     {} ({} {})\n",
+            "limit     {} ({} {}){}\n",
             l.limit.name,
             l.limit.params.algorithm.name(),
-            crate::summary::limit(&l.limit)
+            crate::summary::limit(&l.limit),
+            match &l.by_method_override {
+                Some(route) => format!(", of route {route}: counted too by the method override"),
+                None => String::new(),
+            }
         ));
         for (name, source, value) in &l.identities {
             out.push_str(&format!("  identity  {name} = {value} (from {source})\n"));
@@ -314,6 +345,7 @@ impl Explanation {
             "tier": self.tier,
             "limits": self.limits.iter().map(|l| json!({
                 "name": l.limit.name,
+                "by_method_override": l.by_method_override,
                 "algorithm": l.limit.params.algorithm.name(),
                 "limit": l.limit.params.limit,
                 "period_seconds": l.limit.params.period_us as f64 / 1e6,
@@ -344,18 +376,11 @@ pub async fn live(config: &Config, explanation: &mut Explanation) -> Result<(), 
     if explanation.limits.is_empty() {
         return Ok(());
     }
-    let store = match &config.throttle.store {
+    let redis = match &config.throttle.store {
         crate::config::StoreConfig::Memory => {
             return Err("limits live in each proxy's memory (no store.redis section): there is no shared state to read".into())
         }
-        crate::config::StoreConfig::Redis(redis) => {
-            let mut redis = redis.clone();
-            // A one-off command-line read: give a slow link more than the proxy's budget.
-            redis.timeout = redis.timeout.max(std::time::Duration::from_secs(2));
-            crate::limit::redis_store::RedisStore::open(&redis)
-                .await
-                .map_err(|e| format!("cannot reach the store: {e}"))?
-        }
+        crate::config::StoreConfig::Redis(redis) => redis,
     };
     // Limits with `scope: local` live in each proxy's memory: the store knows nothing of them.
     let global: Vec<usize> = (0..explanation.limits.len())
@@ -364,19 +389,23 @@ pub async fn live(config: &Config, explanation: &mut Explanation) -> Result<(), 
     if global.is_empty() {
         return Ok(());
     }
-    let checks: Vec<crate::limit::Check<'_>> = global
-        .iter()
-        .map(|&i| {
-            let l = &explanation.limits[i];
-            l.limit.check(&l.key)
-        })
-        .collect();
-    let decision = store
-        .peek(&checks)
+    let mut redis = redis.clone();
+    // A one-off command-line read: give a slow link more than the proxy's budget.
+    redis.timeout = redis.timeout.max(std::time::Duration::from_secs(2));
+    let store = crate::limit::redis_store::RedisStore::open(&redis)
         .await
-        .map_err(|e| format!("the store failed: {e}"))?;
-    drop(checks);
-    for (&i, verdict) in global.iter().zip(decision.verdicts) {
+        .map_err(|e| format!("cannot reach the store: {e}"))?;
+    // Read as the limit stage decides: under the overrides in force in the store.
+    let control = crate::control::caller::Control::direct(
+        config.throttle.clone(),
+        crate::limit::Store::Redis(store),
+    );
+    for &i in &global {
+        let l = &explanation.limits[i];
+        let verdict = control
+            .peek(&l.limit, &l.key)
+            .await
+            .map_err(|e| format!("the store failed: {e}"))?;
         explanation.limits[i].live = Some(verdict);
     }
     Ok(())

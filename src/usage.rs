@@ -374,7 +374,31 @@ async fn route_usage(
     if in_force.is_some() {
         overrides.apply(&mut checks);
     }
-    let (verdicts, at) = peek(throttle, stage.stores(), set, &checks).await?;
+    // Each limit is read twice in the one round trip: as it stands (what is left now) and at
+    // the limit's cost (what the next request would be answered). A refusal is reported as the
+    // refused request's own verdict, so `retry_after_seconds`, the RateLimit `t` and the next
+    // 429's `Retry-After` are one computation.
+    let next: Vec<Check<'_>> = set
+        .iter()
+        .zip(&checks)
+        .map(|(limit, check)| Check {
+            params: Params {
+                cost: limit.params.cost,
+                ..check.params
+            },
+            ..*check
+        })
+        .collect();
+    let limits_read: Vec<&Limit> = set.iter().chain(set.iter()).collect();
+    let both: Vec<Check<'_>> = checks.iter().chain(&next).copied().collect();
+    let (read, at) = peek(throttle, stage.stores(), &limits_read, &both).await?;
+    let (now, then) = read.split_at(set.len());
+    let verdicts: Vec<Verdict> = now
+        .iter()
+        .zip(then)
+        .zip(&next)
+        .map(|((now, then), check)| as_next_answered(*now, *then, check.block_us, at))
+        .collect();
     let limits: Vec<Value> = set
         .iter()
         .zip(&checks)
@@ -454,13 +478,13 @@ fn by_path_segment(set: &LimitSet) -> bool {
 async fn peek(
     throttle: &Throttle,
     stores: &Stores,
-    set: &LimitSet,
+    set: &[&Limit],
     all: &[Check<'_>],
 ) -> Result<(Vec<Verdict>, i64), Unreadable> {
     let shared = |limit: &Limit| stores.holder(limit).is_shared();
     let mut verdicts: Vec<Option<Verdict>> = vec![None; set.len()];
     let mut at = 0;
-    let local: Vec<usize> = (0..set.len()).filter(|&i| !shared(&set[i])).collect();
+    let local: Vec<usize> = (0..set.len()).filter(|&i| !shared(set[i])).collect();
     if !local.is_empty() {
         let checks: Vec<Check<'_>> = local.iter().map(|&i| all[i]).collect();
         let Store::Memory(memory) = stores.memory() else {
@@ -470,7 +494,7 @@ async fn peek(
         place(&mut verdicts, &local, &decision);
         at = decision.at;
     }
-    let global: Vec<usize> = (0..set.len()).filter(|&i| shared(&set[i])).collect();
+    let global: Vec<usize> = (0..set.len()).filter(|&i| shared(set[i])).collect();
     if !global.is_empty() {
         let (Some(store), true) = (stores.shared(), stores.ready()) else {
             return Err(Unreadable::NotReady);
@@ -498,6 +522,18 @@ async fn peek(
         .map(|v| v.expect("every limit is read from one store"))
         .collect();
     Ok((verdicts, at))
+}
+
+/// One limit as its next request would find it, from its state read at no cost (`now`) and at
+/// the limit's cost (`then`), both at `at`: while the next request would pass, the state as it
+/// stands (what is left now); once it would be refused, the verdict that refusal carries,
+/// including the block (`block_for`) it would start, as the limit stage answers it.
+fn as_next_answered(now: Verdict, then: Verdict, block_us: i64, at: i64) -> Verdict {
+    if then.allowed || !now.allowed {
+        // Passing, or refused already by a running block (which the peek at no cost shows).
+        return if now.allowed { now } else { then };
+    }
+    crate::limit::algorithm::penalty_box(then, None, block_us, at).0
 }
 
 /// The check of `limit` under `key` at no cost: the state as it is, not as one more request
@@ -552,7 +588,7 @@ fn limit_json(limit: &Limit, params: &Params, verdict: &Verdict, at: i64) -> Val
         "remaining": verdict.remaining,
         "cost": limit.params.cost,
         // Whether one more request of the limit's cost would pass now.
-        "would_pass": verdict.allowed && verdict.remaining >= limit.params.cost,
+        "would_pass": verdict.allowed,
         "resets_at": resets_at,
         "reset_after_seconds": reset_seconds,
         "retry_after_seconds": blocked.then_some(t),

@@ -277,9 +277,27 @@ impl Control {
     }
 
     /// What `limit` would say now to a request stored at `key`, consuming nothing (as
-    /// `explain --live` reads it), from the store it lives in.
+    /// `explain --live` reads it), from the store it lives in, as the limit stage decides it:
+    /// under a temporary override in force on `key`, on the override's key with its limit. A
+    /// running instance reads the stage's own table of overrides; the command line compiles
+    /// the records in force in Redis the same way.
     pub async fn peek(&self, limit: &Limit, key: &str) -> Result<Verdict, CallerError> {
-        let check = limit.check(key);
+        let compiled;
+        let table: &Overrides = match &self.overrides {
+            Some(table) => table,
+            None => {
+                compiled = Overrides::default();
+                compiled.replace(self.table_in_force().await?);
+                &compiled
+            }
+        };
+        let mut keys = [key.to_owned()];
+        let overridden = table.rekey(&mut keys);
+        let mut checks = [limit.check(&keys[0])];
+        if overridden {
+            table.apply(&mut checks);
+        }
+        let [check] = checks;
         let decision = match self.store_for(limit)? {
             Store::Memory(m) => m.peek(&[check]),
             Store::Redis(r) => r.peek(&[check]).await?,

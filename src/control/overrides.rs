@@ -338,7 +338,11 @@ fn own_limits(
             .into_iter()
             .filter(|k| !everyones(identity_part(set, k)))
             .map(|k| {
-                let instead = override_key(&throttle.key_prefix, &set.key_name, &k);
+                let instead = if counts_requests(limit.params.algorithm) {
+                    k.clone()
+                } else {
+                    override_key(&throttle.key_prefix, &set.key_name, &k)
+                };
                 (k, instead)
             })
             .collect();
@@ -355,6 +359,23 @@ fn own_limits(
         });
     }
     own
+}
+
+/// Whether `algorithm`'s stored state counts requests in the limit's own windows (or leases
+/// in flight), whatever the limit: then an overridden caller keeps counting on its usual key
+/// under the adjusted limit, so what it used in the window before the override still counts
+/// (a month stays the month), and what it uses under the override counts after it. A token
+/// bucket's tokens and a GCRA's arrival time are in units of the limit itself: those count on
+/// a key of the override's own.
+fn counts_requests(algorithm: crate::limit::Algorithm) -> bool {
+    use crate::limit::Algorithm;
+    matches!(
+        algorithm,
+        Algorithm::FixedWindow
+            | Algorithm::SlidingWindow
+            | Algorithm::SlidingLog
+            | Algorithm::Concurrency
+    )
 }
 
 /// Sets how each of one set's limits changes (see [`plan`]).
@@ -440,6 +461,18 @@ pub fn compile(throttle: &Throttle, records: &[Record]) -> HashMap<String, Activ
             let Some(adjust) = p.adjust else { continue };
             for (k, instead) in p.keys {
                 let until_ms = record.until_ms;
+                if k == instead {
+                    // Counted on the usual key: one entry, which both finds and adjusts it.
+                    table.insert(
+                        k,
+                        Active {
+                            adjust,
+                            until_ms,
+                            key: Some(instead),
+                        },
+                    );
+                    continue;
+                }
                 table.insert(
                     k,
                     Active {
@@ -664,6 +697,12 @@ impl Control {
             (a.until_ms, &a.route, &a.identity).cmp(&(b.until_ms, &b.route, &b.identity))
         });
         Ok(records)
+    }
+
+    /// The table the limit stage would compile from every override in force now.
+    pub(super) async fn table_in_force(&self) -> Result<HashMap<String, Active>, CallerError> {
+        let records = self.overrides_in_force().await?;
+        Ok(compile(&self.throttle, &records))
     }
 
     /// `GET /limits/overrides`: every override in force, each as [`Record::shown`] shows it.

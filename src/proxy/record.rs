@@ -610,6 +610,11 @@ impl EndHook<AnswerBody> for BodyRecord {
         if let (Some(facts), Some(data)) = (&mut self.0, frame.data_ref()) {
             facts.body_bytes += data.len() as u64;
         }
+        // Trailers are a body's last frame: the body is whole once they are handed on, even if
+        // the server sends them and drops the body without polling it for its end.
+        if frame.is_trailers() {
+            self.write(BodyEnd::Complete);
+        }
         Ok(())
     }
 

@@ -4,14 +4,15 @@
 //! The table maps a store key to how that limit is adjusted and until when: the keys are the
 //! very keys the stage builds for the caller (route limits and any tier whose values name it),
 //! so a request finds its override by the keys it already has, whatever identity kind named
-//! it. While overridden, the caller counts on keys of its own ([`override_key`]: the limit's
-//! name with `~!override` appended, a name no limit can have, in the usual key's hash tag),
-//! starting fresh: what an
-//! algorithm stores is in units of its own limit and period (a GCRA's theoretical arrival
-//! time, a token bucket's tokens), so usage carried over under a changed limit would mean
-//! something else; and when the override ends, the caller is back on its usual keys with the
-//! usage it had there. A key every caller shares (`global`) is never in the table: one
-//! caller's override must not move everyone's limit.
+//! it. A limit whose state counts requests in windows of its own period keeps counting on the
+//! usual key under the adjusted limit (the entry's `key` is the key itself), so an override
+//! never forgets what the caller used in the window. A token bucket or GCRA stores a state in
+//! units of its own limit (tokens, a theoretical arrival time), which would mean something
+//! else under a changed limit: while overridden, that limit counts on a key of its own
+//! ([`override_key`]: the limit's name with `~!override` appended, a name no limit can have,
+//! in the usual key's hash tag), and when the override ends the caller is back on its usual
+//! key with the usage it had there. A key every caller shares (`global`) is never in the
+//! table: one caller's override must not move everyone's limit.
 //!
 //! The table is filled off the request path (`crate::control::overrides`: from Redis by a
 //! watch on a generation counter, or from process memory) and swapped whole; a request with no

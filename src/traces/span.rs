@@ -427,6 +427,14 @@ impl RequestSpan {
             .cx
             .with_remote_span_context(span.span_context().clone());
         TraceContextPropagator::new().inject_context(&cx, &mut HeaderInjector(headers));
+        // The propagator writes `tracestate` even when the state is empty: an empty field says
+        // nothing (W3C Trace Context), so none is sent unless there is state to carry.
+        if headers
+            .get("tracestate")
+            .is_some_and(|value| value.as_bytes().iter().all(|b| *b == b' ' || *b == b'\t'))
+        {
+            headers.remove("tracestate");
+        }
         if let Some(form) = self.b3 {
             // The caller's own parent and flags would be stale beside the new ids.
             headers.remove("x-b3-parentspanid");

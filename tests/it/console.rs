@@ -1172,7 +1172,8 @@ async fn console_per_limit_override_leaves_the_monthly_quota_alone_and_both_repl
         "{after}"
     );
     assert_eq!(month_after["limit"], 1000);
-    // The caller passes again on the per-minute limit (counted afresh under the override).
+    // The caller passes again on the per-minute limit (its usage still counted, under the
+    // override's larger limit).
     assert_eq!(
         call(&fleet.a, "x-api-key", API_KEY, "/api/x").await,
         StatusCode::OK

@@ -284,3 +284,77 @@ async fn a_body_that_breaks_off_is_recorded_as_failed() {
         "a warning says so:\n{stderr}"
     );
 }
+
+/// A response that ends with a trailer (an HTTP/1.1 upstream's chunked answer), read to its
+/// end by an HTTP/1.1 client and by an HTTP/2 one (which gets the trailer too): each line
+/// says `body: complete` with every byte, never `client_left`.
+#[tokio::test]
+async fn a_response_with_a_trailer_read_to_its_end_is_logged_complete() {
+    let up = upstream().start().await;
+    let config = config()
+        .upstream(&up.url())
+        .identity("user", [source::header("x-user")])
+        .route(
+            route("files")
+                .prefix("/")
+                .key("user")
+                .limit(limit::sliding_window(100, "1m").name("per-minute"))
+                .limit(limit::fixed_window(1000, "30d").name("monthly"))
+                .limit(
+                    limit::token_bucket(100, "1h")
+                        .burst(100)
+                        .name("tokens")
+                        .cost_from_response("X-Tokens-Used"),
+                ),
+        );
+    let (child, addr, admin, _dir) = start(config).await;
+    let mut sent = Vec::new();
+    // An HTTP/1.1 client that does not ask for trailers (curl's default) and one that does,
+    // and an HTTP/2 one; GET and POST (which tollgate may send upstream on another client than
+    // its pool of idle HTTP/1.1 connections).
+    for (method, version, te) in [
+        ("GET", http::Version::HTTP_11, None),
+        ("GET", http::Version::HTTP_11, Some("trailers")),
+        ("GET", http::Version::HTTP_2, Some("trailers")),
+        ("POST", http::Version::HTTP_11, None),
+        ("POST", http::Version::HTTP_11, Some("trailers")),
+        ("POST", http::Version::HTTP_2, Some("trailers")),
+    ] {
+        let mut request = Request::builder()
+            .method(method)
+            .uri(format!("http://{addr}/respond?cost=3&trailer=7"))
+            .version(version)
+            .header("x-user", "u1");
+        if let Some(te) = te {
+            request = request.header("te", te);
+        }
+        let request = request.body(body("")).unwrap();
+        let response = match version {
+            http::Version::HTTP_2 => h2c_client().request(request).await.unwrap(),
+            _ => http1_client().request(request).await.unwrap(),
+        };
+        assert_eq!(response.status(), StatusCode::OK);
+        let whole = response.into_body().collect().await.unwrap();
+        let bytes = whole.to_bytes().len() as u64;
+        assert!(bytes > 0);
+        sent.push(bytes);
+    }
+    all_written(admin).await;
+    let stderr = stop_for_stderr(child).await;
+    let lines: Vec<(String, u64)> = access_lines(&stderr)
+        .iter()
+        .map(|l| {
+            (
+                l["body"].as_str().unwrap_or("?").to_owned(),
+                l["bytes"].as_u64().unwrap_or(u64::MAX),
+            )
+        })
+        .collect();
+    assert_eq!(
+        lines,
+        sent.iter()
+            .map(|&bytes| ("complete".to_owned(), bytes))
+            .collect::<Vec<_>>(),
+        "{stderr}"
+    );
+}

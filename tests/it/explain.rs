@@ -199,7 +199,8 @@ async fn live_reads_the_store_without_consuming() {
     let config = config_file(dir.path(), Some(store.clone()));
     let yaml = explain_config(&up.url(), Some(store));
     let proxy = proxy(yaml).start().await;
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // Counted in Redis, not in memory while the store connects.
+    proxy.wait_store().await;
     for _ in 0..2 {
         let r = http1_client()
             .request(
@@ -345,4 +346,79 @@ fn explains_shape_refusals_and_the_usage_path() {
         json["refused"],
         serde_json::json!({"status": 400, "detail": "the method must be spelled in upper case"})
     );
+}
+
+/// A request naming another method in a method override counts against that method's route
+/// too, and `explain` says so: `POST /report` with `X-HTTP-Method-Override: GET`, once
+/// `GET /report` is spent, is explained as limited by the GET route's limit (live, from the
+/// Redis the proxy counted in), as the proxy then refuses it.
+#[tokio::test]
+async fn explain_counts_the_routes_a_method_override_reaches() {
+    let redis = RedisServer::start();
+    let up = upstream().start().await;
+    let config = config()
+        .upstream(&up.url())
+        .store(store::redis(&redis.url()).timeout("2s"))
+        .identity("user", [source::header("x-user")])
+        .route(
+            route("report")
+                .prefix("/report")
+                .methods(["GET"])
+                .key("user")
+                .limit(limit::fixed_window(3, "1d").name("reads")),
+        )
+        .route(
+            route("writes")
+                .prefix("/report")
+                .methods(["POST"])
+                .key("user")
+                .limit(limit::fixed_window(3, "1d").name("writes")),
+        );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tollgate.yaml");
+    std::fs::write(&path, config.yaml()).unwrap();
+    let proxy = proxy(config).start().await;
+    proxy.wait_store().await;
+    let send = async |method: &str, over: Option<&str>| {
+        let mut request = Request::builder()
+            .method(method)
+            .uri(proxy.url("/report"))
+            .header("x-user", "erin");
+        if let Some(over) = over {
+            request = request.header("x-http-method-override", over);
+        }
+        let response = http1_client()
+            .request(request.body(body("")).unwrap())
+            .await
+            .unwrap();
+        response.status().as_u16()
+    };
+    for _ in 0..3 {
+        assert_eq!(send("GET", None).await, 200);
+    }
+    let args = [
+        "--live",
+        "-X",
+        "POST",
+        "-H",
+        "X-User: erin",
+        "-H",
+        "X-HTTP-Method-Override: GET",
+        "/report",
+    ];
+    let (ok, out, err) = tokio::task::spawn_blocking(move || explain(&path, &args))
+        .await
+        .unwrap();
+    assert!(ok, "{err}");
+    assert!(out.contains("route     writes\n"), "{out}");
+    assert!(
+        out.contains(
+            "limit     reads (fixed_window 3 per 1day), of route report: counted too by the method override\n"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("would be LIMITED: 0 of 3 left"), "{out}");
+    assert!(out.contains("would pass: 2 of 3 left"), "{out}");
+    // The proxy agrees: refused.
+    assert_eq!(send("POST", Some("GET")).await, 429);
 }

@@ -215,13 +215,11 @@ async fn an_override_on_one_replica_is_applied_by_the_other_survives_a_restart_a
         assert_eq!(call(&b, "alice").await, StatusCode::OK);
     }
 
-    // Ended early on B: A follows, and alice is back on her usual count (reset above): two an
-    // hour.
+    // Ended early on B: A follows, and alice is back on her two an hour, where the five she
+    // made under the override (after the reset above) still count: refused at once.
     let (status, done) =
         admin_json(&b, "DELETE", "/limits/override?route=api&identity=alice").await;
     assert_eq!(status, StatusCode::OK, "{done}");
-    assert_eq!(call(&b, "alice").await, StatusCode::OK);
-    assert_eq!(call(&b, "alice").await, StatusCode::OK);
     assert_eq!(call(&b, "alice").await, StatusCode::TOO_MANY_REQUESTS);
     until_status(&a, "alice", StatusCode::TOO_MANY_REQUESTS).await;
     let (status, state) = admin_json(&a, "GET", "/limits/state?route=api&identity=alice").await;
@@ -534,8 +532,7 @@ async fn a_memory_store_applies_an_override_through_the_admin_api() {
     .await;
     assert_eq!(status, StatusCode::OK, "{text}");
     assert!(text.contains("limit 3 until"), "{text}");
-    // Counted afresh while overridden: three more.
-    assert_eq!(call(&proxy, "carol-overridden").await, StatusCode::OK);
+    // The hour's count goes on under the override: two more of the 3.
     assert_eq!(call(&proxy, "carol-overridden").await, StatusCode::OK);
     assert_eq!(call(&proxy, "carol-overridden").await, StatusCode::OK);
     assert_eq!(
@@ -622,7 +619,7 @@ async fn changes_apply_on_the_other_replica_at_once(a: &ProxyHandle, b: &ProxyHa
         assert_eq!(status, StatusCode::OK, "{method} {query}: {done}");
     };
     let mut waits = Vec::new();
-    // Ten times the quota (counted afresh): B admits alice again.
+    // Ten times the quota (the 2 she used still count, of 20): B admits alice again.
     change(
         "POST",
         "/limits/override?route=api&identity=alice&multiply=10&for=1h",
@@ -739,4 +736,188 @@ async fn overrides_and_resets_reach_another_replica_at_once_on_a_cluster() {
     let b = start(&yaml).await;
     wait_listening([&a, &b], None).await;
     changes_apply_on_the_other_replica_at_once(&a, &b).await;
+}
+
+/// `explain --live` on the command line, `/limits/explain` on the admin listener, the
+/// caller's `/limits/state` and the next response's RateLimit fields all read a caller under
+/// an override the same way: the override's limit, and what the next request leaves.
+#[tokio::test]
+async fn explain_reads_a_caller_under_an_override_as_the_state_and_the_next_response_do() {
+    let redis = RedisServer::start();
+    let up = upstream().start().await;
+    let yaml = api_config(
+        &up,
+        Some(redis_store(&redis, "ovx:")),
+        limit::sliding_log(20, "1h").name("per-minute"),
+    );
+    let proxy = start(&yaml).await;
+    for _ in 0..3 {
+        assert_eq!(call(&proxy, "carol").await, StatusCode::OK);
+    }
+    let (status, done) = admin_json(
+        &proxy,
+        "POST",
+        "/limits/override?route=api&identity=carol&limit=100&limit_name=per-minute&for=1h",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+
+    // The state: 100, of which the 3 used in the window are still counted (its `remaining`,
+    // like explain's, is what the next request would leave).
+    let (status, state) = admin_json(&proxy, "GET", "/limits/state?route=api&identity=carol").await;
+    assert_eq!(status, StatusCode::OK, "{state}");
+    assert_eq!(state["limits"][0]["overridden"], true, "{state}");
+    assert_eq!(state["limits"][0]["limit"], 100, "{state}");
+    let left = state["limits"][0]["remaining"].as_u64().unwrap();
+    assert_eq!(left, 96, "{state}");
+
+    // The admin listener's explain: the same, of 100.
+    let (status, explained) = admin_json(
+        &proxy,
+        "GET",
+        "/limits/explain?url=/api/x&header=x-user:carol&live=true",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{explained}");
+    let live = &explained["limits"][0]["live"];
+    assert_eq!(live["limit"], 100, "{explained}");
+    assert_eq!(live["remaining"], left, "{explained}");
+    assert_eq!(live["allowed"], true, "{explained}");
+
+    // The command line, straight to Redis: the same figures.
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_config(&dir, &yaml.clone().without_admin().yaml());
+    let output = tokio::process::Command::new(TOLLGATE_BIN)
+        .args(["explain", "--config", file.to_str().unwrap()])
+        .args(["--live", "-H", "x-user: carol", "/api/x"])
+        .output()
+        .await
+        .unwrap();
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        out.contains(&format!("would pass: {left} of 100 left")),
+        "{out}"
+    );
+
+    // The next response says the same.
+    let request = Request::get(proxy.url("/api/x"))
+        .header("x-user", "carol")
+        .body(body(""))
+        .unwrap();
+    let response = http1_client().request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let field = response.headers()["ratelimit"].to_str().unwrap().to_owned();
+    assert!(
+        field.starts_with(&format!("\"per-minute\";r={left};")),
+        "{field}"
+    );
+    let policy = response.headers()["ratelimit-policy"].to_str().unwrap();
+    assert!(policy.contains(";q=100;"), "{policy}");
+}
+
+/// An override of every limit (`--multiply 3`, no limit name) on a caller with a monthly
+/// quota (a calendar month in Europe/Berlin) mostly used keeps counting the month: 980 of 1000 used leaves 2020 of 3000, and the
+/// requests under the override still count once it ends. (`/limits/state`'s `remaining` is
+/// what the next request would leave: one less.)
+#[tokio::test]
+async fn a_multiplied_override_keeps_the_months_usage() {
+    let redis = RedisServer::start();
+    let up = upstream().start().await;
+    let yaml = config()
+        .upstream(&up.url())
+        .admin("127.0.0.1:0")
+        .store(redis_store(&redis, "ovm:"))
+        .identity("user", [source::header("x-user")])
+        .route(
+            route("api")
+                .prefix("/")
+                .key("user")
+                .limit(limit::sliding_window(100, "1m").name("per-minute"))
+                .limit(limit::fixed_window(1000, "30d").name("monthly")),
+        )
+        .yaml();
+    // A calendar month in Berlin, as sold: `window: month` in place of the period.
+    let period = yaml
+        .lines()
+        .find(|l| l.trim() == "period: 30d")
+        .unwrap_or_else(|| panic!("{yaml}"));
+    let indent = &period[..period.len() - period.trim_start().len()];
+    let yaml = yaml.replace(
+        period,
+        &format!("{indent}window: month\n{indent}timezone: Europe/Berlin"),
+    );
+    let proxy = start(&yaml).await;
+    // 980 of the month used: a few requests through the proxy, the rest written as the
+    // monthly counter holds them (one key per window; its name read from the state).
+    for _ in 0..2 {
+        assert_eq!(call(&proxy, "dave").await, StatusCode::OK);
+    }
+    let (_, state) = admin_json(&proxy, "GET", "/limits/state?route=api&identity=dave").await;
+    let monthly = state["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["limit_name"] == "monthly")
+        .unwrap_or_else(|| panic!("{state}"))
+        .clone();
+    assert_eq!(monthly["remaining"], 997, "{state}");
+    let mut conn = ::redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg("ovm:*monthly*")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let stored: String = ::redis::cmd("GET").arg(&keys[0]).query(&mut conn).unwrap();
+    // "1 <window> <count>": the count becomes 980.
+    let (window, count) = stored.rsplit_once(' ').unwrap();
+    assert_eq!(count, "2", "{stored}");
+    let used_980 = format!("{window} 980");
+    let ttl: i64 = ::redis::cmd("PTTL").arg(&keys[0]).query(&mut conn).unwrap();
+    let () = ::redis::cmd("SET")
+        .arg(&keys[0])
+        .arg(&used_980)
+        .arg("PX")
+        .arg(ttl)
+        .query(&mut conn)
+        .unwrap();
+
+    let monthly_left = async || {
+        let (_, state) = admin_json(&proxy, "GET", "/limits/state?route=api&identity=dave").await;
+        let l = state["limits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["limit_name"] == "monthly")
+            .unwrap_or_else(|| panic!("{state}"))
+            .clone();
+        (
+            l["remaining"].as_u64().unwrap(),
+            l["limit"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(monthly_left().await, (19, 1000));
+    let (status, done) = admin_json(
+        &proxy,
+        "POST",
+        "/limits/override?route=api&identity=dave&multiply=3&for=30m",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert_eq!(monthly_left().await, (2019, 3000));
+    assert_eq!(call(&proxy, "dave").await, StatusCode::OK);
+    assert_eq!(monthly_left().await, (2018, 3000));
+
+    // Removed: the month counts the request made under the override too.
+    let (status, gone) =
+        admin_json(&proxy, "DELETE", "/limits/override?route=api&identity=dave").await;
+    assert_eq!(status, StatusCode::OK, "{gone}");
+    assert_eq!(monthly_left().await, (18, 1000));
 }

@@ -1063,3 +1063,44 @@ async fn exported_spans_are_bounded_per_second() {
     );
     assert_eq!(receiver.all().len() as u64, exported);
 }
+
+/// A sampled request whose caller sent no `tracestate` reaches the upstream with tollgate's
+/// `traceparent` and no `tracestate` field at all (an empty one says nothing); a caller's own
+/// `tracestate` goes on as it was sent.
+#[tokio::test]
+async fn no_empty_tracestate_is_sent_upstream() {
+    // What reaches the upstream is under test, not what is exported: a collector that
+    // refuses connections does (the spans are dropped and counted).
+    let refused = format!("http://127.0.0.1:{}", free_port());
+    let app = upstream().start().await;
+    let yaml = config()
+        .upstream(&app.url())
+        .raw(&tracing_section(&refused, "grpc", "  sample_ratio: 1\n"))
+        .yaml();
+    let proxy = proxy(yaml).start().await;
+    for caller in [
+        vec![],
+        vec![("traceparent", traceparent(CALLER_TRACE, CALLER_SPAN, "01"))],
+    ] {
+        let headers: Vec<(&str, &str)> = caller.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        let (status, echo) = send(&proxy, "/x", &headers).await;
+        assert_eq!(status, StatusCode::OK);
+        let echo: Value = serde_json::from_str(&echo).unwrap();
+        let sent = echo["headers"]["traceparent"][0].as_str().unwrap();
+        assert!(sent.ends_with("-01"), "sampled: {sent}");
+        assert_eq!(
+            echo["headers"].get("tracestate"),
+            None,
+            "the caller sent {headers:?}: {echo:#}"
+        );
+    }
+    let parent = traceparent(CALLER_TRACE, CALLER_SPAN, "01");
+    let (_, echo) = send(
+        &proxy,
+        "/x",
+        &[("traceparent", &parent), ("tracestate", "vendor=abc")],
+    )
+    .await;
+    let echo: Value = serde_json::from_str(&echo).unwrap();
+    assert_eq!(echo["headers"]["tracestate"][0], "vendor=abc", "{echo:#}");
+}

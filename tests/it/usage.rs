@@ -157,7 +157,9 @@ async fn each_caller_sees_their_own(proxy: &ProxyHandle, up: &Upstream) {
     let alice = quota(proxy, "alice").await;
     assert_eq!(first_limit(&alice)["remaining"], 0);
     assert_eq!(first_limit(&alice)["would_pass"], false);
-    assert_eq!(first_limit(&alice)["retry_after_seconds"], Value::Null);
+    // The next request is refused: the usage says when a retry passes, as its 429 will.
+    let retry = first_limit(&alice)["retry_after_seconds"].as_u64();
+    assert!(retry.is_some_and(|t| (1..=60).contains(&t)), "{alice}");
     assert_eq!(alice["routes"][0]["limits"][1]["remaining"], 5, "{alice}");
     let bob = quota(proxy, "bob").await;
     assert_eq!(first_limit(&bob)["remaining"], 5);
@@ -339,7 +341,7 @@ async fn a_caller_in_the_penalty_box_is_told_when_it_ends() {
                 .prefix("/login")
                 .key("user")
                 .limit(
-                    limit::token_bucket(1, "1h")
+                    limit::token_bucket(1, "10s")
                         .burst(2)
                         .block_for("30s")
                         .name("tries"),
@@ -361,9 +363,18 @@ async fn a_caller_in_the_penalty_box_is_told_when_it_ends() {
     let answer = quota(&proxy, "mallory").await;
     let tries = first_limit(&answer);
     assert_eq!(tries["would_pass"], false, "{answer}");
+    // The block (30 s) outlasts the bucket's own wait (a token every 10 s), and the next
+    // refusal's Retry-After says the same.
     let retry = tries["retry_after_seconds"].as_u64().unwrap();
     assert!((29..=30).contains(&retry), "{answer}");
     assert_eq!(tries["ratelimit"], format!("\"tries\";r=0;t={retry}"));
+    let (status, headers, _) = send(&proxy, "GET", "/login", Some("mallory")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let refused: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(
+        refused <= retry && refused + 2 >= retry,
+        "{refused} vs {answer}"
+    );
     // A limit keyed `global` is everyone's counter, and says so.
     let all = &answer["routes"][0]["limits"][1];
     assert_eq!(all["shared_by_everyone"], true, "{answer}");
@@ -490,8 +501,9 @@ async fn usage_follows_the_override(admin: &ProxyHandle, proxy: &ProxyHandle) {
         last = Some(admitted_fields(proxy).await);
     }
     let last = last.unwrap();
-    // Counted afresh under the override: 7 of 50 a minute, 7 of 100 an hour.
-    assert_eq!(last.1, ("\"calls\"".to_owned(), 43, last.1 .2), "{last:?}");
+    // The minute's count goes on under the override (2 before it, 7 under it: 41 of 50 left);
+    // the hour's token bucket counts afresh on a key of the override's own (7 of 100).
+    assert_eq!(last.1, ("\"calls\"".to_owned(), 41, last.1 .2), "{last:?}");
     assert_eq!(last.0, "\"calls\";q=50;w=60, \"hourly\";q=100;w=3600");
     let answer = quota_agrees_with_responses(proxy, &last).await;
     let route = &answer["routes"][0];
@@ -503,7 +515,7 @@ async fn usage_follows_the_override(admin: &ProxyHandle, proxy: &ProxyHandle) {
     let calls = first_limit(&answer);
     assert_eq!(
         (&calls["limit"], &calls["remaining"]),
-        (&json!(50), &json!(43))
+        (&json!(50), &json!(41))
     );
     assert_eq!(calls["policy"], "\"calls\";q=50;w=60");
     let hourly = &route["limits"][1];
@@ -513,7 +525,7 @@ async fn usage_follows_the_override(admin: &ProxyHandle, proxy: &ProxyHandle) {
     );
 
     // A limit instead: 20 a minute (the shortest period) and the hour scaled as much (10 ->
-    // 40, never 20 an hour), on the same count (8 spent).
+    // 40, never 20 an hour), on the same count (11 spent in the minute).
     override_on(admin, "POST", "alice", "&limit=20&for=30m").await;
     override_applied(proxy, "limit", 20.0).await;
     let last = admitted_fields(proxy).await;
@@ -523,7 +535,7 @@ async fn usage_follows_the_override(admin: &ProxyHandle, proxy: &ProxyHandle) {
     assert_eq!(route["override"]["limit"], 20, "{answer}");
     assert!(route["override"].get("multiply").is_none(), "{answer}");
     assert_eq!(first_limit(&answer)["limit"], 20);
-    assert_eq!(first_limit(&answer)["remaining"], 11, "{answer}");
+    assert_eq!(first_limit(&answer)["remaining"], 9, "{answer}");
 
     // Bob has no override: the route's own limits, and says so.
     let bob = quota(proxy, "bob").await;
@@ -562,4 +574,87 @@ async fn usage_under_an_override_set_on_another_replica() {
     one.wait_store().await;
     two.wait_store().await;
     usage_follows_the_override(&one, &two).await;
+}
+
+/// On a spent limit of each algorithm, `/_quota` tells what the next request is answered:
+/// `retry_after_seconds` and the RateLimit `t` are the next 429's `Retry-After` (read just
+/// before and just after it, so a second turning in between shows as at most the seconds that
+/// passed), and `reset_after_seconds` (full again) is never sooner than that.
+#[tokio::test]
+async fn the_usage_of_a_spent_limit_is_the_next_refusals_retry_after_on_every_algorithm() {
+    let server = RedisServer::start();
+    let up = upstream().start().await;
+    let store = store::redis(&server.url()).timeout("2s");
+    let algorithms = [
+        ("sliding_window", limit::sliding_window(3, "1h")),
+        // A day: no window turns during the test.
+        ("fixed_window", limit::fixed_window(3, "1d")),
+        ("gcra", limit::gcra(3, "1h").burst(3)),
+        ("token_bucket", limit::token_bucket(3, "1h").burst(3)),
+    ];
+    let mut config = config()
+        .upstream(&up.url())
+        .store(store)
+        .identity("user", [source::header("x-user")])
+        .set("usage", json!({ "path": "/_quota" }));
+    for (name, limit) in algorithms.iter().cloned() {
+        config = config.route(
+            route(name)
+                .prefix(&format!("/{name}"))
+                .key("user")
+                .limit(limit.name(name)),
+        );
+    }
+    let proxy = proxy(config).start().await;
+    proxy.wait_store().await;
+    for (i, (name, _)) in algorithms.iter().enumerate() {
+        let path = format!("/{name}/x");
+        for n in 0..3 {
+            let (status, _, body) = send(&proxy, "GET", &path, Some("dora")).await;
+            assert_eq!(status, StatusCode::OK, "{name}: request {n} of 3: {body}");
+        }
+        let read = async || {
+            let answer = quota(&proxy, "dora").await;
+            let route = &answer["routes"][i];
+            assert_eq!(route["route"], *name, "{answer}");
+            let limit = route["limits"][0].clone();
+            assert_eq!(limit["remaining"], 0, "{name}: {answer}");
+            assert_eq!(limit["would_pass"], false, "{name}: {answer}");
+            let retry = limit["retry_after_seconds"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{name}: no retry_after_seconds: {answer}"));
+            assert_eq!(
+                limit["ratelimit"],
+                format!("\"{name}\";r=0;t={retry}"),
+                "{answer}"
+            );
+            assert_eq!(
+                route["headers"]["ratelimit"],
+                format!("\"{name}\";r=0;t={retry}"),
+                "{answer}"
+            );
+            let reset = limit["reset_after_seconds"].as_u64().unwrap();
+            assert!(
+                reset >= retry,
+                "{name}: full again before a retry passes: {answer}"
+            );
+            retry
+        };
+        let started = std::time::Instant::now();
+        let before = read().await;
+        let (status, headers, body) = send(&proxy, "GET", &path, Some("dora")).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{name}: {body}");
+        let refused: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+        assert_eq!(
+            headers["ratelimit"].to_str().unwrap(),
+            format!("\"{name}\";r=0;t={refused}")
+        );
+        let after = read().await;
+        let passed = started.elapsed().as_secs() + 1;
+        assert!(
+            before >= refused && refused >= after && before - after <= passed,
+            "{name}: /_quota said {before} before and {after} after a refusal with Retry-After {refused}"
+        );
+    }
+    assert_eq!(up.request_count(), 12);
 }

@@ -594,7 +594,9 @@ function actionsFor(route, identity, names) {
     act("POST", "/limits/reset", withLimit({ route, identity }, resetWhich.value), `reset of ${route}${which}`);
   });
   // Override: previewed (dry_run) before it is applied; any change asks for a new preview.
+  // Override: one named limit unless the operator picks every limit (in proportion).
   const which = limitChoice("override-limit", names, "every limit (in proportion)", null);
+  if (names.length > 0) which.value = names[0];
   const how = el("select", { class: "override-how" },
     el("option", { value: "multiply" }, "× multiply"), el("option", { value: "limit" }, "limit ="));
   const amount = el("input", { class: "override-amount", type: "text", size: 5, value: "10" });
