@@ -471,6 +471,7 @@ async fn the_limits_command_reads_and_resets_through_redis() {
 
 #[tokio::test]
 async fn the_limits_command_goes_through_a_running_instance_for_a_memory_store() {
+    let _own = memory_operator_state().await;
     let up = upstream().start().await;
     let limits = api([limit::sliding_window(1, "1h").name("per-user")]);
     let running = start(api_config(&up, None, limits.clone())).await;
@@ -823,6 +824,7 @@ async fn send_ok(proxy: &ProxyHandle, method: &str, path: &str, payload: &'stati
 /// why instead of ignoring it, and a 405 lists in `Allow` every method the endpoint takes.
 #[tokio::test]
 async fn a_json_body_is_read_like_the_query_and_any_other_body_is_refused() {
+    let _own = memory_operator_state().await;
     let up = upstream().start().await;
     let proxy = start(api_config(&up, None, api([limit::fixed_window(2, "1h")]))).await;
     let json = Some("application/json");

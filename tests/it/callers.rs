@@ -364,6 +364,7 @@ async fn a_per_limit_override_works_on_a_cluster() {
 /// A memory store keeps overrides in the process: the same per-limit override, listed there.
 #[tokio::test]
 async fn a_per_limit_override_in_memory_leaves_the_month_alone() {
+    let _own = memory_operator_state().await;
     let up = upstream().start().await;
     let proxy = start(&quota_config_on(&up, None)).await;
     let (base, at) = (proxy_base(&proxy), admin_base(&proxy));

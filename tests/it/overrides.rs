@@ -516,6 +516,7 @@ async fn an_override_applies_to_local_first_limits() {
 /// runs: this caller's name is its own.
 #[tokio::test]
 async fn a_memory_store_applies_an_override_through_the_admin_api() {
+    let _own = memory_operator_state().await;
     let up = upstream().start().await;
     let proxy = start(api_config(&up, None, limit::sliding_window(1, "1h"))).await;
     assert_eq!(call(&proxy, "carol-overridden").await, StatusCode::OK);

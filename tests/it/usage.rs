@@ -545,6 +545,7 @@ async fn usage_follows_the_override(admin: &ProxyHandle, proxy: &ProxyHandle) {
 
 #[tokio::test]
 async fn usage_under_an_override_in_memory() {
+    let _own = memory_operator_state().await;
     let up = upstream().start().await;
     let proxy = proxy(quota_config(&up, None)).start().await;
     usage_follows_the_override(&proxy, &proxy).await;

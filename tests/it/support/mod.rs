@@ -91,5 +91,13 @@ impl Drop for Turn {
     }
 }
 
+/// The overrides and the audit trail of a memory store are the process's (one proxy a
+/// process, as deployed), so in-process proxies on memory stores see each other's: a test that
+/// sets or lists them there holds this for its whole run.
+pub async fn memory_operator_state() -> tokio::sync::MutexGuard<'static, ()> {
+    static OWNER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    OWNER.lock().await
+}
+
 const HEAVY_AT_ONCE: u32 = 2;
 static HEAVY: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(HEAVY_AT_ONCE as usize);
