@@ -871,37 +871,22 @@ fn top_text(body: &Value) -> String {
             route["route"].as_str().unwrap_or("?")
         ));
         for caller in route["top"].as_array().into_iter().flatten() {
-            out.push_str(&format!(
-                "  {:>8}  {} ({}){}  {}\n",
-                caller["count"],
-                caller["identity"].as_str().unwrap_or("?"),
-                caller["source"].as_str().unwrap_or("?"),
-                match caller["error"].as_u64() {
-                    Some(0) | None => String::new(),
-                    Some(e) => format!(" ±{e}"),
-                },
-                match caller["replicas"].as_u64() {
-                    Some(1) | None => "1 replica".to_owned(),
-                    Some(n) => format!("{n} replicas"),
-                }
-            ));
+            let replicas = match caller["replicas"].as_u64() {
+                Some(1) | None => "1 replica".to_owned(),
+                Some(n) => format!("{n} replicas"),
+            };
+            out.push_str(&format!("{}  {replicas}\n", caller_line(caller)));
         }
         let networks = route["networks"].as_array().cloned().unwrap_or_default();
         if !networks.is_empty() {
-            out.push_str(
-                "  by client network
-",
-            );
+            out.push_str("  by client network\n");
         }
         for network in networks {
             out.push_str(&format!(
                 "  {:>8}  {}{}\n",
                 network["count"],
                 network["network"].as_str().unwrap_or("?"),
-                match network["error"].as_u64() {
-                    Some(0) | None => String::new(),
-                    Some(e) => format!(" ±{e}"),
-                },
+                overcount(&network["error"]),
             ));
         }
         for limit in route["by_limit"].as_array().into_iter().flatten() {
@@ -910,16 +895,7 @@ fn top_text(body: &Value) -> String {
                 limit["limit"].as_str().unwrap_or("?")
             ));
             for caller in limit["top"].as_array().into_iter().flatten() {
-                out.push_str(&format!(
-                    "  {:>8}  {} ({}){}\n",
-                    caller["count"],
-                    caller["identity"].as_str().unwrap_or("?"),
-                    caller["source"].as_str().unwrap_or("?"),
-                    match caller["error"].as_u64() {
-                        Some(0) | None => String::new(),
-                        Some(e) => format!(" ±{e}"),
-                    },
-                ));
+                out.push_str(&format!("{}\n", caller_line(caller)));
             }
         }
     }
@@ -1308,6 +1284,26 @@ fn same_secret(given: &[u8], expected: &[u8]) -> bool {
         .zip(b.iter())
         .fold(0u8, |diff, (x, y)| diff | (x ^ y))
         == 0
+}
+
+/// One caller of `/limits/top`'s text: its count, who it is (by which source) and how much
+/// the count may overcount.
+fn caller_line(caller: &Value) -> String {
+    format!(
+        "  {:>8}  {} ({}){}",
+        caller["count"],
+        caller["identity"].as_str().unwrap_or("?"),
+        caller["source"].as_str().unwrap_or("?"),
+        overcount(&caller["error"]),
+    )
+}
+
+/// ` ±N` for a count that may overcount by N, nothing for an exact one.
+fn overcount(error: &Value) -> String {
+    match error.as_u64() {
+        Some(0) | None => String::new(),
+        Some(e) => format!(" ±{e}"),
+    }
 }
 
 #[cfg(test)]

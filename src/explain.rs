@@ -160,19 +160,21 @@ pub fn explain(config: &Config, parts: &Parts, peer: IpAddr) -> Explanation {
     if config.protect.is_some() {
         explanation.priority = Some(applied.priority);
     }
-    for (limit, key) in applied.limits.iter().zip(store_keys) {
-        let identities = limit
+    let explained = |limit: &Limit, key, ip: IpAddr, by_method_override| LimitExplained {
+        limit: limit.clone(),
+        key,
+        identities: limit
             .key
             .iter()
-            .map(|identity| describe_identity(identity, parts, caller.key_ip()))
-            .collect();
-        explanation.limits.push(LimitExplained {
-            limit: limit.clone(),
-            key,
-            identities,
-            live: None,
-            by_method_override: None,
-        });
+            .map(|identity| describe_identity(identity, parts, ip))
+            .collect(),
+        live: None,
+        by_method_override,
+    };
+    for (limit, key) in applied.limits.iter().zip(store_keys) {
+        explanation
+            .limits
+            .push(explained(limit, key, caller.key_ip(), None));
     }
     for other in also {
         let tiers::Applied::Keyed { set, keys, .. } =
@@ -181,18 +183,10 @@ pub fn explain(config: &Config, parts: &Parts, peer: IpAddr) -> Explanation {
             continue;
         };
         for (limit, key) in set.limits.iter().zip(keys) {
-            let identities = limit
-                .key
-                .iter()
-                .map(|identity| describe_identity(identity, parts, caller.key_ip()))
-                .collect();
-            explanation.limits.push(LimitExplained {
-                limit: limit.clone(),
-                key,
-                identities,
-                live: None,
-                by_method_override: Some(other.route.name.clone()),
-            });
+            let by = Some(other.route.name.clone());
+            explanation
+                .limits
+                .push(explained(limit, key, caller.key_ip(), by));
         }
     }
     explanation
