@@ -299,23 +299,12 @@ impl Proxy {
             let routes = route::route(&runtime, &parts, &mut record);
             let routed = routes.routed;
             // A form body is read only where an identity of the request's routes names a field.
-            let body = match form_body::wanted(&runtime, &routes, &parts) {
-                false => http_body_util::Either::Left(body),
-                // Boxed: the read's future would otherwise size every request's.
-                true => match Box::pin(form_body::read(
-                    &mut parts,
-                    body,
-                    runtime.config.max_request_body,
-                    runtime.config.header_read_timeout,
-                ))
-                .await
-                {
-                    Ok(body) => body,
-                    Err(error) => {
-                        record.rejected();
-                        break 'stages respond::refuse(Answer::Failed(&error), &mut record, form);
-                    }
-                },
+            let body = match form_body::body(&runtime, &routes, &mut parts, body).await {
+                Ok(body) => body,
+                Err(error) => {
+                    record.rejected();
+                    break 'stages respond::refuse(Answer::Failed(&error), &mut record, form);
+                }
             };
             let limiting = limit::limit(&runtime, routes, &parts, conn.peer.ip(), &mut record);
             let mut admitted = match limiting.await {

@@ -19,12 +19,38 @@ pub const MAX_FORM_BODY: usize = 64 * 1024;
 
 /// Whether `parts`, on `routes`, has its form body read: one of the routes it is limited on
 /// reads a form field, and it is a form. One branch for a configuration without form fields.
-pub fn wanted(runtime: &Runtime, routes: &Routes<'_>, parts: &Parts) -> bool {
+fn wanted(runtime: &Runtime, routes: &Routes<'_>, parts: &Parts) -> bool {
     let Some(reads) = runtime.reads_form.as_deref() else {
         return false;
     };
     let routed = routes.routed.iter().chain(&routes.also);
     routed.into_iter().any(|r| reads[r.index]) && is_form(parts)
+}
+
+/// The body to forward: as it came where no form field is read ([`wanted`]), otherwise read
+/// first ([`read`]) and given back as the same bytes.
+pub async fn body<B>(
+    runtime: &Runtime,
+    routes: &Routes<'_>,
+    parts: &mut Parts,
+    body: B,
+) -> Result<Either<B, Full<Bytes>>, ProxyError>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<crate::body::BoxError>,
+{
+    if !wanted(runtime, routes, parts) {
+        return Ok(Either::Left(body));
+    }
+    let config = &runtime.config;
+    // Boxed: the read's future would otherwise size every request's.
+    Box::pin(read(
+        parts,
+        body,
+        config.max_request_body,
+        config.header_read_timeout,
+    ))
+    .await
 }
 
 /// `Content-Type: application/x-www-form-urlencoded` (parameters and case aside).
@@ -48,7 +74,7 @@ fn is_form(parts: &Parts) -> bool {
 /// be read (cut off, malformed framing) or has not arrived within `within` (the
 /// `header_read_timeout`: the body is read before anything else happens, like a head, so a
 /// client trickling it holds no more than one trickling a head).
-pub async fn read<B>(
+async fn read<B>(
     parts: &mut Parts,
     body: B,
     max_request_body: Option<u64>,
